@@ -1,0 +1,172 @@
+"""Problems, frozen prefix banks and their manifests (SPEC §10).
+
+A bank is JSONL, one frozen boundary prefix z per row; its manifest records the bank's sha256,
+the model's, the tokenizer's and the contract it was frozen under.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from replaytests import __version__
+from replaytests.comparisons import first_divergence
+from replaytests.contract import Contract
+from replaytests.errors import BankError, ConfigError
+from replaytests.files import sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
+from replaytests.protocol import Grammar, parse_prefix
+
+BANK_SCHEMA = "replaytests.bank/1"
+MANIFEST_SCHEMA = "replaytests.bank-manifest/1"
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    prompt: str
+    expected_answer: str | None
+
+
+@dataclass(frozen=True)
+class BankRow:
+    id: str
+    tokens: list[int]
+    roles: list[int]
+    expected_answer: str | None
+
+    @property
+    def prefix_len(self) -> int:
+        return len(self.tokens)
+
+    def to_json(self) -> dict:
+        return {"schema": BANK_SCHEMA, "id": self.id, "tokens": self.tokens, "roles": self.roles,
+                "expected_answer": self.expected_answer, "prefix_len": self.prefix_len}
+
+
+def _read_jsonl(path: Path, what: str) -> list[tuple[str, dict]]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise BankError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    objects = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BankError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(obj, dict):
+            raise BankError(f"{where}: expected a JSON object per line")
+        objects.append((where, obj))
+    if not objects:
+        raise BankError(f"{path}: no {what} rows")
+    return objects
+
+
+def _field(obj: dict, key: str, kind: type | tuple, where: str):
+    if key not in obj:
+        raise BankError(f"{where}: missing field {key!r}")
+    if not isinstance(obj[key], kind) or (isinstance(obj[key], bool) and kind is not bool):
+        raise BankError(f"{where}: field {key!r} has type {type(obj[key]).__name__}, expected {kind}")
+    return obj[key]
+
+
+def read_problems(path: Path) -> list[Problem]:
+    problems = []
+    for where, obj in _read_jsonl(path, "problem"):
+        answer = obj.get("expected_answer")
+        if answer is not None and not isinstance(answer, str):
+            raise BankError(f"{where}: field 'expected_answer' must be a string or null")
+        problems.append(Problem(str(_field(obj, "id", (str, int), where)),
+                                _field(obj, "prompt", str, where), answer))
+    _check_unique([p.id for p in problems], path)
+    return problems
+
+
+def read_bank(path: Path, grammar: Grammar, max_positions: int, suffix_room: int) -> list[BankRow]:
+    """Read and validate every row: types, the block grammar, roles and the position budget."""
+    rows = []
+    for where, obj in _read_jsonl(path, "bank"):
+        row_id = str(_field(obj, "id", (str, int), where))
+        where = f"{where} (row {row_id})"
+        tokens = _field(obj, "tokens", list, where)
+        roles = _field(obj, "roles", list, where)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens + roles):
+            raise BankError(f"{where}: fields 'tokens' and 'roles' must hold integers only")
+        derived = parse_prefix(tokens, grammar, where)
+        if roles != derived:
+            index = first_divergence(roles, derived)
+            found = roles[index] if index < len(roles) else "missing"
+            wanted = derived[index] if index < len(derived) else "nothing (z ends at <|merge|>)"
+            raise BankError(f"{where}: field 'roles'[{index}] is {found}, the block grammar gives {wanted}")
+        if len(tokens) + suffix_room > max_positions:
+            raise BankError(f"{where}: field 'tokens' has {len(tokens)} tokens; with room for the suffix "
+                            f"({suffix_room}) that exceeds the model's {max_positions} positions")
+        rows.append(BankRow(row_id, tokens, roles, obj.get("expected_answer")))
+    _check_unique([r.id for r in rows], path)
+    return rows
+
+
+def _check_unique(ids: list[str], path: Path) -> None:
+    seen = set()
+    for row_id in ids:
+        if row_id in seen:
+            raise BankError(f"{path}: duplicate row id {row_id!r}")
+        seen.add(row_id)
+
+
+def manifest_path(bank: Path) -> Path:
+    return bank.with_name(bank.name.removesuffix(".jsonl") + ".manifest.json")
+
+
+def model_digest(model_dir: Path) -> str:
+    """sha256 over the weight files (names and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for weights in sorted(model_dir.glob("*.safetensors")):
+        digest.update(weights.name.encode() + b"\0" + bytes.fromhex(sha256_file(weights)))
+    return digest.hexdigest()
+
+
+def tokenizer_digest(model_dir: Path, grammar: Grammar) -> dict:
+    files = {p.name: sha256_file(p) for p in sorted(model_dir.glob("tokenizer*.json"))}
+    return {"files": files, "delimiter_ids": list(grammar.delims.all_ids),
+            "sha256": sha256_json({"files": files, "delimiters": list(grammar.delims.all_ids)})}
+
+
+def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Grammar, contract: Contract,
+               precision: str) -> None:
+    """Write the bank, then its manifest; each atomically."""
+    write_jsonl_atomic(path, [row.to_json() for row in rows])
+    write_json_atomic(manifest_path(path), {
+        "schema": MANIFEST_SCHEMA,
+        "bank": path.name,
+        "bank_sha256": sha256_file(path),
+        "rows": len(rows),
+        "prefix_len": {"min": min(r.prefix_len for r in rows), "max": max(r.prefix_len for r in rows)},
+        "model": {"path": os.path.relpath(model_dir, path.parent), "sha256": model_digest(model_dir)},
+        "tokenizer": tokenizer_digest(model_dir, grammar),
+        "contract": {"name": contract.name, "sha256": contract.digest, "caps": vars(contract.caps)},
+        "precision": precision,
+        "replaytests_version": __version__,
+    })
+
+
+def check_manifest(bank: Path) -> dict:
+    """The bank's manifest, after checking the bank file still has the sha256 it records."""
+    path = manifest_path(bank)
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except OSError:
+        raise ConfigError(f"{path}: bank manifest not found (freeze the bank with `replaytests freeze`)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: manifest is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    recorded, actual = manifest.get("bank_sha256"), sha256_file(bank)
+    if recorded != actual:
+        raise ConfigError(f"{bank}: bank sha256 {actual[:12]}… differs from manifest field "
+                          f"'bank_sha256' {str(recorded)[:12]}…; the bank changed since it was frozen")
+    return manifest

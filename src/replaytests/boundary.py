@@ -1,0 +1,96 @@
+"""The boundary state (SPEC §3): everything a construction hands to the shared suffix decoder.
+
+The boundary is the state after the single <|merge|> token was processed and before the first
+merge-content token is chosen. Constructions that claim to reach the same boundary must agree on
+tokens, roles, positions, padding (none) and cache metadata, and must never share storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from replaytests import hf_adapter
+from replaytests.errors import BoundaryMismatch, StorageAliasing
+
+
+@dataclass
+class Boundary:
+    construction: str
+    tokens: list[int]
+    roles: list[int]
+    cache: object
+    logits: torch.Tensor  # [vocab], the logical row of the call that consumed <|merge|>
+
+    @property
+    def layers(self) -> list[hf_adapter.KV]:
+        return hf_adapter.cache_layers(self.cache)
+
+    def metadata(self) -> dict:
+        """Everything about the state that two constructions must share, except the values."""
+        first_k, _ = self.layers[0]
+        return {
+            "tokens": self.tokens,
+            "roles": self.roles,
+            "positions": [0, len(self.tokens) - 1],
+            "padding": 0,
+            "cache_seq_length": hf_adapter.cache_seq_length(self.cache),
+            "layers": len(self.layers),
+            "tensors": [
+                (tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device))
+                for kv in self.layers for t in kv
+            ],
+            "logits": (tuple(self.logits.shape), str(self.logits.dtype)),
+            "device": str(first_k.device),
+        }
+
+    def storages(self) -> set[int]:
+        ptrs = {t.untyped_storage().data_ptr() for kv in self.layers for t in kv}
+        return ptrs | {self.logits.untyped_storage().data_ptr()}
+
+    def cache_digest(self) -> str:
+        digest = hashlib.sha256()
+        for keys, values in self.layers:
+            for tensor in (keys, values):
+                digest.update(_tensor_bytes(tensor))
+        return digest.hexdigest()
+
+    def logits_digest(self) -> str:
+        return hashlib.sha256(_tensor_bytes(self.logits)).hexdigest()
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    header = f"{tensor.dtype}:{tuple(tensor.shape)};".encode()
+    raw = tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
+    return header + raw
+
+
+def check_same_state(arms: list[Boundary], where: str) -> None:
+    """Fail closed unless every arm reached the same boundary up to the K/V and logit values."""
+    reference = arms[0].metadata()
+    for arm in arms[1:]:
+        other = arm.metadata()
+        for field, value in reference.items():
+            if other[field] != value:
+                raise BoundaryMismatch(
+                    f"{where}: boundary field {field!r} differs between {arms[0].construction} "
+                    f"and {arm.construction}: {_short(value)} vs {_short(other[field])}"
+                )
+
+
+def check_storage_isolated(arms: list[Boundary], where: str) -> None:
+    seen: dict[int, str] = {}
+    for arm in arms:
+        for ptr in arm.storages():
+            if ptr in seen and seen[ptr] != arm.construction:
+                raise StorageAliasing(
+                    f"{where}: {arm.construction} shares tensor storage with {seen[ptr]} (data_ptr {ptr:#x})"
+                )
+            seen[ptr] = arm.construction
+
+
+def _short(value: object, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

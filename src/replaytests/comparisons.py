@@ -1,0 +1,72 @@
+"""Comparisons between two arms (SPEC §5), at the boundary and after it.
+
+Drift is eq. 2 of the paper, computed in float64: d_rel = ||A - B||_2 / max(||A||_2, ||B||_2),
+for K and V separately, per layer and over all layers concatenated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from replaytests.boundary import Boundary
+from replaytests.decoder import Suffix
+
+
+def _drift(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """Relative L2 and max |diff| over a list of tensor pairs taken as one concatenated tensor."""
+    diff_sq = norm_a_sq = norm_b_sq = 0.0
+    max_abs = 0.0
+    for a, b in pairs:
+        a64, b64 = a.double(), b.double()
+        delta = a64 - b64
+        diff_sq += float(delta.square().sum())
+        norm_a_sq += float(a64.square().sum())
+        norm_b_sq += float(b64.square().sum())
+        max_abs = max(max_abs, float(delta.abs().max()) if delta.numel() else 0.0)
+    denominator = math.sqrt(max(norm_a_sq, norm_b_sq))
+    rel = math.sqrt(diff_sq) / denominator if denominator else 0.0
+    return {"rel_l2": rel, "max_abs": max_abs}
+
+
+def compare_boundaries(a: Boundary, b: Boundary) -> dict:
+    layers_a, layers_b = a.layers, b.layers
+    metrics: dict = {
+        "cache_exact": all(
+            torch.equal(ka, kb) and torch.equal(va, vb)
+            for (ka, va), (kb, vb) in zip(layers_a, layers_b, strict=True)
+        ),
+    }
+    for name, part in (("k", 0), ("v", 1)):
+        pairs = [(la[part], lb[part]) for la, lb in zip(layers_a, layers_b, strict=True)]
+        overall = _drift(pairs)
+        per_layer = [_drift([pair]) for pair in pairs]
+        metrics[f"{name}_rel_l2"] = overall["rel_l2"]
+        metrics[f"{name}_max_abs"] = overall["max_abs"]
+        metrics[f"{name}_rel_l2_per_layer"] = [d["rel_l2"] for d in per_layer]
+        metrics[f"{name}_max_abs_per_layer"] = [d["max_abs"] for d in per_layer]
+    metrics["logits_exact"] = torch.equal(a.logits, b.logits)
+    metrics["logits_max_abs"] = _drift([(a.logits, b.logits)])["max_abs"]
+    metrics["argmax_equal"] = int(a.logits.argmax()) == int(b.logits.argmax())
+    return metrics
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """0-based index of the first differing suffix position; None if the suffixes are equal."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_suffixes(a: Suffix, b: Suffix, correct_a: bool | None, correct_b: bool | None) -> dict:
+    index = first_divergence(a.tokens, b.tokens)
+    return {
+        "suffix_equal": index is None,
+        "first_divergence": index,
+        # The decision margins (top-1 minus top-2 masked logit) where the paths split, if they do.
+        "margins_at_divergence": None if index is None else [a.margins[index], b.margins[index]],
+        "answer_equal": a.answer == b.answer,
+        "correct_equal": correct_a == correct_b,
+    }

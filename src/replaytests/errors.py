@@ -1,0 +1,33 @@
+"""Exception types. Every message is one line naming the file, row, field or step at fault."""
+
+
+class ReplaytestsError(Exception):
+    """Base class: an error the suite reports as one line, without a traceback."""
+
+
+class ConfigError(ReplaytestsError):
+    """A model, tokenizer, contract or option that cannot be used as given."""
+
+
+class BankError(ReplaytestsError):
+    """A bank file, manifest or row that breaks the bank format or the block grammar."""
+
+
+class LedgerError(ReplaytestsError):
+    """A ledger file that cannot be read as the versioned ledger format."""
+
+
+class FailClosed(ReplaytestsError):
+    """A check that stops a row from contributing numbers."""
+
+
+class PhysicalBatchDesync(FailClosed):
+    """The two duplicate rows of the physical batch produced different outputs."""
+
+
+class StorageAliasing(FailClosed):
+    """Two constructions share tensor storage."""
+
+
+class BoundaryMismatch(FailClosed):
+    """Two constructions reached boundaries that differ in tokens, roles, positions or metadata."""

@@ -1,0 +1,64 @@
+"""Fixed-prefix crossing (SPEC §7.2): one frozen z per row, incremental x prefill, each with a replica.
+
+Run once per precision; every cell consumes the same integer tokens, roles, positions and padding.
+"""
+
+from __future__ import annotations
+
+from replaytests import constructions, ledger
+from replaytests.bank import BankRow
+from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.comparisons import compare_boundaries, compare_suffixes
+from replaytests.decoder import Suffix, decode_suffix
+from replaytests.errors import FailClosed
+from replaytests.files import sha256_json
+from replaytests.runtime import Runtime
+
+FAMILY = "crossing"
+ARMS = ("incremental", "incremental_replica", "prefill", "prefill_replica")
+PAIRS = (("incremental", "incremental_replica"), ("prefill", "prefill_replica"), ("incremental", "prefill"))
+
+
+def z_digest(tokens: list[int], roles: list[int]) -> str:
+    return sha256_json({"tokens": tokens, "roles": roles})
+
+
+def is_correct(answer: str, expected: str | None) -> bool | None:
+    return None if expected is None else answer.strip() == expected.strip()
+
+
+def arm_record(boundary: Boundary, suffix: Suffix, expected: str | None) -> dict:
+    return {
+        "suffix": suffix.tokens,
+        "answer": suffix.answer,
+        "correct": is_correct(suffix.answer, expected),
+        "cache_digest": boundary.cache_digest(),
+        "logits_digest": boundary.logits_digest(),
+        "z_sha256": z_digest(boundary.tokens, boundary.roles),
+    }
+
+
+def compare_arms(pairs, boundaries: dict[str, Boundary], suffixes: dict[str, Suffix],
+                 arms: dict[str, dict]) -> dict:
+    return {
+        f"{a}~{b}": compare_boundaries(boundaries[a], boundaries[b])
+        | compare_suffixes(suffixes[a], suffixes[b], arms[a]["correct"], arms[b]["correct"])
+        for a, b in pairs
+    }
+
+
+def run(runtime: Runtime, row: BankRow) -> dict:
+    """The ledger record of one row at the runtime's precision; fail-closed checks exclude the row."""
+    base = {"schema": ledger.SCHEMA, "family": FAMILY, "row": row.id, "precision": runtime.precision,
+            "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
+    where = f"row {row.id} ({runtime.precision})"
+    runtime.activate()
+    try:
+        boundaries = {arm: constructions.build(runtime, arm, row.tokens) for arm in ARMS}
+        check_same_state(list(boundaries.values()), where)
+        check_storage_isolated(list(boundaries.values()), where)
+        suffixes = {arm: decode_suffix(runtime, boundaries[arm]) for arm in ARMS}
+    except FailClosed as exc:
+        return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {exc}"}
+    arms = {arm: arm_record(boundaries[arm], suffixes[arm], row.expected_answer) for arm in ARMS}
+    return base | {"status": "ok", "arms": arms, "comparisons": compare_arms(PAIRS, boundaries, suffixes, arms)}

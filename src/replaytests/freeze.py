@@ -1,0 +1,38 @@
+"""Freezing a bank: live-generate each problem to the merge boundary at BF16 (physical batch 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from replaytests import constructions, hf_adapter
+from replaytests.bank import BankRow, read_problems, write_bank
+from replaytests.contract import load_contract
+from replaytests.decoder import suffix_room
+from replaytests.errors import BankError
+from replaytests.protocol import prompt_block
+from replaytests.runtime import Runtime
+
+PRECISION = "bf16"
+
+
+def freeze(model_dir: Path, problems_path: Path, contract_path: Path, out: Path) -> list[BankRow]:
+    contract = load_contract(contract_path)
+    problems = read_problems(problems_path)
+    runtime = Runtime.load(model_dir, contract, PRECISION)
+    caps = contract.caps
+    longest = hf_adapter.max_positions(runtime.model) - 3 * (caps.branch + 2) - 1 - suffix_room(caps)
+    rows = []
+    for problem in problems:
+        content = runtime.tokenizer.encode(problem.prompt, add_special_tokens=False)
+        block = prompt_block(runtime.grammar.delims, content)
+        bad = [t for t in content if t in runtime.grammar.delims.all_ids]
+        if bad:
+            raise BankError(f"{problems_path} (problem {problem.id}): field 'prompt' encodes to delimiter "
+                            f"tokens {bad[:5]}")
+        if len(block) > longest:
+            raise BankError(f"{problems_path} (problem {problem.id}): field 'prompt' is {len(block)} tokens "
+                            f"with its delimiters; at most {longest} fit the model's positions with these caps")
+        boundary = constructions.live(runtime, block)
+        rows.append(BankRow(problem.id, boundary.tokens, boundary.roles, problem.expected_answer))
+    write_bank(out, rows, model_dir, runtime.grammar, contract, PRECISION)
+    return rows

@@ -1,0 +1,124 @@
+"""The one module that touches the Hugging Face model, cache and attention API.
+
+A transformers upgrade that renames a cache attribute or a forward argument is a change here only.
+Models load from local directories only, with SDPA attention, safetensors weights and no remote code.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+
+from replaytests.errors import ConfigError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def check_model_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise ConfigError(f"{path}: model directory not found")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{path}: no config.json (expected a Hugging Face model directory)")
+    if not sorted(path.glob("*.safetensors")):
+        raise ConfigError(f"{path}: no *.safetensors weights (only safetensors are loaded, never pickle)")
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    check_model_dir(path)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot load tokenizer: {str(exc).splitlines()[0]}") from None
+
+
+def load_model(path: Path, dtype: str, device: str, attention: str = "sdpa"):
+    from transformers import AutoModelForCausalLM
+
+    check_model_dir(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=DTYPES[dtype], attn_implementation=attention,
+            local_files_only=True, trust_remote_code=False, use_safetensors=True,
+        )
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot load model: {str(exc).splitlines()[0]}") from None
+    model.to(device).eval()
+    return model
+
+
+def attention_implementation(model) -> str:
+    return model.config._attn_implementation
+
+
+def vocab_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def max_positions(model) -> int:
+    return int(model.config.max_position_embeddings)
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.24 names the cache argument `cache`; earlier 5.x releases `past_key_values`."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class Forward:
+    """Calls a causal LM with an explicit 4D mask, explicit positions and a caller-owned cache."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self._cache_arg = _cache_kwarg(model)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """Return the last position's logits [batch, vocab]; the cache grows in place."""
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions,
+            use_cache=True, logits_to_keep=1, **{self._cache_arg: cache},
+        )
+        return out.logits[:, -1, :]
+
+
+def cache_layers(cache) -> list[KV]:
+    """Every layer's (K, V), each [batch, kv_heads, seq, head_dim], as the cache holds them."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def cache_from_layers(model, layers: list[KV]):
+    """A new cache whose tensors are storage-isolated copies of `layers`."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys.clone(), values.clone(), index)
+    return cache
+
+
+def clone_cache(model, cache):
+    return cache_from_layers(model, cache_layers(cache))
+
+
+def cache_seq_length(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def load_config(path: Path):
+    """The model's config alone (no weights): enough to validate a bank before any model work."""
+    from transformers import AutoConfig
+
+    check_model_dir(path)
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}/config.json: cannot load config: {str(exc).splitlines()[0]}") from None

@@ -1,0 +1,201 @@
+"""The multi-branch reasoning protocol (SPEC §2): blocks, roles, visibility and the structural mask.
+
+The flattened sequence has six ordered blocks, each opened and closed by a single-token delimiter.
+A block's index is also the role of every token in it (prompt 0, branches 1-3, merge 4, answer 5).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from replaytests.errors import BankError, ConfigError
+
+BLOCKS = ("prompt", "cot_1", "cot_2", "cot_3", "merge", "answer")
+PROMPT, MERGE, ANSWER = 0, 4, 5
+DELIMITER_NAMES = tuple(f"<|{prefix}{block}|>" for block in BLOCKS for prefix in ("", "/"))
+
+# VISIBILITY[query_role][key_role]: answer tokens never see branch tokens.
+VISIBILITY = torch.tensor(
+    [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0],
+        [1, 0, 0, 0, 1, 1],
+    ],
+    dtype=torch.bool,
+)
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Content tokens allowed per block (the prompt block is given, not decoded)."""
+
+    branch: int
+    merge: int
+    answer: int
+
+    def of(self, block: int) -> int:
+        return (0, self.branch, self.branch, self.branch, self.merge, self.answer)[block]
+
+
+@dataclass(frozen=True)
+class Delimiters:
+    """Token ids of the 12 delimiters: openers[b] and closers[b] for block b."""
+
+    openers: tuple[int, ...]
+    closers: tuple[int, ...]
+
+    @classmethod
+    def resolve(cls, tokenizer, mapping: dict[str, str] | None = None) -> Delimiters:
+        """Resolve each delimiter name (or the token a contract maps it to) to one token id."""
+        mapping = mapping or {}
+        ids = []
+        for name in DELIMITER_NAMES:
+            text = mapping.get(name, name)
+            encoded = tokenizer.encode(text, add_special_tokens=False)
+            if len(encoded) != 1:
+                raise ConfigError(
+                    f"delimiter {name!r} (as {text!r}) is {len(encoded)} tokens {encoded} in the "
+                    "tokenizer; every delimiter must be exactly one token"
+                )
+            ids.append(encoded[0])
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"delimiters must be 12 distinct tokens, got ids {ids}")
+        return cls(openers=tuple(ids[0::2]), closers=tuple(ids[1::2]))
+
+    @property
+    def all_ids(self) -> tuple[int, ...]:
+        return self.openers + self.closers
+
+    def block_of(self, token: int) -> int | None:
+        for block in range(len(BLOCKS)):
+            if token in (self.openers[block], self.closers[block]):
+                return block
+        return None
+
+
+def prompt_block(delims: Delimiters, content: list[int]) -> list[int]:
+    return [delims.openers[PROMPT], *content, delims.closers[PROMPT]]
+
+
+@functools.cache
+def _visibility_on(device: torch.device) -> torch.Tensor:
+    return VISIBILITY.to(device)
+
+
+def visibility_rows(query_roles: torch.Tensor, key_roles: torch.Tensor, first_query: int) -> torch.Tensor:
+    """Bool mask [q, k]: role visibility intersected with causality (key position <= query position).
+
+    Queries sit at positions first_query .. first_query+q-1, keys at 0 .. k-1. A decode step passes
+    one query, so its cost is O(k), never an L x L mask.
+    """
+    visible = _visibility_on(key_roles.device)[query_roles][:, key_roles]
+    query_pos = torch.arange(first_query, first_query + len(query_roles), device=key_roles.device)
+    key_pos = torch.arange(len(key_roles), device=key_roles.device)
+    return visible & (key_pos[None, :] <= query_pos[:, None])
+
+
+class Grammar:
+    """The block grammar and the structural logits mask, precomputed once per (vocab, caps).
+
+    Inside a block the eligible tokens are every content token plus the block's closer, or only
+    the closer once the block holds `cap` content tokens; between blocks only the next opener.
+    """
+
+    def __init__(self, delims: Delimiters, caps: Caps, vocab_size: int, tokenizer_size: int,
+                 banned: tuple[int, ...] = (), device: torch.device | str = "cpu") -> None:
+        self.delims, self.caps = delims, caps
+        content = torch.zeros(vocab_size, dtype=torch.bool)
+        content[: min(tokenizer_size, vocab_size)] = True
+        content[list(delims.all_ids)] = False
+        if banned:
+            content[list(banned)] = False
+        self.content = content
+        self._closer_only, self._content_or_closer, self._opener_only = [], [], []
+        for block in range(len(BLOCKS)):
+            self._closer_only.append(self._onehot(vocab_size, delims.closers[block], device))
+            self._opener_only.append(self._onehot(vocab_size, delims.openers[block], device))
+            self._content_or_closer.append((content | self._closer_only[-1].cpu()).to(device))
+
+    @staticmethod
+    def _onehot(size: int, index: int, device) -> torch.Tensor:
+        mask = torch.zeros(size, dtype=torch.bool)
+        mask[index] = True
+        return mask.to(device)
+
+    def is_content(self, token: int) -> bool:
+        return 0 <= token < len(self.content) and bool(self.content[token])
+
+    def eligible(self, cursor: Cursor) -> torch.Tensor:
+        if cursor.open:
+            if cursor.count < self.caps.of(cursor.block):
+                return self._content_or_closer[cursor.block]
+            return self._closer_only[cursor.block]
+        return self._opener_only[cursor.block + 1]
+
+
+@dataclass
+class Cursor:
+    """Where the sequence stands in the block grammar: the current block, open or closed."""
+
+    block: int = -1
+    open: bool = False
+    count: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.block == ANSWER and not self.open
+
+    def role_of_next(self) -> int:
+        """The role of the next token: the open block's, or the next block's opener."""
+        return self.block if self.open else self.block + 1
+
+    def advance(self, token: int, grammar: Grammar) -> None:
+        """Consume one token; raise ValueError with the reason if the grammar forbids it."""
+        delims = grammar.delims
+        if self.open:
+            if token == delims.closers[self.block]:
+                self.open = False
+            elif self._accepts_content(token, grammar):
+                self.count += 1
+            else:
+                limit = "" if self.block == PROMPT else f" (cap {grammar.caps.of(self.block)})"
+                raise ValueError(f"token {token} is not allowed in block {BLOCKS[self.block]!r} "
+                                 f"after {self.count} content tokens{limit}")
+        elif self.done or token != delims.openers[self.block + 1]:
+            expected = "nothing (the answer is closed)" if self.done else (
+                f"opener {delims.openers[self.block + 1]} of {BLOCKS[self.block + 1]!r}")
+            raise ValueError(f"token {token} where the grammar expects {expected}")
+        else:
+            self.block, self.open, self.count = self.block + 1, True, 0
+
+    def _accepts_content(self, token: int, grammar: Grammar) -> bool:
+        """The prompt is given text (any non-delimiter); decoded blocks take content up to their cap."""
+        if self.block == PROMPT:
+            return 0 <= token < len(grammar.content) and token not in grammar.delims.all_ids
+        return grammar.is_content(token) and self.count < grammar.caps.of(self.block)
+
+
+def parse_prefix(tokens: list[int], grammar: Grammar, where: str) -> list[int]:
+    """Check a boundary prefix z against the grammar and return its roles.
+
+    z must run from <|prompt|> through the three branches and end with the single <|merge|> token.
+    """
+    cursor, roles = Cursor(), []
+    for index, token in enumerate(tokens):
+        roles.append(cursor.role_of_next())
+        try:
+            cursor.advance(token, grammar)
+        except ValueError as exc:
+            raise BankError(f"{where}: field 'tokens'[{index}]: {exc}") from None
+    if not (cursor.block == MERGE and cursor.open and cursor.count == 0):
+        raise BankError(
+            f"{where}: field 'tokens' must end with the single <|merge|> opener "
+            f"(the boundary); it ends inside block {BLOCKS[max(cursor.block, 0)]!r}"
+        )
+    return roles
