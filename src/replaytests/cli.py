@@ -27,6 +27,8 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
     import pytest
 
     argv = ["--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-q"]
+    if args.workers != "1":
+        argv += ["-n", str(args.workers), "--dist", "loadgroup"]
     for name in ("model", "bank", "contract", "precision", "rows", "device", "report_dir"):
         value = getattr(args, name)
         if value is not None:
@@ -56,6 +58,8 @@ def parser() -> argparse.ArgumentParser:
     audit.add_argument("--precision", choices=("bf16", "fp32", "both"), default=None)
     audit.add_argument("--rows", default=None, help="a count N or a slice A:B of bank rows")
     audit.add_argument("--device", default=None)
+    audit.add_argument("--workers", default="auto",
+                       help="pytest-xdist worker processes ('auto': one per core; 1: in-process). Default: %(default)s")
     return top
 
 

@@ -102,6 +102,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("bridge_row", panel, ids=[r.id for r in panel], scope="session")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup`, keep every test of one (row, precision) on one worker,
+    so each record is computed once."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        params = getattr(item, "callspec", None) and item.callspec.params
+        row = params and (params.get("bank_row") or params.get("bridge_row"))
+        if row:
+            item.add_marker(pytest.mark.xdist_group(f"{params.get('precision', '')}-{row.id}"))
+
+
 class LedgerCollector:
     """Gathers records from test reports (local or from xdist workers) and writes the ledger."""
 

@@ -1,0 +1,154 @@
+"""Shared fixtures for the unit tests of replaytests' own machinery.
+
+The embedded tiny model is loaded at most once per session (`fp32_runtime`); everything else works
+on the tokenizer, the config or hand-built tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from replaytests.boundary import Boundary
+from replaytests.contract import Contract, load_contract
+from replaytests.hf_adapter import load_tokenizer
+from replaytests.protocol import DELIMITER_NAMES, Caps, Delimiters, Grammar
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = REPO / "fixtures" / "models" / "tiny-qwen2"
+BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
+CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"
+
+# The unit-test grammar: small caps so "at cap" is reachable in a few tokens.
+UNIT_CAPS = Caps(branch=3, merge=2, answer=1)
+BANNED = (5, 7)
+VOCAB = 320  # the tiny model's embedding rows (config.json vocab_size); the tokenizer has fewer
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return load_tokenizer(MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def delims(tokenizer) -> Delimiters:
+    return Delimiters.resolve(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def grammar(tokenizer, delims) -> Grammar:
+    """A grammar over the real tokenizer with caps 3/2/1 and two banned tokens."""
+    return Grammar(delims, UNIT_CAPS, VOCAB, len(tokenizer), BANNED)
+
+
+@pytest.fixture(scope="session")
+def tiny_contract() -> Contract:
+    return load_contract(CONTRACT)
+
+
+@pytest.fixture(scope="session")
+def tiny_grammar(tokenizer, delims, tiny_contract) -> Grammar:
+    """The grammar the committed bank was frozen under (cpu-tiny caps)."""
+    return Grammar(delims, tiny_contract.caps, VOCAB, len(tokenizer), tiny_contract.banned_tokens)
+
+
+@pytest.fixture(scope="session")
+def bank_rows_json() -> list[dict]:
+    return [json.loads(line) for line in BANK.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def shortest_z(bank_rows_json) -> list[int]:
+    """The shortest committed boundary prefix (123 tokens): cheap to prefill."""
+    return min(bank_rows_json, key=lambda r: (len(r["tokens"]), r["id"]))["tokens"]
+
+
+@pytest.fixture(scope="session")
+def fp32_runtime(tiny_contract):
+    """The tiny model at FP32, loaded once for the whole unit session."""
+    from replaytests.runtime import Runtime
+
+    return Runtime.load(MODEL_DIR, tiny_contract, "fp32")
+
+
+def token_of(delims: Delimiters, spec: str | int) -> int:
+    """A delimiter name ('<|cot_2|>') resolved to its id, or a plain integer id."""
+    if isinstance(spec, int):
+        return spec
+    ids = [i for pair in zip(delims.openers, delims.closers, strict=True) for i in pair]
+    return dict(zip(DELIMITER_NAMES, ids, strict=True))[spec]
+
+
+@pytest.fixture(scope="session")
+def tok(delims):
+    """tok('<|merge|>') -> its id; tok(100) -> 100."""
+    return lambda spec: token_of(delims, spec)
+
+
+# A stand-in for a Hugging Face cache: exactly what hf_adapter.cache_layers / cache_seq_length read.
+@dataclass
+class FakeLayer:
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class FakeCache:
+    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]], seq_length: int | None = None) -> None:
+        self.layers = [FakeLayer(k, v) for k, v in layers]
+        self._seq_length = seq_length
+
+    def get_seq_length(self) -> int:
+        return self._seq_length if self._seq_length is not None else self.layers[0].keys.shape[-2]
+
+
+def random_layers(n_layers: int = 3, seq: int = 5, seed: int = 0, dtype=torch.float32, batch: int = 2,
+                  heads: int = 2, head_dim: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, heads, seq, head_dim)
+    return [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+            for _ in range(n_layers)]
+
+
+@pytest.fixture
+def make_boundary():
+    """make_boundary(name, layers, logits=None, tokens=None, roles=None, seq_length=None) -> Boundary."""
+
+    def make(construction: str, layers, logits: torch.Tensor | None = None, tokens: list[int] | None = None,
+             roles: list[int] | None = None, seq_length: int | None = None) -> Boundary:
+        seq = layers[0][0].shape[-2]
+        tokens = list(range(10, 10 + seq)) if tokens is None else tokens
+        roles = [0] * (seq - 1) + [4] if roles is None else roles
+        logits = torch.linspace(-1.0, 1.0, 16) if logits is None else logits
+        return Boundary(construction, tokens, roles, FakeCache(layers, seq_length), logits)
+
+    return make
+
+
+@pytest.fixture
+def fake_cache():
+    return FakeCache
+
+
+@pytest.fixture
+def layers_factory():
+    """layers_factory(n_layers=3, seq=5, seed=0, dtype=float32) -> [(K, V), ...] of [2, 2, seq, 4]."""
+    return random_layers
+
+
+@pytest.fixture(scope="session")
+def unit_caps() -> Caps:
+    return UNIT_CAPS
+
+
+@pytest.fixture(scope="session")
+def banned() -> tuple[int, ...]:
+    return BANNED
