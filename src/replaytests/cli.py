@@ -7,6 +7,7 @@ one execution path, so the ledger is the same whichever way the suite is started
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,16 +25,16 @@ def _freeze(args: argparse.Namespace) -> int:
 
 
 def _audit(args: argparse.Namespace, extra: list[str]) -> int:
-    import pytest
-
-    argv = ["--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-q"]
+    # A child pytest process: exactly what a user typing pytest gets (and no assert-rewrite
+    # warning for the already-imported package).
+    argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-q"]
     if args.workers != "1":
         argv += ["-n", str(args.workers), "--dist", "loadgroup"]
     for name in ("model", "bank", "contract", "precision", "rows", "device", "report_dir"):
         value = getattr(args, name)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
-    code = int(pytest.main(argv + extra))
+    code = subprocess.run(argv + extra, check=False).returncode
     report_dir = args.report_dir or DEFAULT_REPORT_DIR
     if (report_dir / "summary.md").is_file():
         print(f"report: {report_dir / 'summary.md'}")

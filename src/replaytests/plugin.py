@@ -69,6 +69,11 @@ def replay_session(config: pytest.Config) -> ReplaySession:
     return config.stash[session_key]
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Validate every input before collection, so a bad one stops the run with one line."""
+    replay_session(session.config)
+
+
 @pytest.fixture(scope="session")
 def replay(request: pytest.FixtureRequest) -> ReplaySession:
     return replay_session(request.config)

@@ -79,8 +79,8 @@ class ReplaySession:
         config = hf_adapter.load_config(options.model)
         grammar = Grammar(Delimiters.resolve(tokenizer, contract.delimiters), contract.caps,
                           config.vocab_size, len(tokenizer), contract.banned_tokens)
-        manifest = check_manifest(options.bank)
         rows = read_bank(options.bank, grammar, config.max_position_embeddings, suffix_room(contract.caps))
+        manifest = check_manifest(options.bank)
         return cls(options, contract, select_rows(rows, options.rows), manifest)
 
     def runtime(self, precision: str) -> Runtime:
