@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from replaytests import ledger
+from replaytests.session import DEFAULT_CONTRACT as CONTRACT
 
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
 
@@ -70,3 +71,18 @@ def test_bad_input_is_one_line_usage_error(pytester, option, value, message):
     assert result.ret == pytest.ExitCode.USAGE_ERROR, f"exit code {result.ret}"
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
     assert "Traceback" not in result.stderr.str() + result.stdout.str(), "a traceback reached the user"
+
+
+def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path):
+    """Row tiny-005 diverges at BF16 on the embedded default; a contract that demands exact BF16
+    suffixes must turn that recorded divergence into a failure that names the row and index."""
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(CONTRACT.read_text().replace("{bf16: true, fp32: false}", "{bf16: false, fp32: false}"))
+    result = pytester.runpytest_subprocess(
+        "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(strict),
+        "--rows", "5:6", "--precision", "bf16", "-k", "incremental_vs_prefill",
+        "--report-dir", str(tmp_path / "report"),
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*row tiny-005 (bf16): incremental and prefill suffixes diverge at suffix index*"
+                                 "*contract cpu-tiny requires bf16 suffixes to be exact*"])
