@@ -32,6 +32,7 @@ MARKERS = {
     "causal": "fidelity layer 4: causal state sufficiency",
     "slow": "long-running conformance targets",
 }
+OPTION_NAMES = tuple(vars(Options()))
 session_key = pytest.StashKey[ReplaySession]()
 
 
@@ -60,8 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def replay_session(config: pytest.Config) -> ReplaySession:
     """The session's inputs, opened on first use; a bad input is a usage error, one line."""
     if session_key not in config.stash:
-        options = Options(*(config.getoption(n) for n in ("model", "bank", "contract", "precision", "rows")),
-                          report_dir=config.getoption("report_dir"), device=config.getoption("device"))
+        options = Options(**{name: config.getoption(name) for name in OPTION_NAMES})
         try:
             config.stash[session_key] = ReplaySession.open(options)
         except ReplaytestsError as exc:
@@ -70,8 +70,18 @@ def replay_session(config: pytest.Config) -> ReplaySession:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Validate every input before collection, so a bad one stops the run with one line."""
-    replay_session(session.config)
+    """Validate every input before collection, so a bad one stops the run with one line.
+
+    The plugin is installed for every pytest run in the environment: when the user gave no
+    replaytests option and the embedded defaults do not resolve, an unrelated test run is left
+    alone, and the error surfaces only if a conformance test is collected.
+    """
+    config = session.config
+    try:
+        replay_session(config)
+    except pytest.UsageError:
+        if any(config.getoption(name) != default for name, default in vars(Options()).items()):
+            raise
 
 
 @pytest.fixture(scope="session")
