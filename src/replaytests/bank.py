@@ -51,6 +51,8 @@ def _read_jsonl(path: Path, what: str) -> list[tuple[str, dict]]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise BankError(f"{path}: cannot read {what}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise BankError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     objects = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -72,18 +74,23 @@ def _field(obj: dict, key: str, kind: type | tuple, where: str):
     if key not in obj:
         raise BankError(f"{where}: missing field {key!r}")
     if not isinstance(obj[key], kind) or (isinstance(obj[key], bool) and kind is not bool):
-        raise BankError(f"{where}: field {key!r} has type {type(obj[key]).__name__}, expected {kind}")
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise BankError(f"{where}: field {key!r} has type {type(obj[key]).__name__}, expected {names}")
     return obj[key]
+
+
+def _expected_answer(obj: dict, where: str) -> str | None:
+    answer = obj.get("expected_answer")
+    if answer is not None and not isinstance(answer, str):
+        raise BankError(f"{where}: field 'expected_answer' must be a string or null, got {answer!r}")
+    return answer
 
 
 def read_problems(path: Path) -> list[Problem]:
     problems = []
     for where, obj in _read_jsonl(path, "problem"):
-        answer = obj.get("expected_answer")
-        if answer is not None and not isinstance(answer, str):
-            raise BankError(f"{where}: field 'expected_answer' must be a string or null")
         problems.append(Problem(str(_field(obj, "id", (str, int), where)),
-                                _field(obj, "prompt", str, where), answer))
+                                _field(obj, "prompt", str, where), _expected_answer(obj, where)))
     _check_unique([p.id for p in problems], path)
     return problems
 
@@ -107,7 +114,7 @@ def read_bank(path: Path, grammar: Grammar, max_positions: int, suffix_room: int
         if len(tokens) + suffix_room > max_positions:
             raise BankError(f"{where}: field 'tokens' has {len(tokens)} tokens; with room for the suffix "
                             f"({suffix_room}) that exceeds the model's {max_positions} positions")
-        rows.append(BankRow(row_id, tokens, roles, obj.get("expected_answer")))
+        rows.append(BankRow(row_id, tokens, roles, _expected_answer(obj, where)))
     _check_unique([r.id for r in rows], path)
     return rows
 
@@ -165,6 +172,10 @@ def check_manifest(bank: Path) -> dict:
         raise ConfigError(f"{path}: bank manifest not found (freeze the bank with `replaytests freeze`)") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: manifest is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    if not bank.is_file():
+        raise ConfigError(f"{bank}: bank not found beside its manifest {path.name}")
     recorded, actual = manifest.get("bank_sha256"), sha256_file(bank)
     if recorded != actual:
         raise ConfigError(f"{bank}: bank sha256 {actual[:12]}… differs from manifest field "

@@ -12,6 +12,7 @@ import torch
 
 from replaytests.boundary import Boundary
 from replaytests.decoder import Suffix
+from replaytests.runtime import bitwise_equal
 
 
 def _drift(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
@@ -34,7 +35,7 @@ def compare_boundaries(a: Boundary, b: Boundary) -> dict:
     layers_a, layers_b = a.layers, b.layers
     metrics: dict = {
         "cache_exact": all(
-            torch.equal(ka, kb) and torch.equal(va, vb)
+            bitwise_equal(ka, kb) and bitwise_equal(va, vb)
             for (ka, va), (kb, vb) in zip(layers_a, layers_b, strict=True)
         ),
     }
@@ -46,7 +47,7 @@ def compare_boundaries(a: Boundary, b: Boundary) -> dict:
         metrics[f"{name}_max_abs"] = overall["max_abs"]
         metrics[f"{name}_rel_l2_per_layer"] = [d["rel_l2"] for d in per_layer]
         metrics[f"{name}_max_abs_per_layer"] = [d["max_abs"] for d in per_layer]
-    metrics["logits_exact"] = torch.equal(a.logits, b.logits)
+    metrics["logits_exact"] = bitwise_equal(a.logits, b.logits)
     metrics["logits_max_abs"] = _drift([(a.logits, b.logits)])["max_abs"]
     metrics["argmax_equal"] = int(a.logits.argmax()) == int(b.logits.argmax())
     return metrics

@@ -113,6 +113,9 @@ class Grammar:
         content = torch.zeros(vocab_size, dtype=torch.bool)
         content[: min(tokenizer_size, vocab_size)] = True
         content[list(delims.all_ids)] = False
+        outside = [t for t in banned if not 0 <= t < vocab_size]
+        if outside:
+            raise ConfigError(f"banned_tokens: ids {outside} are outside the vocabulary [0, {vocab_size})")
         if banned:
             content[list(banned)] = False
         self.content = content

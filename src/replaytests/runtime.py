@@ -98,10 +98,24 @@ class Runtime:
         return logits[0]
 
 
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit: -0.0 differs from +0.0, and a NaN equals the same NaN bits.
+    (torch.equal compares values, which is not what the protocol demands.)"""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    as_int = _SAME_WIDTH_INT[a.element_size()]
+    return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+
+
 def check_batch_equal(tensor: torch.Tensor, where: str) -> None:
     """Fail closed unless every copy along dim 0 equals copy 0 bitwise."""
     for copy in range(1, tensor.shape[0]):
-        if not torch.equal(tensor[copy], tensor[0]):
+        if not bitwise_equal(tensor[copy], tensor[0]):
             diff = (tensor[copy].double() - tensor[0].double()).abs().max().item()
             raise PhysicalBatchDesync(
                 f"physical-batch desync at {where}: copy {copy} differs from copy 0, max |diff| {diff:.6g}"

@@ -14,12 +14,14 @@ from replaytests.protocol import (
     VISIBILITY,
     Cursor,
     Delimiters,
+    Grammar,
     parse_prefix,
     visibility_rows,
 )
 
 CONTENT = 100  # an ordinary byte-level token of the tiny tokenizer
 PAST_TOKENIZER = 300  # an embedding row the tokenizer never produces (tokenizer 269 < vocab 320)
+VOCAB = 320
 
 # SPEC §2, written out independently of protocol.VISIBILITY: query role -> visible key roles.
 SPEC_VISIBLE = {
@@ -209,6 +211,13 @@ def test_grammar_content_excludes_delimiters_banned_and_ids_past_the_tokenizer(g
     assert excluded == expected, (
         f"non-content ids differ: extra {sorted(excluded - expected)}, missing {sorted(expected - excluded)}"
     )
+
+
+@pytest.mark.parametrize("bad", [pytest.param(10**6, id="past-the-vocabulary"), pytest.param(-1, id="negative")])
+def test_banned_token_outside_the_vocabulary_is_a_config_error(delims, unit_caps, tokenizer, bad):
+    # A contract's banned_tokens reaches Grammar unchecked; -1 would silently ban the last id (319).
+    with pytest.raises(ConfigError, match=rf"banned.*{bad}"):
+        Grammar(delims, unit_caps, VOCAB, len(tokenizer), (bad,))
 
 
 # ---------------------------------------------------------------------------------------------

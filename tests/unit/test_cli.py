@@ -1,0 +1,111 @@
+"""replaytests.cli: `replaytests freeze` — usage errors as one line with exit code 2, and a real freeze."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+
+import pytest
+
+from replaytests.bank import check_manifest, manifest_path, read_bank
+from replaytests.cli import main
+from replaytests.decoder import suffix_room
+from replaytests.files import sha256_file
+
+PROBLEMS = [
+    {"id": "p-1", "prompt": "What is 2 + 3?", "expected_answer": "5"},
+    {"id": "p-2", "prompt": "What is 40 + 2?", "expected_answer": "42"},
+]
+
+
+def write_problems(path, problems=PROBLEMS):
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems), encoding="utf-8")
+    return path
+
+
+def assert_one_line_error(code: int, captured, path) -> str:
+    err = captured.err
+    assert code == 2, f"exit code {code}, expected 2 (stderr: {err!r})"
+    lines = err.splitlines()
+    assert len(lines) == 1, f"stderr has {len(lines)} lines, expected one: {err!r}"
+    assert lines[0].startswith("replaytests: error: "), f"stderr line does not start with the prefix: {lines[0]!r}"
+    assert str(path) in lines[0], f"stderr line does not name {path}: {lines[0]!r}"
+    assert captured.out == "", f"stdout not empty on a usage error: {captured.out!r}"
+    return lines[0]
+
+
+@pytest.mark.parametrize(("option", "make", "message"), [
+    pytest.param("--problems", lambda d: d / "no-such-problems.jsonl", "cannot read problem: No such file or directory",
+                 id="missing-problems"),
+    pytest.param("--model", lambda d: d / "no-such-model", "model directory not found", id="missing-model-dir"),
+    pytest.param("--model", lambda d: (d / "empty-model").mkdir() or d / "empty-model",
+                 "no config.json (expected a Hugging Face model directory)", id="model-dir-without-config"),
+    pytest.param("--contract", lambda d: d / "no-such-contract.yaml",
+                 "cannot read contract: No such file or directory", id="missing-contract"),
+])
+def test_freeze_with_a_missing_input_is_a_one_line_usage_error(tmp_path, capsys, option, make, message):
+    path = make(tmp_path)
+    out = tmp_path / "bank" / "out.jsonl"
+    argv = ["freeze", "--problems", str(write_problems(tmp_path / "problems.jsonl")), "--out", str(out)]
+    code = main([*argv, option, str(path)])
+    line = assert_one_line_error(code, capsys.readouterr(), path)
+    assert line == f"replaytests: error: {path}: {message}", f"stderr line {line!r}"
+    assert not out.exists() and not manifest_path(out).exists(), "a failed freeze left a bank or manifest behind"
+
+
+def test_freeze_with_a_broken_problems_file(tmp_path, capsys):
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text('{"id": "a", "prompt": "x"}\n{"id": "b"}\n', encoding="utf-8")
+    code = main(["freeze", "--problems", str(problems), "--out", str(tmp_path / "out.jsonl")])
+    line = assert_one_line_error(code, capsys.readouterr(), problems)
+    assert line.endswith(f"{problems}:2: missing field 'prompt'"), f"stderr line {line!r}"
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    """`replaytests freeze` of two short problems with the embedded model and contract (a few seconds)."""
+    root = tmp_path_factory.mktemp("freeze")
+    problems = write_problems(root / "problems.jsonl")
+    out_dir = root / "banks"
+    out = out_dir / "two.jsonl"
+    with contextlib.redirect_stdout(io.StringIO()) as stdout, contextlib.redirect_stderr(io.StringIO()) as stderr:
+        code = main(["freeze", "--problems", str(problems), "--out", str(out)])
+    return code, out, stdout.getvalue(), stderr.getvalue()
+
+
+def test_freeze_exits_zero_and_reports(frozen):
+    code, out, stdout, stderr = frozen
+    assert code == 0, f"freeze exit code {code} (stderr: {stderr!r})"
+    assert re.fullmatch(rf"froze 2 rows into {re.escape(str(out))} \(prefix lengths \d+-\d+\)\n", stdout), (
+        f"freeze stdout {stdout!r}"
+    )
+
+
+def test_frozen_rows_parse_under_the_grammar(frozen, tiny_grammar, tiny_contract):
+    out = frozen[1]
+    rows = read_bank(out, tiny_grammar, 1024, suffix_room(tiny_contract.caps))
+    got = [(r.id, r.expected_answer) for r in rows]
+    expected = [(p["id"], p["expected_answer"]) for p in PROBLEMS]
+    assert got == expected, f"frozen rows (id, expected_answer) {got}, expected {expected}"
+    ends = [r.tokens[-1] for r in rows]
+    assert ends == [tiny_grammar.delims.openers[4]] * 2, f"rows do not end at <|merge|>: last tokens {ends}"
+
+
+def test_frozen_manifest_records_the_bank_sha256(frozen):
+    out = frozen[1]
+    manifest = json.loads(manifest_path(out).read_text(encoding="utf-8"))
+    assert manifest["bank_sha256"] == sha256_file(out), (
+        f"manifest bank_sha256 {manifest['bank_sha256'][:12]} vs file {sha256_file(out)[:12]}"
+    )
+    assert (manifest["rows"], manifest["bank"], manifest["precision"]) == (2, "two.jsonl", "bf16"), (
+        f"manifest rows/bank/precision {(manifest['rows'], manifest['bank'], manifest['precision'])}"
+    )
+    assert check_manifest(out) == manifest, "check_manifest refuses a freshly frozen bank"
+
+
+def test_freeze_leaves_no_temporary_files(frozen):
+    out = frozen[1]
+    names = sorted(p.name for p in out.parent.iterdir())
+    assert names == ["two.jsonl", "two.manifest.json"], f"files beside the frozen bank: {names}"
