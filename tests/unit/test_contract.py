@@ -136,7 +136,6 @@ MISSING = [
 ]
 
 
-
 NOT_POSITIVE = [
     pytest.param(put(0, "caps", "branch"), r": caps\.branch: expected a positive integer, got 0$", id="caps.branch=0"),
     pytest.param(put(-1, "caps", "branch"), r": caps\.branch: expected a positive integer, got -1$",
@@ -149,7 +148,6 @@ NOT_POSITIVE = [
     pytest.param(put(-2, "decoding", "physical_batch"),
                  r": decoding\.physical_batch: expected a positive integer, got -2$", id="physical_batch=-2"),
 ]
-
 
 
 WRONG_TYPE = [
@@ -178,7 +176,6 @@ WRONG_TYPE = [
                  r"contract\.yaml: delimiters: unknown delimiter '<\|bogus\|>'; expected one of ",
                  id="unknown-delimiter"),
 ]
-
 
 
 @pytest.mark.parametrize("name", [pytest.param("fp16", id="fp16"), pytest.param("bfloat16", id="dtype-as-name"),
