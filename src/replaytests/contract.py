@@ -94,14 +94,12 @@ def _precision(name: str, section: _Fields) -> PrecisionFlags:
     dtype = flags.get("dtype", str)
     if dtype not in ("bfloat16", "float32"):
         raise flags.error("dtype", f"expected bfloat16 or float32, got {dtype!r}")
-    reduction = flags.data.get("bf16_reduced_precision_reduction")
     return PrecisionFlags(
         dtype=dtype,
         tf32_matmul=flags.get("tf32_matmul", bool, False),
         cudnn_tf32=flags.get("cudnn_tf32", bool, False),
         float32_matmul_precision=flags.get("float32_matmul_precision", str, "highest"),
-        bf16_reduced_precision_reduction=None if reduction is None else flags.get(
-            "bf16_reduced_precision_reduction", bool),
+        bf16_reduced_precision_reduction=flags.get("bf16_reduced_precision_reduction", bool, None),
     )
 
 

@@ -32,7 +32,7 @@ MARKERS = {
     "causal": "fidelity layer 4: causal state sufficiency",
     "slow": "long-running conformance targets",
 }
-OPTION_NAMES = tuple(vars(Options()))
+DEFAULT_OPTIONS = vars(Options())
 session_key = pytest.StashKey[ReplaySession]()
 
 
@@ -61,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def replay_session(config: pytest.Config) -> ReplaySession:
     """The session's inputs, opened on first use; a bad input is a usage error, one line."""
     if session_key not in config.stash:
-        options = Options(**{name: config.getoption(name) for name in OPTION_NAMES})
+        options = Options(**{name: config.getoption(name) for name in DEFAULT_OPTIONS})
         try:
             config.stash[session_key] = ReplaySession.open(options)
         except ReplaytestsError as exc:
@@ -80,7 +80,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     try:
         replay_session(config)
     except pytest.UsageError:
-        if any(config.getoption(name) != default for name, default in vars(Options()).items()):
+        if any(config.getoption(name) != default for name, default in DEFAULT_OPTIONS.items()):
             raise
 
 
