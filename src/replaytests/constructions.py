@@ -3,20 +3,19 @@
 | live        | ordinary greedy generation (decoder.live_boundary)              |
 | incremental | teacher forcing of z on the live schedule: prompt block, then 1/call |
 | prefill     | one forward call over all of z                                   |
-| replica     | a storage-isolated second instance of the same construction     |
+| replica     | a second, independent execution of the same construction        |
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from replaytests import hf_adapter
 from replaytests.boundary import Boundary
 from replaytests.decoder import DecodeState, live_boundary, suffix_room
 from replaytests.protocol import Cursor
 from replaytests.runtime import Runtime, check_batch_equal
 
-__all__ = ["build", "incremental", "live", "live_replica", "prefill"]
+__all__ = ["build", "incremental", "live", "prefill", "prompt_of"]
 
 
 def _teacher_forced(runtime: Runtime, z: list[int], chunks: list[int], construction: str) -> Boundary:
@@ -31,8 +30,13 @@ def _teacher_forced(runtime: Runtime, z: list[int], chunks: list[int], construct
     return _checked(state.boundary(construction))
 
 
+def prompt_of(z: list[int], runtime: Runtime) -> list[int]:
+    """The prompt block that opens z, through its closing delimiter."""
+    return z[: z.index(runtime.grammar.delims.closers[0]) + 1]
+
+
 def incremental(runtime: Runtime, z: list[int]) -> Boundary:
-    prompt_len = z.index(runtime.grammar.delims.closers[0]) + 1
+    prompt_len = len(prompt_of(z, runtime))
     return _teacher_forced(runtime, z, [prompt_len] + [1] * (len(z) - prompt_len), "incremental")
 
 
@@ -40,16 +44,9 @@ def prefill(runtime: Runtime, z: list[int]) -> Boundary:
     return _teacher_forced(runtime, z, [len(z)], "prefill")
 
 
-def live(runtime: Runtime, prompt_block: list[int]) -> Boundary:
-    return _checked(live_boundary(runtime, prompt_block))
-
-
-def live_replica(runtime: Runtime, boundary: Boundary) -> Boundary:
-    """A bit-exact deep copy of the live boundary (live cannot be re-run without re-deciding)."""
-    return dataclasses.replace(
-        boundary, construction="live_replica",
-        cache=hf_adapter.clone_cache(runtime.model, boundary.cache), logits=boundary.logits.clone(),
-    )
+def live(runtime: Runtime, prompt_block: list[int], construction: str = "live") -> Boundary:
+    """Ordinary greedy generation from the prompt block; `live_replica` names a second generation."""
+    return dataclasses.replace(_checked(live_boundary(runtime, prompt_block)), construction=construction)
 
 
 def build(runtime: Runtime, construction: str, z: list[int]) -> Boundary:

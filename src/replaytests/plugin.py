@@ -10,22 +10,18 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from replaytests import ledger, summary
+from replaytests import audit, ledger, summary
 from replaytests.errors import ReplaytestsError
-from replaytests.files import write_atomic
-from replaytests.session import (
-    DEFAULT_BANK,
-    DEFAULT_CONTRACT,
-    DEFAULT_MODEL,
-    DEFAULT_REPORT_DIR,
-    Options,
-    ReplaySession,
-)
+from replaytests.files import write_atomic, write_json_atomic
+from replaytests.session import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO, Options, ReplaySession
 
 RECORD_PROPERTY = "replaytests_record"
+AUDIT_PROPERTY = "replaytests_audit"
+GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
 MARKERS = {
-    "gpu": "needs a CUDA device",
+    "gpu": "conformance targets on a CUDA device (under -m gpu the default contract is contracts/h200.yaml)",
     "replica": "fidelity layer 1: replica stability",
     "token_identity": "fidelity layer 2: token identity",
     "fidelity": "fidelity layer 3: live-state fidelity",
@@ -34,6 +30,7 @@ MARKERS = {
 }
 DEFAULT_OPTIONS = vars(Options())
 session_key = pytest.StashKey[ReplaySession]()
+metrics_key = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,14 +39,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="local Hugging Face model directory. Default: the embedded tiny Qwen2")
     group.addoption("--bank", type=Path, default=DEFAULT_BANK,
                     help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s")
-    group.addoption("--contract", type=Path, default=DEFAULT_CONTRACT,
-                    help="reproducibility contract (YAML). Default: %(default)s")
+    group.addoption("--contract", type=Path, default=None,
+                    help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, or under -m gpu "
+                         f"{GPU_CONTRACT}")
     group.addoption("--precision", choices=("bf16", "fp32", "both"), default="both",
                     help="precision(s) to audit. Default: %(default)r")
     group.addoption("--rows", default=None, help="a count N or a slice A:B of bank rows, for quick runs")
     group.addoption("--device", default=None, help="torch device; default: the contract's environment.device")
-    group.addoption("--report-dir", type=Path, default=DEFAULT_REPORT_DIR,
-                    help="where ledger.jsonl and summary.md are written. Default: %(default)s")
+    group.addoption("--report-dir", type=Path, default=DEFAULT_OPTIONS["report_dir"],
+                    help="where ledger.jsonl, run.json and summary.md are written. Default: %(default)s")
+    group.addoption("--baseline", type=Path, default=None,
+                    help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
+                         "reproduce exactly. Default: the committed baseline, for the embedded default inputs")
+    group.addoption("--shard", default=None,
+                    help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,15 +61,41 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LedgerCollector(config), "replaytests-ledger")
 
 
+def selects_gpu(config: pytest.Config) -> bool:
+    """Whether the -m expression asks for the gpu marker (and would not select the items without it)."""
+    expression = config.getoption("markexpr", "") or ""
+    if not expression:
+        return False
+    try:
+        from _pytest.mark.expression import Expression
+
+        compiled = Expression.compile(expression)
+    except (ImportError, SyntaxError, Exception):  # a bad -m expression is pytest's to report
+        return "gpu" in expression.split()
+    layers = set(MARKERS) - {"gpu"}
+    return compiled.evaluate(lambda name, **_: name in layers | {"gpu"}) and not compiled.evaluate(
+        lambda name, **_: name in layers)
+
+
+def options(config: pytest.Config) -> Options:
+    values = {name: config.getoption(name) for name in DEFAULT_OPTIONS}
+    if values["contract"] is None:
+        values["contract"] = GPU_CONTRACT if selects_gpu(config) else DEFAULT_CONTRACT
+    return Options(**values)
+
+
 def replay_session(config: pytest.Config) -> ReplaySession:
     """The session's inputs, opened on first use; a bad input is a usage error, one line."""
     if session_key not in config.stash:
-        options = Options(**{name: config.getoption(name) for name in DEFAULT_OPTIONS})
         try:
-            config.stash[session_key] = ReplaySession.open(options)
+            config.stash[session_key] = ReplaySession.open(options(config))
         except ReplaytestsError as exc:
             raise pytest.UsageError(str(exc)) from None
     return config.stash[session_key]
+
+
+def user_gave_options(config: pytest.Config) -> bool:
+    return any(config.getoption(name) not in (default, None) for name, default in DEFAULT_OPTIONS.items())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -76,11 +105,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     replaytests option and the embedded defaults do not resolve, an unrelated test run is left
     alone, and the error surfaces only if a conformance test is collected.
     """
-    config = session.config
     try:
-        replay_session(config)
+        replay_session(session.config)
     except pytest.UsageError:
-        if any(config.getoption(name) != default for name, default in DEFAULT_OPTIONS.items()):
+        if user_gave_options(session.config):
             raise
 
 
@@ -97,36 +125,86 @@ def record(replay: ReplaySession, request: pytest.FixtureRequest):
         result, fresh = replay.record(family, row, precision)
         if fresh:
             request.node.user_properties.append((RECORD_PROPERTY, json.dumps(result)))
+        request.node.stash.setdefault(metrics_key, []).append(summary.metrics(result))
+        return result
+
+    return get
+
+
+@pytest.fixture
+def audit_record(replay: ReplaySession, record, request: pytest.FixtureRequest):
+    """audit_record(baseline) -> the Audit of that saved record against this run's recomputation."""
+
+    def get(baseline: dict) -> audit.Audit:
+        family, row, precision = ledger.key(baseline)
+        result = audit.audit_record(baseline, record(family, replay.row(row), precision))
+        request.node.user_properties.append((AUDIT_PROPERTY, json.dumps(
+            {"key": [family, row, precision], "leaves": result.leaves, "changes": len(result.changes)})))
         return result
 
     return get
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize conformance tests by precision and bank row, with ids like `bf16-tiny-007`."""
-    wanted = {"precision", "bank_row", "bridge_row"} & set(metafunc.fixturenames)
-    if not wanted or "record" not in metafunc.fixturenames:
+    """Parametrize conformance tests by precision, bank row, panel row and baseline record,
+    with ids like `bf16-tiny-007`."""
+    if "record" not in metafunc.fixturenames:
         return
     replay = replay_session(metafunc.config)
-    if "precision" in wanted:
+    fixtures = set(metafunc.fixturenames)
+    if "precision" in fixtures:
         metafunc.parametrize("precision", replay.options.precisions, scope="session")
-    if "bank_row" in wanted:
-        metafunc.parametrize("bank_row", replay.rows, ids=[r.id for r in replay.rows], scope="session")
-    if "bridge_row" in wanted:
-        panel = replay.bridge_panel()
-        metafunc.parametrize("bridge_row", panel, ids=[r.id for r in panel], scope="session")
+    for name, family in (("bank_row", "crossing"), ("panel_row", "bridge")):
+        if name in fixtures:
+            rows = replay.family_rows(family)
+            metafunc.parametrize(name, rows, ids=[r.id for r in rows], scope="session")
+    if "baseline_record" in fixtures:
+        metafunc.parametrize("baseline_record", audit_params(replay))
+
+
+def audit_params(replay: ReplaySession) -> list:
+    if not replay.options.baseline_ledger:
+        return [pytest.param(None, id="no-baseline",
+                             marks=pytest.mark.skip(reason="no baseline ledger: pass --baseline LEDGER"))]
+    return [pytest.param(r, id="-".join(ledger.key(r))) for r in replay.audited()]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup`, keep every test of one (row, precision) on one worker,
-    so each record is computed once."""
-    if not config.pluginmanager.hasplugin("xdist"):
+    """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
+    keep every test of one (row, precision) on one worker, so each record is computed once."""
+    targets = [item for item in items if "record" in getattr(item, "fixturenames", ())]
+    if not targets:
         return
-    for item in items:
-        params = getattr(item, "callspec", None) and item.callspec.params
-        row = params and (params.get("bank_row") or params.get("bridge_row"))
-        if row:
-            item.add_marker(pytest.mark.xdist_group(f"{params.get('precision', '')}-{row.id}"))
+    replay = replay_session(config)
+    on_cuda = replay.device.startswith("cuda")
+    no_cuda = on_cuda and not torch.cuda.is_available()
+    xdist = config.pluginmanager.hasplugin("xdist")
+    for item in targets:
+        if on_cuda:
+            item.add_marker(pytest.mark.gpu)
+        if no_cuda:
+            item.add_marker(pytest.mark.skip(reason=f"contract {replay.contract.name} needs device "
+                                                    f"{replay.device!r}; CUDA is not available here"), append=False)
+        group = xdist and _row_group(getattr(item, "callspec", None))
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _row_group(callspec) -> str | None:
+    """The (precision, row) an item reads, as an xdist group name."""
+    params = callspec.params if callspec else {}
+    if params.get("baseline_record"):
+        return "{precision}-{row}".format(**params["baseline_record"])
+    row = params.get("bank_row") or params.get("panel_row")
+    return row and f"{params.get('precision', '')}-{row.id}"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> dict:
+    """With pytest-json-report installed, each test's report carries the metrics it judged."""
+    if call.when != "call" or metrics_key not in item.stash:
+        return {}
+    return {"replaytests": item.stash[metrics_key]}
 
 
 class LedgerCollector:
@@ -135,26 +213,51 @@ class LedgerCollector:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.records: list[dict] = []
+        self.audits: list[dict] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             self.records += [json.loads(v) for n, v in report.user_properties if n == RECORD_PROPERTY]
+            self.audits += [json.loads(v) for n, v in report.user_properties if n == AUDIT_PROPERTY]
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.records = ledger.merge(self.records)
         if not self.records or hasattr(self.config, "workerinput"):
             return
+        replay = replay_session(self.config)
         report_dir = self.config.getoption("report_dir")
         ledger.write_ledger(report_dir / "ledger.jsonl", self.records)
-        header = header_fields(replay_session(self.config))
-        write_atomic(report_dir / "summary.md", summary.markdown(self.records, header))
+        write_json_atomic(report_dir / "run.json", run_metadata(replay))
+        write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.records:
             return
         terminalreporter.write_sep("=", "replaytests summary")
         terminalreporter.write_line(summary.text_table(self.records))
+        if self.audits:
+            terminalreporter.write_line(summary.audit_line(self.audits))
         terminalreporter.write_line(f"ledger: {self.config.getoption('report_dir') / 'ledger.jsonl'}")
+
+
+def run_metadata(replay: ReplaySession) -> dict:
+    """What a report needs besides the records: the inputs, their digests and the environment."""
+    return {
+        "options": {name: str(value) if isinstance(value, Path) else value
+                    for name, value in vars(replay.options).items()},
+        "contract": {"name": replay.contract.name, "sha256": replay.contract.digest},
+        "manifest": replay.manifest,
+        "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
+    }
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def header_fields(replay: ReplaySession) -> dict[str, str]:
@@ -163,7 +266,9 @@ def header_fields(replay: ReplaySession) -> dict[str, str]:
         "model": f"{replay.options.model} (sha256 {manifest['model']['sha256'][:12]}… per bank manifest)",
         "bank": f"{replay.options.bank} ({len(replay.rows)} rows, sha256 {manifest['bank_sha256'][:12]}…)",
         "contract": f"{replay.contract.name} ({replay.options.contract})",
+        "device": replay.device,
         "precision": ", ".join(replay.options.precisions),
+        "baseline": str(replay.options.baseline_ledger or "none"),
     }
 
 
@@ -173,3 +278,5 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     except pytest.UsageError:
         return []
     return [f"replaytests {name}: {value}" for name, value in header_fields(replay).items()]
+
+

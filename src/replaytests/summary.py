@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from replaytests.families import FAMILIES
+
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
+METRICS = ("cache_exact", "logits_exact", "k_rel_l2", "v_rel_l2", "logits_max_abs", "suffix_equal",
+           "first_divergence", "answer_equal", "correct_equal")
 
 
 def _count(records: list[dict], test) -> str:
@@ -14,20 +18,24 @@ def _count(records: list[dict], test) -> str:
 
 def _row(family: str, precision: str, records: list[dict]) -> list[str]:
     ok = [r for r in records if r["status"] == "ok"]
-    cross = "incremental~prefill" if family == "crossing" else "live~incremental"
-    replicas = [name for name in ("incremental~incremental_replica", "prefill~prefill_replica")
-                if ok and name in ok[0]["comparisons"]]
+    module = FAMILIES.get(family)
+    if module is None:  # a family this version does not know: counts only
+        return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
-    def replicas_exact(r: dict) -> bool:
-        return all(r["comparisons"][n]["cache_exact"] and r["comparisons"][n]["suffix_equal"] for n in replicas)
+    def every(field: str, pairs: tuple[str, ...]):
+        return lambda r: all(r["comparisons"][p][field] for p in pairs)
 
+    def some_not(field: str):
+        return lambda r: not every(field, module.HEADLINE)(r)
+
+    replicas = _count(ok, lambda r: every("cache_exact", module.REPLICAS)(r) and every(
+        "suffix_equal", module.REPLICAS)(r)) if module.REPLICAS else "-"
     return [
-        family, precision, str(len(records)), str(len(records) - len(ok)),
-        _count(ok, replicas_exact) if replicas else "-",
-        _count(ok, lambda r: r["comparisons"][cross]["cache_exact"]),
-        _count(ok, lambda r: not r["comparisons"][cross]["suffix_equal"]),
-        _count(ok, lambda r: not r["comparisons"][cross]["answer_equal"]),
-        _count(ok, lambda r: not r["comparisons"][cross]["correct_equal"]),
+        family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
+        _count(ok, every("cache_exact", module.HEADLINE)),
+        _count(ok, some_not("suffix_equal")),
+        _count(ok, some_not("answer_equal")),
+        _count(ok, some_not("correct_equal")),
     ]
 
 
@@ -44,13 +52,34 @@ def text_table(records: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def markdown(records: list[dict], header: dict[str, str]) -> str:
+def audit_line(audits: list[dict]) -> str:
+    """One line: how many baseline records reproduced, over how many leaves, and which did not."""
+    changed = ["/".join(a["key"]) for a in audits if a["changes"]]
+    line = (f"ledger audit: {len(audits) - len(changed)}/{len(audits)} baseline records reproduce "
+            f"({sum(a['leaves'] for a in audits)} leaves compared)")
+    return line + (f"; changed: {', '.join(sorted(changed))}" if changed else "")
+
+
+def metrics(record: dict) -> dict:
+    """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
+    return {
+        "family": record["family"], "row": record["row"], "precision": record["precision"],
+        "status": record["status"],
+        "comparisons": {pair: {name: values[name] for name in METRICS if name in values}
+                        for pair, values in record.get("comparisons", {}).items()},
+    }
+
+
+def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = ()) -> str:
     lines = ["# replaytests run summary", ""]
     lines += [f"- **{name}**: {value}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(records)]
-    lines += ["", "Divergence columns compare incremental with prefill (crossing) or live with incremental "
-              "(bridge); each count is k/n over the rows that passed every fail-closed check.", ""]
+    headline = "; ".join(f"{name}: {' and '.join(m.HEADLINE)}" for name, m in FAMILIES.items())
+    lines += ["", f"Cache and divergence columns compare each family's headline arms ({headline}); "
+              "each count is k/n over the rows that passed every fail-closed check.", ""]
+    if audits:
+        lines += [audit_line(audits), ""]
     excluded = [r for r in records if r["status"] != "ok"]
     if excluded:
         lines += ["## Excluded rows", ""] + [f"- {r['family']} {r['row']} {r['precision']}: {r['reason']}"

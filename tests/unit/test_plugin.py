@@ -1,9 +1,11 @@
 """The pytest plugin as a user meets it, driven through pytester in a child process."""
 
+import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from replaytests import ledger
 from replaytests.session import DEFAULT_CONTRACT as CONTRACT
@@ -11,33 +13,45 @@ from replaytests.session import DEFAULT_CONTRACT as CONTRACT
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
 
 
-@pytest.fixture(scope="module")
-def one_row_run(tmp_path_factory):
-    """One FP32 row through the conformance suite: its outcome, output and ledger."""
-    run_dir = tmp_path_factory.mktemp("run")
-    report_dir = run_dir / "report"
+ROWS = ("--rows", "2", "--precision", "fp32")
+
+
+def conformance_run(directory, *args):
+    """The conformance suite in a child process (as a user starts it): its outcome and report dir."""
+    report_dir = directory / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider",
-         "--rows", "1", "--precision", "fp32", "--report-dir", str(report_dir)],
-        cwd=run_dir, capture_output=True, text=True, check=False,
+         "--report-dir", str(report_dir), *ROWS, *args],
+        cwd=directory, capture_output=True, text=True, check=False,
     )
     return proc, report_dir
 
 
-def test_run_passes_and_prints_summary(one_row_run):
-    proc, _ = one_row_run
+@pytest.fixture(scope="module")
+def two_row_run(tmp_path_factory):
+    """Two FP32 rows through every family, in one process."""
+    return conformance_run(tmp_path_factory.mktemp("run"), "-p", "no:xdist")
+
+
+def test_run_passes_and_prints_summary(two_row_run):
+    proc, _ = two_row_run
     assert proc.returncode == 0, f"conformance run failed:\n{proc.stdout[-3000:]}"
     assert "replaytests summary" in proc.stdout, f"no summary section in:\n{proc.stdout[-2000:]}"
-    assert "crossing  fp32" in proc.stdout, f"no crossing/fp32 line in the summary:\n{proc.stdout[-2000:]}"
+    for line in ("batch     fp32       2     0         -               ",
+                 "bridge    fp32       2     0         -               2/2          0/2          0/2          0/2",
+                 "crossing  fp32       2     0         2/2             0/2          0/2          0/2          0/2",
+                 "live      fp32       2     0         2/2             0/2          0/2          0/2          0/2"):
+        assert line in proc.stdout, f"summary line {line!r} missing from:\n{proc.stdout[-2000:]}"
     assert "replaytests contract: cpu-tiny" in proc.stdout, "the header does not name the contract"
 
 
-def test_ledger_has_one_record_per_family_row_precision(one_row_run):
-    _, report_dir = one_row_run
+def test_ledger_has_one_record_per_family_row_precision(two_row_run):
+    _, report_dir = two_row_run
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
     keys = [ledger.key(r) for r in records]
-    assert keys == [("bridge", "tiny-000", "fp32"), ("crossing", "tiny-000", "fp32")], f"ledger keys {keys}"
-    crossing = records[1]
+    expected = [(f, row, "fp32") for f in ("batch", "bridge", "crossing", "live") for row in ("tiny-000", "tiny-001")]
+    assert keys == expected, f"ledger keys {keys}"
+    crossing = records[4]
     assert set(crossing["arms"]) == {"incremental", "incremental_replica", "prefill", "prefill_replica"}
     for arm, fields in crossing["arms"].items():
         missing = REQUIRED_ARM_FIELDS - set(fields)
@@ -46,15 +60,72 @@ def test_ledger_has_one_record_per_family_row_precision(one_row_run):
     assert len(crossing["comparisons"]["incremental~prefill"]["k_rel_l2_per_layer"]) == 4
 
 
-def test_summary_markdown_is_written(one_row_run):
-    _, report_dir = one_row_run
+def test_summary_markdown_is_written(two_row_run):
+    _, report_dir = two_row_run
     text = (report_dir / "summary.md").read_text()
-    assert "| crossing | fp32 | 1 | 0 | 1/1 |" in text, f"summary.md table row missing:\n{text}"
+    assert "| crossing | fp32 | 2 | 0 | 2/2 |" in text, f"summary.md table row missing:\n{text}"
+
+
+def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
+    """pytest -n 2 gives the same results and a byte-identical ledger as one process."""
+    single_proc, single_dir = two_row_run
+    proc, report_dir = conformance_run(tmp_path, "-n", "2", "--dist", "loadgroup")
+    assert proc.returncode == 0, f"xdist run failed:\n{proc.stdout[-3000:]}"
+    outcome = [line for line in proc.stdout.splitlines() if " passed" in line][-1].split(" in ")[0]
+    assert outcome in single_proc.stdout, f"xdist outcome {outcome!r} differs from:\n{single_proc.stdout[-500:]}"
+    single, parallel = (d / "ledger.jsonl" for d in (single_dir, report_dir))
+    assert parallel.read_bytes() == single.read_bytes(), "the xdist ledger differs from the single-process one"
+
+
+def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
+    """A baseline whose cache digest for one record was altered: exactly that record fails, naming it."""
+    _, report_dir = two_row_run
+    records = ledger.read_ledger(report_dir / "ledger.jsonl")
+    target = next(r for r in records if ledger.key(r) == ("crossing", "tiny-001", "fp32"))
+    target["arms"]["prefill"]["cache_digest"] = "0" * 64
+    baseline = tmp_path / "baseline.jsonl"
+    ledger.write_ledger(baseline, records)
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record")
+    assert "1 failed, 7 passed" in proc.stdout, f"expected one audit failure:\n{proc.stdout[-3000:]}"
+    assert ("crossing row tiny-001 (fp32): 1 of" in proc.stdout
+            and "first: arms.prefill.cache_digest: baseline \"000000" in proc.stdout), proc.stdout[-3000:]
+    assert "ledger audit: 7/8 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_json_report_carries_metrics(tmp_path):
+    pytest.importorskip("pytest_jsonreport")
+    out = tmp_path / "report.json"
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "-k", "test_replica_exact and crossing-prefill",
+                              "--json-report", f"--json-report-file={out}")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    tests = json.loads(out.read_text())["tests"]
+    metadata = [t["metadata"]["replaytests"][0] for t in tests]
+    assert [(m["family"], m["row"]) for m in metadata] == [("crossing", "tiny-000"), ("crossing", "tiny-001")]
+    assert metadata[0]["comparisons"]["prefill~prefill_replica"]["cache_exact"] is True, metadata[0]
+
+
+def test_marker_selects_one_fidelity_layer(pytester):
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "-m", "token_identity",
+                                "--collect-only", "-q")
+    collected = [line for line in result.stdout.lines if "::" in line]
+    assert collected and all("test_token_identity.py" in line for line in collected), collected
+
+
+def test_gpu_targets_skip_with_one_reason_without_cuda(pytester):
+    """`pytest -m gpu` takes the GPU contract; without CUDA every target is skipped, exit 0."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "-m", "gpu", "-rs")
+    assert result.ret == pytest.ExitCode.OK, f"exit {result.ret}:\n{result.stdout.str()[-2000:]}"
+    reasons = {line.rpartition(": ")[2] for line in result.stdout.lines if line.startswith("SKIPPED")}
+    assert reasons == {"contract h200 needs device 'cuda'; CUDA is not available here"}, reasons
+    assert "deselected" not in result.stdout.str().splitlines()[-1], "some GPU targets were not selected"
 
 
 def test_options_are_listed_in_help(pytester):
     result = pytester.runpytest("--help")
-    result.stdout.fnmatch_lines(["*replay conformance*", "*--model=MODEL*", "*--precision=*", "*--report-dir=*"])
+    result.stdout.fnmatch_lines(["*replay conformance*", "*--model=MODEL*", "*--precision=*", "*--report-dir=*",
+                                 "*--baseline=BASELINE*"])
 
 
 @pytest.mark.parametrize(
@@ -84,5 +155,5 @@ def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path):
         "--report-dir", str(tmp_path / "report"),
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*row tiny-005 (bf16): incremental and prefill suffixes diverge at suffix index*"
-                                 "*contract cpu-tiny requires bf16 suffixes to be exact*"])
+    result.stdout.fnmatch_lines(["*crossing row tiny-005 (bf16): incremental and prefill suffixes diverge at suffix "
+                                 "index*contract cpu-tiny requires bf16 crossing suffixes to be exact*"])

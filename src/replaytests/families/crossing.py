@@ -1,9 +1,12 @@
 """Fixed-prefix crossing (SPEC §7.2): one frozen z per row, incremental x prefill, each with a replica.
 
 Run once per precision; every cell consumes the same integer tokens, roles, positions and padding.
+`evaluate` is the shared skeleton of the families that build several arms of one row and compare them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 from replaytests import constructions, ledger
 from replaytests.bank import BankRow
@@ -17,6 +20,8 @@ from replaytests.runtime import Runtime
 FAMILY = "crossing"
 ARMS = ("incremental", "incremental_replica", "prefill", "prefill_replica")
 PAIRS = (("incremental", "incremental_replica"), ("prefill", "prefill_replica"), ("incremental", "prefill"))
+HEADLINE = ("incremental~prefill",)
+REPLICAS = ("incremental~incremental_replica", "prefill~prefill_replica")
 
 
 def z_digest(tokens: list[int], roles: list[int]) -> str:
@@ -47,18 +52,38 @@ def compare_arms(pairs, boundaries: dict[str, Boundary], suffixes: dict[str, Suf
     }
 
 
-def run(runtime: Runtime, row: BankRow) -> dict:
-    """The ledger record of one row at the runtime's precision; fail-closed checks exclude the row."""
-    base = {"schema": ledger.SCHEMA, "family": FAMILY, "row": row.id, "precision": runtime.precision,
+def record_base(family: str, row: BankRow, runtime: Runtime) -> dict:
+    return {"schema": ledger.SCHEMA, "family": family, "row": row.id, "precision": runtime.precision,
             "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
-    where = f"row {row.id} ({runtime.precision})"
+
+
+def excluded(base: dict, exc: FailClosed) -> dict:
+    return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {exc}"}
+
+
+def evaluate(runtime: Runtime, row: BankRow, family: str, arms: tuple[str, ...], pairs,
+             build: Callable[[], Iterable[Boundary]]) -> dict:
+    """Build each arm's boundary (in `arms` order), check they reached one state with no shared
+    storage, continue each with the shared decoder and compare the pairs. A fail-closed check
+    anywhere excludes the row. Families whose first arm is live record the live z's length."""
+    base = record_base(family, row, runtime)
     runtime.activate()
     try:
-        boundaries = {arm: constructions.build(runtime, arm, row.tokens) for arm in ARMS}
+        boundaries = dict(zip(arms, build(), strict=True))
+        where = f"{family} row {row.id} ({runtime.precision})"
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
-        suffixes = {arm: decode_suffix(runtime, boundaries[arm]) for arm in ARMS}
+        suffixes = {arm: decode_suffix(runtime, boundaries[arm]) for arm in arms}
     except FailClosed as exc:
-        return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {exc}"}
-    arms = {arm: arm_record(boundaries[arm], suffixes[arm], row.expected_answer) for arm in ARMS}
-    return base | {"status": "ok", "arms": arms, "comparisons": compare_arms(PAIRS, boundaries, suffixes, arms)}
+        return excluded(base, exc)
+    records = {arm: arm_record(boundaries[arm], suffixes[arm], row.expected_answer) for arm in arms}
+    z = boundaries[arms[0]].tokens
+    live = {"prefix_len": len(z), "z_matches_bank": z == row.tokens} if arms[0] == "live" else {}
+    return base | live | {"status": "ok", "arms": records,
+                          "comparisons": compare_arms(pairs, boundaries, suffixes, records)}
+
+
+def run(runtime: Runtime, row: BankRow) -> dict:
+    """The ledger record of one row at the runtime's precision."""
+    return evaluate(runtime, row, FAMILY, ARMS, PAIRS,
+                    lambda: (constructions.build(runtime, arm, row.tokens) for arm in ARMS))

@@ -1,0 +1,69 @@
+"""Ledger audit (SPEC §7.4): re-run every row of a saved ledger; every trajectory and fingerprint
+must reproduce. This is the gate for a runtime or checkpoint upgrade.
+
+A record is compared leaf by leaf (every scalar in its JSON tree), exactly: two leaves are equal
+when their JSON texts are equal, so 1 differs from 1.0 and floats are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# Leaves are reported in this order, so the first change named is the most telling one: the
+# record's identity and status, then each arm's fingerprints before its trajectory, then metrics.
+ORDER = ("schema", "family", "row", "precision", "status", "reason", "prefix_len", "expected_answer",
+         "z_matches_bank", "arms", "z_sha256", "cache_digest", "logits_digest", "suffix", "answer", "correct",
+         "comparisons")
+_ABSENT = object()
+
+
+def leaves(value: object, path: str = "") -> Iterator[tuple[str, object]]:
+    """Every scalar leaf of a JSON value with its path, e.g. `arms.prefill.suffix[3]`."""
+    if isinstance(value, dict):
+        for name in sorted(value, key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k)):
+            yield from leaves(value[name], f"{path}.{name}" if path else name)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from leaves(item, f"{path}[{index}]")
+    else:
+        yield path, value
+
+
+def _text(value: object) -> str:
+    return "(absent)" if value is _ABSENT else json.dumps(value)
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    baseline: object
+    current: object
+
+    def __str__(self) -> str:
+        return f"{self.path}: baseline {_short(_text(self.baseline))}, now {_short(_text(self.current))}"
+
+
+@dataclass(frozen=True)
+class Audit:
+    """One baseline record against its recomputation."""
+
+    leaves: int
+    changes: list[Change]
+
+    @property
+    def reproduced(self) -> bool:
+        return not self.changes
+
+
+def audit_record(baseline: dict, current: dict) -> Audit:
+    old, new = dict(leaves(baseline)), dict(leaves(current))
+    paths = list(old) + [path for path in new if path not in old]
+    changes = [Change(p, old.get(p, _ABSENT), new.get(p, _ABSENT)) for p in paths
+               if _text(old.get(p, _ABSENT)) != _text(new.get(p, _ABSENT))]
+    return Audit(len(old), changes)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

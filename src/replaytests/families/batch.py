@@ -1,0 +1,50 @@
+"""Batch composition (SPEC §7.7): the same row as the duplicated physical pair and as a singleton.
+
+How much does the batch alone change? Each construction of the bank's z is built and decoded once
+in the contract's physical batch (two identical copies) and once alone; the pair's first copy is
+compared with the singleton, bitwise, at the boundary and after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from replaytests import constructions, hf_adapter
+from replaytests.bank import BankRow
+from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.decoder import decode_suffix
+from replaytests.errors import FailClosed
+from replaytests.families.crossing import arm_record, compare_arms, excluded, record_base
+from replaytests.runtime import Runtime
+
+FAMILY = "batch"
+CONSTRUCTIONS = ("incremental", "prefill")
+ARMS = tuple(f"{c}_{size}" for c in CONSTRUCTIONS for size in ("pair", "singleton"))
+PAIRS = tuple((f"{c}_pair", f"{c}_singleton") for c in CONSTRUCTIONS)
+HEADLINE = tuple(f"{a}~{b}" for a, b in PAIRS)
+REPLICAS = ()
+
+
+def logical_row(runtime: Runtime, boundary: Boundary) -> Boundary:
+    """The first copy of a physical batch as a storage-isolated singleton boundary."""
+    layers = [(keys[:1], values[:1]) for keys, values in boundary.layers]
+    return dataclasses.replace(boundary, cache=hf_adapter.cache_from_layers(runtime.model, layers))
+
+
+def run(runtime: Runtime, row: BankRow) -> dict:
+    singleton = dataclasses.replace(runtime, batch=1)
+    runtimes = {arm: singleton if arm.endswith("_singleton") else runtime for arm in ARMS}
+    base = record_base(FAMILY, row, runtime)
+    where = f"{FAMILY} row {row.id} ({runtime.precision})"
+    runtime.activate()
+    try:
+        built = {arm: constructions.build(runtimes[arm], arm.rpartition("_")[0], row.tokens) for arm in ARMS}
+        check_storage_isolated(list(built.values()), where)
+        views = {arm: logical_row(runtime, b) if runtimes[arm] is runtime else b for arm, b in built.items()}
+        check_same_state(list(views.values()), where)
+        suffixes = {arm: decode_suffix(runtimes[arm], built[arm]) for arm in ARMS}
+    except FailClosed as exc:
+        return excluded(base, exc)
+    arms = {arm: arm_record(views[arm], suffixes[arm], row.expected_answer) for arm in ARMS}
+    return base | {"status": "ok", "batch": {"pair": runtime.batch, "singleton": 1}, "arms": arms,
+                   "comparisons": compare_arms(PAIRS, views, suffixes, arms)}

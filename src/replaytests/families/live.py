@@ -1,0 +1,31 @@
+"""Live matrix (SPEC §7.1): generate each problem live to the boundary, then replay its z by prefill.
+
+Four arms per row and precision: live, a second independent live generation (live replica), prefill
+of the live z, and a second prefill. Every arm is continued by the shared suffix decoder.
+"""
+
+from __future__ import annotations
+
+from replaytests import constructions
+from replaytests.bank import BankRow
+from replaytests.families.crossing import evaluate
+from replaytests.runtime import Runtime
+
+FAMILY = "live"
+ARMS = ("live", "live_replica", "prefill", "prefill_replica")
+PAIRS = (("live", "live_replica"), ("prefill", "prefill_replica"), ("live", "prefill"))
+HEADLINE = ("live~prefill",)
+REPLICAS = ("live~live_replica", "prefill~prefill_replica")
+
+
+def run(runtime: Runtime, row: BankRow) -> dict:
+    prompt_block = constructions.prompt_of(row.tokens, runtime)
+
+    def build():
+        live = constructions.live(runtime, prompt_block)
+        yield live
+        yield constructions.live(runtime, prompt_block, "live_replica")
+        yield constructions.build(runtime, "prefill", live.tokens)
+        yield constructions.build(runtime, "prefill_replica", live.tokens)
+
+    return evaluate(runtime, row, FAMILY, ARMS, PAIRS, build)

@@ -1,0 +1,59 @@
+"""The ledger audit's comparison: every scalar leaf, exact, with the most telling change first."""
+
+import copy
+
+import pytest
+
+from replaytests.audit import audit_record, leaves
+
+RECORD = {
+    "schema": "replaytests.ledger/1", "family": "crossing", "row": "r-1", "precision": "bf16", "status": "ok",
+    "arms": {"prefill": {"suffix": [5, 6, 7], "answer": "42", "cache_digest": "aa", "logits_digest": "bb"}},
+    "comparisons": {"incremental~prefill": {"k_rel_l2": 0.001, "suffix_equal": True}},
+}
+
+
+def changed(path: str, value):
+    """A copy of RECORD with the leaf at a dotted path (list items as [i]) replaced."""
+    record = copy.deepcopy(RECORD)
+    *parents, last = path.replace("[", ".").replace("]", "").split(".")
+    node = record
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return record
+
+
+def test_identical_records_reproduce():
+    result = audit_record(RECORD, RECORD)
+    assert result.reproduced and result.leaves == len(list(leaves(RECORD))) == 13, result
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    pytest.param("arms.prefill.cache_digest", "cc", id="digest"),
+    pytest.param("arms.prefill.suffix[1]", 9, id="suffix-token"),
+    pytest.param("comparisons.incremental~prefill.k_rel_l2", 0.0010000000000000002, id="float-last-bit"),
+    pytest.param("comparisons.incremental~prefill.k_rel_l2", 1, id="float-vs-int"),
+    pytest.param("comparisons.incremental~prefill.suffix_equal", 1, id="bool-vs-int"),
+])
+def test_one_changed_leaf_is_named(path, value):
+    result = audit_record(RECORD, changed(path, value))
+    assert [c.path for c in result.changes] == [path], f"changes {result.changes}"
+
+
+def test_fingerprints_are_named_before_trajectories_and_metrics():
+    current = changed("arms.prefill.suffix[2]", 8)
+    current["arms"]["prefill"]["cache_digest"] = "cc"
+    current["comparisons"]["incremental~prefill"]["suffix_equal"] = False
+    result = audit_record(RECORD, current)
+    assert [c.path for c in result.changes] == [
+        "arms.prefill.cache_digest", "arms.prefill.suffix[2]", "comparisons.incremental~prefill.suffix_equal"]
+    assert str(result.changes[0]) == 'arms.prefill.cache_digest: baseline "aa", now "cc"'
+
+
+def test_a_longer_suffix_is_a_change_at_the_new_index():
+    result = audit_record(RECORD, changed("arms.prefill.suffix", [5, 6, 7, 8]))
+    assert [str(c) for c in result.changes] == ["arms.prefill.suffix[3]: baseline (absent), now 8"]

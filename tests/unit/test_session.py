@@ -1,0 +1,56 @@
+"""The session's row selection: --rows, panels, --shard i/N, and one GPU per xdist worker."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from replaytests.errors import ConfigError
+from replaytests.families import FAMILIES
+from replaytests.session import Options, ReplaySession, parse_shard, pinned_device
+
+
+@pytest.fixture(scope="module")
+def session() -> ReplaySession:
+    return ReplaySession.open(Options())
+
+
+def sharded(session: ReplaySession, spec: str) -> ReplaySession:
+    return dataclasses.replace(session, options=dataclasses.replace(session.options, shard=spec))
+
+
+@pytest.mark.parametrize("spec", ["0/2", "3/2", "1", "a/b", "1/0", "-1/2"])
+def test_bad_shard_is_a_one_line_error(spec):
+    with pytest.raises(ConfigError, match=r"--shard: expected i/N with 1 <= i <= N \(e\.g\. 2/4\), got"):
+        parse_shard(spec)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_shards_partition_each_family_rows(session, family, count):
+    whole = [r.id for r in session.family_rows(family)]
+    shares = [[r.id for r in sharded(session, f"{i}/{count}").family_rows(family)] for i in range(1, count + 1)]
+    together = sorted(row for share in shares for row in share)
+    assert together == sorted(whole), f"{family} shards of {count} do not cover the unsharded rows exactly once"
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1 or family in ("bridge", "batch"), \
+        f"{family} shares are unbalanced: {list(map(len, shares))}"
+
+
+def test_panels_are_drawn_before_sharding(session):
+    """A shard runs its share of the unsharded panel, not a panel of its own rows."""
+    panel = {r.id for r in session.family_rows("bridge")}
+    share = {r.id for r in sharded(session, "1/2").family_rows("bridge")}
+    assert share < panel and len(panel) == 12, (share, panel)
+
+
+@pytest.mark.parametrize(("device", "worker", "gpus", "expected"), [
+    pytest.param("cuda", "gw0", 4, "cuda:0", id="first-worker"),
+    pytest.param("cuda", "gw5", 4, "cuda:1", id="restarted-worker-wraps"),
+    pytest.param("cuda", None, 4, "cuda", id="no-xdist"),
+    pytest.param("cuda:2", "gw1", 4, "cuda:2", id="explicit-index-kept"),
+    pytest.param("cpu", "gw1", 4, "cpu", id="cpu"),
+])
+def test_each_xdist_worker_pins_one_gpu(monkeypatch, device, worker, gpus, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert pinned_device(device, worker) == expected
