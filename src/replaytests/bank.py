@@ -163,8 +163,8 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
     })
 
 
-def check_manifest(bank: Path) -> dict:
-    """The bank's manifest, after checking the bank file still has the sha256 it records."""
+def read_manifest(bank: Path) -> dict:
+    """The bank's manifest, as written (nothing compared yet)."""
     path = manifest_path(bank)
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -176,8 +176,31 @@ def check_manifest(bank: Path) -> dict:
         raise ConfigError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
     if not bank.is_file():
         raise ConfigError(f"{bank}: bank not found beside its manifest {path.name}")
+    return manifest
+
+
+def manifest_field(manifest: dict, dotted: str, bank: Path):
+    """manifest['a']['b'] for 'a.b'; a ConfigError naming the manifest where it is missing."""
+    value = manifest
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise ConfigError(f"{manifest_path(bank)}: manifest has no field {dotted!r} (freeze the bank again)")
+        value = value[key]
+    return value
+
+
+def changed_since_frozen(where: Path, what: str, field: str, actual: str, recorded: str, noun: str) -> str:
+    """The one-line message for an input that no longer matches what the manifest recorded."""
+    since = "it" if noun == "bank" else "the bank"
+    return (f"{where}: {what} {actual} differs from manifest field {field!r} {recorded}; "
+            f"the {noun} changed since {since} was frozen")
+
+
+def check_manifest(bank: Path) -> dict:
+    """The bank's manifest, after checking the bank file still has the sha256 it records."""
+    manifest = read_manifest(bank)
     recorded, actual = manifest.get("bank_sha256"), sha256_file(bank)
     if recorded != actual:
-        raise ConfigError(f"{bank}: bank sha256 {actual[:12]}… differs from manifest field "
-                          f"'bank_sha256' {str(recorded)[:12]}…; the bank changed since it was frozen")
+        raise ConfigError(changed_since_frozen(bank, "bank sha256", "bank_sha256", f"{actual[:12]}…",
+                                               f"{str(recorded)[:12]}…", "bank"))
     return manifest

@@ -41,6 +41,52 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
     return code
 
 
+def _report(args: argparse.Namespace) -> int:
+    from replaytests.report import collate, report_meta, write_report
+
+    records = collate(args.inputs)
+    first = args.inputs[0]
+    out = args.out or (first if first.is_dir() else first.parent)
+    for path in write_report(out, records, report_meta(args.inputs)):
+        print(path)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from replaytests.compare import compare_paths
+
+    result = compare_paths(args.baseline, args.new, args.level, args.contract, args.allow_changes)
+    print(result.text())
+    return 0 if result.passed else 1
+
+
+def _history(args: argparse.Namespace) -> int:
+    from replaytests import history
+
+    if args.action == "append":
+        entry = history.append(args.source, args.into, args.label, args.date)
+        print(f"appended {entry['ledger']} ({entry['date']}) to {args.into}")
+    else:
+        print(history.show(args.history, args.html))
+    return 0
+
+
+def _level(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text}")
+    return value
+
+
+def _env(args: argparse.Namespace) -> int:
+    from replaytests.contract import load_contract
+    from replaytests.environment import capture, describe
+
+    contract = load_contract(args.contract)
+    print("\n".join(describe(contract, capture(contract, args.device))))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="replaytests", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
@@ -61,6 +107,40 @@ def parser() -> argparse.ArgumentParser:
     audit.add_argument("--device", default=None)
     audit.add_argument("--workers", default="auto",
                        help="pytest-xdist worker processes ('auto': one per core; 1: in-process). Default: %(default)s")
+
+    env = sub.add_parser("env", help="print this machine's environment beside a contract, "
+                                     "one line per field that differs")
+    env.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
+    env.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+
+    report = sub.add_parser("report", help="collate ledgers (run directories, shards, workers) into "
+                                           "report.json, report.md and report.html")
+    report.add_argument("inputs", type=Path, nargs="+", metavar="DIR_OR_LEDGER",
+                        help="a ledger.jsonl or a directory holding one")
+    report.add_argument("--out", type=Path, default=None,
+                        help="report directory. Default: the first input's directory")
+
+    compare = sub.add_parser("compare", help="gate a new run against a baseline run: exit 1 with one reason per "
+                                             "line when it fails (docs/nightly.md)")
+    compare.add_argument("baseline", type=Path, metavar="BASELINE", help="a ledger.jsonl or a run directory")
+    compare.add_argument("new", type=Path, metavar="NEW", help="a ledger.jsonl or a run directory")
+    compare.add_argument("--level", type=_level, default=0.05,
+                         help="fail when a divergence rate changes with McNemar p below this. Default: %(default)s")
+    compare.add_argument("--contract", type=Path, default=None,
+                         help="contract whose gates.transplant applies. Default: the contract defaults")
+    compare.add_argument("--allow-changes", action="store_true",
+                         help="a deliberate runtime or hardware change: changed records are noted, not failed")
+
+    history = sub.add_parser("history", help="nightly history: one line per run, shown as a table and a plot")
+    actions = history.add_subparsers(dest="action", required=True)
+    append = actions.add_parser("append", help="append one run's counts and intervals to a history file")
+    append.add_argument("source", type=Path, metavar="LEDGER_OR_DIR", help="a ledger.jsonl or a run directory")
+    append.add_argument("--into", type=Path, required=True, metavar="HISTORY", help="history JSONL (created if absent)")
+    append.add_argument("--label", default=None, help="a name for the run, e.g. a commit or a runtime version")
+    append.add_argument("--date", default=None, help="ISO 8601 date of the run. Default: now (UTC)")
+    show = actions.add_parser("show", help="print the history as a table; --html also writes a page with plots")
+    show.add_argument("history", type=Path, metavar="HISTORY", help="history JSONL")
+    show.add_argument("--html", type=Path, default=None, metavar="OUT", help="write an HTML page with plots here")
     return top
 
 
@@ -73,6 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "freeze":
             return _freeze(args)
+        if args.command == "env":
+            return _env(args)
+        if args.command == "report":
+            return _report(args)
+        if args.command == "compare":
+            return _compare(args)
+        if args.command == "history":
+            return _history(args)
         return _audit(args, extra)
     except ReplaytestsError as exc:
         print(f"replaytests: error: {exc}", file=sys.stderr)

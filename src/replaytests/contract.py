@@ -1,10 +1,15 @@
 """Reproducibility contracts (SPEC §9): the promise a run is judged against, loaded from YAML.
 
-This module validates the fields the engine uses; unknown keys are kept for the report.
+SCHEMA below declares every key: its type, default and allowed values (docs/contract.md explains
+each). Loading merges the `extends:` chain, validates the merged mapping against SCHEMA, checks the
+fields that depend on each other and fills in the defaults. Every error is one line,
+`FILE: dotted.path: what was expected`.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,19 +19,145 @@ from replaytests.errors import ConfigError
 from replaytests.files import sha256_json
 from replaytests.protocol import DELIMITER_NAMES, Caps
 
+SCHEMA_ID = "replaytests.contract/1"
 PRECISIONS = ("bf16", "fp32")
-_MISSING = object()
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_positions", "padding",
+                   "cache_seq_length", "tensor_metadata")
+SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Value:
+    """A leaf. A default of None means "not pinned": null is then allowed too."""
+
+    kind: type | tuple[type, ...]
+    default: object = _REQUIRED
+    choices: tuple = ()
+    low: float | None = None
+    high: float | None = None
+    pattern: str | None = None
+    expect: str = ""  # how an allowed value reads in an error, where choices or range do not say it
+
+
+@dataclass(frozen=True)
+class Section:
+    """A mapping with fixed keys; a default of {} makes it optional, with its keys' defaults."""
+
+    keys: dict
+    default: object = _REQUIRED
+
+
+@dataclass(frozen=True)
+class KeyedBy:
+    """A mapping whose keys come from a vocabulary (`noun`s), each holding a `value`; names left
+    out take the value's default where it has one."""
+
+    names: tuple[str, ...]
+    noun: str
+    value: Value | Section
+    default: object = _REQUIRED
+
+
+@dataclass(frozen=True)
+class ListOf:
+    item: Value
+    default: object = _REQUIRED
+
+
+def _pin(kind: type = str, **kw) -> Value:
+    return Value(kind, default=None, **kw)
+
+
+def _divergence(default: bool | None) -> KeyedBy:
+    return KeyedBy(PRECISIONS, "precision", Value(bool, default=default), default={})
+
+
+_GREEDY = "(the engine decodes greedily only)"
+_NUMBER = (int, float)
+
+SCHEMA = Section({
+    "schema": Value(str, default=SCHEMA_ID, choices=(SCHEMA_ID,)),
+    "extends": _pin(),  # resolved before validation; listed so that a misspelling gets a suggestion
+    "name": Value(str),
+    "description": Value(str, default=""),
+    "software": Section({key: _pin() for key in ("python", "torch", "transformers", "cuda", "cudnn")}, default={}),
+    "hardware": Section({
+        "device_kind": _pin(choices=("cpu", "cuda")),
+        "gpu_name": _pin(),
+        "compute_capability": _pin(pattern=r"\d+\.\d+", expect='MAJOR.MINOR in quotes, e.g. "9.0"'),
+        "gpus": _pin(int, low=1),
+        "tensor_parallel": Value(int, default=1, choices=(1,), expect="1 (the engine runs the model on one device)"),
+    }, default={}),
+    "environment": Section({
+        "device": Value(str, pattern=r"cpu|cuda(:\d+)?|mps", expect="cpu, cuda, cuda:N or mps"),
+        "cpu_threads": Value(int, low=1),
+        "attention": Value(str, default="sdpa", choices=("sdpa", "eager")),
+        "inference_mode": Value(str, default="eager", choices=("eager",),
+                                expect="eager (forward calls run op by op under torch.inference_mode)"),
+        "compile": Value(bool, default=False, choices=(False,), expect="false (the engine never uses torch.compile)"),
+    }),
+    "precisions": KeyedBy(PRECISIONS, "precision", Section({
+        "dtype": Value(str, choices=tuple(DTYPES.values())),
+        "tf32_matmul": Value(bool, default=False),
+        "cudnn_tf32": Value(bool, default=False),
+        "float32_matmul_precision": _pin(choices=("highest", "high", "medium")),
+        "bf16_reduced_precision_reduction": _pin(bool),
+        "sdpa_backend": _pin(choices=SDPA_BACKENDS),
+    })),
+    "decoding": Section({
+        "greedy": Value(bool, default=True, choices=(True,), expect=f"true {_GREEDY}"),
+        "temperature": Value(_NUMBER, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
+        "top_p": Value(_NUMBER, default=1, choices=(1,), expect=f"1 {_GREEDY}"),
+        "top_k": Value(int, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
+        "physical_batch": Value(int, low=1),
+    }),
+    "caps": Section({key: Value(int, low=1) for key in ("branch", "merge", "answer")}),
+    "delimiters": KeyedBy(DELIMITER_NAMES, "delimiter", Value(str), default={}),
+    "banned_tokens": ListOf(Value(int, low=0), default=[]),
+    "boundary_checks": ListOf(Value(str, choices=BOUNDARY_CHECKS), default=list(BOUNDARY_CHECKS)),
+    "bank": Section({
+        "rows": _pin(int, low=1),
+        "prefix_len": Section({"min": _pin(int, low=1), "max": _pin(int, low=1)}, default={}),
+    }, default={}),
+    "panels": Section({
+        "bridge": Value(int, default=12, low=1),
+        "transplant": Section({
+            "divergent": Value(int, default=24, low=0),
+            "exact_controls": Value(int, default=8, low=0),
+            "layers": Value(str, default="all", choices=("all",)),
+            "directions": Value(str, default="both", choices=("both",)),
+        }, default={}),
+        "replication": Section({
+            "rows": Value(int, default=48, low=1),
+            "min_exact_controls": Value(int, default=6, low=0),
+        }, default={}),
+    }, default={}),
+    "gates": Section({
+        "crossing": Section({"replicas_exact": Value(bool, default=True),
+                             "suffix_divergence_allowed": _divergence(False)}, default={}),
+        "live": Section({"replicas_exact": Value(bool, default=True),
+                         "suffix_divergence_allowed": _divergence(None)}, default={}),
+        "batch": Section({"suffix_divergence_allowed": _divergence(None)}, default={}),
+        "bridge": Section({"exact": Value(bool, default=True)}, default={}),
+        "transplant": Section({"donor_recovery": Value(_NUMBER, default=1.0, low=0, high=1),
+                               "controls_third_trajectory": Value(int, default=0, low=0)}, default={}),
+        "audit": Section({"reproduce": Value(bool, default=True)}, default={}),
+    }),
+})
 
 
 @dataclass(frozen=True)
 class PrecisionFlags:
-    """Numeric settings applied before any model work at one precision."""
+    """Numeric settings applied before any model work at one precision (None: not pinned)."""
 
     dtype: str
     tf32_matmul: bool = False
     cudnn_tf32: bool = False
     float32_matmul_precision: str = "highest"
     bf16_reduced_precision_reduction: bool | None = None
+    sdpa_backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -42,65 +173,136 @@ class Contract:
     suffix_divergence_allowed: dict[str, bool]
     delimiters: dict[str, str] = field(default_factory=dict)
     banned_tokens: tuple[int, ...] = ()
-    raw: dict = field(default_factory=dict, repr=False)
+    raw: dict = field(default_factory=dict, repr=False)  # the merged YAML, as written
+    settings: dict = field(default_factory=dict, repr=False)  # validated, every default filled in
 
     @property
     def digest(self) -> str:
         return sha256_json(self.raw)
 
+    # Sections of `settings`, each a dict shaped as in docs/contract.md.
+    software = property(lambda self: self.settings["software"])
+    hardware = property(lambda self: self.settings["hardware"])
+    decoding = property(lambda self: self.settings["decoding"])
+    bank = property(lambda self: self.settings["bank"])
+    panels = property(lambda self: self.settings["panels"])
+    gates = property(lambda self: self.settings["gates"])
+    inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
+    compile = property(lambda self: self.settings["environment"]["compile"])
+    boundary_checks = property(lambda self: tuple(self.settings["boundary_checks"]))
+
+
+def show(value: object) -> str:
+    """A value as the YAML would spell it (true, null, 9.0)."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return str(value)
+
+
+def suggest(key: object, known: list[str]) -> str:
+    """'did you mean 'x'?' for the closest known name (ignoring case; a known name the key begins, like
+    tf32 for tf32_matmul, counts as close), else the list of known names."""
+    lowered = {k.lower(): k for k in known}
+    key = str(key).lower()
+    close = [k for k in lowered if k.startswith(key)][:1] or difflib.get_close_matches(key, list(lowered), n=1)
+    return f"did you mean {lowered[close[0]]!r}?" if close else f"expected one of {', '.join(known)}"
+
+
+def _one_of(choices: tuple) -> str:
+    words = [show(c) for c in choices]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
 
 class _Fields:
-    """Typed access to one mapping of the contract; every error names FILE: dotted.path."""
+    """Checks a value against a schema node; every error names FILE: dotted.path."""
 
-    def __init__(self, data: object, path: str, file: str) -> None:
-        self.path, self.file = path, file
-        if not isinstance(data, dict):
-            raise self.error("", f"expected a mapping, got {type(data).__name__} {data!r}")
-        self.data = data
+    def __init__(self, file: str) -> None:
+        self.file = file
 
-    def error(self, key: str, message: str) -> ConfigError:
-        where = ".".join(part for part in (self.path, key) if part)
-        return ConfigError(f"{self.file}: {where + ': ' if where else ''}{message}")
+    def error(self, path: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.file}: {path + ': ' if path else ''}{message}")
 
-    def get(self, key: str, kind: type, default=_MISSING):
-        if key not in self.data:
-            if default is _MISSING:
-                raise self.error("", f"missing required field {key!r}")
-            return default
-        value = self.data[key]
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise self.error(key, f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    def check(self, node: Value | Section | KeyedBy | ListOf, value: object, path: str = ""):
+        if isinstance(node, Value):
+            return self.leaf(node, value, path)
+        if isinstance(node, ListOf):
+            items = self.typed(value, list, path)
+            return [self.leaf(node.item, item, f"{path}[{index}]") for index, item in enumerate(items)]
+        mapping = self.typed(value, dict, path)
+        known = node.keys if isinstance(node, Section) else dict.fromkeys(node.names, node.value)
+        noun = "field" if isinstance(node, Section) else node.noun
+        for key in mapping:
+            if key not in known:
+                raise self.unknown(path, noun, key, list(known))
+        out = {}
+        for key, child in known.items():
+            if key in mapping or child.default is not _REQUIRED:
+                out[key] = self.check(child, mapping.get(key, child.default), _join(path, key))
+            elif isinstance(node, Section):
+                raise self.error(path, f"missing required field {key!r}")
+        return out
+
+    def typed(self, value: object, kind: type, path: str):
+        return self.leaf(Value(kind), value, path)
+
+    def leaf(self, node: Value, value: object, path: str):
+        if value is None and node.default is None:
+            return None
+        kinds = node.kind if isinstance(node.kind, tuple) else (node.kind,)
+        if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+            wanted = " or ".join(k.__name__ for k in kinds) + (" or null" if node.default is None else "")
+            quote = " (write it in quotes)" if str in kinds and isinstance(value, float) else ""
+            got = "null" if value is None else f"{type(value).__name__} {value!r}"
+            raise self.error(path, f"expected {wanted}, got {got}{quote}")
+        if node.choices and value not in node.choices:
+            raise self.error(path, f"expected {node.expect or _one_of(node.choices)}, got {value!r}")
+        if (node.low is not None and value < node.low) or (node.high is not None and value > node.high):
+            raise self.error(path, f"expected {node.expect or _range(node)}, got {value!r}")
+        if node.pattern and not re.fullmatch(node.pattern, value):
+            raise self.error(path, f"expected {node.expect}, got {value!r}")
         return value
 
-    def positive(self, key: str) -> int:
-        value = self.get(key, int)
-        if value <= 0:
-            raise self.error(key, f"expected a positive integer, got {value}")
-        return value
-
-    def section(self, key: str, default=_MISSING) -> _Fields:
-        value = self.get(key, dict, default)
-        return _Fields(value, ".".join(p for p in (self.path, key) if p), self.file)
+    def unknown(self, path: str, noun: str, key: object, known: list[str]) -> ConfigError:
+        return self.error(path, f"unknown {noun} {key!r}; {suggest(key, known)}")
 
 
-def _precision(name: str, section: _Fields) -> PrecisionFlags:
-    if name not in PRECISIONS:
-        raise section.error("", f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}")
-    flags = section.section(name)
-    known = list(PrecisionFlags.__dataclass_fields__)
-    unknown = sorted(set(flags.data) - set(known))
-    if unknown:
-        raise flags.error("", f"unknown field {unknown[0]!r}; expected one of {known}")
-    dtype = flags.get("dtype", str)
-    if dtype not in ("bfloat16", "float32"):
-        raise flags.error("dtype", f"expected bfloat16 or float32, got {dtype!r}")
-    return PrecisionFlags(
-        dtype=dtype,
-        tf32_matmul=flags.get("tf32_matmul", bool, False),
-        cudnn_tf32=flags.get("cudnn_tf32", bool, False),
-        float32_matmul_precision=flags.get("float32_matmul_precision", str, "highest"),
-        bf16_reduced_precision_reduction=flags.get("bf16_reduced_precision_reduction", bool, None),
-    )
+def _range(node: Value) -> str:
+    if node.high is not None:
+        return f"a number from {show(node.low)} to {show(node.high)}"
+    return "a positive integer" if node.low == 1 else "a non-negative integer"
+
+
+def _check_together(s: dict, fields: _Fields) -> None:
+    """The rules that relate two fields; fills in the defaults that depend on another field."""
+    if not s["precisions"]:
+        raise fields.error("precisions", f"expected at least one of {', '.join(PRECISIONS)}")
+    for name, flags in s["precisions"].items():
+        path = f"precisions.{name}"
+        if flags["dtype"] != DTYPES[name]:
+            raise fields.error(f"{path}.dtype", f"expected {DTYPES[name]} for precision {name}, got {flags['dtype']!r}")
+        # torch ties the two: TF32 matmul is on exactly when the float32 matmul precision is not "highest".
+        tf32, precision = flags["tf32_matmul"], flags["float32_matmul_precision"]
+        if precision is None:
+            flags["float32_matmul_precision"] = "high" if tf32 else "highest"
+        elif (precision != "highest") != tf32:
+            raise fields.error(f"{path}.float32_matmul_precision",
+                               f"expected {'high or medium' if tf32 else 'highest'} with tf32_matmul {show(tf32)} "
+                               f"(torch enables TF32 matmul exactly when this is not 'highest'), got {precision!r}")
+    kind, device = s["hardware"]["device_kind"], s["environment"]["device"]
+    if kind is not None and kind != device.split(":")[0]:
+        raise fields.error("hardware.device_kind", f"expected {device.split(':')[0]} to match environment.device "
+                                                   f"{device!r}, got {kind!r}")
+    low, high = s["bank"]["prefix_len"]["min"], s["bank"]["prefix_len"]["max"]
+    if low is not None and high is not None and low > high:
+        raise fields.error("bank.prefix_len", f"expected min <= max, got min {low} and max {high}")
+    crossing = s["gates"]["crossing"]["suffix_divergence_allowed"]
+    for family in ("live", "batch"):
+        allowed = s["gates"][family]["suffix_divergence_allowed"]
+        allowed.update({p: crossing[p] for p, value in allowed.items() if value is None})
 
 
 def _read_yaml(path: Path) -> object:
@@ -118,33 +320,51 @@ def _read_yaml(path: Path) -> object:
         raise ConfigError(f"{path}: malformed YAML{line}: {getattr(exc, 'problem', exc)}") from None
 
 
-def load_contract(path: Path) -> Contract:
+def _merge(base: dict, child: dict) -> dict:
+    """Mappings merge key by key (the child wins); anything else, lists included, is replaced."""
+    return base | {key: _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict)
+                   else value for key, value in child.items()}
+
+
+def _resolve(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The mapping at `path` with its `extends:` chain merged in."""
     data = _read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at the top level")
-    top = _Fields(data, "", str(path))
-    env, decoding, caps = top.section("environment"), top.section("decoding"), top.section("caps")
-    precisions = top.section("precisions")
-    gates = top.section("gates").section("crossing", {}).section("suffix_divergence_allowed", {})
-    delimiters = top.section("delimiters", {})
-    for name in delimiters.data:
-        if name not in DELIMITER_NAMES:
-            raise delimiters.error("", f"unknown delimiter {name!r}; expected one of {DELIMITER_NAMES}")
-        delimiters.get(name, str)
-    banned = top.get("banned_tokens", list, [])
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in banned):
-        raise top.error("banned_tokens", f"expected a list of non-negative token ids, got {banned!r}")
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: expected str (a contract path relative to this file), "
+                          f"got {type(base).__name__} {base!r}")
+    chain, target = (*chain, path), path.parent / base
+    if target.resolve() in {link.resolve() for link in chain}:
+        raise ConfigError(f"{chain[0]}: extends cycle: {' -> '.join(link.name for link in (*chain, target))}")
+    if not target.is_file():
+        raise ConfigError(f"{path}: extends: no contract file {target}")
+    return _merge(_resolve(target, chain), data)
+
+
+def load_contract(path: Path) -> Contract:
+    path = Path(path)
+    raw = _resolve(path)
+    fields = _Fields(str(path))
+    s = fields.check(SCHEMA, raw)
+    _check_together(s, fields)
+    del s["extends"]
+    env = s["environment"]
     return Contract(
-        name=top.get("name", str),
-        path=Path(path),
-        device=env.get("device", str),
-        cpu_threads=env.positive("cpu_threads"),
-        attention=env.get("attention", str, "sdpa"),
-        physical_batch=decoding.positive("physical_batch"),
-        caps=Caps(*(caps.positive(k) for k in ("branch", "merge", "answer"))),
-        precisions={name: _precision(name, precisions) for name in precisions.data},
-        suffix_divergence_allowed={p: gates.get(p, bool, False) for p in PRECISIONS},
-        delimiters=dict(delimiters.data),
-        banned_tokens=tuple(banned),
-        raw=data,
+        name=s["name"],
+        path=path,
+        device=env["device"],
+        cpu_threads=env["cpu_threads"],
+        attention=env["attention"],
+        physical_batch=s["decoding"]["physical_batch"],
+        caps=Caps(**s["caps"]),
+        precisions={name: PrecisionFlags(**flags) for name, flags in s["precisions"].items()},
+        suffix_divergence_allowed=s["gates"]["crossing"]["suffix_divergence_allowed"],
+        delimiters=s["delimiters"],
+        banned_tokens=tuple(s["banned_tokens"]),
+        raw=raw,
+        settings=s,
     )

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from replaytests import audit, ledger, summary
+from replaytests import audit, environment, ledger, report, summary
 from replaytests.errors import ReplaytestsError
 from replaytests.files import write_atomic, write_json_atomic
+from replaytests.integrity import ACCEPT_OPTION, OVERRIDES
 from replaytests.session import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO, Options, ReplaySession
 
 RECORD_PROPERTY = "replaytests_record"
@@ -53,6 +53,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "reproduce exactly. Default: the committed baseline, for the embedded default inputs")
     group.addoption("--shard", default=None,
                     help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)")
+    group.addoption("--strict-contract", action="store_true",
+                    help="fail the run when the environment differs from the contract in any field it names")
+    group.addoption(ACCEPT_OPTION, action="append", choices=OVERRIDES, default=None,
+                    help="use a bank, model or tokenizer that changed since the bank was frozen (recorded in "
+                         "the report); repeatable")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,6 +84,7 @@ def selects_gpu(config: pytest.Config) -> bool:
 
 def options(config: pytest.Config) -> Options:
     values = {name: config.getoption(name) for name in DEFAULT_OPTIONS}
+    values["accept_changed"] = frozenset(values["accept_changed"] or ())
     if values["contract"] is None:
         values["contract"] = GPU_CONTRACT if selects_gpu(config) else DEFAULT_CONTRACT
     return Options(**values)
@@ -95,7 +101,7 @@ def replay_session(config: pytest.Config) -> ReplaySession:
 
 
 def user_gave_options(config: pytest.Config) -> bool:
-    return any(config.getoption(name) not in (default, None) for name, default in DEFAULT_OPTIONS.items())
+    return any(config.getoption(name) not in (default, None, False) for name, default in DEFAULT_OPTIONS.items())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -106,10 +112,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     alone, and the error surfaces only if a conformance test is collected.
     """
     try:
-        replay_session(session.config)
+        replay = replay_session(session.config)
     except pytest.UsageError:
         if user_gave_options(session.config):
             raise
+        return
+    if replay.options.strict_contract and replay.drift:
+        raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
+                                f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
 
 
 @pytest.fixture(scope="session")
@@ -177,14 +187,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     replay = replay_session(config)
     on_cuda = replay.device.startswith("cuda")
-    no_cuda = on_cuda and not torch.cuda.is_available()
+    no_cuda = environment.needs_cuda(replay.contract, replay.device)
     xdist = config.pluginmanager.hasplugin("xdist")
     for item in targets:
         if on_cuda:
             item.add_marker(pytest.mark.gpu)
         if no_cuda:
-            item.add_marker(pytest.mark.skip(reason=f"contract {replay.contract.name} needs device "
-                                                    f"{replay.device!r}; CUDA is not available here"), append=False)
+            item.add_marker(pytest.mark.skip(reason=no_cuda), append=False)
         group = xdist and _row_group(getattr(item, "callspec", None))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
@@ -226,9 +235,11 @@ class LedgerCollector:
             return
         replay = replay_session(self.config)
         report_dir = self.config.getoption("report_dir")
+        meta = run_metadata(replay)
         ledger.write_ledger(report_dir / "ledger.jsonl", self.records)
-        write_json_atomic(report_dir / "run.json", run_metadata(replay))
+        write_json_atomic(report_dir / "run.json", meta)
         write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits))
+        report.write_report(report_dir, self.records, meta)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.records:
@@ -243,21 +254,14 @@ class LedgerCollector:
 def run_metadata(replay: ReplaySession) -> dict:
     """What a report needs besides the records: the inputs, their digests and the environment."""
     return {
-        "options": {name: str(value) if isinstance(value, Path) else value
-                    for name, value in vars(replay.options).items()},
-        "contract": {"name": replay.contract.name, "sha256": replay.contract.digest},
+        "options": {name: str(value) if isinstance(value, Path) else sorted(value) if isinstance(value, frozenset)
+                    else value for name, value in vars(replay.options).items()},
+        "contract": {"name": replay.contract.name, "path": str(replay.contract.path), "sha256": replay.contract.digest},
         "manifest": replay.manifest,
-        "versions": {"torch": torch.__version__, "transformers": _version("transformers")},
+        "environment": replay.environment,
+        "drift": [str(d) for d in replay.drift],
+        "overridden": replay.integrity.overridden,
     }
-
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
 
 
 def header_fields(replay: ReplaySession) -> dict[str, str]:
@@ -269,6 +273,9 @@ def header_fields(replay: ReplaySession) -> dict[str, str]:
         "device": replay.device,
         "precision": ", ".join(replay.options.precisions),
         "baseline": str(replay.options.baseline_ledger or "none"),
+        "drift": (f"{len(replay.drift)} field(s) differ from the contract: " + "; ".join(map(str, replay.drift))
+                  if replay.drift else "none: the environment matches every field the contract names"),
+        **({"overridden": "; ".join(replay.integrity.overridden)} if replay.integrity.overridden else {}),
     }
 
 

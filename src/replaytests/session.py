@@ -7,18 +7,20 @@ hand theirs to the controller).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from replaytests import hf_adapter, ledger
-from replaytests.bank import BankRow, check_manifest, read_bank
+from replaytests import environment, hf_adapter, ledger
+from replaytests.bank import BankRow, read_bank
 from replaytests.contract import PRECISIONS, Contract, load_contract
 from replaytests.decoder import suffix_room
 from replaytests.errors import ConfigError
 from replaytests.families import FAMILIES, bridge
+from replaytests.integrity import Integrity, verify_inputs
 from replaytests.protocol import Delimiters, Grammar
 from replaytests.runtime import Runtime
 
@@ -28,8 +30,7 @@ DEFAULT_BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
 DEFAULT_CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"
 DEFAULT_BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
 DEFAULT_REPORT_DIR = Path("reports") / "latest"
-PANEL_FAMILIES = ("bridge", "batch")  # run on a panel of rows spaced by prefix length, not on every row
-PANEL_SIZE = 12
+PANEL_FAMILIES = ("bridge", "batch")  # run on the bridge panel (contract panels.bridge rows), not on every row
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class Options:
     device: str | None = None
     baseline: Path | None = None
     shard: str | None = None
+    accept_changed: frozenset[str] = frozenset()
+    strict_contract: bool = False
 
     @property
     def embedded_default(self) -> bool:
@@ -101,7 +104,7 @@ class ReplaySession:
     options: Options
     contract: Contract
     rows: list[BankRow]
-    manifest: dict
+    integrity: Integrity
     baseline: list[dict]
     _runtimes: dict[str, Runtime] = field(default_factory=dict)
     _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
@@ -116,10 +119,24 @@ class ReplaySession:
         grammar = Grammar(Delimiters.resolve(tokenizer, contract.delimiters), contract.caps,
                           config.vocab_size, len(tokenizer), contract.banned_tokens)
         rows = read_bank(options.bank, grammar, config.max_position_embeddings, suffix_room(contract.caps))
-        manifest = check_manifest(options.bank)
+        integrity = verify_inputs(options.bank, options.model, list(grammar.delims.all_ids), options.accept_changed)
         parse_shard(options.shard)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
-        return cls(options, contract, select_rows(rows, options.rows), manifest, baseline)
+        return cls(options, contract, select_rows(rows, options.rows), integrity, baseline)
+
+    @property
+    def manifest(self) -> dict:
+        return self.integrity.manifest
+
+    @functools.cached_property
+    def environment(self) -> dict:
+        """The real environment, captured once: versions, device, flags as read back, input digests."""
+        return environment.capture(self.contract, self.device, integrity=self.integrity)
+
+    @functools.cached_property
+    def drift(self) -> list[environment.Drift]:
+        """Every field the contract names whose real value differs."""
+        return environment.drift(self.contract, self.environment)
 
     @property
     def device(self) -> str:
@@ -132,9 +149,7 @@ class ReplaySession:
 
     def divergence_allowed(self, family: str, precision: str) -> bool:
         """The contract's gate: may this family's headline suffixes diverge at this precision?"""
-        gates = self.contract.raw.get("gates", {})
-        family_gate = gates.get(family, {}).get("suffix_divergence_allowed")
-        return bool((family_gate or {}).get(precision, self.contract.suffix_divergence_allowed[precision]))
+        return self.contract.gates[family]["suffix_divergence_allowed"][precision]
 
     def row(self, row_id: str) -> BankRow:
         for row in self.rows:
@@ -145,7 +160,7 @@ class ReplaySession:
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share
         (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
-        rows = bridge.panel(self.rows, PANEL_SIZE) if family in PANEL_FAMILIES else self.rows
+        rows = bridge.panel(self.rows, self.contract.panels["bridge"]) if family in PANEL_FAMILIES else self.rows
         index, count = parse_shard(self.options.shard)
         position = {row.id: n for n, row in enumerate(self.rows)}
         return [row for row in rows if position[row.id] % count == index - 1]

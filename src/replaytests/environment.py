@@ -1,0 +1,173 @@
+"""The environment a run really executes in, and where it differs from its contract (drift).
+
+`capture` records versions, the device, thread counts, CUBLAS_WORKSPACE_CONFIG and each precision's
+numeric flags as torch reads them back once that precision's settings are applied; given a loaded
+model, the attention implementation it runs; given the verified inputs, their digests and the bank's
+size. Its sections mirror the contract's (docs/contract.md), so `drift` compares field by field.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+import torch
+
+from replaytests import hf_adapter, runtime
+from replaytests.contract import Contract, show
+from replaytests.integrity import Integrity
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One field the contract names whose real value differs."""
+
+    field: str
+    contract: object
+    actual: object
+
+    def __str__(self) -> str:
+        return f"{self.field}: contract {show(self.contract)}, actual {show(self.actual)}"
+
+
+def needs_cuda(contract: Contract, device: str | None = None) -> str | None:
+    """A skip reason when the run is to use CUDA and this machine has none; else None."""
+    device = device or contract.device
+    if device.split(":")[0] != "cuda" or torch.cuda.is_available():
+        return None
+    return (f"contract {contract.name} ({contract.path}) runs on {device!r} but CUDA is not available here "
+            f"(torch {torch.__version__})")
+
+
+def capture(contract: Contract, device: str | None = None, model: object | None = None,
+            integrity: Integrity | None = None) -> dict:
+    """The real environment (see the module docstring); `device` defaults to the contract's."""
+    device = device or contract.device
+    threads, precisions = _numeric_flags(contract)
+    env = {
+        "software": _software(),
+        "hardware": _hardware(device),
+        "environment": {"device": device, "cpu_threads": threads, "interop_threads": torch.get_num_interop_threads(),
+                        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")},
+        "precisions": precisions,
+    }
+    if model is not None:
+        env["environment"]["attention"] = hf_adapter.attention_implementation(model)
+    if integrity is not None:
+        env["bank"] = {"rows": integrity.manifest.get("rows"), "prefix_len": integrity.manifest.get("prefix_len")}
+        env["inputs"] = {"bank_sha256": integrity.actual.get("bank"), "model_sha256": integrity.actual.get("model"),
+                         "delimiter_ids": integrity.actual.get("tokenizer"), "overridden": integrity.overridden}
+    return env
+
+
+def drift(contract: Contract, env: dict) -> list[Drift]:
+    """Every field the contract names (not null) that `env` captured with another value, in schema order."""
+    return list(_differences(contract.settings, env, ""))
+
+
+def _differences(wanted: dict, actual: dict, path: str):
+    for key, value in wanted.items():
+        where = f"{path}.{key}" if path else key
+        if value is None or key not in actual:
+            continue
+        if isinstance(value, dict):
+            if isinstance(actual[key], dict):
+                yield from _differences(value, actual[key], where)
+        elif value != actual[key]:
+            yield Drift(where, value, actual[key])
+
+
+def describe(contract: Contract, env: dict) -> list[str]:
+    """The environment beside the contract, one line per captured field, then one line per drift."""
+    rows = [(path, _lookup(contract.settings, path), value) for path, value in _leaves(env, "")]
+    width = max(len(path) for path, _, _ in rows)
+    lines = [f"contract {contract.name} ({contract.path}), sha256 {contract.digest[:12]}…",
+             f"{'field':<{width}}  {'contract':<24}  actual"]
+    lines += [f"{path:<{width}}  {'-' if wanted is None else show(wanted):<24}  {show(value)}"
+              for path, wanted, value in rows]
+    differences = drift(contract, env)
+    if reason := needs_cuda(contract, env["environment"]["device"]):
+        lines.append(f"note: {reason}")
+    if not differences:
+        return [*lines, f"no drift: every field contract {contract.name} names matches this environment"]
+    return [*lines, f"drift: {len(differences)} field(s) differ from contract {contract.name}:",
+            *(f"  {d}" for d in differences)]
+
+
+def _leaves(tree: dict, path: str):
+    for key, value in tree.items():
+        where = f"{path}.{key}" if path else key
+        if isinstance(value, dict):
+            yield from _leaves(value, where)
+        else:
+            yield where, value
+
+
+def _lookup(tree: dict, path: str):
+    for key in path.split("."):
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def _numeric_flags(contract: Contract) -> tuple[int, dict]:
+    """The intra-op threads and each precision's numeric flags as read back after applying its settings;
+    torch's state is restored afterwards."""
+    saved = runtime.read_numeric_flags()
+    try:
+        readback = {}
+        for name, flags in contract.precisions.items():
+            runtime.write_numeric_flags(runtime.numeric_settings(flags, contract.cpu_threads))
+            readback[name] = runtime.read_numeric_flags()
+            threads = readback[name].pop("cpu_threads")
+        return threads, readback
+    finally:
+        runtime.write_numeric_flags(saved)
+
+
+def _software() -> dict:
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "cuda": torch.version.cuda,
+            "cudnn": _cudnn_version(torch.backends.cudnn.version())}
+
+
+def _cudnn_version(number: int | None) -> str | None:
+    """cuDNN's integer version as MAJOR.MINOR.PATCH (9.x: M*10000 + m*100 + p; 8.x: M*1000 + m*100 + p)."""
+    if number is None:
+        return None
+    major, rest = divmod(number, 10000 if number >= 90000 else 1000)
+    return "{}.{}.{}".format(major, *divmod(rest, 100))
+
+
+def _hardware(device: str) -> dict:
+    kind = device.split(":")[0]
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    hardware = {"device_kind": kind, "gpu_name": None, "compute_capability": None, "gpus": gpus,
+                "driver": None, "tensor_parallel": 1}
+    if kind != "cuda":
+        return hardware
+    if not gpus:
+        return hardware | {"device_kind": None}
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    return hardware | {"gpu_name": torch.cuda.get_device_name(index),
+                       "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(index)),
+                       "driver": _nvidia_driver()}
+
+
+def _nvidia_driver() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None

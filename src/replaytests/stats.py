@@ -1,0 +1,154 @@
+"""Statistics for counts (SPEC §8): Wilson intervals, exact McNemar, seeded paired bootstrap.
+
+Public functions return small frozen result objects whose `to_json()` is what report.json holds
+(docs/report.md). Rates and bounds are fractions in [0, 1]. With no data (n = 0) a rate, bound or
+difference is None (JSON null): there is nothing to estimate, and 0 would read as a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from numbers import Integral
+from statistics import NormalDist
+
+import numpy as np
+from scipy.stats import binom
+
+LEVEL = 0.95
+RESAMPLES = 10_000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Proportion:
+    k: int
+    n: int
+    rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    method: str = "wilson"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """Exact McNemar test: b and c are the discordant pair counts (A only, B only)."""
+
+    b: int
+    c: int
+    p: float
+    method: str = "mcnemar-exact"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BootstrapCI:
+    """Percentile bootstrap interval of mean(x) - mean(y) over n paired rows."""
+
+    diff: float | None
+    ci_low: float | None
+    ci_high: float | None
+    seed: int
+    resamples: int
+    n: int
+    level: float = LEVEL
+    method: str = "paired-percentile-bootstrap"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _check_level(level: float) -> float:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return level
+
+
+def _z(level: float) -> float:
+    # Two-sided standard normal quantile: 1.959964 for 95%.
+    return NormalDist().inv_cdf(1 - (1 - level) / 2)
+
+
+def _wilson_bounds(k: int, n: int, z: float) -> tuple[float, float]:
+    # Wilson (1927) score interval, JASA 22:209; Agresti & Coull (1998) eq. 2:
+    # (k + z²/2 ± z·sqrt(k(n-k)/n + z²/4)) / (n + z²). The bound at 0/n and n/n is exact by definition.
+    centre = k + z * z / 2
+    half = z * math.sqrt(k * (n - k) / n + z * z / 4)
+    low = 0.0 if k == 0 else (centre - half) / (n + z * z)
+    high = 1.0 if k == n else (centre + half) / (n + z * z)
+    return low, high
+
+
+def wilson(k: int, n: int, level: float = LEVEL) -> Proportion:
+    """k successes out of n with a Wilson score interval; n = 0 gives rate and bounds None."""
+    k, n = _check_count("k", k), _check_count("n", n)
+    if k > n:
+        raise ValueError(f"k must be at most n, got k={k!r}, n={n!r}")
+    z = _z(_check_level(level))
+    if n == 0:
+        return Proportion(k, n, None, None, None)
+    return Proportion(k, n, k / n, *_wilson_bounds(k, n, z))
+
+
+def _two_sided_sign_test(b: int, c: int) -> float:
+    # Exact McNemar = two-sided binomial test of b successes in b + c trials at p = 1/2
+    # (McNemar 1947; Fagerland, Lydersen & Laake 2013, BMC Med Res Methodol 13:91, eq. 2):
+    # p = min(1, 2 · P[X ≤ min(b, c)]), X ~ Bin(b + c, 1/2).
+    return min(1.0, 2.0 * float(binom.cdf(min(b, c), b + c, 0.5)))
+
+
+def mcnemar_exact(b: int, c: int) -> McNemar:
+    """Exact McNemar test on the discordant pairs; p = 1 when there are none."""
+    b, c = _check_count("b", b), _check_count("c", c)
+    return McNemar(b, c, 1.0 if b + c == 0 else _two_sided_sign_test(b, c))
+
+
+def _as_binary(name: str, values: Sequence[int | bool]) -> np.ndarray:
+    array = np.asarray(values)
+    bad = [v for v in array.tolist() if v not in (0, 1)]
+    if array.ndim != 1 or bad:
+        raise ValueError(f"{name} must be a flat sequence of 0/1 values, got {bad[:3] or values!r}")
+    return array.astype(np.int8)
+
+
+def _percentile_bootstrap(d: np.ndarray, rng: np.random.Generator, resamples: int,
+                          level: float) -> tuple[float, float]:
+    # Percentile interval (Efron & Tibshirani 1993, §13.3) of the mean paired difference, resampling
+    # rows with replacement. d takes the values -1, 0, 1, so a resample of n rows is fully described by
+    # how many rows of each value it draws: one multinomial draw per resample, the same distribution
+    # as drawing n row indices, in O(resamples) memory.
+    counts = rng.multinomial(len(d), [np.mean(d == v) for v in (-1, 0, 1)], size=resamples)
+    means = (counts[:, 2] - counts[:, 0]) / len(d)
+    low, high = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(low), float(high)
+
+
+def paired_bootstrap(x: Sequence[int | bool], y: Sequence[int | bool], seed: int = SEED,
+                     resamples: int = RESAMPLES, level: float = LEVEL) -> BootstrapCI:
+    """mean(x) - mean(y) for paired 0/1 outcomes of the same rows, with a seeded percentile interval.
+
+    Empty input gives diff and bounds None (n = 0).
+    """
+    xs, ys = _as_binary("x", x), _as_binary("y", y)
+    if len(xs) != len(ys):
+        raise ValueError(f"x and y must pair the same rows, got lengths {len(xs)} and {len(ys)}")
+    if _check_count("resamples", resamples) == 0:
+        raise ValueError(f"resamples must be at least 1, got {resamples!r}")
+    _check_level(level)
+    if len(xs) == 0:
+        return BootstrapCI(None, None, None, seed, resamples, 0, level)
+    d = xs.astype(np.int64) - ys
+    low, high = _percentile_bootstrap(d, np.random.default_rng(seed), resamples, level)
+    return BootstrapCI(float(d.mean()), low, high, seed, resamples, len(d), level)

@@ -1,0 +1,152 @@
+"""replaytests.integrity: the bank, model and tokenizer must be those the bank's manifest recorded;
+each change is refused with both values, or accepted by name and returned for the report."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from replaytests.bank import manifest_path, model_digest
+from replaytests.errors import ConfigError
+from replaytests.files import sha256_file
+from replaytests.integrity import verify_inputs
+
+ALL = frozenset({"bank", "model", "tokenizer"})
+
+
+@dataclass
+class Inputs:
+    bank: Path
+    model: Path
+    delimiter_ids: list[int]
+
+    @property
+    def manifest(self) -> dict:
+        return json.loads(manifest_path(self.bank).read_text(encoding="utf-8"))
+
+    def write_manifest(self, manifest: dict) -> None:
+        manifest_path(self.bank).write_text(json.dumps(manifest), encoding="utf-8")
+
+    def verify(self, accept: frozenset[str] = frozenset()):
+        return verify_inputs(self.bank, self.model, self.delimiter_ids, accept)
+
+
+@pytest.fixture
+def inputs(tmp_path, repo) -> Inputs:
+    """The committed bank and manifest, with a small stand-in model whose digest the manifest records."""
+    src = repo / "fixtures" / "banks" / "tiny.jsonl"
+    bank = tmp_path / "tiny.jsonl"
+    shutil.copy(src, bank)
+    shutil.copy(manifest_path(src), manifest_path(bank))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"frozen weights")
+    made = Inputs(bank, model, [])
+    manifest = made.manifest
+    manifest["model"]["sha256"] = model_digest(model)
+    made.write_manifest(manifest)
+    made.delimiter_ids = list(manifest["tokenizer"]["delimiter_ids"])
+    return made
+
+
+def test_unchanged_inputs_pass(inputs):
+    result = inputs.verify()
+    manifest = inputs.manifest
+    expected = {"bank": manifest["bank_sha256"], "model": manifest["model"]["sha256"],
+                "tokenizer": manifest["tokenizer"]["delimiter_ids"]}
+    assert (result.overridden, result.actual) == ([], expected), f"(overridden, actual): {result}"
+    assert result.manifest == manifest, "verify_inputs returned another manifest"
+
+
+def test_committed_fixtures_pass(repo):
+    bank = repo / "fixtures" / "banks" / "tiny.jsonl"
+    ids = json.loads(manifest_path(bank).read_text(encoding="utf-8"))["tokenizer"]["delimiter_ids"]
+    result = verify_inputs(bank, repo / "fixtures" / "models" / "tiny-qwen2", ids)
+    assert result.overridden == [], f"the committed bank and model need overrides: {result.overridden}"
+
+
+def edit_bank(inputs: Inputs) -> tuple[Path, str, str, str, str]:
+    old = sha256_file(inputs.bank)
+    inputs.bank.write_bytes(inputs.bank.read_bytes().replace(b'"1303"', b'"1304"', 1))
+    return inputs.bank, "bank sha256", "bank_sha256", f"{sha256_file(inputs.bank)[:12]}…", f"{old[:12]}…"
+
+
+def edit_model(inputs: Inputs) -> tuple[Path, str, str, str, str]:
+    old = model_digest(inputs.model)
+    (inputs.model / "model.safetensors").write_bytes(b"retrained weights")
+    return inputs.model, "model sha256", "model.sha256", f"{model_digest(inputs.model)[:12]}…", f"{old[:12]}…"
+
+
+def edit_tokenizer(inputs: Inputs) -> tuple[Path, str, str, str, str]:
+    old = list(inputs.delimiter_ids)
+    inputs.delimiter_ids = old[1:] + old[:1]
+    return inputs.model, "tokenizer delimiter-id list", "tokenizer.delimiter_ids", str(inputs.delimiter_ids), str(old)
+
+
+CHANGES = [pytest.param("bank", edit_bank, id="bank-edited"),
+           pytest.param("model", edit_model, id="model-weights-changed"),
+           pytest.param("tokenizer", edit_tokenizer, id="delimiter-ids-changed")]
+
+
+def change_line(name: str, where: Path, what: str, field: str, new: str, old: str) -> str:
+    since = "it" if name == "bank" else "the bank"
+    return (f"{where}: {what} {new} differs from manifest field '{field}' {old}; "
+            f"the {name} changed since {since} was frozen")
+
+
+@pytest.mark.parametrize(("name", "edit"), CHANGES)
+def test_a_changed_input_is_refused(inputs, name, edit):
+    line = change_line(name, *edit(inputs))
+    refusal = f"; refused (pass --accept-changed={name} to use it anyway; the report records it)"
+    with pytest.raises(ConfigError, match=f"^{re.escape(line + refusal)}$"):
+        inputs.verify()
+
+
+@pytest.mark.parametrize(("name", "edit"), CHANGES)
+def test_a_changed_input_accepted_by_name_is_recorded(inputs, name, edit):
+    line = change_line(name, *edit(inputs))
+    result = inputs.verify(frozenset({name}))
+    expected = [f"{line}; accepted with --accept-changed={name}"]
+    assert result.overridden == expected, f"overridden: {result.overridden}, expected {expected}"
+
+
+@pytest.mark.parametrize(("name", "edit"), CHANGES)
+def test_accepting_the_other_inputs_does_not_cover_this_one(inputs, name, edit):
+    edit(inputs)
+    with pytest.raises(ConfigError, match=rf"refused \(pass --accept-changed={name} "):
+        inputs.verify(ALL - {name})
+
+
+def test_every_change_accepted_is_recorded_in_order(inputs):
+    for edit in (edit_bank, edit_model, edit_tokenizer):
+        edit(inputs)
+    names = [line.rsplit("=", 1)[1] for line in inputs.verify(ALL).overridden]
+    assert names == ["bank", "model", "tokenizer"], f"overridden inputs in order: {names}"
+
+
+@pytest.mark.parametrize(("accept", "pattern"), [
+    pytest.param("tokeniser", r"^--accept-changed: unknown input 'tokeniser'; did you mean 'tokenizer'\?$", id="typo"),
+    pytest.param("weights", r"^--accept-changed: unknown input 'weights'; expected one of bank, model, tokenizer$",
+                 id="unknown"),
+])
+def test_unknown_override_name(inputs, accept, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        inputs.verify(frozenset({accept}))
+
+
+@pytest.mark.parametrize(("drop", "field"), [
+    pytest.param(lambda manifest: manifest["model"].pop("sha256"), "model.sha256", id="model-digest"),
+    pytest.param(lambda manifest: manifest.pop("tokenizer"), "tokenizer.delimiter_ids", id="tokenizer"),
+])
+def test_manifest_without_a_recorded_digest(inputs, drop, field):
+    manifest = inputs.manifest
+    drop(manifest)
+    inputs.write_manifest(manifest)
+    with pytest.raises(ConfigError, match=rf"tiny\.manifest\.json: manifest has no field '{re.escape(field)}' "
+                                          r"\(freeze the bank again\)$"):
+        inputs.verify()

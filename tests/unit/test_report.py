@@ -1,0 +1,402 @@
+"""replaytests.report: report.json from hand-built ledger records, its Markdown and HTML twins, collation
+of several ledgers, bad input, and `replaytests report`.
+
+The `paper` fixtures rebuild SPEC §12's counts as ledger records (200 rows, BF16 and FP32), so the
+report's tables can be checked against the paper's figures.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from replaytests import ledger
+from replaytests.cli import main
+from replaytests.errors import ConfigError, LedgerError
+from replaytests.report import build_report, collate, markdown, write_report
+from replaytests.stats import wilson
+
+LAYERS = 3
+
+
+def comparison(*, cache_exact: bool = True, suffix_equal: bool = True, answer_equal: bool = True,
+               correct_equal: bool = True, first_divergence: int | None = None, max_abs: float = 0.0,
+               rel_l2: float = 0.0, logits_max_abs: float = 0.0) -> dict:
+    """A complete ledger comparison (docs/ledger.md); drift is the same in K and V and in every layer."""
+    drift = {f"{kv}_{name}": value for kv in "kv" for name, value in (("rel_l2", rel_l2), ("max_abs", max_abs))}
+    per_layer = {f"{name}_per_layer": [value] * LAYERS for name, value in drift.items()}
+    return {"cache_exact": cache_exact, **drift, **per_layer, "logits_exact": cache_exact,
+            "logits_max_abs": logits_max_abs, "argmax_equal": True, "suffix_equal": suffix_equal,
+            "first_divergence": first_divergence, "margins_at_divergence": None if suffix_equal else [0.5, 0.25],
+            "answer_equal": answer_equal, "correct_equal": correct_equal}
+
+
+def record(family: str, row: str, precision: str, comparisons: dict, correct: dict | None = None, **extra) -> dict:
+    """A ledger record; every arm named in a comparison key gets an arm entry, `correct` maps arm -> label."""
+    names = sorted({arm for pair in comparisons for arm in pair.split("~")})
+    arms = {arm: {"suffix": [1, 2], "answer": "a", "correct": (correct or {}).get(arm), "cache_digest": "c" * 64,
+                  "logits_digest": "l" * 64, "z_sha256": "z" * 64} for arm in names}
+    return {"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "prefix_len": 10,
+            "expected_answer": "a", "status": "ok", "arms": arms, "comparisons": comparisons, **extra}
+
+
+def excluded(family: str, row: str, precision: str, reason: str) -> dict:
+    return {"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "prefix_len": 10,
+            "expected_answer": "a", "status": "excluded", "reason": reason}
+
+
+def crossing(row: str, precision: str = "bf16", correct: dict | None = None, **headline) -> dict:
+    """A crossing record with exact replicas and the given incremental~prefill comparison."""
+    return record("crossing", row, precision, {
+        "incremental~incremental_replica": comparison(), "prefill~prefill_replica": comparison(),
+        "incremental~prefill": comparison(**headline)}, correct)
+
+
+# SPEC §12: BF16 Table 4 drift (FP32 beside it); suffixes differ on 166 rows, answers on 49,
+# correctness labels on 20 (9 first-arm-only correct, 11 second-arm-only); 84 rows both correct.
+DRIFT = {"bf16": {"max_abs": 4.409, "rel_l2": 0.01224, "logits_max_abs": 0.4375},
+         "fp32": {"max_abs": 0.001857, "rel_l2": 4.270e-6, "logits_max_abs": 1.044e-4}}
+
+
+def paper_row(first: str, second: str, i: int, precision: str) -> tuple[dict, dict]:
+    bf16 = precision == "bf16"
+    # First divergence 4 on one row, 453 on one, 88 on the rest: median 88, range 4-453.
+    position = 4 if i == 0 else 453 if i == 165 else 88
+    headline = comparison(cache_exact=False, suffix_equal=not (bf16 and i < 166), answer_equal=not (bf16 and i < 49),
+                          correct_equal=not (bf16 and i < 20), first_divergence=position if bf16 and i < 166 else None,
+                          **DRIFT[precision])
+    labels = {first: i < 9 or 20 <= i < 104, second: 9 <= i < 104} if bf16 else dict.fromkeys((first, second), i < 104)
+    pairs = {f"{first}~{first}_replica": comparison(), f"{second}~{second}_replica": comparison(),
+             f"{first}~{second}": headline}
+    return pairs, labels
+
+
+def paper_records(family: str, first: str, second: str) -> list[dict]:
+    return [record(family, f"r{i:03d}", precision, *paper_row(first, second, i, precision))
+            for i in range(200) for precision in ("bf16", "fp32")]
+
+
+@pytest.fixture(scope="module")
+def paper():
+    records = paper_records("crossing", "incremental", "prefill") + paper_records("live", "live", "prefill")
+    return build_report(records, {"model": "paper-14b"})
+
+
+def at(report: dict, *path: str):
+    for step in path:
+        report = report[step]
+    return report
+
+
+def wilson_json(k: int, n: int) -> dict:
+    return wilson(k, n).to_json()
+
+
+@pytest.mark.parametrize(("path", "k", "n"), [
+    pytest.param(("crossing", "bf16", "replicas_exact"), 200, 200, id="crossing-bf16-replicas"),
+    pytest.param(("crossing", "bf16", "pairs", "incremental~prefill", "cache_exact"), 0, 200, id="crossing-bf16-cache"),
+    pytest.param(("crossing", "bf16", "pairs", "incremental~prefill", "suffix_divergence"), 166, 200,
+                 id="crossing-bf16-suffix"),
+    pytest.param(("crossing", "bf16", "pairs", "incremental~prefill", "answer_divergence"), 49, 200,
+                 id="crossing-bf16-answer"),
+    pytest.param(("crossing", "bf16", "pairs", "incremental~prefill", "correctness_divergence"), 20, 200,
+                 id="crossing-bf16-correctness"),
+    pytest.param(("crossing", "fp32", "pairs", "incremental~prefill", "suffix_divergence"), 0, 200,
+                 id="crossing-fp32-suffix"),
+    pytest.param(("crossing", "bf16", "pairs", "incremental~prefill", "argmax_differs"), 0, 200,
+                 id="crossing-bf16-argmax"),
+    pytest.param(("live", "bf16", "accuracy", "arms", "live"), 93, 200, id="live-accuracy-live"),
+    pytest.param(("live", "bf16", "accuracy", "arms", "prefill"), 95, 200, id="live-accuracy-prefill"),
+    pytest.param(("live", "fp32", "pairs", "live~prefill", "correctness_divergence"), 0, 200, id="live-fp32-flips"),
+])
+def test_paper_counts_are_wilson_proportions(paper, path, k, n):
+    family, precision, *rest = path
+    got = at(paper, "families", family, "precisions", precision, *rest)
+    assert got == wilson_json(k, n), f"{'/'.join(path)}: {got}, expected {k}/{n} with its Wilson interval"
+
+
+@pytest.mark.parametrize(("family", "pair"), [pytest.param("crossing", "incremental~prefill", id="crossing"),
+                                              pytest.param("live", "live~prefill", id="live")])
+@pytest.mark.parametrize(("metric", "b", "p", "diff", "ci"), [
+    pytest.param("suffix_divergence", 166, 2.14e-50, 0.83, (0.775, 0.880), id="suffix"),
+    pytest.param("answer_divergence", 49, 3.55e-15, 0.245, (0.185, 0.305), id="answer"),
+    pytest.param("correctness_divergence", 20, 1.91e-6, 0.10, (0.060, 0.145), id="correctness"),
+])
+def test_paired_reduction_bf16_to_fp32_matches_paper(paper, family, pair, metric, b, p, diff, ci):
+    reduction = at(paper, "families", family, "reductions", pair)
+    test = reduction["metrics"][metric]
+    assert (reduction["from"], reduction["to"], reduction["rows"]) == ("bf16", "fp32", 200), reduction
+    assert (test["mcnemar"]["b"], test["mcnemar"]["c"]) == (b, 0), f"{metric}: discordant counts {test['mcnemar']}"
+    assert test["mcnemar"]["p"] == pytest.approx(p, rel=5e-3), f"{metric}: McNemar p {test['mcnemar']['p']}, paper {p}"
+    boot = test["difference"]
+    assert boot["diff"] == pytest.approx(diff, abs=1e-12), f"{metric}: difference {boot['diff']}, paper {diff}"
+    assert (boot["ci_low"], boot["ci_high"]) == pytest.approx(ci, abs=0.015), f"{metric}: CI vs paper {ci}: {boot}"
+    assert (boot["seed"], boot["resamples"]) == (0, 10_000), f"{metric}: bootstrap seed/resamples {boot}"
+
+
+def test_live_accuracy_difference_matches_paper_exp1(paper):
+    accuracy = at(paper, "families", "live", "precisions", "bf16", "accuracy")
+    assert (accuracy["x"], accuracy["y"]) == ("prefill", "live"), accuracy
+    mcnemar, boot = accuracy["mcnemar"], accuracy["difference"]
+    assert (mcnemar["b"], mcnemar["c"]) == (11, 9), f"discordant (prefill only, live only) {mcnemar}"
+    assert mcnemar["p"] == pytest.approx(0.824, abs=5e-4), f"McNemar p {mcnemar['p']}, paper 0.824"
+    assert boot["diff"] == pytest.approx(0.01, abs=1e-12), f"prefill - live {boot['diff']}, paper +1.0 pp"
+    assert (boot["ci_low"], boot["ci_high"]) == pytest.approx((-0.035, 0.055), abs=0.015), f"CI {boot}"
+
+
+@pytest.mark.parametrize(("precision", "name", "stat", "expected"), [
+    pytest.param("bf16", "cache_max_abs", "max", 4.409, id="bf16-cache-max-abs"),
+    pytest.param("fp32", "cache_max_abs", "max", 0.001857, id="fp32-cache-max-abs"),
+    pytest.param("bf16", "k_rel_l2", "median", 0.01224, id="bf16-k-rel-l2"),
+    pytest.param("fp32", "v_rel_l2", "median", 4.270e-6, id="fp32-v-rel-l2"),
+    pytest.param("bf16", "logits_max_abs", "max", 0.4375, id="bf16-logits-max-abs"),
+    pytest.param("fp32", "logits_max_abs", "max", 1.044e-4, id="fp32-logits-max-abs"),
+    pytest.param("bf16", "first_divergence", "median", 88, id="bf16-first-divergence-median"),
+    pytest.param("bf16", "first_divergence", "min", 4, id="bf16-first-divergence-min"),
+    pytest.param("bf16", "first_divergence", "max", 453, id="bf16-first-divergence-max"),
+    pytest.param("bf16", "first_divergence", "n", 166, id="bf16-first-divergence-n"),
+    pytest.param("fp32", "first_divergence", "n", 0, id="fp32-nothing-diverges"),
+])
+def test_table4_spreads(paper, precision, name, stat, expected):
+    got = at(paper, "families", "crossing", "precisions", precision, "pairs", "incremental~prefill", name, stat)
+    assert got == pytest.approx(expected, rel=1e-12), f"{precision} {name} {stat}: {got}, paper {expected}"
+
+
+def test_cache_max_abs_is_the_largest_of_k_and_v_over_rows():
+    rows = [crossing("a", cache_exact=False, max_abs=0.5), crossing("b", cache_exact=False, max_abs=0.25)]
+    rows[1]["comparisons"]["incremental~prefill"]["v_max_abs"] = 2.0
+    spread = at(build_report(rows, {}), "families", "crossing", "precisions", "bf16", "pairs", "incremental~prefill",
+                "cache_max_abs")
+    assert (spread["max"], spread["min"], spread["n"]) == (2.0, 0.5, 2), f"max(K, V) per row, then over rows: {spread}"
+
+
+def test_per_layer_drift_is_the_mean_over_rows():
+    rows = [crossing("a", rel_l2=1e-3), crossing("b", rel_l2=3e-3)]
+    pair = at(build_report(rows, {}), "families", "crossing", "precisions", "bf16", "pairs", "incremental~prefill")
+    assert pair["k_rel_l2_per_layer_mean"] == pytest.approx([2e-3] * LAYERS, rel=1e-12), pair["k_rel_l2_per_layer_mean"]
+
+
+def test_excluded_rows_are_listed_and_in_no_denominator():
+    records = [crossing("a"), crossing("b", suffix_equal=False, first_divergence=3),
+               excluded("crossing", "c", "bf16", "PhysicalBatchDesync: step 4 differs")]
+    report = build_report(records, {})
+    summary = at(report, "families", "crossing", "precisions", "bf16")
+    assert (summary["rows"], summary["ok"], summary["excluded"]) == (3, 2, 1), summary
+    assert summary["pairs"]["incremental~prefill"]["suffix_divergence"] == wilson_json(1, 2), "denominator is ok rows"
+    assert report["excluded"] == [{"family": "crossing", "row": "c", "precision": "bf16",
+                                   "reason": "PhysicalBatchDesync: step 4 differs"}], report["excluded"]
+    assert report["records"] == {"total": 3, "ok": 2, "excluded": 1}, report["records"]
+
+
+def test_reductions_pair_rows_by_id_present_at_both_precisions():
+    records = [crossing("a", "bf16", suffix_equal=False, first_divergence=0), crossing("a", "fp32"),
+               crossing("b", "bf16", suffix_equal=False, first_divergence=0),
+               excluded("crossing", "b", "fp32", "BoundaryMismatch: x"),
+               crossing("c", "fp32", suffix_equal=False, first_divergence=0)]
+    reduction = at(build_report(records, {}), "families", "crossing", "reductions", "incremental~prefill")
+    suffix = reduction["metrics"]["suffix_divergence"]
+    assert reduction["rows"] == 1, f"only row a is ok at both precisions: {reduction['rows']}"
+    assert (suffix["bf16"], suffix["fp32"]) == (wilson_json(1, 1), wilson_json(0, 1)), suffix
+
+
+def test_no_reductions_with_one_precision():
+    family = at(build_report([crossing("a", "bf16")], {}), "families", "crossing")
+    assert "reductions" not in family, f"reductions with BF16 only: {family.get('reductions')}"
+
+
+def test_no_accuracy_without_expected_answers():
+    summary = at(build_report([crossing("a")], {}), "families", "crossing", "precisions", "bf16")
+    assert "accuracy" not in summary, f"accuracy without labels: {summary.get('accuracy')}"
+
+
+def bridge(row: str, **headline) -> dict:
+    return record("bridge", row, "bf16", {"live~incremental": comparison(**headline)}, z_matches_bank=True)
+
+
+def test_bridge_bit_exact_needs_cache_logits_and_suffix():
+    records = [bridge("a"), bridge("b", suffix_equal=False, first_divergence=0), bridge("c", cache_exact=False)]
+    summary = at(build_report(records, {}), "families", "bridge", "precisions", "bf16")
+    assert summary["pairs"]["live~incremental"]["bit_exact"] == wilson_json(1, 3), summary["pairs"]
+    assert summary["z_matches_bank"] == wilson_json(3, 3), summary["z_matches_bank"]
+
+
+def test_batch_counts_per_pair():
+    pairs = {"incremental_pair~incremental_singleton": comparison(),
+             "prefill_pair~prefill_singleton": comparison(cache_exact=False, suffix_equal=False, first_divergence=2)}
+    family = at(build_report([record("batch", "a", "fp32", pairs)], {}), "families", "batch")
+    got = {name: (p["cache_exact"]["k"], p["logits_exact"]["k"], p["suffix_divergence"]["k"])
+           for name, p in family["precisions"]["fp32"]["pairs"].items()}
+    expected = {"incremental_pair~incremental_singleton": (1, 1, 0), "prefill_pair~prefill_singleton": (0, 0, 1)}
+    assert got == expected, f"(cache exact, logits exact, suffix divergent) per pair: {got}"
+    assert family["headline_pairs"] == list(pairs), family["headline_pairs"]
+
+
+def test_unknown_family_is_rendered_generically():
+    comps = {"incremental~prefill_recipient": {"cache_exact": True, "suffix_equal": False}}
+    records = [record("transplant", "a", "bf16", comps), excluded("transplant", "b", "bf16", "TransplantRefused: y")]
+    report = build_report(records, {})
+    family = report["families"]["transplant"]
+    pair = family["precisions"]["bf16"]["pairs"]["incremental~prefill_recipient"]
+    assert (family["known"], family["precisions"]["bf16"]["excluded"]) == (False, 1), family
+    assert pair == {"rows": 1, "cache_exact": wilson_json(1, 1), "suffix_divergence": wilson_json(1, 1)}, pair
+    assert "## transplant: every pair" in markdown(report), "generic table missing from report.md"
+
+
+def iter_objects(value):
+    """Every JSON object nested in `value`, depth first."""
+    if isinstance(value, dict):
+        yield value
+    for child in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+        yield from iter_objects(child)
+
+
+def test_every_statistic_in_report_json_has_the_documented_shape(paper):
+    shapes = {"wilson": {"k", "n", "rate", "ci_low", "ci_high", "method"}, "mcnemar-exact": {"b", "c", "p", "method"},
+              "paired-percentile-bootstrap": {"diff", "ci_low", "ci_high", "seed", "resamples", "n", "level", "method"}}
+    found = {obj["method"]: obj for obj in iter_objects(json.loads(json.dumps(paper))) if "method" in obj}
+    assert set(found) == set(shapes), f"statistic kinds {sorted(found)}"
+    bad = [obj for obj in iter_objects(paper) if obj.get("method") in shapes and set(obj) != shapes[obj["method"]]]
+    assert not bad, f"statistics with other keys than documented: {bad[:2]}"
+    fractions = [obj for obj in iter_objects(paper) if obj.get("method") == "wilson"
+                 and not 0 <= obj["ci_low"] <= obj["rate"] <= obj["ci_high"] <= 1]
+    assert not fractions, f"Wilson objects outside [0, 1] or unordered: {fractions[:2]}"
+
+
+@pytest.mark.parametrize("line", [
+    pytest.param("| suffix divergence | 166/200 = 83.0% [77.2, 87.6] | 0/200 = 0.0% [0.0, 1.9] | "
+                 "+83.0 pp [+78.0, +88.0]; McNemar bf16 only 166 vs fp32 only 0, p = 2.14e-50 (200 rows) |",
+                 id="suffix-reduction"),
+    pytest.param("| cache max \\|Δ\\| (max over rows) | 4.409 | 0.001857 |  |", id="cache-max-abs"),
+    pytest.param("| first divergence, median (range) | 88 (4-453), n = 166 | none diverge |  |", id="first-divergence"),
+    pytest.param("- **model**: paper-14b", id="meta"),
+])
+def test_markdown_shows_the_papers_table(paper, line):
+    text = markdown(paper)
+    assert line in text.splitlines(), f"line not in report.md: {line!r}"
+
+
+def test_markdown_live_accuracy_difference(paper):
+    lines = [line for line in markdown(paper).splitlines() if line.startswith("| accuracy prefill - live, paired |")]
+    assert len(lines) == 1, f"accuracy difference lines {lines}"
+    expected = "+1.0 pp [-3.5, +5.5]; McNemar prefill only 11 vs live only 9, p = 0.824 (200 rows)"
+    assert lines[0].split(" | ")[1] == expected, lines[0]
+
+
+def test_report_works_without_meta_or_records(tmp_path):
+    paths = write_report(tmp_path / "out", [], {})
+    report = json.loads(paths[0].read_text(encoding="utf-8"))
+    assert (report["families"], report["meta"], report["records"]["total"]) == ({}, {}, 0), report
+    assert "(no run metadata given)" in paths[1].read_text(encoding="utf-8"), "report.md without a meta note"
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    """A report whose row ids, reasons and meta carry markup."""
+    records = [crossing("<b>r1</b>", suffix_equal=False, first_divergence=1, cache_exact=False, rel_l2=1e-3),
+               crossing("r2", "fp32"), excluded("crossing", "<script>alert(1)</script>", "bf16", "Boom: a | b & <c>")]
+    return write_report(tmp_path / "report", records, {"model": "<img src=x onerror=alert(1)>", "env": {"torch": "2"}})
+
+
+def test_html_is_standalone_and_escaped(hostile):
+    html = hostile[2].read_text(encoding="utf-8")
+    assert not re.search(r"<(script|img|link|iframe)\b|<[^>]*\s(src|href)=", html), "markup or a network reference"
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, "the excluded row id is not shown escaped"
+    assert "Boom: a | b &amp; &lt;c&gt;" in html, "the exclusion reason is not shown escaped"
+
+
+def test_html_has_the_three_kinds_of_plot(hostile):
+    html = hostile[2].read_text(encoding="utf-8")
+    titles = re.findall(r"<svg [^>]*><title>([^<]*)</title>", html)
+    kinds = {kind for kind in ("per-layer K and V", "first-divergence position", "Divergence rates")
+             if any(kind in t for t in titles)}
+    assert kinds == {"per-layer K and V", "first-divergence position", "Divergence rates"}, f"plots: {titles}"
+
+
+def test_markdown_escapes_table_pipes(hostile):
+    text = hostile[1].read_text(encoding="utf-8")
+    assert "| crossing | <script>alert(1)</script> | bf16 | Boom: a \\| b & <c> |" in text.splitlines(), text
+
+
+def test_write_report_leaves_no_temporary_files(hostile):
+    names = sorted(p.name for p in hostile[0].parent.iterdir())
+    assert names == ["report.html", "report.json", "report.md"], names
+
+
+def test_unwritable_report_dir_is_a_config_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(blocker / 'out'))}: cannot write report: "):
+        write_report(blocker / "out", [crossing("a")], {})
+
+
+def write_ledger_file(path, records):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_collate_reads_directories_and_files_and_deduplicates(tmp_path):
+    shard_a = write_ledger_file(tmp_path / "a" / "ledger.jsonl", [crossing("r1"), crossing("r2")])
+    shard_b = write_ledger_file(tmp_path / "b.jsonl", [crossing("r2"), crossing("r3")])
+    records = collate([shard_a.parent, shard_b])
+    assert [r["row"] for r in records] == ["r1", "r2", "r3"], "one record per key, sorted"
+
+
+def test_collate_refuses_the_same_row_with_different_results(tmp_path):
+    a = write_ledger_file(tmp_path / "a.jsonl", [crossing("r1")])
+    b = write_ledger_file(tmp_path / "b.jsonl", [crossing("r1", suffix_equal=False)])
+    with pytest.raises(LedgerError, match=rf"^ledger record crossing/r1/bf16 differs between {re.escape(str(a))} "
+                                          rf"and {re.escape(str(b))}$"):
+        collate([a, b])
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    pytest.param("", ": empty ledger (no records)", id="empty"),
+    pytest.param('{"schema": "replaytests.ledger/2", "family": "crossing"}\n',
+                 ":1: field 'schema' is 'replaytests.ledger/2', expected 'replaytests.ledger/1'", id="other-schema"),
+    pytest.param(json.dumps(crossing("a")) + "\n" + json.dumps(crossing("b"))[:40] + "\n",
+                 ":2: not valid JSON", id="truncated-line"),
+    pytest.param(json.dumps({"schema": ledger.SCHEMA, "family": "crossing", "row": "a", "precision": "bf16",
+                             "status": "ok"}) + "\n", ": ledger record crossing/a/bf16: missing field 'arms'",
+                 id="ok-without-arms"),
+    pytest.param(json.dumps(excluded("crossing", "a", "bf16", "x") | {"status": "skipped"}) + "\n",
+                 ": ledger record crossing/a/bf16: field 'status' is 'skipped', expected 'ok' or 'excluded'",
+                 id="unknown-status"),
+])
+def test_collate_bad_ledger_is_one_line_error(tmp_path, content, message):
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(LedgerError, match=f"^{re.escape(str(path) + message)}"):
+        collate([tmp_path])
+
+
+def test_collate_directory_without_ledger(tmp_path):
+    with pytest.raises(LedgerError, match=rf"^{re.escape(str(tmp_path / 'ledger.jsonl'))}: cannot read ledger"):
+        collate([tmp_path])
+
+
+def test_cli_report_writes_three_files_and_prints_their_paths(tmp_path, capsys):
+    run = write_ledger_file(tmp_path / "run" / "ledger.jsonl", [crossing("r1"), crossing("r1", "fp32")]).parent
+    shard = write_ledger_file(tmp_path / "shard.jsonl", [bridge("r9")])
+    code = main(["report", str(run), str(shard), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    expected = [str(tmp_path / "out" / name) for name in ("report.json", "report.md", "report.html")]
+    assert (code, out.out.splitlines()) == (0, expected), f"exit {code}, stdout {out.out!r}, stderr {out.err!r}"
+    report = json.loads((tmp_path / "out" / "report.json").read_text(encoding="utf-8"))
+    assert set(report["families"]) == {"crossing", "bridge"}, list(report["families"])
+    assert report["meta"] == {"ledgers": [str(run), str(shard)]}, report["meta"]
+
+
+def test_cli_report_defaults_to_the_first_input_directory(tmp_path, capsys):
+    run = write_ledger_file(tmp_path / "run" / "ledger.jsonl", [crossing("r1")]).parent
+    assert main(["report", str(run)]) == 0, capsys.readouterr().err
+    assert (run / "report.json").is_file(), "report.json not written beside the ledger"
+
+
+def test_cli_report_bad_ledger_is_one_line_exit_2(tmp_path, capsys):
+    path = write_ledger_file(tmp_path / "ledger.jsonl", [])
+    code = main(["report", str(path)])
+    err = capsys.readouterr().err
+    assert (code, err) == (2, f"replaytests: error: {path}: empty ledger (no records)\n"), f"exit {code}, {err!r}"
