@@ -76,7 +76,7 @@ def check_same_state(arms: list[Boundary], where: str) -> None:
             if other[field] != value:
                 raise BoundaryMismatch(
                     f"{where}: boundary field {field!r} differs between {arms[0].construction} "
-                    f"and {arm.construction}: {_short(value)} vs {_short(other[field])}"
+                    f"and {arm.construction}: {short(value)} vs {short(other[field])}"
                 )
 
 
@@ -91,6 +91,6 @@ def check_storage_isolated(arms: list[Boundary], where: str) -> None:
             seen[ptr] = arm.construction
 
 
-def _short(value: object, limit: int = 120) -> str:
+def short(value: object, limit: int = 120) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -31,3 +31,11 @@ class StorageAliasing(FailClosed):
 
 class BoundaryMismatch(FailClosed):
     """Two constructions reached boundaries that differ in tokens, roles, positions or metadata."""
+
+
+class TransplantRefused(FailClosed):
+    """A cache transplant whose donor and recipient (or result) fail provenance validation."""
+
+
+class NotContemporaneous(FailClosed):
+    """A rebuilt construction does not reproduce the record it is meant to re-run."""

@@ -53,6 +53,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "reproduce exactly. Default: the committed baseline, for the embedded default inputs")
     group.addoption("--shard", default=None,
                     help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)")
+    group.addoption("--replication-model", type=Path, default=None,
+                    help="a later checkpoint to replicate the transplant on (SPEC §7.6), with the same bank. "
+                         "Default: fixtures/models/tiny-qwen2-later, for the embedded default inputs")
     group.addoption("--strict-contract", action="store_true",
                     help="fail the run when the environment differs from the contract in any field it names")
     group.addoption(ACCEPT_OPTION, action="append", choices=OVERRIDES, default=None,
@@ -132,8 +135,8 @@ def record(replay: ReplaySession, request: pytest.FixtureRequest):
     """record(family, row, precision) -> the ledger record, attached to this test's report once."""
 
     def get(family: str, row, precision: str) -> dict:
-        result, fresh = replay.record(family, row, precision)
-        if fresh:
+        result = replay.record(family, row, precision)
+        if replay.attach(result):
             request.node.user_properties.append((RECORD_PROPERTY, json.dumps(result)))
         request.node.stash.setdefault(metrics_key, []).append(summary.metrics(result))
         return result
@@ -164,18 +167,34 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     fixtures = set(metafunc.fixturenames)
     if "precision" in fixtures:
         metafunc.parametrize("precision", replay.options.precisions, scope="session")
-    for name, family in (("bank_row", "crossing"), ("panel_row", "bridge")):
+    for name, family in ROW_FIXTURES.items():
         if name in fixtures:
-            rows = replay.family_rows(family)
-            metafunc.parametrize(name, rows, ids=[r.id for r in rows], scope="session")
+            metafunc.parametrize(name, row_params(replay, family), scope="session")
     if "baseline_record" in fixtures:
         metafunc.parametrize("baseline_record", audit_params(replay))
 
 
+# Row fixtures of the conformance tests, and the family whose rows each takes.
+ROW_FIXTURES = {"bank_row": "crossing", "panel_row": "bridge", "transplant_row": "transplant",
+                "replication_row": "replication"}
+BF16_ONLY = ("transplant", "replication")  # families run on the BF16 crossing only
+
+
+def _skipped(id_: str, reason: str) -> list:
+    return [pytest.param(None, id=id_, marks=pytest.mark.skip(reason=reason))]
+
+
+def row_params(replay: ReplaySession, family: str) -> list:
+    if family in BF16_ONLY and "bf16" not in replay.options.precisions:
+        return _skipped("no-bf16", f"{family} runs at BF16 only; --precision {replay.options.precision} excludes it")
+    if family == "replication" and not replay.options.later_model:
+        return _skipped("no-later-model", "no later checkpoint: pass --replication-model CKPT")
+    return [pytest.param(row, id=row.id) for row in replay.family_rows(family)]
+
+
 def audit_params(replay: ReplaySession) -> list:
-    if not replay.options.baseline_ledger:
-        return [pytest.param(None, id="no-baseline",
-                             marks=pytest.mark.skip(reason="no baseline ledger: pass --baseline LEDGER"))]
+    if replay.baseline_applies:
+        return _skipped("no-baseline", replay.baseline_applies)
     return [pytest.param(r, id="-".join(ledger.key(r))) for r in replay.audited()]
 
 
@@ -202,10 +221,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _row_group(callspec) -> str | None:
     """The (precision, row) an item reads, as an xdist group name."""
     params = callspec.params if callspec else {}
+    if params.get("transplant_row") or (params.get("baseline_record") or {}).get("family") == "transplant":
+        return "bf16-transplant"  # one worker reads the whole BF16 crossing to choose the panel
     if params.get("baseline_record"):
         return "{precision}-{row}".format(**params["baseline_record"])
-    row = params.get("bank_row") or params.get("panel_row")
-    return row and f"{params.get('precision', '')}-{row.id}"
+    row = params.get("bank_row") or params.get("panel_row") or params.get("replication_row")
+    return row and f"{params.get('precision', 'bf16')}-{row.id}"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -238,14 +259,21 @@ class LedgerCollector:
         meta = run_metadata(replay)
         ledger.write_ledger(report_dir / "ledger.jsonl", self.records)
         write_json_atomic(report_dir / "run.json", meta)
-        write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits))
+        write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits,
+                                                                 self.causal_lines()))
         report.write_report(report_dir, self.records, meta)
+
+    def causal_lines(self) -> list[str]:
+        minimum = replay_session(self.config).contract.panels["replication"]["min_exact_controls"]
+        return summary.causal_lines(self.records, minimum)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.records:
             return
         terminalreporter.write_sep("=", "replaytests summary")
         terminalreporter.write_line(summary.text_table(self.records))
+        for line in self.causal_lines():
+            terminalreporter.write_line(line)
         if self.audits:
             terminalreporter.write_line(summary.audit_line(self.audits))
         terminalreporter.write_line(f"ledger: {self.config.getoption('report_dir') / 'ledger.jsonl'}")
@@ -272,7 +300,7 @@ def header_fields(replay: ReplaySession) -> dict[str, str]:
         "contract": f"{replay.contract.name} ({replay.options.contract})",
         "device": replay.device,
         "precision": ", ".join(replay.options.precisions),
-        "baseline": str(replay.options.baseline_ledger or "none"),
+        "baseline": replay.baseline_applies or str(replay.options.baseline_ledger),
         "drift": (f"{len(replay.drift)} field(s) differ from the contract: " + "; ".join(map(str, replay.drift))
                   if replay.drift else "none: the environment matches every field the contract names"),
         **({"overridden": "; ".join(replay.integrity.overridden)} if replay.integrity.overridden else {}),

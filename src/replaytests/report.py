@@ -20,7 +20,7 @@ from replaytests import ledger
 from replaytests.errors import ConfigError, LedgerError
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.report_html import page
-from replaytests.stats import LEVEL, RESAMPLES, SEED, mcnemar_exact, paired_bootstrap, wilson
+from replaytests.stats import LEVEL, RESAMPLES, SEED, McNemar, mcnemar_exact, paired_bootstrap, wilson
 
 SCHEMA = "replaytests.report/1"
 PRECISIONS = ("bf16", "fp32")  # reductions are BF16 -> FP32 on the rows present at both
@@ -98,11 +98,16 @@ def _pair(comps: list[dict]) -> dict:
     return out
 
 
+def mcnemar_paired(x: list[bool], y: list[bool]) -> McNemar:
+    """Exact McNemar on paired binary outcomes: b counts the rows where only x holds, c where only y."""
+    return mcnemar_exact(sum(a and not b for a, b in zip(x, y, strict=True)),
+                         sum(b and not a for a, b in zip(x, y, strict=True)))
+
+
 def _paired(names: tuple[str, str], x: list[bool], y: list[bool]) -> dict:
     """mean(x) - mean(y) over paired rows with its bootstrap interval, and McNemar on (x only, y only)."""
     return {"x": names[0], "y": names[1], "difference": paired_bootstrap(x, y).to_json(),
-            "mcnemar": mcnemar_exact(sum(a and not b for a, b in zip(x, y, strict=True)),
-                                     sum(b and not a for a, b in zip(x, y, strict=True))).to_json()}
+            "mcnemar": mcnemar_paired(x, y).to_json()}
 
 
 def _label(record: dict, arm: str) -> bool | None:
@@ -148,7 +153,7 @@ def _precision(records: list[dict], shape: Shape) -> dict:
     return out
 
 
-def _ordered(names, first: tuple[str, ...]) -> list[str]:
+def ordered(names, first: tuple[str, ...]) -> list[str]:
     return [n for n in first if n in names] + sorted(set(names) - set(first))
 
 
@@ -157,7 +162,7 @@ def _family(records: list[dict], shape: Shape) -> dict:
     for record in records:
         by_precision[record["precision"]].append(record)
     out = {"known": shape != Shape(), "headline_pairs": list(shape.headline),
-           "precisions": {p: _precision(by_precision[p], shape) for p in _ordered(by_precision, PRECISIONS)}}
+           "precisions": {p: _precision(by_precision[p], shape) for p in ordered(by_precision, PRECISIONS)}}
     ok = {p: [r for r in by_precision[p] if r["status"] == "ok"] for p in PRECISIONS}
     if shape.reductions and all(ok.values()):
         out["reductions"] = {pair: _reduction(ok, pair) for pair in shape.headline}
@@ -192,7 +197,7 @@ def build_report(records: list[dict], meta: dict) -> dict:
                        "bootstrap_resamples": RESAMPLES},
         "records": {"total": len(records), "ok": len(records) - len(excluded), "excluded": len(excluded)},
         "excluded": excluded,
-        "families": {f: _family(by_family[f], SHAPES.get(f, Shape())) for f in _ordered(by_family, tuple(SHAPES))},
+        "families": {f: _family(by_family[f], SHAPES.get(f, Shape())) for f in ordered(by_family, tuple(SHAPES))},
     }
 
 

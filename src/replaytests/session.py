@@ -19,17 +19,22 @@ from replaytests.bank import BankRow, read_bank
 from replaytests.contract import PRECISIONS, Contract, load_contract
 from replaytests.decoder import suffix_room
 from replaytests.errors import ConfigError
-from replaytests.families import FAMILIES, bridge
+from replaytests.families import FAMILIES, bridge, replication, transplant
 from replaytests.integrity import Integrity, verify_inputs
 from replaytests.protocol import Delimiters, Grammar
+from replaytests.report import read_run
 from replaytests.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2"
 DEFAULT_BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
 DEFAULT_CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"
+DEFAULT_LATER_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2-later"
 DEFAULT_BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
 DEFAULT_REPORT_DIR = Path("reports") / "latest"
+# Environment fields that decide a run's numerics: a default baseline recorded with others is not applied.
+BASELINE_PLATFORM = ("software.torch", "software.transformers", "hardware.device_kind", "hardware.gpu_name",
+                     "hardware.cpu_capability", "environment.cpu_threads")
 PANEL_FAMILIES = ("bridge", "batch")  # run on the bridge panel (contract panels.bridge rows), not on every row
 
 
@@ -46,6 +51,7 @@ class Options:
     shard: str | None = None
     accept_changed: frozenset[str] = frozenset()
     strict_contract: bool = False
+    replication_model: Path | None = None
 
     @property
     def embedded_default(self) -> bool:
@@ -58,6 +64,12 @@ class Options:
         if self.baseline is not None:
             return self.baseline / "ledger.jsonl" if self.baseline.is_dir() else self.baseline
         return DEFAULT_BASELINE if self.embedded_default and DEFAULT_BASELINE.is_file() else None
+
+    @property
+    def later_model(self) -> Path | None:
+        """The checkpoint replication runs on: --replication-model, or for the embedded default its
+        derived later checkpoint."""
+        return self.replication_model or (DEFAULT_LATER_MODEL if self.embedded_default else None)
 
     @property
     def precisions(self) -> tuple[str, ...]:
@@ -106,8 +118,9 @@ class ReplaySession:
     rows: list[BankRow]
     integrity: Integrity
     baseline: list[dict]
-    _runtimes: dict[str, Runtime] = field(default_factory=dict)
+    _runtimes: dict[tuple[Path, str], Runtime] = field(default_factory=dict)
     _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
+    _attached: set[tuple[str, str, str]] = field(default_factory=set)
 
     @classmethod
     def open(cls, options: Options) -> ReplaySession:
@@ -121,6 +134,8 @@ class ReplaySession:
         rows = read_bank(options.bank, grammar, config.max_position_embeddings, suffix_room(contract.caps))
         integrity = verify_inputs(options.bank, options.model, list(grammar.delims.all_ids), options.accept_changed)
         parse_shard(options.shard)
+        if options.later_model is not None:
+            hf_adapter.load_config(options.later_model)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
         return cls(options, contract, select_rows(rows, options.rows), integrity, baseline)
 
@@ -142,10 +157,11 @@ class ReplaySession:
     def device(self) -> str:
         return pinned_device(self.options.device or self.contract.device, os.environ.get("PYTEST_XDIST_WORKER"))
 
-    def runtime(self, precision: str) -> Runtime:
-        if precision not in self._runtimes:
-            self._runtimes[precision] = Runtime.load(self.options.model, self.contract, precision, self.device)
-        return self._runtimes[precision]
+    def runtime(self, precision: str, model: Path | None = None) -> Runtime:
+        key = (model or self.options.model, precision)
+        if key not in self._runtimes:
+            self._runtimes[key] = Runtime.load(key[0], self.contract, precision, self.device)
+        return self._runtimes[key]
 
     def divergence_allowed(self, family: str, precision: str) -> bool:
         """The contract's gate: may this family's headline suffixes diverge at this precision?"""
@@ -160,7 +176,13 @@ class ReplaySession:
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share
         (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
-        rows = bridge.panel(self.rows, self.contract.panels["bridge"]) if family in PANEL_FAMILIES else self.rows
+        panels = self.contract.panels
+        if family in PANEL_FAMILIES:
+            rows = bridge.panel(self.rows, panels["bridge"])
+        elif family == replication.FAMILY:
+            rows = replication.panel(self.rows, panels["replication"]["rows"]) if self.options.later_model else []
+        else:
+            rows = self.rows
         index, count = parse_shard(self.options.shard)
         position = {row.id: n for n, row in enumerate(self.rows)}
         return [row for row in rows if position[row.id] % count == index - 1]
@@ -170,10 +192,65 @@ class ReplaySession:
         wanted = {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in self.options.precisions}
         return [record for record in self.baseline if ledger.key(record) in wanted]
 
-    def record(self, family: str, row: BankRow, precision: str) -> tuple[dict, bool]:
-        """The (family, row, precision) record, and whether this call computed it."""
+    @functools.cached_property
+    def transplant_panel(self) -> transplant.Panel:
+        """The transplant panel, from the finished BF16 crossing of every selected row (computing
+        those crossing records not computed yet)."""
+        crossing = [self.record("crossing", row, "bf16") for row in self.rows]
+        sizes = self.contract.panels["transplant"]
+        return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
+
+    @functools.cached_property
+    def baseline_differences(self) -> list[str]:
+        """Where this run's platform differs from the one that wrote the baseline (its run.json), in
+        the fields that decide the numerics; empty without a baseline or its run.json."""
+        run = read_run(self.options.baseline_ledger) if self.options.baseline_ledger else None
+        before = (run or {}).get("environment", {})
+        differences = []
+        for path in BASELINE_PLATFORM:
+            section, key = path.split(".")
+            old, new = before.get(section, {}).get(key), self.environment[section].get(key)
+            if run is not None and old != new:
+                differences.append(f"{path} {old} (baseline) vs {new} (here)")
+        return differences
+
+    @property
+    def baseline_applies(self) -> str | None:
+        """Why the audit does not run: no baseline, or a default baseline made on another platform."""
+        if not self.options.baseline_ledger:
+            return "no baseline ledger: pass --baseline LEDGER"
+        if self.options.baseline is None and self.baseline_differences:
+            return ("the committed baseline was recorded on another platform (" + "; ".join(self.baseline_differences)
+                    + "); pass --baseline to audit against it anyway")
+        return None
+
+    def transplant_role(self, row: BankRow) -> str | None:
+        """"divergent" or "control" for a panel row, "not_testable" where the boundary argmax differs."""
+        panel = self.transplant_panel
+        roles = dict(panel.rows) | dict.fromkeys(panel.not_testable, "not_testable")
+        return roles.get(row.id)
+
+    def record(self, family: str, row: BankRow, precision: str) -> dict:
+        """The (family, row, precision) record, computed at most once per process."""
         key = (family, row.id, precision)
-        fresh = key not in self._records
-        if fresh:
-            self._records[key] = FAMILIES[family].run(self.runtime(precision), row)
-        return self._records[key], fresh
+        if key not in self._records:
+            self._records[key] = self._compute(family, row, precision)
+        return self._records[key]
+
+    def attach(self, record: dict) -> bool:
+        """Whether this record still has to ride on a test report to reach the ledger (once each)."""
+        key = ledger.key(record)
+        fresh = key not in self._attached and record["status"] in ("ok", "excluded")
+        self._attached.add(key)
+        return fresh
+
+    def _compute(self, family: str, row: BankRow, precision: str) -> dict:
+        if family == transplant.FAMILY:
+            role = self.transplant_role(row)
+            if role not in transplant.ROLES:  # not in this run's panel: no record
+                return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
+            crossing = self.record("crossing", row, precision)
+            return transplant.run(self.runtime(precision), row, crossing, role)
+        if family == replication.FAMILY:
+            return replication.run(self.runtime(precision, self.options.later_model), row)
+        return FAMILIES[family].run(self.runtime(precision), row)

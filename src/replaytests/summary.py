@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from replaytests.families import FAMILIES
+from replaytests.families import FAMILIES, replication, transplant
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
@@ -60,6 +60,35 @@ def audit_line(audits: list[dict]) -> str:
     return line + (f"; changed: {', '.join(sorted(changed))}" if changed else "")
 
 
+def _p(proportion: dict) -> str:
+    if proportion["n"] == 0:
+        return "0/0"
+    return (f"{proportion['k']}/{proportion['n']} [{100 * proportion['ci_low']:.1f}, "
+            f"{100 * proportion['ci_high']:.1f}]%")
+
+
+def causal_lines(records: list[dict], min_exact_controls: int) -> list[str]:
+    """The transplant and replication outcomes, with Wilson 95% intervals, when those families ran."""
+    lines = []
+    if any(r["family"] == transplant.FAMILY for r in records):
+        t = transplant.summarize(records)
+        full = "; ".join(f"{name} {_p(v['follows_donor'])}" for name, v in t["full"].items())
+        third = "; ".join(f"{name} {_p(v['control_third'])}" for name, v in t["full"].items())
+        parts = "; ".join(f"{part} {name} {_p(v['follows_donor'])}" for part, by in t["parts"].items()
+                          for name, v in by.items())
+        lines += [f"transplant (bf16): recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
+                  f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {t['minimal_layers']}"]
+    if any(r["family"] == replication.FAMILY for r in records):
+        r = replication.summarize(records, min_exact_controls)
+        recovery = "; ".join(f"{name} {_p(v)}" for name, v in r["donor_recovery"].items())
+        label = ("strong replication" if r["strong"]
+                 else "replicated, not strong" if r["replicated"] else "not replicated")
+        lines += [f"replication (bf16): divergent {_p(r['divergent'])}, not testable {r['not_testable']}; "
+                  f"donor recovery {recovery}; exact controls {r['exact_controls']} (registered minimum "
+                  f"{r['min_exact_controls']}): {label}"]
+    return lines
+
+
 def metrics(record: dict) -> dict:
     """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
     return {
@@ -70,7 +99,7 @@ def metrics(record: dict) -> dict:
     }
 
 
-def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = ()) -> str:
+def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (), causal: list[str] = ()) -> str:
     lines = ["# replaytests run summary", ""]
     lines += [f"- **{name}**: {value}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -80,6 +109,8 @@ def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (
               "each count is k/n over the rows that passed every fail-closed check.", ""]
     if audits:
         lines += [audit_line(audits), ""]
+    if causal:
+        lines += ["```", *causal, "```", ""]
     excluded = [r for r in records if r["status"] != "ok"]
     if excluded:
         lines += ["## Excluded rows", ""] + [f"- {r['family']} {r['row']} {r['precision']}: {r['reason']}"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from replaytests import ledger
 from replaytests.cli import main
 from replaytests.errors import ConfigError, LedgerError
-from replaytests.report import build_report, collate, markdown, write_report
+from replaytests.report import build_report, collate, markdown, report_meta, write_report
 from replaytests.stats import wilson
 
 LAYERS = 3
@@ -400,3 +401,45 @@ def test_cli_report_bad_ledger_is_one_line_exit_2(tmp_path, capsys):
     code = main(["report", str(path)])
     err = capsys.readouterr().err
     assert (code, err) == (2, f"replaytests: error: {path}: empty ledger (no records)\n"), f"exit {code}, {err!r}"
+
+
+MANIFEST = {"bank": "tiny.jsonl", "bank_sha256": "b" * 64, "rows": 48, "model": {"path": "m", "sha256": "m" * 64},
+            "tokenizer": {"files": {"tokenizer.json": "f" * 64}, "sha256": "t" * 64},
+            "contract": {"name": "cpu-tiny", "sha256": "k" * 64}}
+RUN = {"options": {"precision": "bf16", "rows": None}, "contract": {"name": "cpu-tiny", "sha256": "c" * 64},
+       "manifest": MANIFEST, "versions": {"torch": "2.13.0", "transformers": "5.23.0"}, "environment": {"threads": 1}}
+
+
+def run_dir(tmp_path, name: str, run: dict | str) -> Path:
+    path = write_ledger_file(tmp_path / name / "ledger.jsonl", [crossing("r1")]).parent
+    (path / "run.json").write_text(run if isinstance(run, str) else json.dumps(run), encoding="utf-8")
+    return path
+
+
+def test_cli_report_reads_run_json_into_meta(tmp_path, capsys):
+    run = run_dir(tmp_path, "run", RUN)
+    assert main(["report", str(run)]) == 0, capsys.readouterr().err
+    meta = json.loads((run / "report.json").read_text(encoding="utf-8"))["meta"]
+    digests = {"bank_sha256": "b" * 64, "model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64,
+               "contract_sha256": "k" * 64}
+    assert meta == {"ledgers": [str(run)], **RUN, "manifest": digests}, f"meta: {meta}"
+    text = (run / "report.md").read_text(encoding="utf-8").splitlines()
+    for line in ("- **contract**:", "  - **name**: cpu-tiny", f"  - **bank_sha256**: {'b' * 64}",
+                 "  - **torch**: 2.13.0", "  - **threads**: 1"):
+        assert line in text, f"report.md header lacks {line!r}"
+    assert "<b>tokenizer_sha256</b>: " + "t" * 64 in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_report_meta_keeps_differing_runs_apart(tmp_path):
+    first, second = run_dir(tmp_path, "a", RUN), run_dir(tmp_path, "b", RUN | {"versions": {"torch": "2.14.0"}})
+    meta = report_meta([first, second, tmp_path / "a" / "ledger.jsonl"])
+    assert set(meta) == {"ledgers", "runs"}, meta
+    assert [run["versions"]["torch"] for run in meta["runs"].values()] == ["2.13.0", "2.14.0", "2.13.0"], meta["runs"]
+
+
+@pytest.mark.parametrize("content", [pytest.param("{", id="truncated"), pytest.param("[]", id="not-an-object")])
+def test_cli_report_bad_run_json_is_one_line_exit_2(tmp_path, capsys, content):
+    run = run_dir(tmp_path, "run", content)
+    code = main(["report", str(run)])
+    err = capsys.readouterr().err
+    assert (code, err.startswith(f"replaytests: error: {run / 'run.json'}: "), err.count("\n")) == (2, True, 1), err

@@ -19,7 +19,7 @@ def test_replica_exact(record, bank_row, precision, family, pair):
     assert not problems, "\n".join(problems)
 
 
-def test_baseline_record_reproduces(audit_record, baseline_record):
+def test_baseline_record_reproduces(audit_record, replay, baseline_record):
     """Ledger audit (SPEC §7.4): every leaf of the saved record — trajectories, answers, cache and
     logits digests, every metric — is reproduced exactly by this run."""
     result = audit_record(baseline_record)
@@ -27,4 +27,5 @@ def test_baseline_record_reproduces(audit_record, baseline_record):
     assert result.reproduced, (
         f"{family} row {row} ({precision}): {len(result.changes)} of {result.leaves} leaves differ from the "
         f"baseline; first: {result.changes[0]}"
+        + "".join(f"; platform differs: {d}" for d in replay.baseline_differences)
     )

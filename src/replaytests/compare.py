@@ -1,0 +1,236 @@
+"""`replaytests compare BASELINE NEW`: the gate between a baseline run and a new one (issue 5).
+
+The new run fails, with one reason per finding, when a replica pair is not exact, the bridge is not
+bit-exact, a record present in both runs changed (a trajectory, a digest or any other leaf), a
+headline divergence rate changed beyond chance (exact McNemar on the rows paired by id), donor
+recovery fell below its gate (or more transplant controls than allowed took a third trajectory), or a
+whole family/precision of the baseline is missing. Rows present in one run only are noted, not
+failed. A verdict table is printed either way (docs/nightly.md).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replaytests import ledger
+from replaytests.audit import audit_record
+from replaytests.contract import SCHEMA as CONTRACT_SCHEMA
+from replaytests.contract import load_contract
+from replaytests.report import BIT_EXACT, DIVERGENCES, FLAGS, SHAPES, Table, collate, mcnemar_paired, plain, read_run
+
+LEVEL = 0.05
+REPLICA = "_replica"  # a comparison key ending in it is a replica pair
+REPLICA_EXACT = ("cache_exact", "suffix_equal")
+BRIDGE = "live~incremental"
+TRANSPLANT = "transplant"
+HEADER = ("family", "precision", "measure", "rows", "baseline", "new", "p", "verdict")
+Group = tuple[str, str]  # (family, precision)
+
+
+def transplant_outcomes(record: dict) -> dict[str, str]:
+    """Each direction's outcome ("follows_donor", "keeps_own" or "third") of an ok transplant record
+    (families/transplant.py): the one place that reads the transplant record's shape."""
+    return {name: result["outcome"] for name, result in record.get("transplants", {}).items()}
+
+
+def transplant_gates(contract: Path | None = None) -> dict:
+    """gates.transplant of a contract: donor_recovery and controls_third_trajectory (docs/contract.md);
+    without one, the contract defaults."""
+    if contract is not None:
+        return load_contract(contract).gates["transplant"]
+    return {name: value.default for name, value in CONTRACT_SCHEMA.keys["gates"].keys["transplant"].keys.items()}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One line of the verdict table."""
+
+    group: Group
+    measure: str
+    rows: int
+    baseline: tuple[int, int] | None
+    new: tuple[int, int] | None
+    p: float | None
+    ok: bool
+    allowed: bool = False  # a failure that only informs (`allow_changes`)
+
+    def cells(self) -> tuple[str, ...]:
+        counts = ["-" if c is None else f"{c[0]}/{c[1]}" for c in (self.baseline, self.new)]
+        verdict = "ok" if self.ok else "changed (allowed)" if self.allowed else "FAIL"
+        return (*self.group, self.measure, str(self.rows), *counts, "-" if self.p is None else f"{self.p:.3g}", verdict)
+
+
+@dataclass
+class Comparison:
+    lines: list[Verdict] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons
+
+    def text(self) -> str:
+        out = [plain(Table("verdict", HEADER, tuple(line.cells() for line in self.lines)))]
+        out += [f"note: {note}" for note in self.notes] + [f"reason: {reason}" for reason in self.reasons]
+        return "\n".join([*out, "PASS" if self.passed else f"FAIL: {len(self.reasons)} reasons"])
+
+
+def _groups(records: list[dict]) -> dict[Group, dict[str, dict]]:
+    """(family, precision) -> row id -> record."""
+    out: dict[Group, dict[str, dict]] = defaultdict(dict)
+    for record in records:
+        out[(record["family"], record["precision"])][record["row"]] = record
+    return out
+
+
+def _ok(rows: dict[str, dict]) -> list[dict]:
+    return [rows[row] for row in sorted(rows) if rows[row]["status"] == "ok"]
+
+
+def _where(record: dict) -> str:
+    return "/".join(ledger.key(record))
+
+
+def _inexact(record: dict, pairs: list[str], fields: tuple[str, ...]) -> list[str]:
+    """`pair (field false, ...)` for each pair of the record that is not exact in every field."""
+    out = []
+    for pair in pairs:
+        failed = [f for f in fields if record["comparisons"][pair].get(f) is not True]
+        if failed:
+            out.append(f"{pair} ({', '.join(f'{f} false' for f in failed)})")
+    return out
+
+
+def _exactness(out: Comparison, group: Group, base: dict, new: dict, measure: str,
+               pairs: Callable[[dict], list[str]], fields: tuple[str, ...]) -> None:
+    """A gate on the new run: every ok record's `pairs` exact in `fields` (the baseline's count informs)."""
+    def split(rows: dict) -> tuple[int, list[tuple[dict, list[str]]]]:
+        """Ok records carrying the pairs, and (record, its inexact pairs) for each that is not exact."""
+        carrying = [r for r in _ok(rows) if pairs(r)]
+        return len(carrying), [(r, bad) for r in carrying if (bad := _inexact(r, pairs(r), fields))]
+
+    (n_base, bad_base), (n_new, bad_new) = split(base), split(new)
+    if n_new:
+        out.lines.append(Verdict(group, measure, n_new, (n_base - len(bad_base), n_base) if n_base else None,
+                                 (n_new - len(bad_new), n_new), None, not bad_new))
+    out.reasons += [f"{measure}: {_where(r)} {'; '.join(bad)}" for r, bad in bad_new]
+
+
+def _replicas(record: dict) -> list[str]:
+    return [pair for pair in record["comparisons"] if pair.endswith(REPLICA)]
+
+
+def _bridge(record: dict) -> list[str]:
+    return [BRIDGE] if record["family"] == "bridge" and BRIDGE in record["comparisons"] else []
+
+
+def _changes(out: Comparison, group: Group, base: dict, new: dict, allow: bool) -> None:
+    """Every record in both runs must reproduce leaf by leaf; the first change named is the most telling."""
+    both = sorted(base.keys() & new.keys())
+    if not both:
+        return
+    changed = [(new[row], audit) for row in both if not (audit := audit_record(base[row], new[row])).reproduced]
+    lines = [f"changed: {_where(record)}: {audit.changes[0]}"
+             + (f" (and {len(audit.changes) - 1} more leaves)" if len(audit.changes) > 1 else "")
+             for record, audit in changed]
+    (out.notes if allow else out.reasons).extend(lines)
+    out.lines.append(Verdict(group, "records reproduce", len(both), None, (len(both) - len(changed), len(both)), None,
+                             not changed, allow))
+
+
+def _rates(out: Comparison, group: Group, base: dict, new: dict, level: float) -> None:
+    """Each headline divergence, paired by row: exact McNemar between the runs, p < level fails."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys())
+            if base[row]["status"] == new[row]["status"] == "ok"]
+    for pair in SHAPES[group[0]].headline:
+        paired = [(b["comparisons"][pair], n["comparisons"][pair]) for b, n in both
+                  if pair in b["comparisons"] and pair in n["comparisons"]]
+        for name in DIVERGENCES if paired else ():
+            flag = FLAGS[name][0]
+            if any(flag not in c for comps in paired for c in comps):
+                continue
+            x, y = [not b[flag] for b, _ in paired], [not n[flag] for _, n in paired]
+            test = mcnemar_paired(x, y)
+            counts = (sum(x), len(paired)), (sum(y), len(paired))
+            out.lines.append(Verdict(group, f"{pair} {name.replace('_', ' ')}", len(paired), *counts, test.p,
+                                     test.p >= level))
+            if test.p < level:
+                out.reasons.append(
+                    f"divergence rate changed beyond chance: {'/'.join(group)} {pair} {name.replace('_', ' ')}: "
+                    f"baseline {counts[0][0]}/{len(paired)}, new {counts[1][0]}/{len(paired)} (baseline only "
+                    f"{test.b}, new only {test.c}), McNemar p = {test.p:.3g} < {level:g}")
+
+
+def _outcome_counts(rows: dict, role: str, outcome: str) -> dict[str, tuple[int, int]]:
+    """Per direction: (records of `role` with `outcome`, records of `role`) over the ok records."""
+    seen = [transplant_outcomes(r) for r in _ok(rows) if r.get("role") == role]
+    return {name: (sum(o[name] == outcome for o in seen), len(seen)) for name in sorted({n for o in seen for n in o})}
+
+
+def _transplant(out: Comparison, group: Group, base: dict, new: dict, gates: dict) -> None:
+    """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run)."""
+    recovery, third = gates["donor_recovery"], gates["controls_third_trajectory"]
+    checks = (("divergent", "follows_donor", "follows donor", lambda k, n: k / n >= recovery,
+               f"below the donor recovery gate {recovery:g}"),
+              ("control", "third", "third trajectory", lambda k, n: k <= third, f"above the gate {third}"))
+    for role, outcome, label, passes, gate in checks:
+        before = _outcome_counts(base, role, outcome)
+        for name, (k, n) in _outcome_counts(new, role, outcome).items():
+            out.lines.append(Verdict(group, f"{name} {label}", n, before.get(name), (k, n), None, passes(k, n)))
+            if not passes(k, n):
+                out.reasons.append(f"transplant gate: {'/'.join(group)} {name}: {label} {k}/{n} {role} rows, {gate}")
+
+
+def _presence(out: Comparison, base: dict[Group, dict], new: dict[Group, dict]) -> None:
+    for group in sorted(base.keys() | new.keys()):
+        if group not in new:
+            out.reasons.append(f"{'/'.join(group)}: {len(base[group])} records in the baseline, none in the new run")
+        for name, rows in (("baseline", base.get(group, {}).keys() - new.get(group, {}).keys()),
+                           ("new run", new.get(group, {}).keys() - base.get(group, {}).keys())):
+            if rows and group in base and group in new:
+                shown = sorted(rows)
+                out.notes.append(f"{'/'.join(group)}: {len(rows)} rows only in the {name} "
+                                 f"({', '.join(shown[:5])}{', ...' if len(rows) > 5 else ''})")
+            elif rows and group not in base:
+                out.notes.append(f"{'/'.join(group)}: new in this run ({len(rows)} records)")
+
+
+def _environment(out: Comparison, base_run: dict | None, new_run: dict | None) -> None:
+    for name in ("contract", "versions"):
+        before, after = (run.get(name) if run else None for run in (base_run, new_run))
+        if before is not None and after is not None and before != after:
+            out.notes.append(f"{name} differs: baseline {before}, new {after}")
+
+
+def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: dict | None = None,
+            allow_changes: bool = False) -> Comparison:
+    """The gate of `new` against `baseline` (ledger records)."""
+    gates = gates or transplant_gates()
+    out = Comparison()
+    base_groups, new_groups = _groups(baseline), _groups(new)
+    _presence(out, base_groups, new_groups)
+    for group in sorted(new_groups):
+        base, current = base_groups.get(group, {}), new_groups[group]
+        if excluded := sorted(row for row, r in current.items() if r["status"] != "ok"):
+            out.notes.append(f"{'/'.join(group)}: {len(excluded)} records excluded in the new run "
+                             f"(fail-closed checks): {', '.join(excluded)}")
+        _exactness(out, group, base, current, "replicas exact", _replicas, REPLICA_EXACT)
+        _exactness(out, group, base, current, "bridge bit exact", _bridge, BIT_EXACT)
+        _changes(out, group, base, current, allow_changes)
+        if group[0] in SHAPES:
+            _rates(out, group, base, current, level)
+        if group[0] == TRANSPLANT:
+            _transplant(out, group, base, current, gates)
+    return out
+
+
+def compare_paths(baseline: Path, new: Path, level: float = LEVEL, contract: Path | None = None,
+                  allow_changes: bool = False) -> Comparison:
+    """compare() on two ledgers (files or run directories), noting a contract or version change."""
+    out = compare(collate([baseline]), collate([new]), level, transplant_gates(contract), allow_changes)
+    _environment(out, read_run(baseline), read_run(new))
+    return out

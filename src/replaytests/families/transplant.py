@@ -1,0 +1,238 @@
+"""Transplant (SPEC §7.5), the fourth fidelity layer: does the boundary K/V cache carry the divergence?
+
+Rows come from a finished BF16 crossing (`panel`). Each is rebuilt (incremental and prefill), checked
+against its crossing record (a contemporaneous baseline), then each recipient is given a
+storage-isolated copy of the donor's K/V — all layers, K and V — and continued by the shared decoder:
+the prefill recipient with the incremental donor's cache, and the other way round. Each direction
+either follows its donor's suffix, keeps its own, or produces a third trajectory.
+
+Beyond the paper: K-only and V-only transplants in both directions, and for divergent rows the
+narrowest contiguous layer range whose K/V transplant alone makes the recipient follow the donor.
+With at most EXHAUSTIVE_MAX_LAYERS layers every proper contiguous range is tried by increasing width
+(the first hit is minimal); above that a bisection assumes that a wider range never does worse.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from replaytests import constructions
+from replaytests.bank import BankRow
+from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.comparisons import first_divergence
+from replaytests.decoder import Suffix, decode_suffix
+from replaytests.errors import FailClosed, NotContemporaneous
+from replaytests.families import bridge
+from replaytests.families.crossing import arm_record, compare_arms, excluded, record_base
+from replaytests.runtime import Runtime
+from replaytests.stats import wilson
+from replaytests.transplant import PARTS, direction, transplant
+
+FAMILY = "transplant"
+CONSTRUCTIONS = ("incremental", "prefill")
+DIRECTIONS = (("prefill", "incremental"), ("incremental", "prefill"))  # (recipient, donor)
+TRANSPLANTS = tuple(direction(recipient, donor) for recipient, donor in DIRECTIONS)
+ARMS = (*CONSTRUCTIONS, *TRANSPLANTS)
+# The crossing pair, and each transplanted arm against its donor (cache exact, logits its own).
+PAIRS = (("incremental", "prefill"), *((direction(r, d), d) for r, d in DIRECTIONS))
+HEADLINE = ("incremental~prefill",)
+REPLICAS = ()
+CROSS = "incremental~prefill"
+PARTIAL = {"k_only": ("k",), "v_only": ("v",)}
+ROLES = ("divergent", "control")
+EXHAUSTIVE_MAX_LAYERS = 8
+LAYER_FIELDS = ("layer_search", "minimal_layers", "layer_ranges")  # null for controls
+DIVERGENT, CONTROLS = 24, 8
+
+
+class Panel(NamedTuple):
+    rows: list[tuple[str, str]]  # (row id, role): divergent rows, then controls, each by prefix length
+    not_testable: list[str]  # divergent rows whose boundary argmax differs
+
+
+class _Ref(NamedTuple):
+    """What bridge.panel reads of a row, taken from a crossing record."""
+
+    id: str
+    prefix_len: int
+
+
+def _spaced(records: list[dict], size: int) -> list[str]:
+    return [ref.id for ref in bridge.panel([_Ref(r["row"], r["prefix_len"]) for r in records], max(size, 0))]
+
+
+def panel(crossing_records: list[dict], divergent: int = DIVERGENT, controls: int = CONTROLS) -> Panel:
+    """Rows for the transplant, from finished BF16 crossing records only (nothing else is read).
+
+    Divergent: incremental and prefill suffixes differ while the boundary argmax agrees; where the
+    argmax differs the row is not testable by transplant (the recipient keeps its own logits) and is
+    reported. Controls: rows whose suffixes are equal, the cache-exact ones first (the strictest
+    controls), topped up with suffix-equal ones. Each group at spaced order statistics of prefix length.
+    """
+    finished = [r for r in crossing_records
+                if r["family"] == "crossing" and r["precision"] == "bf16" and r["status"] == "ok"]
+    cross = {r["row"]: r["comparisons"][CROSS] for r in finished}
+    split = [r for r in finished if not cross[r["row"]]["suffix_equal"]]
+    equal = [r for r in finished if cross[r["row"]]["suffix_equal"]]
+    exact = [r for r in equal if cross[r["row"]]["cache_exact"]]
+    chosen = _spaced(exact, controls)
+    chosen += _spaced([r for r in equal if not cross[r["row"]]["cache_exact"]], controls - len(chosen))
+    testable = _spaced([r for r in split if cross[r["row"]]["argmax_equal"]], divergent)
+    by_length = {r["row"]: (r["prefix_len"], r["row"]) for r in finished}
+    return Panel([(row, "divergent") for row in testable]
+                 + [(row, "control") for row in sorted(chosen, key=by_length.__getitem__)],
+                 sorted(r["row"] for r in split if not cross[r["row"]]["argmax_equal"]))
+
+
+def outcome(suffix: list[int], donor: list[int], own: list[int]) -> dict:
+    """Classify a transplanted suffix. Where donor and own coincide (a control) following one is
+    following both: a control is a third trajectory only when it matches neither."""
+    name = "follows_donor" if suffix == donor else "keeps_own" if suffix == own else "third"
+    return {"outcome": name, "first_divergence_vs_donor": first_divergence(suffix, donor),
+            "first_divergence_vs_own": first_divergence(suffix, own)}
+
+
+def minimal_range(follows: Callable[[int, int], bool], n_layers: int) -> tuple[list[int] | None, str]:
+    """The narrowest proper contiguous range [lo, hi] for which follows(lo, hi), or None; and the method.
+
+    Called once the all-layer transplant follows the donor."""
+    if n_layers <= EXHAUSTIVE_MAX_LAYERS:
+        for width in range(1, n_layers):
+            for lo in range(n_layers - width + 1):
+                if follows(lo, lo + width - 1):
+                    return [lo, lo + width - 1], "exhaustive"
+        return None, "exhaustive"
+    # Monotone assumption: the smallest hi with [0, hi] sufficient, then the largest lo with [lo, hi].
+    hi = bisect.bisect_left(range(n_layers), True, key=lambda h: follows(0, h))
+    if hi == n_layers:  # the assumption failed: even [0, n_layers - 1] was never found sufficient
+        return None, "bisection"
+    lo = bisect.bisect_left(range(hi + 1), True, key=lambda low: not follows(low, hi)) - 1
+    return (None if [lo, hi] == [0, n_layers - 1] else [lo, hi]), "bisection"
+
+
+@dataclass
+class _Trial:
+    """A row's own incremental and prefill boundaries and suffixes, and transplants between them."""
+
+    runtime: Runtime
+    row: BankRow
+    boundaries: dict[str, Boundary]
+    suffixes: dict[str, Suffix]
+
+    @classmethod
+    def build(cls, runtime: Runtime, row: BankRow) -> _Trial:
+        where = f"{FAMILY} row {row.id} ({runtime.precision})"
+        boundaries = {c: constructions.build(runtime, c, row.tokens) for c in CONSTRUCTIONS}
+        check_same_state(list(boundaries.values()), where)
+        check_storage_isolated(list(boundaries.values()), where)
+        return cls(runtime, row, boundaries, {c: decode_suffix(runtime, b) for c, b in boundaries.items()})
+
+    def attempt(self, recipient: str, donor: str, layers: range | None = None,
+                parts: tuple[str, ...] = PARTS) -> tuple[Boundary, Suffix, dict]:
+        moved = transplant(self.runtime, self.boundaries[recipient], self.boundaries[donor], layers, parts)
+        suffix = decode_suffix(self.runtime, moved)
+        return moved, suffix, outcome(suffix.tokens, self.suffixes[donor].tokens, self.suffixes[recipient].tokens)
+
+    def arm_records(self) -> dict[str, dict]:
+        return {c: arm_record(self.boundaries[c], self.suffixes[c], self.row.expected_answer) for c in CONSTRUCTIONS}
+
+    def layer_search(self, recipient: str, donor: str) -> tuple[list[int] | None, list[list]]:
+        tried: list[list] = []
+
+        @functools.cache
+        def follows(lo: int, hi: int) -> bool:
+            result = self.attempt(recipient, donor, range(lo, hi + 1))[2]["outcome"]
+            tried.append([lo, hi, result])
+            return result == "follows_donor"
+
+        return minimal_range(follows, len(self.boundaries[recipient].layers))[0], tried
+
+
+def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: dict, row: BankRow, precision: str) -> None:
+    """The rebuilt arms must reproduce the crossing record's (digests, suffix, answer, z)."""
+    where = f"{FAMILY} row {row.id} ({precision}): not contemporaneous"
+    found = (crossing_record.get("family"), crossing_record.get("row"), crossing_record.get("precision"),
+             crossing_record.get("status"))
+    if found != ("crossing", row.id, precision, "ok"):
+        raise NotContemporaneous(f"{where}: expected the ok crossing record of this row and precision, got "
+                                 f"{'/'.join(map(str, found))}")
+    for arm, fields in rebuilt.items():
+        for field, value in fields.items():
+            if crossing_record.get("arms", {}).get(arm, {}).get(field) != value:
+                raise NotContemporaneous(f"{where}: rebuilt {arm} {field} differs from the crossing record")
+
+
+def run(runtime: Runtime, row: BankRow, crossing_record: dict, role: str) -> dict:
+    """The ledger record of one panel row (`role` "divergent" or "control") at the runtime's precision."""
+    if role not in ROLES:
+        raise ValueError(f"transplant role must be one of {ROLES}, got {role!r}")
+    base = record_base(FAMILY, row, runtime) | {"role": role}
+    runtime.activate()
+    try:
+        trial = _Trial.build(runtime, row)
+        arms = trial.arm_records()
+        check_contemporaneous(arms, crossing_record, row, runtime.precision)
+        full = {direction(r, d): trial.attempt(r, d) for r, d in DIRECTIONS}
+        parts = {name: {direction(r, d): _partial(trial.attempt(r, d, parts=selected)) for r, d in DIRECTIONS}
+                 for name, selected in PARTIAL.items()}
+        layers = _layer_search(trial, full) if role == "divergent" else dict.fromkeys(LAYER_FIELDS)
+    except FailClosed as exc:
+        return excluded(base, exc)
+    boundaries = trial.boundaries | {name: moved for name, (moved, _, _) in full.items()}
+    suffixes = trial.suffixes | {name: suffix for name, (_, suffix, _) in full.items()}
+    arms |= {name: arm_record(moved, suffix, row.expected_answer) for name, (moved, suffix, _) in full.items()}
+    return base | {"status": "ok", "arms": arms, "comparisons": compare_arms(PAIRS, boundaries, suffixes, arms),
+                   "transplants": {name: result for name, (_, _, result) in full.items()}, "parts": parts,
+                   "layers": len(trial.boundaries["prefill"].layers)} | layers
+
+
+def _layer_search(trial: _Trial, full: dict[str, tuple]) -> dict:
+    """Per direction whose all-layer transplant follows the donor: the minimal range and every range tried."""
+    n_layers = len(trial.boundaries["prefill"].layers)
+    found = {direction(r, d): trial.layer_search(r, d) if full[direction(r, d)][2]["outcome"] == "follows_donor"
+             else (None, []) for r, d in DIRECTIONS}
+    return {"layer_search": "exhaustive" if n_layers <= EXHAUSTIVE_MAX_LAYERS else "bisection",
+            "minimal_layers": {name: minimal for name, (minimal, _) in found.items()},
+            "layer_ranges": {name: tried for name, (_, tried) in found.items()}}
+
+
+def _partial(attempt: tuple[Boundary, Suffix, dict]) -> dict:
+    moved, suffix, result = attempt
+    return {"suffix": suffix.tokens, "cache_digest": moved.cache_digest()} | result
+
+
+def _rate(rows: list[dict], test: Callable[[dict], bool]) -> dict:
+    return wilson(sum(1 for r in rows if test(r)), len(rows)).to_json()
+
+
+def summarize(records: list[dict]) -> dict:
+    """Counts with Wilson intervals over the transplant records: donor recovery per direction (divergent
+    rows), third trajectories (controls), the same for K-only and V-only, and the minimal layer ranges."""
+    mine = [r for r in records if r["family"] == FAMILY]
+    ok = [r for r in mine if r["status"] == "ok"]
+    divergent = [r for r in ok if r["role"] == "divergent"]
+    controls = [r for r in ok if r["role"] == "control"]
+
+    def both(get: Callable[[dict, str], dict]) -> dict:
+        return {name: {"follows_donor": _rate(divergent, lambda r, n=name: get(r, n)["outcome"] == "follows_donor"),
+                       "control_third": _rate(controls, lambda r, n=name: get(r, n)["outcome"] == "third")}
+                for name in TRANSPLANTS}
+
+    n_layers = max((r["layers"] for r in divergent), default=0)
+    # Only rows whose all-layer transplant followed the donor were searched.
+    minimal = {name: [r["minimal_layers"][name] for r in divergent
+                      if r["transplants"][name]["outcome"] == "follows_donor"] for name in TRANSPLANTS}
+    return {
+        "rows": len(mine), "excluded": len(mine) - len(ok), "divergent": len(divergent), "controls": len(controls),
+        "full": both(lambda r, n: r["transplants"][n]),
+        "parts": {part: both(lambda r, n, p=part: r["parts"][p][n]) for part in PARTIAL},
+        "minimal_layers": {name: dict(Counter("none" if m is None else f"{m[0]}-{m[1]}" for m in ranges))
+                           for name, ranges in minimal.items()},
+        "layer_frequency": {name: [sum(1 for m in ranges if m is not None and m[0] <= i <= m[1])
+                                   for i in range(n_layers)] for name, ranges in minimal.items()},
+    }

@@ -1,0 +1,221 @@
+"""replaytests.compare: one test per reason the gate fails, the PASS case, notes, and bad input to
+`replaytests compare`. Records are hand-built (no model): a family's headline comparison with chosen
+booleans, its replica pairs exact unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_report import comparison, record, write_ledger_file
+
+from replaytests.cli import main
+from replaytests.compare import compare, transplant_gates
+
+CONTRACT = Path(__file__).resolve().parents[2] / "contracts" / "cpu-tiny.yaml"
+# family: (headline pair, replica pairs)
+PAIRS = {"crossing": ("incremental~prefill", ("incremental~incremental_replica", "prefill~prefill_replica")),
+         "live": ("live~prefill", ("live~live_replica", "prefill~prefill_replica")),
+         "bridge": ("live~incremental", ())}
+
+
+def make(family: str, row: str, precision: str = "bf16", replica: dict | None = None, **headline) -> dict:
+    """A record of `family`; `replica` overrides fields of its first replica pair, `headline` its headline pair."""
+    pair, replicas = PAIRS[family]
+    comps = {name: comparison() | (replica or {} if i == 0 else {}) for i, name in enumerate(replicas)}
+    return record(family, row, precision, comps | {pair: comparison(**headline)})
+
+
+def run(rows: int = 4) -> list[dict]:
+    """A passing run: crossing at both precisions, live and bridge at BF16."""
+    return ([make("crossing", f"r{i}", p) for i in range(rows) for p in ("bf16", "fp32")]
+            + [make("live", f"r{i}") for i in range(rows)] + [make("bridge", f"r{i}") for i in range(rows)])
+
+
+def diverging(family: str, rows: int, divergent: int) -> list[dict]:
+    """`rows` BF16 records of `family`, the first `divergent` with differing suffixes."""
+    return [make(family, f"r{i:02d}", suffix_equal=i >= divergent, first_divergence=0 if i < divergent else None)
+            for i in range(rows)]
+
+
+def transplant(row: str, role: str, *outcomes: str) -> dict:
+    """A transplant record (families/transplant.py) with one outcome per direction."""
+    directions = ("prefill<-incremental", "incremental<-prefill")
+    return record("transplant", row, "bf16", {"incremental~prefill": comparison(suffix_equal=role == "control")},
+                  role=role, transplants={d: {"outcome": o} for d, o in zip(directions, outcomes, strict=True)})
+
+
+def test_identical_runs_pass_with_a_verdict_table():
+    result = compare(run(), run())
+    assert result.passed, f"identical runs failed: {result.reasons}"
+    lines = result.text().splitlines()
+    assert lines[0].split() == ["family", "precision", "measure", "rows", "baseline", "new", "p", "verdict"], lines[0]
+    assert lines[-1] == "PASS", lines[-1]
+    verdicts = {line.split()[-1] for line in lines[1:-1]}
+    assert verdicts == {"ok"}, f"verdicts of a passing comparison: {verdicts}"
+
+
+@pytest.mark.parametrize(("family", "fields", "expected"), [
+    pytest.param("crossing", {"cache_exact": False}, "incremental~incremental_replica (cache_exact false)",
+                 id="crossing-cache"),
+    pytest.param("crossing", {"suffix_equal": False}, "incremental~incremental_replica (suffix_equal false)",
+                 id="crossing-suffix"),
+    pytest.param("live", {"cache_exact": False, "suffix_equal": False},
+                 "live~live_replica (cache_exact false, suffix_equal false)", id="live-both"),
+])
+def test_replica_not_exact_fails(family, fields, expected):
+    records = [make(family, "r0", replica=fields), make(family, "r1")]
+    result = compare(records, records)
+    assert result.reasons == [f"replicas exact: {family}/r0/bf16 {expected}"], result.reasons
+
+
+@pytest.mark.parametrize("field", ["cache_exact", "logits_exact", "suffix_equal"])
+def test_bridge_not_bit_exact_fails(field):
+    records = [make("bridge", "r0"), make("bridge", "r1")]
+    records[1]["comparisons"]["live~incremental"][field] = False
+    result = compare(records, records)
+    assert f"bridge bit exact: bridge/r1/bf16 live~incremental ({field} false)" in result.reasons, result.reasons
+    assert not [r for r in result.reasons if not r.startswith("bridge bit exact")], f"other reasons: {result.reasons}"
+
+
+@pytest.mark.parametrize(("path", "value", "expected"), [
+    pytest.param(("arms", "prefill", "suffix", 1), 9, "arms.prefill.suffix[1]: baseline 2, now 9", id="trajectory"),
+    pytest.param(("arms", "incremental", "cache_digest"), "d" * 64, "arms.incremental.cache_digest: baseline",
+                 id="cache-digest"),
+    pytest.param(("comparisons", "incremental~prefill", "k_rel_l2"), 1e-3,
+                 "comparisons.incremental~prefill.k_rel_l2: baseline 0.0, now 0.001", id="drift"),
+])
+def test_changed_record_fails_naming_the_first_changed_leaf(path, value, expected):
+    baseline = run()
+    new = copy.deepcopy(baseline)
+    target = next(r for r in new if (r["family"], r["row"], r["precision"]) == ("crossing", "r2", "fp32"))
+    *parents, leaf = path
+    for step in parents:
+        target = target[step]
+    target[leaf] = value
+    result = compare(baseline, new)
+    assert [r.startswith(f"changed: crossing/r2/fp32: {expected}") for r in result.reasons] == [True], result.reasons
+
+
+def test_allowed_changes_are_notes():
+    baseline, new = diverging("crossing", 4, 0), diverging("crossing", 4, 1)
+    result = compare(baseline, new, allow_changes=True)
+    assert result.passed, f"changes failed despite allow_changes: {result.reasons}"
+    assert [n for n in result.notes if n.startswith("changed: crossing/r00/bf16: ")], result.notes
+    assert "changed (allowed)" in result.text(), result.text()
+
+
+@pytest.mark.parametrize(("family", "divergent", "level", "fails"), [
+    pytest.param("crossing", 10, 0.05, True, id="crossing-0-to-10-of-20-beyond-chance"),
+    pytest.param("crossing", 2, 0.05, False, id="crossing-0-to-2-of-20-within-chance"),
+    pytest.param("live", 5, 0.05, False, id="live-0-to-5-p-0.0625-at-0.05"),
+    pytest.param("live", 5, 0.1, True, id="live-0-to-5-p-0.0625-at-0.1"),
+    pytest.param("bridge", 6, 0.05, True, id="bridge-0-to-6-beyond-chance"),
+])
+def test_divergence_rate_change_fails_only_beyond_chance(family, divergent, level, fails):
+    result = compare(diverging(family, 20, 0), diverging(family, 20, divergent), level, allow_changes=True)
+    rates = [r for r in result.reasons if r.startswith("divergence rate changed beyond chance")]
+    pair = PAIRS[family][0]
+    assert bool(rates) == fails, f"0/20 -> {divergent}/20 at level {level}: {rates}"
+    if fails:
+        p = 2 * 0.5 ** divergent
+        assert rates[0] == (f"divergence rate changed beyond chance: {family}/bf16 {pair} suffix divergence: "
+                            f"baseline 0/20, new {divergent}/20 (baseline only 0, new only {divergent}), "
+                            f"McNemar p = {p:.3g} < {level:g}"), rates[0]
+
+
+@pytest.mark.parametrize(("outcomes", "gates", "expected"), [
+    pytest.param(["follows_donor"] * 4, None, [], id="all-follow"),
+    pytest.param(["follows_donor"] * 3 + ["keeps_own"], None,
+                 ["transplant gate: transplant/bf16 incremental<-prefill: follows donor 3/4 divergent rows, below the "
+                  "donor recovery gate 1"], id="one-keeps-own"),
+    pytest.param(["follows_donor"] * 3 + ["third"], {"donor_recovery": 0.75, "controls_third_trajectory": 0}, [],
+                 id="3-of-4-at-gate-0.75"),
+])
+def test_donor_recovery_below_its_gate_fails(outcomes, gates, expected):
+    records = [transplant(f"d{i}", "divergent", "follows_donor", o) for i, o in enumerate(outcomes)]
+    result = compare(records, records, gates=gates)
+    assert result.reasons == expected, result.reasons
+
+
+def test_control_with_a_third_trajectory_fails():
+    records = [transplant("c0", "control", "third", "follows_donor"), transplant("c1", "control", "keeps_own",
+                                                                                  "follows_donor")]
+    result = compare(records, records)
+    assert result.reasons == ["transplant gate: transplant/bf16 prefill<-incremental: third trajectory 1/2 control "
+                              "rows, above the gate 0"], result.reasons
+
+
+def test_transplant_gates_come_from_the_contract_or_its_defaults():
+    assert transplant_gates() == {"donor_recovery": 1.0, "controls_third_trajectory": 0}, transplant_gates()
+    assert transplant_gates(CONTRACT) == transplant_gates(), "cpu-tiny keeps the default transplant gates"
+
+
+def test_missing_rows_are_noted_and_a_vanished_precision_fails():
+    baseline = run()
+    new = [r for r in baseline if r["precision"] != "fp32" and (r["family"], r["row"]) != ("live", "r3")]
+    new.append(make("bridge", "r9"))
+    result = compare(baseline, new)
+    assert result.reasons == ["crossing/fp32: 4 records in the baseline, none in the new run"], result.reasons
+    assert "live/bf16: 1 rows only in the baseline (r3)" in result.notes, result.notes
+    assert "bridge/bf16: 1 rows only in the new run (r9)" in result.notes, result.notes
+
+
+def test_excluded_rows_in_the_new_run_are_noted():
+    excluded = {k: v for k, v in make("crossing", "r9").items() if k not in ("arms", "comparisons")}
+    result = compare(run(), [*run(), excluded | {"status": "excluded", "reason": "BoundaryMismatch: x"}])
+    assert result.passed, result.reasons
+    assert "crossing/bf16: 1 records excluded in the new run (fail-closed checks): r9" in result.notes, result.notes
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """A baseline run directory (with run.json) and a new one whose crossing diverges on every row."""
+    baseline = write_ledger_file(tmp_path / "base" / "ledger.jsonl", diverging("crossing", 12, 0)).parent
+    new = write_ledger_file(tmp_path / "new" / "ledger.jsonl", diverging("crossing", 12, 12)).parent
+    for path, torch in ((baseline, "2.12"), (new, "2.13")):
+        (path / "run.json").write_text(json.dumps({"versions": {"torch": torch}}), encoding="utf-8")
+    return baseline, new
+
+
+def test_cli_compare_fails_with_one_reason_per_line(runs, capsys):
+    baseline, new = runs
+    code = main(["compare", str(baseline), str(new / "ledger.jsonl")])
+    lines = capsys.readouterr().out.splitlines()
+    reasons = [line for line in lines if line.startswith("reason: ")]
+    assert (code, lines[-1]) == (1, f"FAIL: {len(reasons)} reasons"), f"exit {code}, last line {lines[-1]!r}"
+    assert len(reasons) == 13, f"12 changed rows and one rate change: {reasons}"
+    assert "note: versions differs: baseline {'torch': '2.12'}, new {'torch': '2.13'}" in lines, lines
+
+
+def test_cli_compare_passes_identical_runs(runs, capsys):
+    code = main(["compare", str(runs[0]), str(runs[0])])
+    assert (code, capsys.readouterr().out.splitlines()[-1]) == (0, "PASS"), f"exit {code}"
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    pytest.param(None, r"cannot read ledger: No such file or directory", id="missing"),
+    pytest.param("", r"empty ledger \(no records\)", id="empty"),
+    pytest.param('{"schema": "replaytests.ledger/2"}\n', r":1: field 'schema' is 'replaytests.ledger/2'",
+                 id="other-schema"),
+])
+def test_cli_compare_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.jsonl"
+    if content is not None:
+        bad.write_text(content, encoding="utf-8")
+    code = main(["compare", str(runs[0]), str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2, f"exit {code}, stderr {err!r}"
+    assert re.fullmatch(rf"replaytests: error: {re.escape(str(bad))}.*{message}.*\n", err), err
+
+
+@pytest.mark.parametrize("level", ["0", "1", "x"])
+def test_cli_compare_level_must_be_a_fraction(runs, level, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["compare", str(runs[0]), str(runs[1]), "--level", level])
+    assert stop.value.code == 2, f"--level {level}: exit {stop.value.code}"
+    assert "argument --level" in capsys.readouterr().err

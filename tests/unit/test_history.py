@@ -1,0 +1,150 @@
+"""replaytests.history: `replaytests history append` (summary line, run.json, duplicate refusal, atomic
+write) and `replaytests history show` (table in date order, HTML page with plots), with bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from test_compare import diverging, make
+from test_report import write_ledger_file
+
+from replaytests import history
+from replaytests.cli import main
+from replaytests.files import sha256_file
+from replaytests.stats import wilson
+
+RUN_JSON = {"contract": {"name": "cpu-tiny", "sha256": "c" * 64}, "versions": {"torch": "2.13.0"},
+            "options": {"precision": "bf16"}}
+
+
+@pytest.fixture
+def nights(tmp_path):
+    """Two run directories: night 1 diverges on 3 of 12 crossing rows, night 2 on 6; night 1 has a run.json."""
+    paths = []
+    for night, divergent in ((1, 3), (2, 6)):
+        records = [*diverging("crossing", 12, divergent), make("bridge", "r0")]
+        paths.append(write_ledger_file(tmp_path / f"night{night}" / "ledger.jsonl", records).parent)
+    (paths[0] / "run.json").write_text(json.dumps(RUN_JSON), encoding="utf-8")
+    return paths
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_append_summarizes_the_run(nights, tmp_path, capsys):
+    into = tmp_path / "history.jsonl"
+    code = main(["history", "append", str(nights[0]), "--into", str(into), "--label", "v1", "--date", "2026-01-02"])
+    assert code == 0, capsys.readouterr().err
+    [entry] = lines(into)
+    expected = {"schema": "replaytests.history/1", "date": "2026-01-02T00:00:00", "label": "v1",
+                "ledger": str(nights[0] / "ledger.jsonl"), "ledger_sha256": sha256_file(nights[0] / "ledger.jsonl"),
+                "contract": RUN_JSON["contract"], "versions": RUN_JSON["versions"]}
+    assert {k: entry[k] for k in expected} == expected, entry
+    crossing = entry["families"]["crossing"]["bf16"]
+    assert (crossing["rows"], crossing["excluded"], crossing["replicas_exact"]) == (12, 0, wilson(12, 12).to_json()), \
+        crossing
+    divergences = crossing["pairs"]["incremental~prefill"]
+    assert divergences["suffix_divergence"] == wilson(3, 12).to_json(), divergences["suffix_divergence"]
+    assert set(divergences) == {"suffix_divergence", "answer_divergence", "correctness_divergence"}, divergences
+    assert "replicas_exact" not in entry["families"]["bridge"]["bf16"], "the bridge has no replicas"
+
+
+def test_append_without_run_json_or_date(nights, tmp_path):
+    entry = history.append(nights[1] / "ledger.jsonl", tmp_path / "h.jsonl")
+    assert (entry["contract"], entry["versions"], entry["label"]) == (None, None, None), entry
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", entry["date"]), f"default date {entry['date']}"
+
+
+def test_append_refuses_the_same_run_twice(nights, tmp_path, capsys):
+    into = tmp_path / "history.jsonl"
+    assert main(["history", "append", str(nights[0]), "--into", str(into), "--date", "2026-01-02"]) == 0
+    before = into.read_text(encoding="utf-8")
+    code = main(["history", "append", str(nights[0] / "ledger.jsonl"), "--into", str(into)])
+    err = capsys.readouterr().err
+    assert code == 2, f"exit {code}"
+    assert re.fullmatch(rf"replaytests: error: {re.escape(str(into))}: this ledger is already in the history \(run of "
+                        r"2026-01-02T00:00:00, label None, ledger sha256 [0-9a-f]{12}\.\.\.\); not appended twice\n",
+                        err), err
+    assert into.read_text(encoding="utf-8") == before, "the history changed on a refused append"
+
+
+def test_append_is_atomic(nights, tmp_path, monkeypatch):
+    into = tmp_path / "history.jsonl"
+    history.append(nights[0], into)
+    before = into.read_text(encoding="utf-8")
+
+    def crash(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(history.HistoryError, match=r"cannot write history: No space left on device$"):
+        history.append(nights[1], into)
+    assert into.read_text(encoding="utf-8") == before, "a failed append changed the history"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["history.jsonl", "night1", "night2"], "temporary file left"
+
+
+@pytest.fixture
+def filled(nights, tmp_path):
+    """A history whose lines are out of date order (night 2 appended first, dated later)."""
+    into = tmp_path / "history.jsonl"
+    history.append(nights[1], into, "<b>night 2</b>", "2026-01-03T02:00:00+00:00")
+    history.append(nights[0], into, "night 1", "2026-01-02T02:00:00+00:00")
+    return into
+
+
+def test_show_prints_one_line_per_run_family_and_precision_in_date_order(filled, capsys):
+    assert main(["history", "show", str(filled)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:5] == ["date", "label", "family", "precision", "pair"], out[0]
+    crossing = [line for line in out if " crossing " in line]
+    assert [line[:16] for line in crossing] == ["2026-01-02 02:00", "2026-01-03 02:00"], crossing
+    assert "3/12 = 25.0% [8.9, 53.2]" in crossing[0] and "6/12 = 50.0% [25.4, 74.6]" in crossing[1], crossing
+    assert len(out) == 5, f"header and 2 runs x (crossing, bridge): {out}"
+
+
+def test_show_writes_a_standalone_page_with_a_plot_per_series(filled, tmp_path, capsys):
+    page = tmp_path / "out" / "history.html"
+    assert main(["history", "show", str(filled), "--html", str(page)]) == 0, capsys.readouterr().err
+    html = page.read_text(encoding="utf-8")
+    titles = re.findall(r"<svg [^>]*><title>([^<]*)</title>", html)
+    assert [t.split(":")[0] for t in titles] == ["crossing bf16 incremental~prefill", "bridge bf16 live~incremental"], \
+        titles
+    assert "2 runs in date order" in titles[0], titles[0]
+    assert len(re.findall(r"<circle ", html)) == 2 * 2 * 3, "a dot per run, series and divergence"
+    assert "&lt;b&gt;night 2&lt;/b&gt;" in html and "<b>night" not in html, "the label is not escaped"
+    assert not re.search(r"<script\b|\s(src|href)=", html), "the page is not standalone"
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    pytest.param(None, "cannot read history: No such file or directory", id="missing"),
+    pytest.param("", "empty history (no runs)", id="empty"),
+    pytest.param('{"schema": "replaytests.history/0"}\n',
+                 ":1: field 'schema' is 'replaytests.history/0', expected 'replaytests.history/1'", id="other-schema"),
+    pytest.param('{"schema": "replaytests.hist', ":1: not valid JSON", id="truncated"),
+])
+def test_show_bad_history_is_one_line_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "history.jsonl"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    code = main(["history", "show", str(path)])
+    err = capsys.readouterr().err
+    assert (code, err.startswith(f"replaytests: error: {path}")) == (2, True), f"exit {code}, stderr {err!r}"
+    assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    pytest.param(["--date", "last night"], "--date 'last night': expected an ISO 8601 date", id="bad-date"),
+    pytest.param([], "empty ledger (no records)", id="empty-ledger"),
+])
+def test_append_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+    ledger = write_ledger_file(tmp_path / "run" / "ledger.jsonl", [])
+    if "--date" in args:
+        write_ledger_file(ledger, [make("bridge", "r0")])
+    code = main(["history", "append", str(ledger.parent), "--into", str(tmp_path / "h.jsonl"), *args])
+    err = capsys.readouterr().err
+    assert (code, message in err) == (2, True), f"exit {code}, stderr {err!r}"
+    assert not (tmp_path / "h.jsonl").exists(), "a refused append created the history"

@@ -1,0 +1,128 @@
+"""The later checkpoint and the replication family (SPEC §7.6): byte-identical regeneration, the
+outcome-blind panel, the strong-replication label, and one divergent row on the later checkpoint."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from replaytests.bank import BankRow
+from replaytests.families import bridge, replication
+from replaytests.files import sha256_file
+from replaytests.runtime import Runtime
+
+
+@pytest.fixture(scope="module")
+def later_dir(repo):
+    return repo / "fixtures" / "models" / "tiny-qwen2-later"
+
+
+def test_later_checkpoint_regenerates_byte_identically(repo, later_dir, tmp_path):
+    path = repo / "fixtures" / "make_later_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("make_later_checkpoint", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.write(repo / "fixtures" / "models" / "tiny-qwen2", tmp_path)
+    committed = sorted(p.name for p in later_dir.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == committed, "regeneration writes a different set of files"
+    differing = [name for name in committed if sha256_file(tmp_path / name) != sha256_file(later_dir / name)]
+    assert not differing, f"regenerated {differing} differ from the committed later checkpoint"
+
+
+def test_later_checkpoint_shares_config_and_tokenizer_but_not_weights(repo, later_dir):
+    first = repo / "fixtures" / "models" / "tiny-qwen2"
+    same = {p.name: sha256_file(p) == sha256_file(later_dir / p.name) for p in first.iterdir()}
+    assert same == {name: name != "model.safetensors" for name in same}, f"file equal to the first checkpoint's: {same}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The panel is frozen from prefix lengths and row ids alone.
+
+
+def bank_row(row: str, prefix_len: int) -> BankRow:
+    return BankRow(row, list(range(prefix_len)), [0] * prefix_len, None)
+
+
+@pytest.mark.parametrize("size", [pytest.param(3, id="3-of-10"), pytest.param(48, id="48-of-10-takes-all")])
+def test_panel_is_spaced_by_prefix_length_and_row_id(size):
+    rows = [bank_row(f"r{i}", 100 + 10 * (i % 5)) for i in range(10)]
+    chosen = [r.id for r in replication.panel(rows, size)]
+    assert chosen == [r.id for r in bridge.panel(rows, size)], f"panel {chosen}"
+    assert chosen[0] == "r0" and chosen[-1] == "r9", f"panel {chosen} misses the shortest or the longest row"
+
+
+# ---------------------------------------------------------------------------------------------
+# summarize: the strong label needs the registered minimum of exact controls.
+
+FOLLOW = {"outcome": "follows_donor"}
+
+
+def replication_record(row: str, divergent: bool, argmax_equal: bool = True, outcomes=(FOLLOW, FOLLOW),
+                       replicas_exact: bool = True, status: str = "ok") -> dict:
+    replica = {"cache_exact": replicas_exact, "suffix_equal": replicas_exact}
+    return {"family": "replication", "row": row, "precision": "bf16", "status": status,
+            "comparisons": {"incremental~prefill": {"suffix_equal": not divergent, "argmax_equal": argmax_equal},
+                            **dict.fromkeys(replication.REPLICAS, replica)},
+            "transplants": dict(zip(replication.TRANSPLANTS, outcomes, strict=True))}
+
+
+def panel_records(divergent: int, controls: int, **first_divergent) -> list[dict]:
+    records = [replication_record(f"d{i}", True, **(first_divergent if i == 0 else {})) for i in range(divergent)]
+    return records + [replication_record(f"c{i}", False) for i in range(controls)]
+
+
+THIRD = {"outcome": "third"}
+KEEP = {"outcome": "keeps_own"}
+
+
+@pytest.mark.parametrize(("records", "replicated", "strong"), [
+    pytest.param(panel_records(40, 6), True, True, id="six-controls-strong"),
+    pytest.param(panel_records(43, 5), True, False, id="five-controls-like-the-paper"),
+    pytest.param(panel_records(40, 6, outcomes=(FOLLOW, KEEP)), False, False, id="one-direction-keeps-own"),
+    pytest.param(panel_records(40, 6, replicas_exact=False), False, False, id="replica-not-exact"),
+    pytest.param([*panel_records(40, 6), replication_record("c9", False, outcomes=(THIRD, FOLLOW))], False, False,
+                 id="control-third"),
+    pytest.param(panel_records(40, 6, argmax_equal=False, outcomes=(KEEP, KEEP)), True, True,
+                 id="not-testable-row-counted-apart"),
+    pytest.param(panel_records(0, 8), False, False, id="nothing-diverged"),
+])
+def test_summarize_labels_strong_replication(records, replicated, strong):
+    summary = replication.summarize([*records, replication_record("x", True, status="excluded")])
+    found = (summary["replicated"], summary["strong"])
+    assert found == (replicated, strong), f"(replicated, strong) = {found}, expected {(replicated, strong)}: {summary}"
+
+
+def test_summarize_counts():
+    records = panel_records(40, 6, argmax_equal=False, outcomes=(KEEP, KEEP))
+    summary = replication.summarize(records, min_exact_controls=7)
+    divergent, recovery = summary["divergent"], summary["donor_recovery"]["prefill<-incremental"]
+    assert (divergent["k"], divergent["n"], summary["not_testable"]) == (40, 46, 1), summary
+    assert (recovery["k"], recovery["n"]) == (39, 39), f"donor recovery {recovery}"
+    assert (summary["exact_controls"], summary["min_exact_controls"], summary["strong"]) == (6, 7, False), summary
+
+
+# ---------------------------------------------------------------------------------------------
+# One row on the later checkpoint at BF16: tiny-010 (123 tokens) diverges there.
+
+
+@pytest.fixture(scope="module")
+def later_record(later_dir, tiny_contract, bank_rows_json) -> dict:
+    runtime = Runtime.load(later_dir, tiny_contract, "bf16")
+    row = next(r for r in bank_rows_json if r["id"] == "tiny-010")
+    return replication.run(runtime, BankRow(row["id"], row["tokens"], row["roles"], row["expected_answer"]))
+
+
+def test_six_arms_and_replicas_exact(later_record):
+    assert later_record["status"] == "ok", later_record.get("reason")
+    assert tuple(later_record["arms"]) == replication.ARMS, f"arms {list(later_record['arms'])}"
+    for pair in replication.REPLICAS:
+        metrics = later_record["comparisons"][pair]
+        assert metrics["cache_exact"] and metrics["suffix_equal"], f"tiny-010 {pair} is not bit-exact: {metrics}"
+
+
+def test_divergent_row_follows_its_donor_both_ways(later_record):
+    assert not later_record["comparisons"]["incremental~prefill"]["suffix_equal"], (
+        "tiny-010 no longer diverges on the later checkpoint: pick another divergent row")
+    outcomes = {name: t["outcome"] for name, t in later_record["transplants"].items()}
+    assert outcomes == dict.fromkeys(replication.TRANSPLANTS, "follows_donor"), f"tiny-010 transplants: {outcomes}"
