@@ -122,6 +122,7 @@ SCHEMA = Section({
         "prefix_len": Section({"min": _pin(int, low=1), "max": _pin(int, low=1)}, default={}),
     }, default={}),
     "panels": Section({
+        "live": _pin(int, low=1),
         "bridge": Value(int, default=12, low=1),
         "transplant": Section({
             "divergent": Value(int, default=24, low=0),

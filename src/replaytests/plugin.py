@@ -175,7 +175,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # Row fixtures of the conformance tests, and the family whose rows each takes.
-ROW_FIXTURES = {"bank_row": "crossing", "panel_row": "bridge", "transplant_row": "transplant",
+ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "transplant_row": "transplant",
                 "replication_row": "replication"}
 BF16_ONLY = ("transplant", "replication")  # families run on the BF16 crossing only
 
@@ -225,7 +225,7 @@ def _row_group(callspec) -> str | None:
         return "bf16-transplant"  # one worker reads the whole BF16 crossing to choose the panel
     if params.get("baseline_record"):
         return "{precision}-{row}".format(**params["baseline_record"])
-    row = params.get("bank_row") or params.get("panel_row") or params.get("replication_row")
+    row = next((params[name] for name in ROW_FIXTURES if params.get(name)), None)
     return row and f"{params.get('precision', 'bf16')}-{row.id}"
 
 

@@ -179,6 +179,8 @@ class ReplaySession:
         panels = self.contract.panels
         if family in PANEL_FAMILIES:
             rows = bridge.panel(self.rows, panels["bridge"])
+        elif family == "live" and panels["live"]:
+            rows = bridge.panel(self.rows, panels["live"])
         elif family == replication.FAMILY:
             rows = replication.panel(self.rows, panels["replication"]["rows"]) if self.options.later_model else []
         else:

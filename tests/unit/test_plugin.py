@@ -95,7 +95,7 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
 def test_json_report_carries_metrics(tmp_path):
     pytest.importorskip("pytest_jsonreport")
     out = tmp_path / "report.json"
-    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "-k", "test_replica_exact and crossing-prefill",
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "-k", "test_crossing_replica_exact and prefill",
                               "--json-report", f"--json-report-file={out}")
     assert proc.returncode == 0, proc.stdout[-3000:]
     tests = json.loads(out.read_text())["tests"]

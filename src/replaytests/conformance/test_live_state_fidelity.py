@@ -25,8 +25,8 @@ def test_incremental_vs_prefill_suffix(record, replay, bank_row, precision):
     judge_divergence(replay, record("crossing", bank_row, precision), "incremental~prefill", precision)
 
 
-def test_live_vs_prefill_suffix(record, replay, bank_row, precision):
-    judge_divergence(replay, record("live", bank_row, precision), "live~prefill", precision)
+def test_live_vs_prefill_suffix(record, replay, live_row, precision):
+    judge_divergence(replay, record("live", live_row, precision), "live~prefill", precision)
 
 
 @pytest.mark.parametrize("pair", [pytest.param(p, id=p.partition("_")[0]) for p in batch.HEADLINE])

@@ -26,14 +26,14 @@ def test_batch_arms_consume_bank_row(record, panel_row, precision):
     _check_consumes_bank_row(record("batch", panel_row, precision), panel_row)
 
 
-def test_live_generation_refreezes_bank_row(record, replay, bank_row, precision):
+def test_live_generation_refreezes_bank_row(record, replay, live_row, precision):
     """At the bank's precision and caps, generating the row live again must give the same z."""
     frozen = replay.manifest["contract"]
     if precision != replay.manifest["precision"] or frozen["caps"] != vars(replay.contract.caps):
         pytest.skip(f"bank frozen at {replay.manifest['precision']} with caps {frozen['caps']}; "
                     f"this run is {precision} with caps {vars(replay.contract.caps)}")
-    result = ok(record("live", bank_row, precision))
+    result = ok(record("live", live_row, precision))
     assert result["z_matches_bank"], (
-        f"live row {bank_row.id} ({precision}): live generation reached a different z "
-        f"({result['prefix_len']} tokens) than the frozen bank row ({bank_row.prefix_len} tokens)"
+        f"live row {live_row.id} ({precision}): live generation reached a different z "
+        f"({result['prefix_len']} tokens) than the frozen bank row ({live_row.prefix_len} tokens)"
     )
