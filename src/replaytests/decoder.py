@@ -8,7 +8,7 @@ boundary logits differ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,11 +29,11 @@ class DecodeState:
     cache: object
     logits: torch.Tensor | None
     capacity: int
-    margins: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._roles = torch.zeros(self.capacity, dtype=torch.long, device=self.runtime.device)
         self._roles[: len(self.roles)] = torch.tensor(self.roles, dtype=torch.long)
+        self._top2: list[torch.Tensor] = []  # each choice's two largest masked logits, in float32
 
     def push(self, token: int) -> None:
         """Append a token (checked against the grammar) with the role it takes."""
@@ -49,13 +49,20 @@ class DecodeState:
         self.logits = self.runtime.forward(self.tokens[start:], self._roles, start, self.cache, step)
 
     def choose(self) -> int:
-        """The greedy token under the structural mask; record its top-1/top-2 margin."""
+        """The greedy token under the structural mask; keep its top-2 masked logits for `margins`."""
         eligible = self.runtime.grammar.eligible(self.cursor)
         masked = self.logits.masked_fill(~eligible, float("-inf"))
-        top = torch.topk(masked.float(), 2).values
-        token, margin = torch.stack([masked.argmax().float(), top[0] - top[1]]).tolist()
-        self.margins.append(margin)
-        return int(token)
+        self._top2.append(torch.topk(masked.float(), 2).values)
+        return int(masked.argmax())
+
+    @property
+    def margins(self) -> list[float]:
+        """Top-1 minus top-2 masked logit (float32) at each choice, computed once for all of them:
+        the decode loop keeps only the one device-to-host copy per step that the token needs."""
+        if not self._top2:
+            return []
+        top2 = torch.stack(self._top2)
+        return (top2[:, 0] - top2[:, 1]).tolist()
 
     def boundary(self, construction: str) -> Boundary:
         return Boundary(construction, list(self.tokens), list(self.roles), self.cache, self.logits)

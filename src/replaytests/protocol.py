@@ -95,6 +95,8 @@ def visibility_rows(query_roles: torch.Tensor, key_roles: torch.Tensor, first_qu
     one query, so its cost is O(k), never an L x L mask.
     """
     visible = _visibility_on(key_roles.device)[query_roles][:, key_roles]
+    if len(query_roles) == 1 and len(key_roles) == first_query + 1:
+        return visible  # a decode step: its one query is the last key, so causality removes nothing
     query_pos = torch.arange(first_query, first_query + len(query_roles), device=key_roles.device)
     key_pos = torch.arange(len(key_roles), device=key_roles.device)
     return visible & (key_pos[None, :] <= query_pos[:, None])
@@ -119,6 +121,7 @@ class Grammar:
         if banned:
             content[list(banned)] = False
         self.content = content
+        self._content_flags = content.tolist()  # is_content runs per decoded token: no tensor indexing there
         self._closer_only, self._content_or_closer, self._opener_only = [], [], []
         for block in range(len(BLOCKS)):
             self._closer_only.append(self._onehot(vocab_size, delims.closers[block], device))
@@ -132,7 +135,7 @@ class Grammar:
         return mask.to(device)
 
     def is_content(self, token: int) -> bool:
-        return 0 <= token < len(self.content) and bool(self.content[token])
+        return 0 <= token < len(self._content_flags) and self._content_flags[token]
 
     def eligible(self, cursor: Cursor) -> torch.Tensor:
         if cursor.open:

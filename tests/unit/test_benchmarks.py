@@ -1,0 +1,101 @@
+"""The benchmark scripts run end to end at toy sizes and write what their README promises (no timing
+is asserted: the numbers are measurements, not gates)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replaytests.contract import load_contract
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "smoke.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--smoke", "--precision", "fp32",
+                           "--out", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
+    return proc, out
+
+
+def test_smoke_run_succeeds_and_prints_the_tables(smoke_run):
+    proc, out = smoke_run
+    assert proc.returncode == 0, f"benchmarks/run.py --smoke failed:\n{proc.stderr[-3000:]}"
+    for header in ("| precision | prefix | steps | suite ms/step |", "| precision | prefix | crossing row s |"):
+        assert header in proc.stdout, f"no table starting {header!r} in stdout:\n{proc.stdout[-2000:]}"
+    assert out.with_suffix(".md").read_text(encoding="utf-8") in proc.stdout, "the .md file is not the printed summary"
+
+
+def test_smoke_json_holds_environment_and_every_measurement(smoke_run):
+    _, out = smoke_run
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert result["schema"] == "replaytests.benchmarks/1", f"schema {result['schema']!r}"
+    env = result["environment"]
+    wanted = (("software", "torch"), ("software", "transformers"), ("environment", "cpu_threads"), ("hardware", "cpu"))
+    for path in wanted:
+        value = env
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        assert value not in (None, ""), f"environment.{'.'.join(path)} missing from {sorted(env)}"
+    lengths = result["settings"]["lengths"]
+    decodes = result["decode"]["fp32"]
+    assert [d["prefix_len"] for d in decodes] == lengths, f"decode prefix lengths {[d['prefix_len'] for d in decodes]}"
+    for d in decodes:
+        suite, generate = d["runs"]["suite"][0], d["runs"]["generate"][0]
+        assert suite["forward_calls"] == generate["forward_calls"] == d["steps"] > 0, (
+            f"prefix {d['prefix_len']}: suite {suite['forward_calls']} and generate() {generate['forward_calls']} "
+            f"forward calls, {d['steps']} steps")
+        assert 0 < d["summary"]["suite_outside_fraction"] < 1, f"outside fraction {d['summary']}"
+    for row in result["rows"]["fp32"]:
+        assert row["held_bytes"] >= 4 * row["cache_bytes_per_boundary"] > 0, (
+            f"prefix {row['prefix_len']}: held {row['held_bytes']} bytes while the four arms' boundaries "
+            f"({row['cache_bytes_per_boundary']} bytes each) are alive")
+    assert set(result["fits"]["fp32"]) >= {"suite_outside_per_step_slope", "row_wall_slope", "row_held_bytes_slope"}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    pytest.param(["--lengths", "256,abc"], "--lengths: expected comma-separated integers", id="lengths-not-int"),
+    pytest.param(["--lengths", "1024,256"], "--lengths: expected increasing positive integers", id="lengths-order"),
+    pytest.param(["--caps", "32/96"], "--caps: expected BRANCH/MERGE/ANSWER", id="caps"),
+    pytest.param(["--precision", "fp16"], "--precision: expected one or both of bf16, fp32", id="precision"),
+    pytest.param(["--reps", "0"], "--reps: expected a positive integer", id="reps"),
+    pytest.param(["--lengths", "40"], "--lengths: 40 is shorter than 106", id="lengths-too-short"),
+    pytest.param(["--caps", "8/6/2", "--row-lengths", "33,64"], "--row-lengths: 33 is shorter than 34",
+                 id="row-lengths-too-short"),
+])
+def test_bad_argument_is_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _load("run").parse_args(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, f"exit code {exc.value.code} for {argv}"
+    assert err.count("\n") == 1 and message in err, f"expected one line with {message!r}, got {err!r}"
+
+
+def test_large_model_problems_have_the_asked_sizes(tmp_path):
+    out = tmp_path / "problems.jsonl"
+    sizes = _load("large_model").write_problems(out, count=3, min_bytes=100, max_bytes=300, seed=0)
+    prompts = [json.loads(line)["prompt"] for line in out.read_text(encoding="utf-8").splitlines()]
+    assert sizes == [100, 200, 300], f"sizes {sizes}"
+    assert [len(p.encode("ascii")) for p in prompts] == sizes, "a prompt is not ASCII of the asked byte size"
+
+
+def test_large_model_contract_extends_h200(tmp_path):
+    out = tmp_path / "contract.yaml"
+    _load("large_model").write_contract(out, bank=None, device="cpu")
+    contract = load_contract(out)
+    assert (contract.name, contract.device, contract.caps) == ("h200-large-random", "cpu", load_contract(
+        REPO / "contracts" / "h200.yaml").caps), f"got {contract.name}, {contract.device}, {contract.caps}"
