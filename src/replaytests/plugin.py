@@ -219,14 +219,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _row_group(callspec) -> str | None:
-    """The (precision, row) an item reads, as an xdist group name."""
+    """The xdist group of an item: the (precision, row) it reads, except that the whole BF16 crossing
+    and the transplant share one group (the transplant panel is chosen from the whole BF16 crossing,
+    so that worker computes it anyway)."""
     params = callspec.params if callspec else {}
-    if params.get("transplant_row") or (params.get("baseline_record") or {}).get("family") == "transplant":
-        return "bf16-transplant"  # one worker reads the whole BF16 crossing to choose the panel
-    if params.get("baseline_record"):
-        return "{precision}-{row}".format(**params["baseline_record"])
-    row = next((params[name] for name in ROW_FIXTURES if params.get(name)), None)
-    return row and f"{params.get('precision', 'bf16')}-{row.id}"
+    baseline = params.get("baseline_record") or {}
+    precision = params.get("precision") or baseline.get("precision") or "bf16"
+    if precision == "bf16" and (params.get("bank_row") or params.get("transplant_row")
+                                or baseline.get("family") in ("crossing", "transplant")):
+        return "bf16-crossing"
+    row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
+    return row and f"{precision}-{row}"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -261,7 +264,7 @@ class LedgerCollector:
         write_json_atomic(report_dir / "run.json", meta)
         write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits,
                                                                  self.causal_lines()))
-        report.write_report(report_dir, self.records, meta)
+        report.write_report(report_dir, self.records, report.run_meta(meta))
 
     def causal_lines(self) -> list[str]:
         minimum = replay_session(self.config).contract.panels["replication"]["min_exact_controls"]

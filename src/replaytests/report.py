@@ -402,11 +402,30 @@ MANIFEST_DIGESTS = {"bank_sha256": ("bank_sha256",), "model_sha256": ("model", "
 
 
 def run_meta(run: dict) -> dict:
-    """A run.json for the report's meta: the manifest reduced to its digests, every other key as given."""
-    if not isinstance(run.get("manifest"), dict):
-        return run
-    digests = {name: _get(run["manifest"], *path) for name, path in MANIFEST_DIGESTS.items()}
-    return run | {"manifest": {name: value for name, value in digests.items() if value is not None}}
+    """A run.json for the report's meta: the manifest reduced to its digests, the environment to one line
+    each for software and device, the options to those given; every other key as given."""
+    meta = dict(run)
+    if isinstance(run.get("manifest"), dict):
+        digests = {name: _get(run["manifest"], *path) for name, path in MANIFEST_DIGESTS.items()}
+        meta["manifest"] = {name: value for name, value in digests.items() if value is not None}
+    if isinstance(run.get("environment"), dict) and {"software", "hardware"} <= set(run["environment"]):
+        meta["environment"] = _environment_lines(run["environment"])
+    if isinstance(run.get("options"), dict):
+        meta["options"] = {name: value for name, value in run["options"].items() if value not in (None, [], False)}
+    return meta
+
+
+def _environment_lines(env: dict) -> dict:
+    software = env.get("software") or {}
+    hardware = env.get("hardware") or {}
+    settings = env.get("environment") or {}
+    if hardware.get("gpu_name"):
+        device = (f"{hardware['gpu_name']} (compute {hardware.get('compute_capability')}, "
+                  f"driver {hardware.get('driver')})")
+    else:
+        device = f"{hardware.get('cpu')} ({hardware.get('cpu_capability')})"
+    return {"software": ", ".join(f"{name} {version}" for name, version in software.items() if version),
+            "device": f"{settings.get('device')}: {device}, {settings.get('cpu_threads')} intra-op thread(s)"}
 
 
 def report_meta(paths: list[Path]) -> dict:

@@ -67,14 +67,16 @@ def test_summary_markdown_is_written(two_row_run):
 
 
 def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
-    """pytest -n 2 gives the same results and a byte-identical ledger as one process."""
-    single_proc, single_dir = two_row_run
-    proc, report_dir = conformance_run(tmp_path, "-n", "2", "--dist", "loadgroup")
+    """pytest -n 2 gives the same records as one process (on the crossing and bridge tests: records
+    do not depend on which other tests ran)."""
+    _, single_dir = two_row_run
+    proc, report_dir = conformance_run(tmp_path, "-n", "2", "--dist", "loadgroup", "-k", "crossing or bridge")
     assert proc.returncode == 0, f"xdist run failed:\n{proc.stdout[-3000:]}"
-    outcome = [line for line in proc.stdout.splitlines() if " passed" in line][-1].split(" in ")[0]
-    assert outcome in single_proc.stdout, f"xdist outcome {outcome!r} differs from:\n{single_proc.stdout[-500:]}"
-    single, parallel = (d / "ledger.jsonl" for d in (single_dir, report_dir))
-    assert parallel.read_bytes() == single.read_bytes(), "the xdist ledger differs from the single-process one"
+    assert "2 workers" in proc.stdout, f"xdist did not start two workers:\n{proc.stdout[:2000]}"
+    single = [line for line in (single_dir / "ledger.jsonl").read_text().splitlines()
+              if json.loads(line)["family"] in ("crossing", "bridge")]
+    parallel = (report_dir / "ledger.jsonl").read_text().splitlines()
+    assert len(single) == 4 and parallel == single, "the xdist ledger differs from the single-process one"
 
 
 def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
@@ -85,22 +87,23 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     target["arms"]["prefill"]["cache_digest"] = "0" * 64
     baseline = tmp_path / "baseline.jsonl"
     ledger.write_ledger(baseline, records)
-    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record")
-    assert "1 failed, 7 passed" in proc.stdout, f"expected one audit failure:\n{proc.stdout[-3000:]}"
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
+                              "--rows", "1:2")  # the last --rows wins: only tiny-001, 4 records
+    assert "1 failed, 3 passed" in proc.stdout, f"expected one audit failure:\n{proc.stdout[-3000:]}"
     assert ("crossing row tiny-001 (fp32): 1 of" in proc.stdout
             and "first: arms.prefill.cache_digest: baseline \"000000" in proc.stdout), proc.stdout[-3000:]
-    assert "ledger audit: 7/8 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
+    assert "ledger audit: 3/4 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_json_report_carries_metrics(tmp_path):
     pytest.importorskip("pytest_jsonreport")
     out = tmp_path / "report.json"
     proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "-k", "test_crossing_replica_exact and prefill",
-                              "--json-report", f"--json-report-file={out}")
+                              "--json-report", f"--json-report-file={out}", "--rows", "1")
     assert proc.returncode == 0, proc.stdout[-3000:]
     tests = json.loads(out.read_text())["tests"]
     metadata = [t["metadata"]["replaytests"][0] for t in tests]
-    assert [(m["family"], m["row"]) for m in metadata] == [("crossing", "tiny-000"), ("crossing", "tiny-001")]
+    assert [(m["family"], m["row"]) for m in metadata] == [("crossing", "tiny-000")], metadata
     assert metadata[0]["comparisons"]["prefill~prefill_replica"]["cache_exact"] is True, metadata[0]
 
 

@@ -16,7 +16,7 @@ import pytest
 from replaytests import ledger
 from replaytests.cli import main
 from replaytests.errors import ConfigError, LedgerError
-from replaytests.report import build_report, collate, markdown, report_meta, write_report
+from replaytests.report import build_report, collate, markdown, report_meta, run_meta, write_report
 from replaytests.stats import wilson
 
 LAYERS = 3
@@ -422,7 +422,8 @@ def test_cli_report_reads_run_json_into_meta(tmp_path, capsys):
     meta = json.loads((run / "report.json").read_text(encoding="utf-8"))["meta"]
     digests = {"bank_sha256": "b" * 64, "model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64,
                "contract_sha256": "k" * 64}
-    assert meta == {"ledgers": [str(run)], **RUN, "manifest": digests}, f"meta: {meta}"
+    expected = {"ledgers": [str(run)], **RUN, "options": {"precision": "bf16"}, "manifest": digests}
+    assert meta == expected, f"meta: {meta}"
     text = (run / "report.md").read_text(encoding="utf-8").splitlines()
     for line in ("- **contract**:", "  - **name**: cpu-tiny", f"  - **bank_sha256**: {'b' * 64}",
                  "  - **torch**: 2.13.0", "  - **threads**: 1"):
@@ -443,3 +444,14 @@ def test_cli_report_bad_run_json_is_one_line_exit_2(tmp_path, capsys, content):
     code = main(["report", str(run)])
     err = capsys.readouterr().err
     assert (code, err.startswith(f"replaytests: error: {run / 'run.json'}: "), err.count("\n")) == (2, True, 1), err
+
+
+def test_run_meta_shortens_environment_and_options():
+    run = {"options": {"model": "m", "rows": None, "accept_changed": [], "strict_contract": False},
+           "environment": {"software": {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None},  # as captured
+                           "hardware": {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "gpu_name": None},
+                           "environment": {"device": "cpu", "cpu_threads": 1}}}
+    meta = run_meta(run)
+    assert meta["options"] == {"model": "m"}, meta["options"]
+    assert meta["environment"] == {"software": "python 3.11.7, torch 2.13.0+cpu",
+                                   "device": "cpu: AMD EPYC (AVX2), 1 intra-op thread(s)"}, meta["environment"]
