@@ -288,6 +288,7 @@ def run_metadata(replay: ReplaySession) -> dict:
         "options": {name: str(value) if isinstance(value, Path) else sorted(value) if isinstance(value, frozenset)
                     else value for name, value in vars(replay.options).items()},
         "contract": {"name": replay.contract.name, "path": str(replay.contract.path), "sha256": replay.contract.digest},
+        "panels": replay.contract.panels,
         "manifest": replay.manifest,
         "environment": replay.environment,
         "drift": [str(d) for d in replay.drift],

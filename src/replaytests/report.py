@@ -198,7 +198,45 @@ def build_report(records: list[dict], meta: dict) -> dict:
         "records": {"total": len(records), "ok": len(records) - len(excluded), "excluded": len(excluded)},
         "excluded": excluded,
         "families": {f: _family(by_family[f], SHAPES.get(f, Shape())) for f in ordered(by_family, tuple(SHAPES))},
+        "causal": _causal(records, meta),
     }
+
+
+def _causal(records: list[dict], meta: dict) -> dict:
+    """The transplant (SPEC §7.5, Table 5) and replication (§7.6, Table 6) outcomes, where they ran."""
+    from replaytests.families import replication, transplant
+
+    minimum = ((meta.get("panels") or {}).get("replication") or {}).get("min_exact_controls",
+                                                                        replication.MIN_EXACT_CONTROLS)
+    families = {r["family"] for r in records}
+    return ({"transplant": transplant.summarize(records)} if transplant.FAMILY in families else {}) | (
+        {"replication": replication.summarize(records, minimum)} if replication.FAMILY in families else {})
+
+
+def _causal_tables(causal: dict) -> list[Table]:
+    out = []
+    if "transplant" in causal:
+        t = causal["transplant"]
+        rows = tuple((direction, fmt_proportion(t["full"][direction]["follows_donor"]),
+                      *(fmt_proportion(t["parts"][part][direction]["follows_donor"]) for part in sorted(t["parts"])),
+                      fmt_proportion(t["full"][direction]["control_third"]),
+                      ", ".join(f"{r}: {n}" for r, n in t["minimal_layers"][direction].items()) or "-")
+                     for direction in t["full"])
+        out.append(Table(f"transplant (BF16): {t['divergent']} divergent rows, {t['controls']} exact controls",
+                         ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
+                          "controls: third trajectory", "minimal layer ranges (rows)"), rows,
+                         "Divergent rows: incremental and prefill suffixes differ, boundary argmax agrees."))
+    if "replication" in causal:
+        r = causal["replication"]
+        label = "strong" if r["strong"] else "replicated, not strong" if r["replicated"] else "not replicated"
+        rows = (("divergent rows", fmt_proportion(r["divergent"])), ("not testable (argmax differs)",
+                str(r["not_testable"])), ("replicas exact", fmt_proportion(r["replicas_exact"])),
+                *((f"donor recovery {d}", fmt_proportion(v)) for d, v in r["donor_recovery"].items()),
+                *((f"controls: third trajectory {d}", fmt_proportion(v)) for d, v in r["control_third"].items()),
+                ("exact controls (registered minimum)", f"{r['exact_controls']} ({r['min_exact_controls']})"),
+                ("label", label))
+        out.append(Table("replication on the later checkpoint (BF16)", ("measure", "value"), rows))
+    return out
 
 
 # ---- text: the tables both report.md and report.html show ----
@@ -322,6 +360,7 @@ def tables(report: dict) -> list[Table]:
         pairs = {pair for p in summary["precisions"].values() for pair in p["pairs"]}
         if pairs - set(summary["headline_pairs"]):
             out.append(_pairs_table(family, summary))
+    out += _causal_tables(report.get("causal", {}))
     counts = [(f, p, str(s["rows"]), str(s["excluded"])) for f, fs in report["families"].items()
               for p, s in fs["precisions"].items()]
     out.append(Table("records per family and precision", ("family", "precision", "rows", "excluded"), tuple(counts)))

@@ -236,13 +236,13 @@ def test_batch_counts_per_pair():
 
 def test_unknown_family_is_rendered_generically():
     comps = {"incremental~prefill_recipient": {"cache_exact": True, "suffix_equal": False}}
-    records = [record("transplant", "a", "bf16", comps), excluded("transplant", "b", "bf16", "TransplantRefused: y")]
+    records = [record("future", "a", "bf16", comps), excluded("future", "b", "bf16", "FailClosed: y")]
     report = build_report(records, {})
-    family = report["families"]["transplant"]
+    family = report["families"]["future"]
     pair = family["precisions"]["bf16"]["pairs"]["incremental~prefill_recipient"]
     assert (family["known"], family["precisions"]["bf16"]["excluded"]) == (False, 1), family
     assert pair == {"rows": 1, "cache_exact": wilson_json(1, 1), "suffix_divergence": wilson_json(1, 1)}, pair
-    assert "## transplant: every pair" in markdown(report), "generic table missing from report.md"
+    assert "## future: every pair" in markdown(report), "generic table missing from report.md"
 
 
 def iter_objects(value):
@@ -455,3 +455,16 @@ def test_run_meta_shortens_environment_and_options():
     assert meta["options"] == {"model": "m"}, meta["options"]
     assert meta["environment"] == {"software": "python 3.11.7, torch 2.13.0+cpu",
                                    "device": "cpu: AMD EPYC (AVX2), 1 intra-op thread(s)"}, meta["environment"]
+
+
+def test_transplant_and_replication_outcomes_are_tabled(repo):
+    """The committed baseline's transplant and replication records give their paper-style tables."""
+    records = collate([repo / "fixtures" / "ledgers" / "cpu-tiny"])
+    report = build_report(records, {"panels": {"replication": {"min_exact_controls": 6}}})
+    causal = report["causal"]
+    recovery = causal["transplant"]["full"]["prefill<-incremental"]["follows_donor"]
+    assert (recovery["k"], recovery["n"]) == (causal["transplant"]["divergent"],) * 2, recovery
+    assert causal["replication"]["min_exact_controls"] == 6, causal["replication"]
+    text = markdown(report)
+    for title in ("## transplant (BF16):", "## replication on the later checkpoint (BF16)"):
+        assert title in text, f"report.md lacks {title!r}"
