@@ -50,6 +50,14 @@ class Boundary:
         ptrs = {t.untyped_storage().data_ptr() for kv in self.layers for t in kv}
         return ptrs | {self.logits.untyped_storage().data_ptr()}
 
+    def tensor_name(self, ptr: int) -> str:
+        """Which tensor of this boundary lives in the storage at `ptr`, e.g. `layer 2 V`."""
+        for index, kv in enumerate(self.layers):
+            for part, tensor in zip("KV", kv, strict=True):
+                if tensor.untyped_storage().data_ptr() == ptr:
+                    return f"layer {index} {part}"
+        return "logits"
+
     def cache_digest(self) -> str:
         digest = hashlib.sha256()
         for keys, values in self.layers:
@@ -76,19 +84,28 @@ def check_same_state(arms: list[Boundary], where: str) -> None:
             if other[field] != value:
                 raise BoundaryMismatch(
                     f"{where}: boundary field {field!r} differs between {arms[0].construction} "
-                    f"and {arm.construction}: {short(value)} vs {short(other[field])}"
+                    f"and {arm.construction}: {_difference(value, other[field])}"
                 )
+
+
+def _difference(a: object, b: object) -> str:
+    """Both values, or for two lists the first index where they differ and the values there."""
+    if isinstance(a, list) and isinstance(b, list):
+        index = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        at = [v[index] if index < len(v) else "(end)" for v in (a, b)]
+        return f"first at index {index}: {short(at[0])} vs {short(at[1])} (lengths {len(a)} and {len(b)})"
+    return f"{short(a)} vs {short(b)}"
 
 
 def check_storage_isolated(arms: list[Boundary], where: str) -> None:
     seen: dict[int, str] = {}
     for arm in arms:
         for ptr in arm.storages():
-            if ptr in seen and seen[ptr] != arm.construction:
-                raise StorageAliasing(
-                    f"{where}: {arm.construction} shares tensor storage with {seen[ptr]} (data_ptr {ptr:#x})"
-                )
-            seen[ptr] = arm.construction
+            if ptr in seen and seen[ptr][0] != arm.construction:
+                raise StorageAliasing(f"{where}: {arm.construction} shares tensor storage with {seen[ptr][0]} "
+                                      f"(data_ptr {ptr:#x}: {arm.construction} {arm.tensor_name(ptr)}, "
+                                      f"{seen[ptr][0]} {seen[ptr][1]})")
+            seen[ptr] = (arm.construction, arm.tensor_name(ptr))
 
 
 def short(value: object, limit: int = 120) -> str:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
-from replaytests import report
+from replaytests import ledger, report
 from replaytests import report_html as svg  # the report page's SVG drawing and HTML helpers
 from replaytests.errors import ReplaytestsError
 from replaytests.files import sha256_file, write_atomic
@@ -57,17 +57,7 @@ def entry(source: Path, label: str | None = None, date: str | None = None) -> di
 
 
 def _parse(path: Path, text: str) -> list[dict]:
-    entries = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise HistoryError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(value, dict) or value.get("schema") != SCHEMA:
-            found = value.get("schema") if isinstance(value, dict) else type(value).__name__
-            raise HistoryError(f"{path}:{number}: field 'schema' is {found!r}, expected {SCHEMA!r}")
-        entries.append(value)
-    return entries
+    return ledger.parse_versioned_jsonl(path, text, SCHEMA, HistoryError)
 
 
 def _text(path: Path) -> str:

@@ -37,19 +37,24 @@ def write_ledger(path: Path, records: list[dict]) -> None:
     write_jsonl_atomic(path, merge(records))
 
 
+def parse_versioned_jsonl(path: Path, text: str, schema: str, error: type[Exception]) -> list[dict]:
+    """One JSON object per line, each with `"schema": schema`; anything else is `error` naming the line."""
+    objects = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(value, dict) or value.get("schema") != schema:
+            found = value.get("schema") if isinstance(value, dict) else type(value).__name__
+            raise error(f"{path}:{number}: field 'schema' is {found!r}, expected {schema!r}")
+        objects.append(value)
+    return objects
+
+
 def read_ledger(path: Path) -> list[dict]:
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise LedgerError(f"{path}: cannot read ledger: {exc.strerror}") from None
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LedgerError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or record.get("schema") != SCHEMA:
-            found = record.get("schema") if isinstance(record, dict) else type(record).__name__
-            raise LedgerError(f"{path}:{number}: field 'schema' is {found!r}, expected {SCHEMA!r}")
-        records.append(record)
-    return records
+    return parse_versioned_jsonl(path, text, SCHEMA, LedgerError)

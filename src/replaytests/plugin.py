@@ -259,7 +259,7 @@ class LedgerCollector:
             return
         replay = replay_session(self.config)
         report_dir = self.config.getoption("report_dir")
-        meta = run_metadata(replay)
+        meta = run_metadata(replay) | ({"audit": summary.audit_line(self.audits)} if self.audits else {})
         ledger.write_ledger(report_dir / "ledger.jsonl", self.records)
         write_json_atomic(report_dir / "run.json", meta)
         write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits,
@@ -293,6 +293,8 @@ def run_metadata(replay: ReplaySession) -> dict:
         "environment": replay.environment,
         "drift": [str(d) for d in replay.drift],
         "overridden": replay.integrity.overridden,
+        # Only when the transplant ran: its panel, and the divergent rows it could not test.
+        **({"transplant_panel": replay.transplant_panel._asdict()} if "transplant_panel" in vars(replay) else {}),
     }
 
 

@@ -160,3 +160,53 @@ def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*crossing row tiny-005 (bf16): incremental and prefill suffixes diverge at suffix "
                                  "index*contract cpu-tiny requires bf16 crossing suffixes to be exact*"])
+
+
+def pinned_torch_contract(tmp_path):
+    """cpu-tiny, but promising a torch version no machine has."""
+    contract = tmp_path / "pinned.yaml"
+    contract.write_text(f"extends: {CONTRACT}\nname: pinned\nsoftware: {{torch: '0.0.1'}}\n")
+    return contract
+
+
+def test_drift_is_shown_in_the_header(pytester, tmp_path):
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "--contract",
+                                str(pinned_torch_contract(tmp_path)), "--collect-only")
+    result.stdout.fnmatch_lines([f"replaytests drift: 1 field(s) differ from the contract: software.torch: "
+                                 f"contract 0.0.1, actual {torch.__version__}"])
+
+
+def test_strict_contract_fails_the_run_on_drift(pytester, tmp_path):
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "--contract",
+                                str(pinned_torch_contract(tmp_path)), "--strict-contract", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, f"exit code {result.ret}"
+    result.stderr.fnmatch_lines(["ERROR: --strict-contract: the environment differs from contract pinned in 1 "
+                                 "field(s): software.torch: contract 0.0.1, actual *"])
+
+
+@pytest.fixture
+def changed_bank(tmp_path):
+    """The committed bank with one row moved to the end: every row still valid, the sha256 changed."""
+    from replaytests.bank import manifest_path
+    from replaytests.session import DEFAULT_BANK
+
+    lines = DEFAULT_BANK.read_text().splitlines(keepends=True)
+    bank = tmp_path / "tiny.jsonl"
+    bank.write_text("".join(lines[1:] + lines[:1]))
+    manifest = json.loads(manifest_path(DEFAULT_BANK).read_text())
+    manifest["model"]["path"] = str(DEFAULT_BANK.parent / manifest["model"]["path"])
+    manifest_path(bank).write_text(json.dumps(manifest))
+    return bank
+
+
+def test_a_changed_bank_is_refused_naming_the_override(pytester, changed_bank):
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", "--bank", str(changed_bank), "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, f"exit code {result.ret}"
+    result.stderr.fnmatch_lines(["ERROR: *bank sha256*refused (pass --accept-changed=bank to use it anyway*"])
+
+
+def test_an_accepted_change_is_recorded_in_the_header(pytester, changed_bank):
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", "--bank", str(changed_bank),
+                                "--accept-changed", "bank", "--collect-only")
+    assert result.ret == pytest.ExitCode.OK, f"exit code {result.ret}:\n{result.stderr.str()}"
+    result.stdout.fnmatch_lines(["replaytests overridden: *bank sha256*accepted with --accept-changed=bank*"])

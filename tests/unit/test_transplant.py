@@ -44,10 +44,11 @@ REFUSALS = [
     pytest.param(lambda r, L, make: dict(layers=_copies(L[:2])), TransplantRefused,
                  r"layers differs: recipient 3 vs donor 2", id="different-layer-counts"),
     pytest.param(lambda r, L, make: dict(layers=[*_copies(L[:2]), (L[2][0].clone(), L[2][1])]), StorageAliasing,
-                 r"incremental shares tensor storage with prefill \(data_ptr 0x[0-9a-f]+\)", id="shared-storage"),
+                 r"incremental shares tensor storage with prefill \(data_ptr 0x[0-9a-f]+: incremental layer 2 V, "
+                 r"prefill layer 2 V\)", id="shared-storage"),
     pytest.param(lambda r, L, make: dict(layers=_copies(L), logits=r.logits), StorageAliasing,
-                 r"incremental shares tensor storage with prefill \(data_ptr 0x[0-9a-f]+\)",
-                 id="shared-logits-storage"),
+                 r"incremental shares tensor storage with prefill \(data_ptr 0x[0-9a-f]+: incremental logits, "
+                 r"prefill logits\)", id="shared-logits-storage"),
     pytest.param(lambda r, L, make: dict(layers=_copies(L), tokens=[10, 11, 99, 13, 14]), TransplantRefused,
                  r"tokens differs: recipient \[10, 11, 12, 13, 14\] vs donor \[10, 11, 99, 13, 14\]", id="tokens"),
     pytest.param(lambda r, L, make: dict(layers=_copies(L), roles=[0, 0, 1, 0, 4]), TransplantRefused,

@@ -58,7 +58,11 @@ def record_base(family: str, row: BankRow, runtime: Runtime) -> dict:
 
 
 def excluded(base: dict, exc: FailClosed) -> dict:
-    return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {exc}"}
+    """The record of a row a fail-closed check stopped: the exception type and its message, which
+    names the row where the check itself could not."""
+    where = f"{base['family']} row {base['row']} ({base['precision']})"
+    message = str(exc) if base["row"] in str(exc) else f"{where}: {exc}"
+    return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {message}"}
 
 
 def evaluate(runtime: Runtime, row: BankRow, family: str, arms: tuple[str, ...], pairs,
