@@ -36,8 +36,9 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
             argv += [f"--{name.replace('_', '-')}", str(value)]
     code = subprocess.run(argv + extra, check=False).returncode
     report_dir = args.report_dir or DEFAULT_REPORT_DIR
-    if (report_dir / "summary.md").is_file():
-        print(f"report: {report_dir / 'summary.md'}")
+    for name in ("report.md", "report.html"):
+        if (report_dir / name).is_file():
+            print(f"report: {report_dir / name}")
     return code
 
 
