@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from replaytests.families import FAMILIES, replication, transplant
+from replaytests.report import fmt_proportion
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
@@ -60,30 +61,23 @@ def audit_line(audits: list[dict]) -> str:
     return line + (f"; changed: {', '.join(sorted(changed))}" if changed else "")
 
 
-def _p(proportion: dict) -> str:
-    if proportion["n"] == 0:
-        return "0/0"
-    return (f"{proportion['k']}/{proportion['n']} [{100 * proportion['ci_low']:.1f}, "
-            f"{100 * proportion['ci_high']:.1f}]%")
-
-
 def causal_lines(records: list[dict], min_exact_controls: int) -> list[str]:
     """The transplant and replication outcomes, with Wilson 95% intervals, when those families ran."""
     lines = []
     if any(r["family"] == transplant.FAMILY for r in records):
         t = transplant.summarize(records)
-        full = "; ".join(f"{name} {_p(v['follows_donor'])}" for name, v in t["full"].items())
-        third = "; ".join(f"{name} {_p(v['control_third'])}" for name, v in t["full"].items())
-        parts = "; ".join(f"{part} {name} {_p(v['follows_donor'])}" for part, by in t["parts"].items()
+        full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t["full"].items())
+        third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
+        parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
                           for name, v in by.items())
         lines += [f"transplant (bf16): recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
                   f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {t['minimal_layers']}"]
     if any(r["family"] == replication.FAMILY for r in records):
         r = replication.summarize(records, min_exact_controls)
-        recovery = "; ".join(f"{name} {_p(v)}" for name, v in r["donor_recovery"].items())
+        recovery = "; ".join(f"{name} {fmt_proportion(v)}" for name, v in r["donor_recovery"].items())
         label = ("strong replication" if r["strong"]
                  else "replicated, not strong" if r["replicated"] else "not replicated")
-        lines += [f"replication (bf16): divergent {_p(r['divergent'])}, not testable {r['not_testable']}; "
+        lines += [f"replication (bf16): divergent {fmt_proportion(r['divergent'])}, not testable {r['not_testable']}; "
                   f"donor recovery {recovery}; exact controls {r['exact_controls']} (registered minimum "
                   f"{r['min_exact_controls']}): {label}"]
     return lines

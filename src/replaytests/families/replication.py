@@ -14,9 +14,8 @@ from collections.abc import Callable
 from replaytests import constructions
 from replaytests.bank import BankRow
 from replaytests.families import bridge, crossing
-from replaytests.families.transplant import DIRECTIONS, TRANSPLANTS, outcome
+from replaytests.families.transplant import DIRECTIONS, TRANSPLANTS, outcome, rate
 from replaytests.runtime import Runtime
-from replaytests.stats import wilson
 from replaytests.transplant import direction, transplant
 
 FAMILY = "replication"
@@ -50,10 +49,6 @@ def run(runtime: Runtime, row: BankRow) -> dict:
     return record
 
 
-def _rate(rows: list[dict], test: Callable[[dict], bool]) -> dict:
-    return wilson(sum(1 for r in rows if test(r)), len(rows)).to_json()
-
-
 def summarize(records: list[dict], min_exact_controls: int = MIN_EXACT_CONTROLS) -> dict:
     """Divergence, donor recovery both ways, exact controls and the strong-replication label."""
     mine = [r for r in records if r["family"] == FAMILY]
@@ -69,14 +64,14 @@ def summarize(records: list[dict], min_exact_controls: int = MIN_EXACT_CONTROLS)
     def outcome_is(name: str, wanted: str) -> Callable[[dict], bool]:
         return lambda r: r["transplants"][name]["outcome"] == wanted
 
-    recovery = {name: _rate(testable, outcome_is(name, "follows_donor")) for name in TRANSPLANTS}
-    third = {name: _rate(controls, outcome_is(name, "third")) for name in TRANSPLANTS}
+    recovery = {name: rate(testable, outcome_is(name, "follows_donor")) for name in TRANSPLANTS}
+    third = {name: rate(controls, outcome_is(name, "third")) for name in TRANSPLANTS}
     replicated = (bool(testable) and all(replicas_exact(r) for r in ok)
                   and all(p["k"] == p["n"] for p in recovery.values()) and all(p["k"] == 0 for p in third.values()))
     return {
         "rows": len(mine), "excluded": len(mine) - len(ok),
-        "replicas_exact": _rate(ok, replicas_exact),
-        "divergent": _rate(ok, lambda r: not cross[r["row"]]["suffix_equal"]),
+        "replicas_exact": rate(ok, replicas_exact),
+        "divergent": rate(ok, lambda r: not cross[r["row"]]["suffix_equal"]),
         "not_testable": len(divergent) - len(testable),
         "donor_recovery": recovery,
         "exact_controls": len(controls), "min_exact_controls": min_exact_controls, "control_third": third,

@@ -206,7 +206,8 @@ def _partial(attempt: tuple[Boundary, Suffix, dict]) -> dict:
     return {"suffix": suffix.tokens, "cache_digest": moved.cache_digest()} | result
 
 
-def _rate(rows: list[dict], test: Callable[[dict], bool]) -> dict:
+def rate(rows: list[dict], test: Callable[[dict], bool]) -> dict:
+    """The Wilson proportion (JSON) of the rows that pass `test`."""
     return wilson(sum(1 for r in rows if test(r)), len(rows)).to_json()
 
 
@@ -219,8 +220,8 @@ def summarize(records: list[dict]) -> dict:
     controls = [r for r in ok if r["role"] == "control"]
 
     def both(get: Callable[[dict, str], dict]) -> dict:
-        return {name: {"follows_donor": _rate(divergent, lambda r, n=name: get(r, n)["outcome"] == "follows_donor"),
-                       "control_third": _rate(controls, lambda r, n=name: get(r, n)["outcome"] == "third")}
+        return {name: {"follows_donor": rate(divergent, lambda r, n=name: get(r, n)["outcome"] == "follows_donor"),
+                       "control_third": rate(controls, lambda r, n=name: get(r, n)["outcome"] == "third")}
                 for name in TRANSPLANTS}
 
     n_layers = max((r["layers"] for r in divergent), default=0)
