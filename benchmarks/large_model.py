@@ -23,7 +23,7 @@ import yaml
 
 from replaytests.bank import read_manifest
 from replaytests.files import write_atomic, write_jsonl_atomic
-from replaytests.session import DEFAULT_MODEL, REPO
+from replaytests.options import DEFAULT_MODEL, REPO
 
 H200 = REPO / "contracts" / "h200.yaml"
 WORDS = ("carry", "column", "digit", "total", "sum", "check", "add", "number", "first", "second", "then", "write")

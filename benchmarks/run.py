@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from replaytests import constructions, hf_adapter
+from replaytests import constructions, cpu_isa, hf_adapter
 from replaytests.bank import BankRow
 from replaytests.contract import PRECISIONS, load_contract
 from replaytests.decoder import decode_suffix, suffix_room
@@ -36,9 +36,9 @@ from replaytests.environment import capture
 from replaytests.errors import ReplaytestsError
 from replaytests.families import crossing
 from replaytests.files import write_atomic, write_json_atomic
+from replaytests.options import DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
 from replaytests.protocol import MERGE, Caps, parse_prefix, prompt_block
 from replaytests.runtime import Runtime
-from replaytests.session import DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
 
 SCHEMA = "replaytests.benchmarks/1"
 GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
@@ -332,6 +332,7 @@ def loglog_slope(xs: list[float], ys: list[float]) -> float | None:
 
 def run_benchmarks(args: argparse.Namespace) -> dict:
     contract = dataclasses.replace(load_contract(args.contract), caps=args.caps)
+    cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})")
     positions = max(args.lengths + args.row_lengths) + suffix_room(args.caps)
     results: dict = {"decode": {}, "rows": {}}
     environment = None

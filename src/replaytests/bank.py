@@ -146,8 +146,8 @@ def tokenizer_digest(model_dir: Path, grammar: Grammar) -> dict:
 
 
 def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Grammar, contract: Contract,
-               precision: str) -> None:
-    """Write the bank, then its manifest; each atomically."""
+               precision: str, platform: dict) -> None:
+    """Write the bank, then its manifest (with the platform the rows were generated on); each atomically."""
     write_jsonl_atomic(path, [row.to_json() for row in rows])
     write_json_atomic(manifest_path(path), {
         "schema": MANIFEST_SCHEMA,
@@ -159,6 +159,7 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
         "tokenizer": tokenizer_digest(model_dir, grammar),
         "contract": {"name": contract.name, "sha256": contract.digest, "caps": vars(contract.caps)},
         "precision": precision,
+        "platform": platform,
         "replaytests_version": __version__,
     })
 

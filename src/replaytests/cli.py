@@ -1,7 +1,9 @@
 """The `replaytests` command: what is not a test (freezing a bank) and the audit wrapper.
 
 `replaytests audit` runs the same pytest session as `pytest --pyargs replaytests.conformance`:
-one execution path, so the ledger is the same whichever way the suite is started.
+one execution path, so the ledger is the same whichever way the suite is started. Each command
+imports what it uses when it runs: torch only for `freeze` and `env`, after the contract's CPU
+instruction set is pinned.
 """
 
 from __future__ import annotations
@@ -12,10 +14,20 @@ import sys
 from pathlib import Path
 
 from replaytests.errors import ReplaytestsError
-from replaytests.session import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, REPO
+from replaytests.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, REPO
+
+
+def _pin(contract_path: Path):
+    """The contract, with its CPU instruction set pinned before torch is first used."""
+    from replaytests import cpu_isa
+    from replaytests.contract import load_contract
+
+    contract = load_contract(contract_path)
+    return contract, cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})")
 
 
 def _freeze(args: argparse.Namespace) -> int:
+    _pin(args.contract)
     from replaytests.freeze import freeze
 
     rows = freeze(args.model, args.problems, args.contract, args.out)
@@ -27,7 +39,8 @@ def _freeze(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace, extra: list[str]) -> int:
     # A child pytest process: exactly what a user typing pytest gets (and no assert-rewrite
     # warning for the already-imported package).
-    argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-q"]
+    # Not -q: pytest then prints the run's header (inputs, platform, CPU pin, baseline, drift) before computing.
+    argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider"]
     if args.workers != "1":
         argv += ["-n", str(args.workers), "--dist", "loadgroup"]
     for name in ("model", "bank", "contract", "precision", "rows", "device", "report_dir"):
@@ -80,10 +93,11 @@ def _level(text: str) -> float:
 
 
 def _env(args: argparse.Namespace) -> int:
-    from replaytests.contract import load_contract
+    contract, pinned = _pin(args.contract)
     from replaytests.environment import capture, describe
 
-    contract = load_contract(args.contract)
+    how = "applied" if pinned.applied else f"not applied: {pinned.note}"
+    print(f"cpu_isa: contract pins {pinned.level} ({how})" if pinned.level else f"cpu_isa: {pinned.note}")
     print("\n".join(describe(contract, capture(contract, args.device))))
     return 0
 

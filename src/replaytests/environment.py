@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests import hf_adapter, runtime
+from replaytests import cpu_isa, hf_adapter, runtime
 from replaytests.contract import Contract, show
 from replaytests.integrity import Integrity
 
@@ -50,7 +50,8 @@ def capture(contract: Contract, device: str | None = None, model: object | None 
     env = {
         "software": _software(),
         "hardware": _hardware(device),
-        "environment": {"device": device, "cpu_threads": threads, "interop_threads": torch.get_num_interop_threads(),
+        "environment": {"device": device, "cpu_threads": threads, "cpu_isa": cpu_isa.in_force(),
+                        "interop_threads": torch.get_num_interop_threads(),
                         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")},
         "precisions": precisions,
     }
@@ -78,6 +79,29 @@ def _differences(wanted: dict, actual: dict, path: str):
                 yield from _differences(value, actual[key], where)
         elif value != actual[key]:
             yield Drift(where, value, actual[key])
+
+
+# The fields of a captured environment that decide a run's numbers: artifacts that hold numbers (a
+# frozen bank, a baseline ledger) record them as their platform, and are checked only on the same one.
+PLATFORM = {"cpu": ("hardware.device_kind", "environment.cpu_isa", "environment.cpu_threads", "software.torch",
+                    "software.transformers"),
+            "cuda": ("hardware.device_kind", "hardware.gpu_name", "hardware.compute_capability", "software.torch",
+                     "software.transformers", "software.cuda")}
+
+
+def platform_of(env: dict) -> dict:
+    """The platform of a captured environment: its PLATFORM fields, keyed by their dotted paths."""
+    kind = env["hardware"]["device_kind"] or env["environment"]["device"].split(":")[0]
+    return {path: _lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
+
+
+def platform_differences(recorded: dict | None, here: dict, artifact: str) -> list[str]:
+    """One line per platform field where the artifact's recorded platform differs from this run's
+    (`artifact` names it in the line); empty where they are the same."""
+    if not isinstance(recorded, dict):
+        return [f"{artifact} records no platform (made before replaytests recorded platforms)"]
+    return [f"{path} {show(recorded.get(path))} ({artifact}) vs {show(here.get(path))} (here)"
+            for path in sorted(recorded.keys() | here.keys()) if recorded.get(path) != here.get(path)]
 
 
 def describe(contract: Contract, env: dict) -> list[str]:
@@ -151,7 +175,8 @@ def _hardware(device: str) -> dict:
     hardware = {"device_kind": kind, "gpu_name": None, "compute_capability": None, "gpus": gpus,
                 "driver": None, "tensor_parallel": 1, "cpu": _cpu_model(),
                 # The vector ISA torch's CPU kernels dispatch to (e.g. AVX2, AVX512): it decides CPU numerics.
-                "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "onednn_max_cpu_isa": os.environ.get(cpu_isa.ONEDNN)}
     if kind != "cuda":
         return hardware
     if not gpus:

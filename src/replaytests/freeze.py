@@ -1,10 +1,15 @@
-"""Freezing a bank: live-generate each problem to the merge boundary at BF16 (physical batch 2)."""
+"""Freezing a bank: live-generate each problem to the merge boundary at BF16 (physical batch 2).
+
+The manifest records the platform the boundaries were generated on (environment.PLATFORM): the
+bank's live re-freeze is a check only on that platform. The caller pins the contract's CPU
+instruction set first (cpu_isa.apply).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from replaytests import constructions, hf_adapter
+from replaytests import constructions, environment, hf_adapter
 from replaytests.bank import BankRow, read_problems, write_bank
 from replaytests.contract import load_contract
 from replaytests.decoder import suffix_room
@@ -34,5 +39,6 @@ def freeze(model_dir: Path, problems_path: Path, contract_path: Path, out: Path)
                             f"with its delimiters; at most {longest} fit the model's positions with these caps")
         boundary = constructions.live(runtime, block)
         rows.append(BankRow(problem.id, boundary.tokens, boundary.roles, problem.expected_answer))
-    write_bank(out, rows, model_dir, runtime.grammar, contract, PRECISION)
+    platform = environment.platform_of(environment.capture(contract, str(runtime.device), runtime.model))
+    write_bank(out, rows, model_dir, runtime.grammar, contract, PRECISION, platform)
     return rows

@@ -15,9 +15,7 @@ from replaytests.bank import changed_since_frozen, manifest_field, model_digest,
 from replaytests.contract import suggest
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file
-
-ACCEPT_OPTION = "--accept-changed"
-OVERRIDES = ("bank", "model", "tokenizer")
+from replaytests.options import ACCEPT_OPTION, OVERRIDES
 
 
 @dataclass(frozen=True)

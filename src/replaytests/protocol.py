@@ -11,11 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from replaytests.blocks import ANSWER, BLOCKS, DELIMITER_NAMES, MERGE, PROMPT, Caps
 from replaytests.errors import BankError, ConfigError
-
-BLOCKS = ("prompt", "cot_1", "cot_2", "cot_3", "merge", "answer")
-PROMPT, MERGE, ANSWER = 0, 4, 5
-DELIMITER_NAMES = tuple(f"<|{prefix}{block}|>" for block in BLOCKS for prefix in ("", "/"))
 
 # VISIBILITY[query_role][key_role]: answer tokens never see branch tokens.
 VISIBILITY = torch.tensor(
@@ -29,18 +26,6 @@ VISIBILITY = torch.tensor(
     ],
     dtype=torch.bool,
 )
-
-
-@dataclass(frozen=True)
-class Caps:
-    """Content tokens allowed per block (the prompt block is given, not decoded)."""
-
-    branch: int
-    merge: int
-    answer: int
-
-    def of(self, block: int) -> int:
-        return (0, self.branch, self.branch, self.branch, self.merge, self.answer)[block]
 
 
 @dataclass(frozen=True)

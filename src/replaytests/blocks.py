@@ -1,0 +1,25 @@
+"""The protocol's six blocks, their delimiter names, roles and caps: plain data, no torch.
+
+Kept apart from `protocol` so that a contract can be read before torch is first imported (the CPU
+instruction set a contract pins must be applied before torch dispatches its first kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BLOCKS = ("prompt", "cot_1", "cot_2", "cot_3", "merge", "answer")
+PROMPT, MERGE, ANSWER = 0, 4, 5
+DELIMITER_NAMES = tuple(f"<|{prefix}{block}|>" for block in BLOCKS for prefix in ("", "/"))
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Content tokens allowed per block (the prompt block is given, not decoded)."""
+
+    branch: int
+    merge: int
+    answer: int
+
+    def of(self, block: int) -> int:
+        return (0, self.branch, self.branch, self.branch, self.merge, self.answer)[block]
