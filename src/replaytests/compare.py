@@ -17,14 +17,11 @@ from pathlib import Path
 
 from replaytests import ledger
 from replaytests.audit import audit_record
-from replaytests.contract import SCHEMA as CONTRACT_SCHEMA
-from replaytests.contract import load_contract
-from replaytests.report import BIT_EXACT, DIVERGENCES, FLAGS, SHAPES, Table, collate, mcnemar_paired, plain, read_run
+from replaytests.contract import default_gates, load_contract
+from replaytests.gates import BRIDGE_PAIR, Gates, inexact, replica_pairs
+from replaytests.report import DIVERGENCES, FLAGS, SHAPES, Table, collate, mcnemar_paired, plain, read_run
 
 LEVEL = 0.05
-REPLICA = "_replica"  # a comparison key ending in it is a replica pair
-REPLICA_EXACT = ("cache_exact", "suffix_equal")
-BRIDGE = "live~incremental"
 TRANSPLANT = "transplant"
 HEADER = ("family", "precision", "measure", "rows", "baseline", "new", "p", "verdict")
 Group = tuple[str, str]  # (family, precision)
@@ -36,12 +33,9 @@ def transplant_outcomes(record: dict) -> dict[str, str]:
     return {name: result["outcome"] for name, result in record.get("transplants", {}).items()}
 
 
-def transplant_gates(contract: Path | None = None) -> dict:
-    """gates.transplant of a contract: donor_recovery and controls_third_trajectory (docs/contract.md);
-    without one, the contract defaults."""
-    if contract is not None:
-        return load_contract(contract).gates["transplant"]
-    return {name: value.default for name, value in CONTRACT_SCHEMA.keys["gates"].keys["transplant"].keys.items()}
+def gates_of(contract: Path | None = None) -> Gates:
+    """The gates of a contract (docs/contract.md); without one, the contract defaults."""
+    return load_contract(contract).gates if contract is not None else default_gates()
 
 
 @dataclass(frozen=True)
@@ -95,37 +89,30 @@ def _where(record: dict) -> str:
     return "/".join(ledger.key(record))
 
 
-def _inexact(record: dict, pairs: list[str], fields: tuple[str, ...]) -> list[str]:
-    """`pair (field false, ...)` for each pair of the record that is not exact in every field."""
-    out = []
-    for pair in pairs:
-        failed = [f for f in fields if record["comparisons"][pair].get(f) is not True]
-        if failed:
-            out.append(f"{pair} ({', '.join(f'{f} false' for f in failed)})")
-    return out
+def _inexact(record: dict, pairs: list[str]) -> list[str]:
+    """`pair (field false, ...)` for each pair of the record that is not bit-exact (cache, logits, suffix)."""
+    return [f"{pair} ({', '.join(f'{f} false' for f in failed)})" for pair in pairs
+            if (failed := inexact(record["comparisons"][pair]))]
 
 
 def _exactness(out: Comparison, group: Group, base: dict, new: dict, measure: str,
-               pairs: Callable[[dict], list[str]], fields: tuple[str, ...]) -> None:
-    """A gate on the new run: every ok record's `pairs` exact in `fields` (the baseline's count informs)."""
+               pairs: Callable[[dict], list[str]], required: bool) -> None:
+    """A gate on the new run: every ok record's `pairs` bit-exact (the baseline's count informs); where
+    the contract does not require it, an inexact pair is a note."""
     def split(rows: dict) -> tuple[int, list[tuple[dict, list[str]]]]:
         """Ok records carrying the pairs, and (record, its inexact pairs) for each that is not exact."""
         carrying = [r for r in _ok(rows) if pairs(r)]
-        return len(carrying), [(r, bad) for r in carrying if (bad := _inexact(r, pairs(r), fields))]
+        return len(carrying), [(r, bad) for r in carrying if (bad := _inexact(r, pairs(r)))]
 
     (n_base, bad_base), (n_new, bad_new) = split(base), split(new)
     if n_new:
         out.lines.append(Verdict(group, measure, n_new, (n_base - len(bad_base), n_base) if n_base else None,
-                                 (n_new - len(bad_new), n_new), None, not bad_new))
-    out.reasons += [f"{measure}: {_where(r)} {'; '.join(bad)}" for r, bad in bad_new]
-
-
-def _replicas(record: dict) -> list[str]:
-    return [pair for pair in record["comparisons"] if pair.endswith(REPLICA)]
+                                 (n_new - len(bad_new), n_new), None, not bad_new, not required))
+    (out.reasons if required else out.notes).extend(f"{measure}: {_where(r)} {'; '.join(bad)}" for r, bad in bad_new)
 
 
 def _bridge(record: dict) -> list[str]:
-    return [BRIDGE] if record["family"] == "bridge" and BRIDGE in record["comparisons"] else []
+    return [BRIDGE_PAIR] if record["family"] == "bridge" and BRIDGE_PAIR in record["comparisons"] else []
 
 
 def _changes(out: Comparison, group: Group, base: dict, new: dict, allow: bool) -> None:
@@ -171,18 +158,18 @@ def _outcome_counts(rows: dict, role: str, outcome: str) -> dict[str, tuple[int,
     return {name: (sum(o[name] == outcome for o in seen), len(seen)) for name in sorted({n for o in seen for n in o})}
 
 
-def _transplant(out: Comparison, group: Group, base: dict, new: dict, gates: dict) -> None:
-    """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run)."""
-    recovery, third = gates["donor_recovery"], gates["controls_third_trajectory"]
-    checks = (("divergent", "follows_donor", "follows donor", lambda k, n: k / n >= recovery,
-               f"below the donor recovery gate {recovery:g}"),
-              ("control", "third", "third trajectory", lambda k, n: k <= third, f"above the gate {third}"))
-    for role, outcome, label, passes, gate in checks:
+def _transplant(out: Comparison, group: Group, base: dict, new: dict, gates: Gates) -> None:
+    """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run),
+    judged by gates.transplant."""
+    follows, thirds = _outcome_counts(new, "divergent", "follows_donor"), _outcome_counts(new, "control", "third")
+    failed = [j.message for j in gates.transplant_family(follows, thirds) if j.failed]
+    for label, role, outcome, counts in (("follows donor", "divergent", "follows_donor", follows),
+                                         ("third trajectory", "control", "third", thirds)):
         before = _outcome_counts(base, role, outcome)
-        for name, (k, n) in _outcome_counts(new, role, outcome).items():
-            out.lines.append(Verdict(group, f"{name} {label}", n, before.get(name), (k, n), None, passes(k, n)))
-            if not passes(k, n):
-                out.reasons.append(f"transplant gate: {'/'.join(group)} {name}: {label} {k}/{n} {role} rows, {gate}")
+        for name, (k, n) in counts.items():
+            ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
+            out.lines.append(Verdict(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
+    out.reasons += [f"transplant gate: {'/'.join(group)} {message}" for message in failed]
 
 
 def _presence(out: Comparison, base: dict[Group, dict], new: dict[Group, dict]) -> None:
@@ -200,16 +187,16 @@ def _presence(out: Comparison, base: dict[Group, dict], new: dict[Group, dict]) 
 
 
 def _environment(out: Comparison, base_run: dict | None, new_run: dict | None) -> None:
-    for name in ("contract", "versions"):
+    for name in ("contract", "platform"):
         before, after = (run.get(name) if run else None for run in (base_run, new_run))
         if before is not None and after is not None and before != after:
             out.notes.append(f"{name} differs: baseline {before}, new {after}")
 
 
-def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: dict | None = None,
+def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: Gates | None = None,
             allow_changes: bool = False) -> Comparison:
     """The gate of `new` against `baseline` (ledger records)."""
-    gates = gates or transplant_gates()
+    gates = gates or default_gates()
     out = Comparison()
     base_groups, new_groups = _groups(baseline), _groups(new)
     _presence(out, base_groups, new_groups)
@@ -218,8 +205,9 @@ def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: 
         if excluded := sorted(row for row, r in current.items() if r["status"] != "ok"):
             out.notes.append(f"{'/'.join(group)}: {len(excluded)} records excluded in the new run "
                              f"(fail-closed checks): {', '.join(excluded)}")
-        _exactness(out, group, base, current, "replicas exact", _replicas, REPLICA_EXACT)
-        _exactness(out, group, base, current, "bridge bit exact", _bridge, BIT_EXACT)
+        _exactness(out, group, base, current, "replicas exact", replica_pairs,
+                   gates.replicas_exact.get(group[0], True))
+        _exactness(out, group, base, current, "bridge bit exact", _bridge, gates.bridge_exact)
         _changes(out, group, base, current, allow_changes)
         if group[0] in SHAPES:
             _rates(out, group, base, current, level)
@@ -231,6 +219,6 @@ def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: 
 def compare_paths(baseline: Path, new: Path, level: float = LEVEL, contract: Path | None = None,
                   allow_changes: bool = False) -> Comparison:
     """compare() on two ledgers (files or run directories), noting a contract or version change."""
-    out = compare(collate([baseline]), collate([new]), level, transplant_gates(contract), allow_changes)
+    out = compare(collate([baseline]), collate([new]), level, gates_of(contract), allow_changes)
     _environment(out, read_run(baseline), read_run(new))
     return out

@@ -66,6 +66,9 @@ def compare_suffixes(a: Suffix, b: Suffix, correct_a: bool | None, correct_b: bo
     return {
         "suffix_equal": index is None,
         "first_divergence": index,
+        # The structurally masked greedy choice at the boundary: where it differs, no transplant of the
+        # cache can move the trajectory (the recipient keeps its own boundary logits).
+        "first_token_equal": a.tokens[:1] == b.tokens[:1],
         # The decision margins (top-1 minus top-2 masked logit) where the paths split, if they do.
         "margins_at_divergence": None if index is None else [a.margins[index], b.margins[index]],
         "answer_equal": a.answer == b.answer,

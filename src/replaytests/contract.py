@@ -9,15 +9,18 @@ fields that depend on each other and fills in the defaults. Every error is one l
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from replaytests.blocks import DELIMITER_NAMES, Caps
+from replaytests.cpu_isa import LEVELS
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_json
-from replaytests.protocol import DELIMITER_NAMES, Caps
+from replaytests.gates import Gates
 
 SCHEMA_ID = "replaytests.contract/1"
 PRECISIONS = ("bf16", "fp32")
@@ -93,6 +96,7 @@ SCHEMA = Section({
     "environment": Section({
         "device": Value(str, pattern=r"cpu|cuda(:\d+)?|mps", expect="cpu, cuda, cuda:N or mps"),
         "cpu_threads": Value(int, low=1),
+        "cpu_isa": _pin(choices=tuple(LEVELS)),
         "attention": Value(str, default="sdpa", choices=("sdpa", "eager")),
         "inference_mode": Value(str, default="eager", choices=("eager",),
                                 expect="eager (forward calls run op by op under torch.inference_mode)"),
@@ -187,10 +191,10 @@ class Contract:
     decoding = property(lambda self: self.settings["decoding"])
     bank = property(lambda self: self.settings["bank"])
     panels = property(lambda self: self.settings["panels"])
-    gates = property(lambda self: self.settings["gates"])
+    gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"]))
+    cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])
-    boundary_checks = property(lambda self: tuple(self.settings["boundary_checks"]))
 
 
 def show(value: object) -> str:
@@ -300,10 +304,25 @@ def _check_together(s: dict, fields: _Fields) -> None:
     low, high = s["bank"]["prefix_len"]["min"], s["bank"]["prefix_len"]["max"]
     if low is not None and high is not None and low > high:
         raise fields.error("bank.prefix_len", f"expected min <= max, got min {low} and max {high}")
-    crossing = s["gates"]["crossing"]["suffix_divergence_allowed"]
+    if sorted(s["boundary_checks"]) != sorted(BOUNDARY_CHECKS):
+        raise fields.error("boundary_checks", f"expected each of {', '.join(BOUNDARY_CHECKS)} once (the engine "
+                                              f"always runs every boundary check), got {s['boundary_checks']}")
+    _fill_divergence(s["gates"])
+
+
+def _fill_divergence(gates: dict) -> None:
+    """live and batch divergence gates left unnamed take the crossing's value."""
+    crossing = gates["crossing"]["suffix_divergence_allowed"]
     for family in ("live", "batch"):
-        allowed = s["gates"][family]["suffix_divergence_allowed"]
+        allowed = gates[family]["suffix_divergence_allowed"]
         allowed.update({p: crossing[p] for p, value in allowed.items() if value is None})
+
+
+def default_gates() -> Gates:
+    """The gates of a contract that names none of its own (every default)."""
+    gates = _Fields("(contract defaults)").check(SCHEMA.keys["gates"], {})
+    _fill_divergence(gates)
+    return Gates.from_settings(gates)
 
 
 def _read_yaml(path: Path) -> object:

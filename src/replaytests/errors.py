@@ -39,3 +39,8 @@ class TransplantRefused(FailClosed):
 
 class NotContemporaneous(FailClosed):
     """A rebuilt construction does not reproduce the record it is meant to re-run."""
+
+
+class TransplantInvalid(FailClosed):
+    """A self-transplant did not reproduce its own trajectory: decoding here is not a function of the
+    cache values alone, so no transplant outcome means anything."""

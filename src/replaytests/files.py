@@ -49,5 +49,5 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
     write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
-def write_json_atomic(path: Path, value: object) -> None:
-    write_atomic(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+def write_json_atomic(path: Path, value: object, sort_keys: bool = True) -> None:
+    write_atomic(path, json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")

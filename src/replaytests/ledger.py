@@ -1,9 +1,11 @@
 """The ledger: one JSON object per (family, row, precision), the public, versioned run output.
 
-Schema `replaytests.ledger/1` (see docs/ledger.md):
+Schema `replaytests.ledger/2` (see docs/ledger.md):
   schema, family, row, precision, prefix_len, status ("ok" | "excluded"), reason (excluded only),
   expected_answer, arms: {arm: {suffix, answer, correct, cache_digest, logits_digest, z_sha256}},
-  comparisons: {"A~B": {§5 metrics}}.
+  comparisons: {"A~B": {the comparison metrics}}. Version 2 added first_token_equal to every
+comparison, z_first_difference to live records and the validity control's arms to transplant and
+replication records; version 1 ledgers are still read.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from replaytests.errors import LedgerError
 from replaytests.files import write_jsonl_atomic
 
-SCHEMA = "replaytests.ledger/1"
+SCHEMA = "replaytests.ledger/2"
+READABLE = ("replaytests.ledger/1", SCHEMA)
 KEY_FIELDS = ("family", "row", "precision")
 
 
@@ -37,17 +40,19 @@ def write_ledger(path: Path, records: list[dict]) -> None:
     write_jsonl_atomic(path, merge(records))
 
 
-def parse_versioned_jsonl(path: Path, text: str, schema: str, error: type[Exception]) -> list[dict]:
-    """One JSON object per line, each with `"schema": schema`; anything else is `error` naming the line."""
+def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...],
+                          error: type[Exception]) -> list[dict]:
+    """One JSON object per line, each with `"schema"` one of `schema`; anything else is `error` naming the line."""
+    schemas = (schema,) if isinstance(schema, str) else schema
     objects = []
     for number, line in enumerate(text.splitlines(), start=1):
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
             raise error(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(value, dict) or value.get("schema") != schema:
+        if not isinstance(value, dict) or value.get("schema") not in schemas:
             found = value.get("schema") if isinstance(value, dict) else type(value).__name__
-            raise error(f"{path}:{number}: field 'schema' is {found!r}, expected {schema!r}")
+            raise error(f"{path}:{number}: field 'schema' is {found!r}, expected {' or '.join(map(repr, schemas))}")
         objects.append(value)
     return objects
 
@@ -57,4 +62,4 @@ def read_ledger(path: Path) -> list[dict]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise LedgerError(f"{path}: cannot read ledger: {exc.strerror}") from None
-    return parse_versioned_jsonl(path, text, SCHEMA, LedgerError)
+    return parse_versioned_jsonl(path, text, READABLE, LedgerError)

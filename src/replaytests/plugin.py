@@ -1,25 +1,40 @@
-"""The pytest plugin: options, markers, the session object, the ledger and the summary.
+"""The pytest plugin: options, markers, the session object, the ledger, the verdict and the summary.
 
-Registered through the `pytest11` entry point. State lives in one ReplaySession kept in
-config.stash; records ride on report.user_properties so xdist workers hand them to the controller.
+Registered through the `pytest11` entry point, so it is imported into every pytest run of an
+environment where replaytests is installed: it imports no torch at module level. Before any conftest
+is imported it reads the run's contract and pins the CPU instruction set the contract names
+(cpu_isa), so that torch dispatches its first kernel at that level. State lives in one ReplaySession
+kept in config.stash; records ride on report.user_properties so xdist workers hand them to the
+controller, which writes the ledger, run.json and the report, each starting with the verdict.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from replaytests import audit, environment, ledger, report, summary
+from replaytests import audit, cpu_isa, ledger, verdict
+from replaytests.contract import load_contract
 from replaytests.errors import ReplaytestsError
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.integrity import ACCEPT_OPTION, OVERRIDES
-from replaytests.session import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO, Options, ReplaySession
+from replaytests.options import (
+    ACCEPT_OPTION,
+    DEFAULT_BANK,
+    DEFAULT_CONTRACT,
+    DEFAULT_MODEL,
+    GPU_CONTRACT,
+    OVERRIDES,
+    Options,
+)
+
+if TYPE_CHECKING:
+    from replaytests.session import ReplaySession
 
 RECORD_PROPERTY = "replaytests_record"
 AUDIT_PROPERTY = "replaytests_audit"
-GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
 MARKERS = {
     "gpu": "conformance targets on a CUDA device (under -m gpu the default contract is contracts/h200.yaml)",
     "replica": "fidelity layer 1: replica stability",
@@ -29,7 +44,8 @@ MARKERS = {
     "slow": "long-running conformance targets",
 }
 DEFAULT_OPTIONS = vars(Options())
-session_key = pytest.StashKey[ReplaySession]()
+session_key = pytest.StashKey["ReplaySession"]()
+pin_key = pytest.StashKey[cpu_isa.Pin]()
 metrics_key = pytest.StashKey[list]()
 
 
@@ -54,13 +70,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--shard", default=None,
                     help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)")
     group.addoption("--replication-model", type=Path, default=None,
-                    help="a later checkpoint to replicate the transplant on (SPEC §7.6), with the same bank. "
+                    help="a later checkpoint to replicate the transplant on, with the same bank. "
                          "Default: fixtures/models/tiny-qwen2-later, for the embedded default inputs")
     group.addoption("--strict-contract", action="store_true",
-                    help="fail the run when the environment differs from the contract in any field it names")
+                    help="fail the run when the environment differs from the contract in any field it names, "
+                         "or from the platform the bank or the baseline was made on")
     group.addoption(ACCEPT_OPTION, action="append", choices=OVERRIDES, default=None,
                     help="use a bank, model or tokenizer that changed since the bank was frozen (recorded in "
                          "the report); repeatable")
+
+
+def contract_path(contract: Path | None, markexpr: str) -> Path:
+    """--contract, or the default: contracts/h200.yaml under -m gpu, else contracts/cpu-tiny.yaml."""
+    if contract is not None:
+        return contract
+    return GPU_CONTRACT if selects_gpu(markexpr) else DEFAULT_CONTRACT
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Pin the contract's CPU instruction set before any conftest (or test module) imports torch. A
+    contract that cannot be read here is reported once the session opens."""
+    known = early_config.known_args_namespace
+    path = contract_path(getattr(known, "contract", None), getattr(known, "markexpr", "") or "")
+    if not path.is_file():
+        return
+    try:
+        early_config.stash[pin_key] = cpu_isa.pin(load_contract(path).cpu_isa)
+    except ReplaytestsError:
+        return
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,9 +107,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LedgerCollector(config), "replaytests-ledger")
 
 
-def selects_gpu(config: pytest.Config) -> bool:
-    """Whether the -m expression asks for the gpu marker (and would not select the items without it)."""
-    expression = config.getoption("markexpr", "") or ""
+def selects_gpu(expression: str) -> bool:
+    """Whether a -m expression asks for the gpu marker (and would not select the items without it)."""
     if not expression:
         return False
     try:
@@ -88,16 +125,17 @@ def selects_gpu(config: pytest.Config) -> bool:
 def options(config: pytest.Config) -> Options:
     values = {name: config.getoption(name) for name in DEFAULT_OPTIONS}
     values["accept_changed"] = frozenset(values["accept_changed"] or ())
-    if values["contract"] is None:
-        values["contract"] = GPU_CONTRACT if selects_gpu(config) else DEFAULT_CONTRACT
+    values["contract"] = contract_path(values["contract"], config.getoption("markexpr", "") or "")
     return Options(**values)
 
 
 def replay_session(config: pytest.Config) -> ReplaySession:
     """The session's inputs, opened on first use; a bad input is a usage error, one line."""
     if session_key not in config.stash:
+        from replaytests.session import ReplaySession
+
         try:
-            config.stash[session_key] = ReplaySession.open(options(config))
+            config.stash[session_key] = ReplaySession.open(options(config), config.stash.get(pin_key, None))
         except ReplaytestsError as exc:
             raise pytest.UsageError(str(exc)) from None
     return config.stash[session_key]
@@ -133,6 +171,7 @@ def replay(request: pytest.FixtureRequest) -> ReplaySession:
 @pytest.fixture
 def record(replay: ReplaySession, request: pytest.FixtureRequest):
     """record(family, row, precision) -> the ledger record, attached to this test's report once."""
+    from replaytests import summary
 
     def get(family: str, row, precision: str) -> dict:
         result = replay.record(family, row, precision)
@@ -170,6 +209,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name, family in ROW_FIXTURES.items():
         if name in fixtures:
             metafunc.parametrize(name, row_params(replay, family), scope="session")
+    if "transplant_family" in fixtures:
+        metafunc.parametrize("transplant_family", bf16_only(replay, "transplant") or ["bf16"])
     if "baseline_record" in fixtures:
         metafunc.parametrize("baseline_record", audit_params(replay))
 
@@ -184,26 +225,35 @@ def _skipped(id_: str, reason: str) -> list:
     return [pytest.param(None, id=id_, marks=pytest.mark.skip(reason=reason))]
 
 
-def row_params(replay: ReplaySession, family: str) -> list:
+def bf16_only(replay: ReplaySession, family: str) -> list:
+    """The skipped parameter of a BF16-only family when --precision excludes BF16; else empty."""
     if family in BF16_ONLY and "bf16" not in replay.options.precisions:
         return _skipped("no-bf16", f"{family} runs at BF16 only; --precision {replay.options.precision} excludes it")
+    return []
+
+
+def row_params(replay: ReplaySession, family: str) -> list:
+    if skipped := bf16_only(replay, family):
+        return skipped
     if family == "replication" and not replay.options.later_model:
         return _skipped("no-later-model", "no later checkpoint: pass --replication-model CKPT")
     return [pytest.param(row, id=row.id) for row in replay.family_rows(family)]
 
 
 def audit_params(replay: ReplaySession) -> list:
-    if replay.baseline_applies:
-        return _skipped("no-baseline", replay.baseline_applies)
+    if not replay.options.baseline_ledger:
+        return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
     return [pytest.param(r, id="-".join(ledger.key(r))) for r in replay.audited()]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
     keep every test of one (row, precision) on one worker, so each record is computed once."""
-    targets = [item for item in items if "record" in getattr(item, "fixturenames", ())]
+    targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
         return
+    from replaytests import environment
+
     replay = replay_session(config)
     on_cuda = replay.device.startswith("cuda")
     no_cuda = environment.needs_cuda(replay.contract, replay.device)
@@ -226,6 +276,7 @@ def _row_group(callspec) -> str | None:
     baseline = params.get("baseline_record") or {}
     precision = params.get("precision") or baseline.get("precision") or "bf16"
     if precision == "bf16" and (params.get("bank_row") or params.get("transplant_row")
+                                or params.get("transplant_family")
                                 or baseline.get("family") in ("crossing", "transplant")):
         return "bf16-crossing"
     row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
@@ -240,40 +291,76 @@ def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> di
     return {"replaytests": item.stash[metrics_key]}
 
 
+def _outcome(report: pytest.TestReport) -> str | None:
+    """The test outcome a report settles (as pytest counts them), or None for a phase that settles none."""
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    if report.skipped:
+        return "skipped"
+    return "passed" if report.when == "call" else None
+
+
+def _message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    return crash.message if crash is not None else report.longreprtext
+
+
 class LedgerCollector:
-    """Gathers records from test reports (local or from xdist workers) and writes the ledger."""
+    """Gathers records and test outcomes from test reports (local or from xdist workers), and writes
+    the ledger, run.json, summary.md and the report."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.records: list[dict] = []
         self.audits: list[dict] = []
+        self.outcomes: dict[str, int] = {}
+        self.failures: list[dict] = []
+        self.verdict: dict | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             self.records += [json.loads(v) for n, v in report.user_properties if n == RECORD_PROPERTY]
             self.audits += [json.loads(v) for n, v in report.user_properties if n == AUDIT_PROPERTY]
+        outcome = _outcome(report)
+        if outcome:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if outcome in ("failed", "error"):
+            self.failures.append(verdict.failure(report.nodeid, _message(report)))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        from replaytests import report, summary
+
         self.records = ledger.merge(self.records)
         if not self.records or hasattr(self.config, "workerinput"):
             return
         replay = replay_session(self.config)
+        self.verdict = verdict.build(self.outcomes, self.failures, verdict_context(replay, self.records, self.audits))
         report_dir = self.config.getoption("report_dir")
-        meta = run_metadata(replay) | ({"audit": summary.audit_line(self.audits)} if self.audits else {})
+        meta = run_metadata(replay, self.verdict) | ({"audit": summary.audit_line(self.audits)} if self.audits else {})
         ledger.write_ledger(report_dir / "ledger.jsonl", self.records)
         write_json_atomic(report_dir / "run.json", meta)
         write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits,
-                                                                 self.causal_lines()))
+                                                                 self.causal_lines(), self.verdict))
         report.write_report(report_dir, self.records, report.run_meta(meta))
 
     def causal_lines(self) -> list[str]:
-        minimum = replay_session(self.config).contract.panels["replication"]["min_exact_controls"]
-        return summary.causal_lines(self.records, minimum)
+        from replaytests import summary
+
+        replay = replay_session(self.config)
+        return summary.causal_lines(self.records, replay.contract.panels["replication"]["min_exact_controls"],
+                                    replay.contract.gates)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        from replaytests import summary
+
         if not self.records:
             return
         terminalreporter.write_sep("=", "replaytests summary")
+        for line in verdict.lines(self.verdict):
+            terminalreporter.write_line(line)
+        terminalreporter.write_line("")
         terminalreporter.write_line(summary.text_table(self.records))
         for line in self.causal_lines():
             terminalreporter.write_line(line)
@@ -282,14 +369,55 @@ class LedgerCollector:
         terminalreporter.write_line(f"ledger: {self.config.getoption('report_dir') / 'ledger.jsonl'}")
 
 
-def run_metadata(replay: ReplaySession) -> dict:
-    """What a report needs besides the records: the inputs, their digests and the environment."""
+def verdict_context(replay: ReplaySession, records: list[dict], audits: list[dict]) -> dict:
+    """What the verdict says besides the test outcomes: the platform, the CPU pin, the bank and the
+    baseline it was checked against (with their findings), and the drift from the contract."""
+    refrozen = [r for r in records
+                if r["family"] == "live" and r["status"] == "ok" and replay.refreezes(r["precision"])]
+    z_differs = [r["row"] for r in refrozen if not r["z_matches_bank"]]
+    bank = verdict.artifact(str(replay.options.bank), replay.bank_platform,
+                            f"live z matches the bank in {len(refrozen) - len(z_differs)}/{len(refrozen)} rows"
+                            if refrozen else "no live row re-frozen in this run",
+                            f"live z differs from the bank in {len(z_differs)}/{len(refrozen)} rows", z_differs)
+    changed = ["/".join(a["key"]) for a in audits if a["changes"]]
+    baseline_path = replay.options.baseline_ledger
+    baseline = ("none", None) if baseline_path is None else verdict.artifact(
+        str(baseline_path), replay.baseline_platform,
+        f"{len(audits) - len(changed)}/{len(audits)} records reproduce ({sum(a['leaves'] for a in audits)} leaves)",
+        f"{len(changed)}/{len(audits)} baseline records changed", changed)
+    return {"platform": describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],
+            "baseline": baseline[0], "platform_drift": [line for _, line in (bank, baseline) if line],
+            "drift": [str(d) for d in replay.drift]}
+
+
+def describe_platform(platform: dict) -> str:
+    return ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in platform.items() if value is not None)
+
+
+def pin_line(replay: ReplaySession) -> str:
+    pinned, contract = replay.pinned, replay.contract
+    if pinned.applied:
+        return f"{pinned.level}, pinned by contract {contract.name}"
+    if pinned.level is None:
+        return f"not pinned ({pinned.note}); torch dispatches to {replay.environment['environment']['cpu_isa']}"
+    return (f"contract {contract.name} pins {pinned.level}, not applied ({pinned.note}); torch dispatches to "
+            f"{replay.environment['environment']['cpu_isa']}")
+
+
+def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
+    """What a report needs besides the records: the verdict, the inputs, their digests, the platform
+    and the environment."""
+    contract = replay.contract
     return {
+        **({"verdict": outcome} if outcome else {}),
         "options": {name: str(value) if isinstance(value, Path) else sorted(value) if isinstance(value, frozenset)
                     else value for name, value in vars(replay.options).items()},
-        "contract": {"name": replay.contract.name, "path": str(replay.contract.path), "sha256": replay.contract.digest},
-        "panels": replay.contract.panels,
+        "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,
+                     "description": contract.settings["description"]},
+        "panels": contract.panels,
         "manifest": replay.manifest,
+        "platform": replay.platform,
+        "cpu_isa": {"contract": replay.pinned.level, "applied": replay.pinned.applied, "note": replay.pinned.note},
         "environment": replay.environment,
         "drift": [str(d) for d in replay.drift],
         "overridden": replay.integrity.overridden,
@@ -300,13 +428,20 @@ def run_metadata(replay: ReplaySession) -> dict:
 
 def header_fields(replay: ReplaySession) -> dict[str, str]:
     manifest = replay.manifest
+    baseline = replay.options.baseline_ledger
     return {
         "model": f"{replay.options.model} (sha256 {manifest['model']['sha256'][:12]}… per bank manifest)",
-        "bank": f"{replay.options.bank} ({len(replay.rows)} rows, sha256 {manifest['bank_sha256'][:12]}…)",
+        "bank": f"{replay.options.bank} ({len(replay.rows)} rows, sha256 {manifest['bank_sha256'][:12]}…, "
+                + ("frozen on this platform)" if not replay.bank_platform else
+                   "frozen on another platform: " + "; ".join(replay.bank_platform) + ")"),
         "contract": f"{replay.contract.name} ({replay.options.contract})",
         "device": replay.device,
+        "platform": describe_platform(replay.platform),
+        "cpu_isa": pin_line(replay),
         "precision": ", ".join(replay.options.precisions),
-        "baseline": replay.baseline_applies or str(replay.options.baseline_ledger),
+        "baseline": "none: pass --baseline LEDGER" if baseline is None else (
+            f"{baseline} (" + ("recorded on this platform)" if not replay.baseline_platform else
+                               "recorded on another platform: " + "; ".join(replay.baseline_platform) + ")")),
         "drift": (f"{len(replay.drift)} field(s) differ from the contract: " + "; ".join(map(str, replay.drift))
                   if replay.drift else "none: the environment matches every field the contract names"),
         **({"overridden": "; ".join(replay.integrity.overridden)} if replay.integrity.overridden else {}),
@@ -319,5 +454,3 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     except pytest.UsageError:
         return []
     return [f"replaytests {name}: {value}" for name, value in header_fields(replay).items()]
-
-

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from replaytests import ledger
+from replaytests import ledger, verdict
 from replaytests.errors import ConfigError, LedgerError
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.report_html import page
@@ -190,8 +190,9 @@ def build_report(records: list[dict], meta: dict) -> dict:
     excluded = [{f: r[f] for f in (*ledger.KEY_FIELDS, "reason") if f in r}
                 for r in sorted(records, key=ledger.key) if r["status"] == "excluded"]
     return {
+        "verdict": meta.get("verdict"),  # first: did it pass, and why not (verdict.py)
         "schema": SCHEMA,
-        "meta": meta,
+        "meta": {key: value for key, value in meta.items() if key != "verdict"},
         "statistics": {"interval": "wilson", "level": LEVEL, "paired_test": "mcnemar-exact",
                        "bootstrap": "paired-percentile-bootstrap", "bootstrap_seed": SEED,
                        "bootstrap_resamples": RESAMPLES},
@@ -225,18 +226,41 @@ def _causal_tables(causal: dict) -> list[Table]:
         out.append(Table(f"transplant (BF16): {t['divergent']} divergent rows, {t['controls']} exact controls",
                          ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
                           "controls: third trajectory", "minimal layer ranges (rows)"), rows,
-                         "Divergent rows: incremental and prefill suffixes differ, boundary argmax agrees."))
+                         "Divergent rows: incremental and prefill suffixes differ, first suffix tokens agree. "
+                         f"Validity control (each construction's cache in its own replica reproduces its "
+                         f"trajectory): {_validity(t.get('validity'))}."))
+        if t.get("not_testable"):
+            out.append(Table("transplant: divergent rows not testable", ("row", "reason"),
+                             tuple((row, reason) for row, reason in t["not_testable"])))
     if "replication" in causal:
         r = causal["replication"]
         label = "strong" if r["strong"] else "replicated, not strong" if r["replicated"] else "not replicated"
-        rows = (("divergent rows", fmt_proportion(r["divergent"])), ("not testable (argmax differs)",
-                str(r["not_testable"])), ("replicas exact", fmt_proportion(r["replicas_exact"])),
+        rows = (("validity control", _validity(r.get("validity"))),
+                ("divergent rows", fmt_proportion(r["divergent"])),
+                ("not testable (first suffix tokens differ)", _not_testable(r["not_testable"])),
+                ("replicas exact", fmt_proportion(r["replicas_exact"])),
                 *((f"donor recovery {d}", fmt_proportion(v)) for d, v in r["donor_recovery"].items()),
                 *((f"controls: third trajectory {d}", fmt_proportion(v)) for d, v in r["control_third"].items()),
                 ("exact controls (registered minimum)", f"{r['exact_controls']} ({r['min_exact_controls']})"),
                 ("label", label))
         out.append(Table("replication on the later checkpoint (BF16)", ("measure", "value"), rows))
     return out
+
+
+def _validity(validity: dict | None) -> str:
+    if validity is None:
+        return "not recorded"
+    text = f"{fmt_proportion(validity['reproduced'])} rows reproduce"
+    if validity["invalid"]:
+        text += (f"; INVALID HERE on {', '.join(validity['invalid'])}: decoding is not a function of the cache values "
+                 "alone, no transplant outcome counts")
+    return text
+
+
+def _not_testable(rows: list | int) -> str:
+    if isinstance(rows, int):  # a summary written before the reasons were kept
+        return str(rows)
+    return "; ".join(f"{row}: {reason}" for row, reason in rows) or "0"
 
 
 # ---- text: the tables both report.md and report.html show ----
@@ -405,8 +429,10 @@ def plain(table: Table) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = ["# replaytests report", "", *(_md_meta(report["meta"]) or ["- (no run metadata given)"]), "",
-             summary_line(report), ""]
+    verdict_lines = verdict.lines(report.get("verdict"))
+    lines = ["# replaytests report", "", f"## {_md_cell(verdict_lines[0])}", "",
+             *(f"- {_md_cell(line.strip())}" for line in verdict_lines[1:]), "", "## Run", "",
+             *(_md_meta(report["meta"]) or ["- (no run metadata given)"]), "", summary_line(report), ""]
     for table in tables(report):
         lines += [f"## {_md_cell(table.title)}", "", "| " + " | ".join(map(_md_cell, table.header)) + " |",
                   "|" + "---|" * len(table.header)]
@@ -503,9 +529,9 @@ def write_report(report_dir: Path, records: list[dict], meta: dict) -> list[Path
     report = build_report(records, meta)
     paths = [report_dir / name for name in ("report.json", "report.md", "report.html")]
     try:
-        write_json_atomic(paths[0], report)
+        write_json_atomic(paths[0], report, sort_keys=False)
         write_atomic(paths[1], markdown(report))
-        write_atomic(paths[2], page(report, tables(report), summary_line(report)))
+        write_atomic(paths[2], page(report, tables(report), summary_line(report), verdict.lines(report.get("verdict"))))
     except OSError as exc:
         raise ConfigError(f"{report_dir}: cannot write report: {exc.strerror or exc}") from None
     return paths

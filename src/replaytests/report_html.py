@@ -172,11 +172,13 @@ def _table(table) -> str:
     return f"<h2>{escape(table.title)}</h2><table><tr>{head}</tr>{rows}</table>{note}"
 
 
-def page(report: dict, tables: list, summary: str) -> str:
-    """The standalone HTML page: run metadata, plots, then the same tables as report.md."""
+def page(report: dict, tables: list, summary: str, verdict_lines: list[str]) -> str:
+    """The standalone HTML page: the verdict, run metadata, plots, then the same tables as report.md."""
     meta = _meta(report["meta"]) if report["meta"] else "<p>(no run metadata given)</p>"
     figures = plots(report)
+    items = "".join(f"<li>{escape(line.strip())}</li>" for line in verdict_lines[1:])
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>replaytests report</title>'
-            f"<style>{STYLE}</style></head><body><h1>replaytests report</h1><h2>Run</h2>{meta}"
+            f"<style>{STYLE}</style></head><body><h1>replaytests report</h1>"
+            f"<h2>{escape(verdict_lines[0])}</h2><ul>{items}</ul><h2>Run</h2>{meta}"
             f"<p>{escape(summary)}</p>" + ("<h2>Plots</h2>" + "".join(figures) if figures else "")
             + "".join(_table(t) for t in tables) + "</body></html>\n")

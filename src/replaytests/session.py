@@ -14,93 +14,19 @@ from pathlib import Path
 
 import torch
 
-from replaytests import environment, hf_adapter, ledger
+from replaytests import cpu_isa, environment, hf_adapter, ledger
 from replaytests.bank import BankRow, read_bank
-from replaytests.contract import PRECISIONS, Contract, load_contract
+from replaytests.contract import Contract, load_contract
 from replaytests.decoder import suffix_room
-from replaytests.errors import ConfigError
 from replaytests.families import FAMILIES, bridge, replication, transplant
+from replaytests.gates import PASS, Judgement, artifact
 from replaytests.integrity import Integrity, verify_inputs
+from replaytests.options import Options, parse_shard, select_rows
 from replaytests.protocol import Delimiters, Grammar
 from replaytests.report import read_run
 from replaytests.runtime import Runtime
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2"
-DEFAULT_BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
-DEFAULT_CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"
-DEFAULT_LATER_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2-later"
-DEFAULT_BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
-DEFAULT_REPORT_DIR = Path("reports") / "latest"
-# Environment fields that decide a run's numerics: a default baseline recorded with others is not applied.
-BASELINE_PLATFORM = ("software.torch", "software.transformers", "hardware.device_kind", "hardware.gpu_name",
-                     "hardware.cpu_capability", "environment.cpu_threads")
 PANEL_FAMILIES = ("bridge", "batch")  # run on the bridge panel (contract panels.bridge rows), not on every row
-
-
-@dataclass(frozen=True)
-class Options:
-    model: Path = DEFAULT_MODEL
-    bank: Path = DEFAULT_BANK
-    contract: Path = DEFAULT_CONTRACT
-    precision: str = "both"
-    rows: str | None = None
-    report_dir: Path = DEFAULT_REPORT_DIR
-    device: str | None = None
-    baseline: Path | None = None
-    shard: str | None = None
-    accept_changed: frozenset[str] = frozenset()
-    strict_contract: bool = False
-    replication_model: Path | None = None
-
-    @property
-    def embedded_default(self) -> bool:
-        return (self.model, self.bank, self.contract) == (DEFAULT_MODEL, DEFAULT_BANK, DEFAULT_CONTRACT)
-
-    @property
-    def baseline_ledger(self) -> Path | None:
-        """--baseline (a ledger, or a run directory holding ledger.jsonl), or for the embedded
-        default inputs the committed baseline ledger."""
-        if self.baseline is not None:
-            return self.baseline / "ledger.jsonl" if self.baseline.is_dir() else self.baseline
-        return DEFAULT_BASELINE if self.embedded_default and DEFAULT_BASELINE.is_file() else None
-
-    @property
-    def later_model(self) -> Path | None:
-        """The checkpoint replication runs on: --replication-model, or for the embedded default its
-        derived later checkpoint."""
-        return self.replication_model or (DEFAULT_LATER_MODEL if self.embedded_default else None)
-
-    @property
-    def precisions(self) -> tuple[str, ...]:
-        if self.precision == "both":
-            return PRECISIONS
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision: expected bf16, fp32 or both, got {self.precision!r}")
-        return (self.precision,)
-
-
-def select_rows(rows: list[BankRow], spec: str | None) -> list[BankRow]:
-    """`--rows N` keeps the first N rows; `--rows A:B` a Python slice of the bank."""
-    if spec is None:
-        return rows
-    try:
-        if ":" in spec:
-            start, _, stop = spec.partition(":")
-            return rows[slice(int(start) if start else None, int(stop) if stop else None)]
-        return rows[: int(spec)]
-    except ValueError:
-        raise ConfigError(f"--rows: expected a count N or a slice A:B, got {spec!r}") from None
-
-
-def parse_shard(spec: str | None) -> tuple[int, int]:
-    """`--shard i/N` (1 <= i <= N) as (i, N); no shard is 1/1."""
-    if spec is None:
-        return 1, 1
-    index, _, count = spec.partition("/")
-    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
-        raise ConfigError(f"--shard: expected i/N with 1 <= i <= N (e.g. 2/4), got {spec!r}")
-    return int(index), int(count)
 
 
 def pinned_device(device: str, worker: str | None) -> str:
@@ -118,15 +44,19 @@ class ReplaySession:
     rows: list[BankRow]
     integrity: Integrity
     baseline: list[dict]
+    pinned: cpu_isa.Pin
     _runtimes: dict[tuple[Path, str], Runtime] = field(default_factory=dict)
     _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     _attached: set[tuple[str, str, str]] = field(default_factory=set)
 
     @classmethod
-    def open(cls, options: Options) -> ReplaySession:
-        """Validate every input before any model work: contract, tokenizer, config, bank, manifest."""
+    def open(cls, options: Options, pinned: cpu_isa.Pin | None = None) -> ReplaySession:
+        """Validate every input before any model work: contract, CPU instruction set, tokenizer, config,
+        bank, manifest. `pinned` is the contract's CPU level as the caller already applied it (the
+        pytest plugin does so before torch starts); else it is applied here."""
         options.precisions  # noqa: B018 - validates the option
         contract = load_contract(options.contract)
+        pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
         tokenizer = hf_adapter.load_tokenizer(options.model)
         config = hf_adapter.load_config(options.model)
         grammar = Grammar(Delimiters.resolve(tokenizer, contract.delimiters), contract.caps,
@@ -137,7 +67,7 @@ class ReplaySession:
         if options.later_model is not None:
             hf_adapter.load_config(options.later_model)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
-        return cls(options, contract, select_rows(rows, options.rows), integrity, baseline)
+        return cls(options, contract, select_rows(rows, options.rows), integrity, baseline, pinned)
 
     @property
     def manifest(self) -> dict:
@@ -153,6 +83,37 @@ class ReplaySession:
         """Every field the contract names whose real value differs."""
         return environment.drift(self.contract, self.environment)
 
+    @functools.cached_property
+    def platform(self) -> dict:
+        """The fields of this run's environment that decide its numbers (environment.PLATFORM)."""
+        return environment.platform_of(self.environment)
+
+    @functools.cached_property
+    def bank_platform(self) -> list[str]:
+        """Where this run's platform differs from the one the bank was frozen on (empty: the same)."""
+        return environment.platform_differences(self.manifest.get("platform"), self.platform, "bank")
+
+    @functools.cached_property
+    def baseline_platform(self) -> list[str]:
+        """Where this run's platform differs from the one that recorded the baseline (its run.json)."""
+        run = read_run(self.options.baseline_ledger) if self.options.baseline_ledger else None
+        return environment.platform_differences((run or {}).get("platform"), self.platform, "baseline")
+
+    def refreezes(self, precision: str) -> bool:
+        """Whether live generation at this precision re-freezes the bank: the bank's precision and caps."""
+        frozen = self.manifest["contract"]
+        return precision == self.manifest["precision"] and frozen["caps"] == vars(self.contract.caps)
+
+    def judge_against_bank(self, problem: str | None) -> Judgement:
+        """A token-identity check against the frozen bank (`problem`: what differs, None if nothing)."""
+        here = PASS if problem is None else Judgement("fail", problem)
+        return artifact(here, self.bank_platform, self.options.strict_contract, "bank")
+
+    def judge_against_baseline(self, problem: str | None) -> Judgement:
+        """A ledger-audit check against the baseline, under gates.audit.reproduce."""
+        return artifact(self.contract.gates.audit(problem), self.baseline_platform, self.options.strict_contract,
+                        "baseline")
+
     @property
     def device(self) -> str:
         return pinned_device(self.options.device or self.contract.device, os.environ.get("PYTEST_XDIST_WORKER"))
@@ -162,10 +123,6 @@ class ReplaySession:
         if key not in self._runtimes:
             self._runtimes[key] = Runtime.load(key[0], self.contract, precision, self.device)
         return self._runtimes[key]
-
-    def divergence_allowed(self, family: str, precision: str) -> bool:
-        """The contract's gate: may this family's headline suffixes diverge at this precision?"""
-        return self.contract.gates[family]["suffix_divergence_allowed"][precision]
 
     def row(self, row_id: str) -> BankRow:
         for row in self.rows:
@@ -202,34 +159,11 @@ class ReplaySession:
         sizes = self.contract.panels["transplant"]
         return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
 
-    @functools.cached_property
-    def baseline_differences(self) -> list[str]:
-        """Where this run's platform differs from the one that wrote the baseline (its run.json), in
-        the fields that decide the numerics; empty without a baseline or its run.json."""
-        run = read_run(self.options.baseline_ledger) if self.options.baseline_ledger else None
-        before = (run or {}).get("environment", {})
-        differences = []
-        for path in BASELINE_PLATFORM:
-            section, key = path.split(".")
-            old, new = before.get(section, {}).get(key), self.environment[section].get(key)
-            if run is not None and old != new:
-                differences.append(f"{path} {old} (baseline) vs {new} (here)")
-        return differences
-
-    @property
-    def baseline_applies(self) -> str | None:
-        """Why the audit does not run: no baseline, or a default baseline made on another platform."""
-        if not self.options.baseline_ledger:
-            return "no baseline ledger: pass --baseline LEDGER"
-        if self.options.baseline is None and self.baseline_differences:
-            return ("the committed baseline was recorded on another platform (" + "; ".join(self.baseline_differences)
-                    + "); pass --baseline to audit against it anyway")
-        return None
-
     def transplant_role(self, row: BankRow) -> str | None:
-        """"divergent" or "control" for a panel row, "not_testable" where the boundary argmax differs."""
+        """"divergent" or "control" for a panel row, "not_testable" for a divergent row whose first
+        suffix tokens differ (transplant.panel gives the reason), None for a row outside the panel."""
         panel = self.transplant_panel
-        roles = dict(panel.rows) | dict.fromkeys(panel.not_testable, "not_testable")
+        roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
         return roles.get(row.id)
 
     def record(self, family: str, row: BankRow, precision: str) -> dict:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from replaytests import verdict
 from replaytests.families import FAMILIES, replication, transplant
+from replaytests.gates import Gates, replicas_exact
 from replaytests.report import fmt_proportion
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
@@ -29,8 +31,7 @@ def _row(family: str, precision: str, records: list[dict]) -> list[str]:
     def some_not(field: str):
         return lambda r: not every(field, module.HEADLINE)(r)
 
-    replicas = _count(ok, lambda r: every("cache_exact", module.REPLICAS)(r) and every(
-        "suffix_equal", module.REPLICAS)(r)) if module.REPLICAS else "-"
+    replicas = _count(ok, replicas_exact) if module.REPLICAS else "-"
     return [
         family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
         _count(ok, every("cache_exact", module.HEADLINE)),
@@ -61,8 +62,9 @@ def audit_line(audits: list[dict]) -> str:
     return line + (f"; changed: {', '.join(sorted(changed))}" if changed else "")
 
 
-def causal_lines(records: list[dict], min_exact_controls: int) -> list[str]:
-    """The transplant and replication outcomes, with Wilson 95% intervals, when those families ran."""
+def causal_lines(records: list[dict], min_exact_controls: int, gates: Gates) -> list[str]:
+    """The transplant and replication outcomes, with Wilson 95% intervals and the verdict of
+    gates.transplant, when those families ran."""
     lines = []
     if any(r["family"] == transplant.FAMILY for r in records):
         t = transplant.summarize(records)
@@ -70,17 +72,39 @@ def causal_lines(records: list[dict], min_exact_controls: int) -> list[str]:
         third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
         parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
                           for name, v in by.items())
-        lines += [f"transplant (bf16): recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
-                  f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {t['minimal_layers']}"]
+        ranges = "; ".join(f"{name} " + (", ".join(f"[{r}] x{n}" for r, n in found.items()) or "-")
+                           for name, found in t["minimal_layers"].items())
+        judged = gates.transplant_family(*({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
+                                           for key in ("follows_donor", "control_third")))
+        lines += [f"transplant (bf16): validity control (self-transplants reproduce their own trajectory): "
+                  f"{validity_text(t['validity'])}",
+                  f"  recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
+                  f"  gates.transplant: {gate_text(judged)}",
+                  f"  not testable (first suffix tokens differ): {len(t['not_testable'])}"
+                  + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"]),
+                  f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {ranges}"]
     if any(r["family"] == replication.FAMILY for r in records):
         r = replication.summarize(records, min_exact_controls)
         recovery = "; ".join(f"{name} {fmt_proportion(v)}" for name, v in r["donor_recovery"].items())
         label = ("strong replication" if r["strong"]
                  else "replicated, not strong" if r["replicated"] else "not replicated")
-        lines += [f"replication (bf16): divergent {fmt_proportion(r['divergent'])}, not testable {r['not_testable']}; "
-                  f"donor recovery {recovery}; exact controls {r['exact_controls']} (registered minimum "
-                  f"{r['min_exact_controls']}): {label}"]
+        lines += [f"replication (bf16): validity control {validity_text(r['validity'])}; divergent "
+                  f"{fmt_proportion(r['divergent'])}, not testable {len(r['not_testable'])}; donor recovery "
+                  f"{recovery}; exact controls {r['exact_controls']} (registered minimum {r['min_exact_controls']}): "
+                  f"{label}"]
     return lines
+
+
+def validity_text(validity: dict) -> str:
+    invalid = validity["invalid"]
+    return fmt_proportion(validity["reproduced"]) + (
+        f"; INVALID HERE on {len(invalid)} rows ({', '.join(invalid)}): decoding is not a function of the cache "
+        "values alone, no transplant outcome counts" if invalid else "")
+
+
+def gate_text(judgements: list) -> str:
+    failed = [j.message for j in judgements if j.failed]
+    return "met" if not failed else "NOT MET: " + "; ".join(failed)
 
 
 def metrics(record: dict) -> dict:
@@ -93,8 +117,9 @@ def metrics(record: dict) -> dict:
     }
 
 
-def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (), causal: list[str] = ()) -> str:
-    lines = ["# replaytests run summary", ""]
+def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (), causal: list[str] = (),
+             outcome: dict | None = None) -> str:
+    lines = ["# replaytests run summary", "", *(f"    {line}" for line in verdict.lines(outcome)), ""]
     lines += [f"- **{name}**: {value}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(records)]

@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from replaytests import constructions
+from replaytests.bank import BankRow
 from replaytests.boundary import Boundary
 from replaytests.contract import Contract, load_contract
+from replaytests.decoder import decode_suffix
 from replaytests.hf_adapter import load_tokenizer
 from replaytests.protocol import DELIMITER_NAMES, Caps, Delimiters, Grammar
 
@@ -78,6 +81,45 @@ def fp32_runtime(tiny_contract):
     from replaytests.runtime import Runtime
 
     return Runtime.load(MODEL_DIR, tiny_contract, "fp32")
+
+
+@pytest.fixture(scope="session")
+def bf16_runtime(tiny_contract):
+    """The tiny model at BF16, loaded once for the whole unit session."""
+    from replaytests.runtime import Runtime
+
+    return Runtime.load(MODEL_DIR, tiny_contract, "bf16")
+
+
+@pytest.fixture(scope="session")
+def bank_rows(bank_rows_json) -> list[BankRow]:
+    return [BankRow(r["id"], r["tokens"], r["roles"], r["expected_answer"]) for r in bank_rows_json]
+
+
+def find_row(runtime, rows: list[BankRow], divergent: bool) -> BankRow:
+    """The first bank row whose incremental and prefill suffixes diverge with equal first suffix tokens
+    (testable by transplant), or with `divergent` false the first whose suffixes are equal, at this
+    runtime's precision on this platform. Which rows diverge depends on the CPU kernels (the platform),
+    so tests take their rows from this search, never by name; with none found the test is skipped."""
+    for row in rows:
+        incremental, prefill = (decode_suffix(runtime, constructions.build(runtime, c, row.tokens)).tokens
+                                for c in ("incremental", "prefill"))
+        if (incremental != prefill and incremental[:1] == prefill[:1]) if divergent else incremental == prefill:
+            return row
+    kind = "diverges with equal first suffix tokens" if divergent else "has equal suffixes"
+    pytest.skip(f"no bank row {kind} at {runtime.precision} on this platform ({len(rows)} rows tried)")
+
+
+@pytest.fixture(scope="session")
+def divergent_row(bf16_runtime, bank_rows) -> BankRow:
+    """A bank row whose BF16 crossing diverges (testably) on this platform."""
+    return find_row(bf16_runtime, bank_rows, divergent=True)
+
+
+@pytest.fixture(scope="session")
+def exact_row(bf16_runtime, bank_rows) -> BankRow:
+    """A bank row whose BF16 incremental and prefill suffixes are equal on this platform."""
+    return find_row(bf16_runtime, bank_rows, divergent=False)
 
 
 def token_of(delims: Delimiters, spec: str | int) -> int:

@@ -6,6 +6,7 @@ booleans, its replica pairs exact unless told otherwise.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -14,7 +15,8 @@ import pytest
 from test_report import comparison, record, write_ledger_file
 
 from replaytests.cli import main
-from replaytests.compare import compare, transplant_gates
+from replaytests.compare import compare, gates_of
+from replaytests.contract import default_gates
 
 CONTRACT = Path(__file__).resolve().parents[2] / "contracts" / "cpu-tiny.yaml"
 # family: (headline pair, replica pairs)
@@ -133,12 +135,12 @@ def test_divergence_rate_change_fails_only_beyond_chance(family, divergent, leve
     pytest.param(["follows_donor"] * 3 + ["keeps_own"], None,
                  ["transplant gate: transplant/bf16 incremental<-prefill: follows donor 3/4 divergent rows, below the "
                   "donor recovery gate 1"], id="one-keeps-own"),
-    pytest.param(["follows_donor"] * 3 + ["third"], {"donor_recovery": 0.75, "controls_third_trajectory": 0}, [],
-                 id="3-of-4-at-gate-0.75"),
+    pytest.param(["follows_donor"] * 3 + ["third"], 0.75, [], id="3-of-4-at-gate-0.75"),
 ])
 def test_donor_recovery_below_its_gate_fails(outcomes, gates, expected):
     records = [transplant(f"d{i}", "divergent", "follows_donor", o) for i, o in enumerate(outcomes)]
-    result = compare(records, records, gates=gates)
+    gate = None if gates is None else dataclasses.replace(default_gates(), donor_recovery=gates)
+    result = compare(records, records, gates=gate)
     assert result.reasons == expected, result.reasons
 
 
@@ -151,8 +153,10 @@ def test_control_with_a_third_trajectory_fails():
 
 
 def test_transplant_gates_come_from_the_contract_or_its_defaults():
-    assert transplant_gates() == {"donor_recovery": 1.0, "controls_third_trajectory": 0}, transplant_gates()
-    assert transplant_gates(CONTRACT) == transplant_gates(), "cpu-tiny keeps the default transplant gates"
+    gates = gates_of()
+    assert (gates.donor_recovery, gates.controls_third_trajectory) == (1.0, 0), gates
+    tiny = gates_of(CONTRACT)
+    assert (tiny.donor_recovery, tiny.controls_third_trajectory) == (1.0, 0), "cpu-tiny keeps the default gates"
 
 
 def test_missing_rows_are_noted_and_a_vanished_precision_fails():
@@ -178,7 +182,7 @@ def runs(tmp_path):
     baseline = write_ledger_file(tmp_path / "base" / "ledger.jsonl", diverging("crossing", 12, 0)).parent
     new = write_ledger_file(tmp_path / "new" / "ledger.jsonl", diverging("crossing", 12, 12)).parent
     for path, torch in ((baseline, "2.12"), (new, "2.13")):
-        (path / "run.json").write_text(json.dumps({"versions": {"torch": torch}}), encoding="utf-8")
+        (path / "run.json").write_text(json.dumps({"platform": {"software.torch": torch}}), encoding="utf-8")
     return baseline, new
 
 
@@ -189,7 +193,8 @@ def test_cli_compare_fails_with_one_reason_per_line(runs, capsys):
     reasons = [line for line in lines if line.startswith("reason: ")]
     assert (code, lines[-1]) == (1, f"FAIL: {len(reasons)} reasons"), f"exit {code}, last line {lines[-1]!r}"
     assert len(reasons) == 13, f"12 changed rows and one rate change: {reasons}"
-    assert "note: versions differs: baseline {'torch': '2.12'}, new {'torch': '2.13'}" in lines, lines
+    assert ("note: platform differs: baseline {'software.torch': '2.12'}, new {'software.torch': '2.13'}"
+            in lines), lines
 
 
 def test_cli_compare_passes_identical_runs(runs, capsys):
@@ -200,7 +205,7 @@ def test_cli_compare_passes_identical_runs(runs, capsys):
 @pytest.mark.parametrize(("content", "message"), [
     pytest.param(None, r"cannot read ledger: No such file or directory", id="missing"),
     pytest.param("", r"empty ledger \(no records\)", id="empty"),
-    pytest.param('{"schema": "replaytests.ledger/2"}\n', r":1: field 'schema' is 'replaytests.ledger/2'",
+    pytest.param('{"schema": "replaytests.ledger/9"}\n', r":1: field 'schema' is 'replaytests.ledger/9'",
                  id="other-schema"),
 ])
 def test_cli_compare_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, content, message):

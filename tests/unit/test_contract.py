@@ -58,7 +58,7 @@ def test_cpu_tiny_contract_loads(repo):
         "bf16 dtype": c.precisions["bf16"].dtype, "fp32 dtype": c.precisions["fp32"].dtype,
         "fp32 matmul precision": c.precisions["fp32"].float32_matmul_precision,
         "allowed": c.suffix_divergence_allowed, "delimiters": c.delimiters, "banned": c.banned_tokens,
-        "bank": c.bank, "inference_mode": c.inference_mode, "compile": c.compile,
+        "bank": c.bank, "inference_mode": c.inference_mode, "compile": c.compile, "cpu_isa": c.cpu_isa,
     }
     expected = {
         "name": "cpu-tiny", "device": "cpu", "cpu_threads": 1, "attention": "sdpa", "physical_batch": 2,
@@ -66,6 +66,7 @@ def test_cpu_tiny_contract_loads(repo):
         "bf16 dtype": "bfloat16", "fp32 dtype": "float32", "fp32 matmul precision": "highest",
         "allowed": {"bf16": True, "fp32": False}, "delimiters": {}, "banned": (),
         "bank": {"rows": 48, "prefix_len": {"min": 123, "max": 374}}, "inference_mode": "eager", "compile": False,
+        "cpu_isa": "AVX2",
     }
     wrong = {k: (got[k], expected[k]) for k in expected if got[k] != expected[k]}
     assert not wrong, f"cpu-tiny contract fields (got, expected): {wrong}"
@@ -79,7 +80,7 @@ def test_paper_contract_loads(repo):
            c.precisions["fp32"].tf32_matmul, c.precisions["fp32"].cudnn_tf32,
            c.precisions["fp32"].float32_matmul_precision, c.software["torch"], c.hardware["compute_capability"],
            c.bank, c.panels["transplant"]["divergent"], c.panels["replication"]["min_exact_controls"],
-           c.boundary_checks, c.gates["transplant"]["donor_recovery"])
+           tuple(c.settings["boundary_checks"]), c.gates.donor_recovery)
     expected = ("paper-b200", "cuda", Caps(768, 512, 64), 2, {"bf16": True, "fp32": False},
                 False, True, False, False, "highest", "2.10.0+cu128", "10.0",
                 {"rows": 200, "prefix_len": {"min": 1025, "max": 5080}}, 24, 6, BOUNDARY_CHECKS, 1.0)
@@ -325,10 +326,15 @@ UNSUPPORTED = [
                  r": boundary_checks\[1\]: expected token_ids, role_ids, .* or tensor_metadata, got 'roles'$",
                  id="boundary-check-name"),
     pytest.param(put("nope", "schema"), r": schema: expected replaytests\.contract/1, got 'nope'$", id="schema-id"),
+    pytest.param(put("AVX-512", "environment", "cpu_isa"),
+                 r": environment\.cpu_isa: expected DEFAULT, AVX2 or AVX512, got 'AVX-512'$", id="cpu-isa-name"),
 ]
 
 
 TOGETHER = [
+    pytest.param(put(["token_ids", "role_ids"], "boundary_checks"),
+                 r": boundary_checks: expected each of token_ids, role_ids, .* once \(the engine always runs every "
+                 r"boundary check\), got \['token_ids', 'role_ids'\]$", id="boundary-checks-subset"),
     pytest.param(put("float32", "precisions", "bf16", "dtype"),
                  r": precisions\.bf16\.dtype: expected bfloat16 for precision bf16, got 'float32'$",
                  id="dtype-of-other-precision"),

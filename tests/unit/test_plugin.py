@@ -1,14 +1,17 @@
 """The pytest plugin as a user meets it, driven through pytester in a child process."""
 
 import json
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from replaytests import ledger
-from replaytests.session import DEFAULT_CONTRACT as CONTRACT
+from replaytests import cpu_isa, ledger
+from replaytests.cpu_isa import cpu_flags
+from replaytests.options import DEFAULT_CONTRACT as CONTRACT
 
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
 
@@ -85,14 +88,42 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
     target = next(r for r in records if ledger.key(r) == ("crossing", "tiny-001", "fp32"))
     target["arms"]["prefill"]["cache_digest"] = "0" * 64
-    baseline = tmp_path / "baseline.jsonl"
+    baseline = tmp_path / "baseline" / "ledger.jsonl"  # beside the run's run.json: the same platform
     ledger.write_ledger(baseline, records)
+    (baseline.parent / "run.json").write_text((report_dir / "run.json").read_text())
     proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
                               "--rows", "1:2")  # the last --rows wins: only tiny-001, 4 records
     assert "1 failed, 3 passed" in proc.stdout, f"expected one audit failure:\n{proc.stdout[-3000:]}"
     assert ("crossing row tiny-001 (fp32): 1 of" in proc.stdout
             and "first: arms.prefill.cache_digest: baseline \"000000" in proc.stdout), proc.stdout[-3000:]
     assert "ledger audit: 3/4 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
+
+
+def _baseline_beside(report_dir, tmp_path, **platform) -> Path:
+    """The run's ledger with one cache digest altered, beside its run.json with `platform` changed."""
+    records = ledger.read_ledger(report_dir / "ledger.jsonl")
+    target = next(r for r in records if ledger.key(r) == ("crossing", "tiny-001", "fp32"))
+    target["arms"]["prefill"]["cache_digest"] = "0" * 64
+    baseline = tmp_path / "elsewhere" / "ledger.jsonl"
+    ledger.write_ledger(baseline, records)
+    run = json.loads((report_dir / "run.json").read_text())
+    run["platform"] |= platform
+    (baseline.parent / "run.json").write_text(json.dumps(run))
+    return baseline
+
+
+@pytest.mark.parametrize(("strict", "outcome"), [pytest.param(False, "3 passed, 1 xfailed", id="drift-is-data"),
+                                                  pytest.param(True, "1 failed, 3 passed", id="strict-fails")])
+def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_path, strict, outcome):
+    """The same altered record, in a baseline recorded at another CPU level: its change is recorded as
+    platform drift (in the verdict, exit 0); --strict-contract makes it a failure."""
+    baseline = _baseline_beside(two_row_run[1], tmp_path, **{"environment.cpu_isa": "AVX512"})
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
+                              "--rows", "1:2", *(["--strict-contract"] if strict else []))
+    assert outcome in proc.stdout and proc.returncode == int(strict), f"exit {proc.returncode}:\n{proc.stdout[-3000:]}"
+    assert "environment.cpu_isa AVX512 (baseline) vs AVX2 (here)" in proc.stdout, proc.stdout[-3000:]
+    if not strict:
+        assert "platform drift: 1/4 baseline records changed (crossing/tiny-001/fp32)" in proc.stdout, proc.stdout
 
 
 def test_json_report_carries_metrics(tmp_path):
@@ -147,19 +178,20 @@ def test_bad_input_is_one_line_usage_error(pytester, option, value, message):
     assert "Traceback" not in result.stderr.str() + result.stdout.str(), "a traceback reached the user"
 
 
-def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path):
-    """Row tiny-005 diverges at BF16 on the embedded default; a contract that demands exact BF16
-    suffixes must turn that recorded divergence into a failure that names the row and index."""
+def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank_rows, divergent_row):
+    """A row that diverges at BF16 on this platform (found by the search, never named): a contract
+    that demands exact BF16 suffixes turns that recorded divergence into a failure naming the row."""
     strict = tmp_path / "strict.yaml"
     strict.write_text(CONTRACT.read_text().replace("{bf16: true, fp32: false}", "{bf16: false, fp32: false}"))
+    index = bank_rows.index(divergent_row)
     result = pytester.runpytest_subprocess(
         "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(strict),
-        "--rows", "5:6", "--precision", "bf16", "-k", "incremental_vs_prefill",
+        "--rows", f"{index}:{index + 1}", "--precision", "bf16", "-k", "incremental_vs_prefill",
         "--report-dir", str(tmp_path / "report"),
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*crossing row tiny-005 (bf16): incremental and prefill suffixes diverge at suffix "
-                                 "index*contract cpu-tiny requires bf16 crossing suffixes to be exact*"])
+    result.stdout.fnmatch_lines([f"*crossing row {divergent_row.id} (bf16): incremental and prefill suffixes diverge "
+                                 "at suffix index*the contract requires bf16 crossing suffixes to be exact*"])
 
 
 def pinned_torch_contract(tmp_path):
@@ -188,7 +220,7 @@ def test_strict_contract_fails_the_run_on_drift(pytester, tmp_path):
 def changed_bank(tmp_path):
     """The committed bank with one row moved to the end: every row still valid, the sha256 changed."""
     from replaytests.bank import manifest_path
-    from replaytests.session import DEFAULT_BANK
+    from replaytests.options import DEFAULT_BANK
 
     lines = DEFAULT_BANK.read_text().splitlines(keepends=True)
     bank = tmp_path / "tiny.jsonl"
@@ -210,3 +242,74 @@ def test_an_accepted_change_is_recorded_in_the_header(pytester, changed_bank):
                                 "--accept-changed", "bank", "--collect-only")
     assert result.ret == pytest.ExitCode.OK, f"exit code {result.ret}:\n{result.stderr.str()}"
     result.stdout.fnmatch_lines(["replaytests overridden: *bank sha256*accepted with --accept-changed=bank*"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU instruction set: pinned by the contract, forced by the user, or fixed too early.
+
+needs_avx2 = pytest.mark.skipif(not {"avx2", "fma"} <= (cpu_flags() or set()) or platform.machine() != "x86_64",
+                                reason="the embedded default's contract pins AVX2, which this CPU cannot run")
+PLATFORM_TESTS = ("--rows", "1", "--precision", "bf16", "-k", "refreezes_bank_row or on_this_platform")
+
+
+def _user_dispatch(monkeypatch, **variables) -> None:
+    """The child process sees only the dispatch variables a user set (none from this run's own pin)."""
+    for name in (cpu_isa.ATEN, cpu_isa.ONEDNN, cpu_isa.MARK):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+
+@needs_avx2
+def test_a_forced_dispatch_level_is_drift_in_the_verdict(pytester, monkeypatch):
+    _user_dispatch(monkeypatch, ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="DEFAULT")
+    result = pytester.runpytest_subprocess("--pyargs", "replaytests.conformance", *PLATFORM_TESTS)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([
+        "*replaytests summary*", "verdict: PASS*",
+        "cpu_isa: contract cpu-tiny pins AVX2, not applied (set in the environment: ATEN_CPU_CAPABILITY=default "
+        "ONEDNN_MAX_CPU_ISA=DEFAULT); torch dispatches to DEFAULT*",
+        "bank: *, made on another platform (environment.cpu_isa AVX2 (bank) vs DEFAULT* (here))*",
+        "drift from the contract: environment.cpu_isa: contract AVX2, actual DEFAULT*"])
+
+
+@needs_avx2
+def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatch):
+    _user_dispatch(monkeypatch, ATEN_CPU_CAPABILITY="default")
+    result = pytester.runpytest_subprocess("--pyargs", "replaytests.conformance", *PLATFORM_TESTS, "--strict-contract")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-3000:]
+    result.stderr.fnmatch_lines(["ERROR: --strict-contract: the environment differs from contract cpu-tiny in 1 "
+                                 "field(s): environment.cpu_isa: contract AVX2, actual DEFAULT*"])
+
+
+@needs_avx2
+@pytest.mark.parametrize("strict", [pytest.param(False, id="drift-is-data"), pytest.param(True, id="strict-fails")])
+def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_path, strict):
+    """A contract copy pinning DEFAULT runs at DEFAULT (no contract drift), against a bank and baseline
+    made at AVX2: platform drift in the verdict, a failure only with --strict-contract."""
+    contract = tmp_path / "default.yaml"
+    contract.write_text(f"extends: {CONTRACT}\nname: cpu-default\nenvironment: {{cpu_isa: DEFAULT}}\n")
+    result = pytester.runpytest_subprocess("--pyargs", "replaytests.conformance", *PLATFORM_TESTS,
+                                           "--contract", str(contract), *(["--strict-contract"] if strict else []))
+    assert result.ret == (pytest.ExitCode.TESTS_FAILED if strict else pytest.ExitCode.OK), result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["cpu_isa: DEFAULT, pinned by contract cpu-default",
+                                 "bank: *, made on another platform (environment.cpu_isa AVX2 (bank) vs DEFAULT "
+                                 "(here))*", "drift from the contract: none"])
+    if strict:
+        result.stdout.fnmatch_lines(["*FAILED *test_bank_made_on_this_platform*the bank was made on another "
+                                     "platform*--strict-contract*"])
+
+
+@needs_avx2
+def test_torch_that_ran_before_the_contract_is_one_line(pytester, monkeypatch):
+    """A plugin that made torch dispatch a kernel (at DEFAULT) before replaytests read the contract."""
+    _user_dispatch(monkeypatch)
+    pytester.makepyfile(early_torch="import os\nos.environ['ATEN_CPU_CAPABILITY'] = 'default'\nimport torch\n"
+                                    "torch.zeros(2).add_(1)\ndel os.environ['ATEN_CPU_CAPABILITY']\n")
+    result = pytester.runpytest_subprocess("-p", "early_torch", "--pyargs", "replaytests.conformance", *ROWS,
+                                           "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-3000:]
+    result.stderr.fnmatch_lines(["ERROR: contract cpu-tiny (*) pins cpu_isa AVX2, but torch already dispatches its CPU "
+                                 "kernels to DEFAULT* run again with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
+                                 "set in the environment"])
+    assert "Traceback" not in result.stderr.str() + result.stdout.str(), "a traceback reached the user"

@@ -7,7 +7,8 @@ import torch
 
 from replaytests.errors import ConfigError
 from replaytests.families import FAMILIES
-from replaytests.session import Options, ReplaySession, parse_shard, pinned_device
+from replaytests.options import Options, parse_shard
+from replaytests.session import ReplaySession, pinned_device
 
 
 @pytest.fixture(scope="module")

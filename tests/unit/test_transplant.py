@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from replaytests import hf_adapter
-from replaytests.bank import BankRow
-from replaytests.errors import StorageAliasing, TransplantRefused
+from replaytests.errors import StorageAliasing, TransplantInvalid, TransplantRefused
 from replaytests.families import crossing
 from replaytests.families import transplant as family
-from replaytests.runtime import Runtime, bitwise_equal
+from replaytests.runtime import bitwise_equal
 from replaytests.transplant import PARTS, transplant
 
 # ---------------------------------------------------------------------------------------------
@@ -102,16 +101,6 @@ def test_transplant_checks_the_selection(make_boundary, layers, selection, messa
 
 # ---------------------------------------------------------------------------------------------
 # Mechanics on the tiny model's real BF16 boundaries (the shortest committed z).
-
-
-@pytest.fixture(scope="module")
-def bf16_runtime(repo, tiny_contract) -> Runtime:
-    return Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", tiny_contract, "bf16")
-
-
-@pytest.fixture(scope="module")
-def bank_rows(bank_rows_json) -> dict[str, BankRow]:
-    return {r["id"]: BankRow(r["id"], r["tokens"], r["roles"], r["expected_answer"]) for r in bank_rows_json}
 
 
 @pytest.fixture(scope="module")
@@ -219,19 +208,36 @@ def test_minimal_range(follows, n_layers, expected):
 
 
 def crossing_record(row: str, prefix_len: int, suffix_equal: bool, argmax_equal: bool = True,
-                    cache_exact: bool = False, **fields) -> dict:
-    pair = {"suffix_equal": suffix_equal, "argmax_equal": argmax_equal, "cache_exact": cache_exact}
+                    cache_exact: bool = False, first_token_equal: bool = True, **fields) -> dict:
+    pair = {"suffix_equal": suffix_equal, "argmax_equal": argmax_equal, "cache_exact": cache_exact,
+            "first_token_equal": first_token_equal, "first_divergence": None if suffix_equal else 3}
     return {"family": "crossing", "row": row, "precision": "bf16", "status": "ok", "prefix_len": prefix_len,
             "comparisons": {"incremental~prefill": pair}} | fields
 
 
 def test_panel_splits_divergent_not_testable_and_controls():
     records = [crossing_record("d1", 300, False), crossing_record("d0", 100, False),
-               crossing_record("nt", 200, False, argmax_equal=False),
+               crossing_record("nt", 200, False, argmax_equal=False, first_token_equal=False),
                crossing_record("c0", 150, True), crossing_record("c1", 120, True, cache_exact=True)]
     found = family.panel(records, divergent=24, controls=8)
     assert found.rows == [("d0", "divergent"), ("d1", "divergent"), ("c1", "control"), ("c0", "control")], found
-    assert found.not_testable == ["nt"], found
+    assert found.not_testable == [("nt", "first suffix tokens differ (raw boundary argmax different too): a "
+                                         "transplant cannot move that choice")], found
+
+
+@pytest.mark.parametrize(("argmax_equal", "first_token_equal", "testable"), [
+    pytest.param(True, True, True, id="first-tokens-agree"),
+    pytest.param(True, False, False, id="raw-argmax-agrees-masked-choice-differs"),
+    pytest.param(False, True, True, id="raw-argmax-differs-masked-choice-agrees"),
+    pytest.param(False, False, False, id="both-differ"),
+])
+def test_testability_is_judged_on_the_first_suffix_token(argmax_equal, first_token_equal, testable):
+    """A transplant moves the cache, not the recipient's own boundary logits: what decides is the
+    structurally masked first choice, not the raw argmax (which may be a token the mask forbids)."""
+    record = crossing_record("d", 100, False, argmax_equal=argmax_equal, first_token_equal=first_token_equal)
+    found = family.panel([record])
+    assert (found.rows == [("d", "divergent")]) == testable, found
+    assert bool(found.not_testable) != testable, found
 
 
 def test_panel_prefers_cache_exact_controls():
@@ -260,25 +266,50 @@ def test_panel_reads_finished_bf16_crossing_records_only(other):
 
 
 # ---------------------------------------------------------------------------------------------
-# One row of each role on the embedded default at BF16 (tiny-005 diverged there; tiny-000 did not).
+# One row of each role on the embedded default at BF16, found on this platform (conftest.find_row).
 
 
 @pytest.fixture(scope="module")
-def crossing_records(bf16_runtime, bank_rows) -> dict[str, dict]:
-    return {row: crossing.run(bf16_runtime, bank_rows[row]) for row in ("tiny-005", "tiny-000")}
+def crossing_records(bf16_runtime, divergent_row, exact_row) -> dict[str, dict]:
+    return {"divergent": crossing.run(bf16_runtime, divergent_row), "control": crossing.run(bf16_runtime, exact_row)}
 
 
 @pytest.fixture(scope="module")
-def divergent_record(bf16_runtime, bank_rows, crossing_records) -> dict:
-    return family.run(bf16_runtime, bank_rows["tiny-005"], crossing_records["tiny-005"], "divergent")
+def divergent_record(bf16_runtime, divergent_row, crossing_records) -> dict:
+    return family.run(bf16_runtime, divergent_row, crossing_records["divergent"], "divergent")
 
 
-def test_divergent_row_follows_its_donor_both_ways(crossing_records, divergent_record):
-    assert not crossing_records["tiny-005"]["comparisons"]["incremental~prefill"]["suffix_equal"], (
-        "tiny-005 no longer diverges at BF16: pick another divergent row")
+def test_divergent_row_follows_its_donor_both_ways(crossing_records, divergent_record, divergent_row):
+    assert not crossing_records["divergent"]["comparisons"]["incremental~prefill"]["suffix_equal"], (
+        f"{divergent_row.id} diverged in the search but not in its crossing record")
     assert divergent_record["status"] == "ok", divergent_record.get("reason")
     outcomes = {name: t["outcome"] for name, t in divergent_record["transplants"].items()}
-    assert outcomes == dict.fromkeys(family.TRANSPLANTS, "follows_donor"), f"tiny-005 transplants: {outcomes}"
+    assert outcomes == dict.fromkeys(family.TRANSPLANTS, "follows_donor"), f"{divergent_row.id} transplants: {outcomes}"
+
+
+@pytest.mark.parametrize("role", ["divergent", "control"])
+def test_validity_control_reproduces_each_construction(bf16_runtime, divergent_row, exact_row, crossing_records,
+                                                       divergent_record, role):
+    record = divergent_record if role == "divergent" else family.run(bf16_runtime, exact_row,
+                                                                     crossing_records["control"], "control")
+    assert record["status"] == "ok", record.get("reason")
+    for name, own in family.VALIDITY_PAIRS:
+        metrics = record["comparisons"][f"{name}~{own}"]
+        assert metrics["cache_exact"] and metrics["suffix_equal"], f"{record['row']} {name} vs {own}: {metrics}"
+        assert record["arms"][name]["cache_digest"] == record["arms"][own]["cache_digest"], (
+            f"{name}: the self-transplanted cache is not {own}'s")
+
+
+def test_a_self_transplant_that_diverges_fails_closed():
+    """Where decoding is not a function of the cache values alone, the control fails the row closed."""
+    broken = {"suffix_equal": False, "first_divergence": 4, "cache_exact": True, "logits_exact": True}
+    comparisons = {f"{name}~{own}": {"suffix_equal": True} for name, own in family.VALIDITY_PAIRS}
+    comparisons["prefill_replica<-prefill~prefill"] = broken
+    with pytest.raises(TransplantInvalid, match=r"^row x: transplant invalid here: decoding is not a function of the "
+                                                r"cache values alone: prefill's cache copied into its replica "
+                                                r"\(prefill_replica<-prefill\) diverges from prefill's own suffix at "
+                                                r"index 4 \(cache bit-exact, boundary logits bit-equal\)$"):
+        family.check_valid(comparisons, "row x")
 
 
 def test_transplanted_cache_is_the_donors_and_logits_the_recipients(divergent_record):
@@ -301,12 +332,12 @@ def test_divergent_row_reports_parts_and_minimal_layers(divergent_record):
         assert tried and (minimal is None or tried[-1] == [*minimal, "follows_donor"]), f"{name}: tried {tried}"
 
 
-def test_control_row_has_no_third_trajectory(bf16_runtime, bank_rows, crossing_records):
-    record = family.run(bf16_runtime, bank_rows["tiny-000"], crossing_records["tiny-000"], "control")
+def test_control_row_has_no_third_trajectory(bf16_runtime, exact_row, crossing_records):
+    record = family.run(bf16_runtime, exact_row, crossing_records["control"], "control")
     assert record["status"] == "ok", record.get("reason")
     found = {name: t["outcome"] for name, t in record["transplants"].items()}
     found |= {f"{p} {name}": record["parts"][p][name]["outcome"] for p in family.PARTIAL for name in family.TRANSPLANTS}
-    assert set(found.values()) == {"follows_donor"}, f"control tiny-000 outcomes: {found}"
+    assert set(found.values()) == {"follows_donor"}, f"control {exact_row.id} outcomes: {found}"
     assert record["minimal_layers"] is None, "controls are not searched"
 
 
@@ -324,23 +355,26 @@ def _tamper(record: dict, arm: str, field: str, value) -> dict:
                  "rebuilt prefill logits_digest differs from the crossing record", id="logits-digest"),
     pytest.param(lambda r: _tamper(r, "prefill", "suffix", r["arms"]["prefill"]["suffix"][:-1]),
                  "rebuilt prefill suffix differs from the crossing record", id="suffix"),
-    pytest.param(lambda r: r | {"row": "tiny-005"}, f"{WRONG_RECORD}crossing/tiny-005/bf16/ok", id="another-row"),
-    pytest.param(lambda r: r | {"precision": "fp32"}, f"{WRONG_RECORD}crossing/tiny-000/fp32/ok",
+    pytest.param(lambda r: r | {"row": "other"}, f"{WRONG_RECORD}crossing/other/bf16/ok", id="another-row"),
+    pytest.param(lambda r: r | {"precision": "fp32"}, f"{WRONG_RECORD}crossing/ROW/fp32/ok",
                  id="another-precision"),
-    pytest.param(lambda r: r | {"status": "excluded"}, f"{WRONG_RECORD}crossing/tiny-000/bf16/excluded",
+    pytest.param(lambda r: r | {"status": "excluded"}, f"{WRONG_RECORD}crossing/ROW/bf16/excluded",
                  id="excluded-crossing"),
+    pytest.param(lambda r: _tamper(r, "prefill_replica", "suffix", []),
+                 "rebuilt prefill_replica suffix differs from the crossing record", id="replica-suffix"),
 ])
-def test_a_crossing_that_does_not_reproduce_excludes_the_row(bf16_runtime, bank_rows, crossing_records, tamper,
+def test_a_crossing_that_does_not_reproduce_excludes_the_row(bf16_runtime, exact_row, crossing_records, tamper,
                                                              message):
-    record = family.run(bf16_runtime, bank_rows["tiny-000"], tamper(crossing_records["tiny-000"]), "control")
+    record = family.run(bf16_runtime, exact_row, tamper(crossing_records["control"]), "control")
     assert record["status"] == "excluded", "a tampered crossing record was accepted as contemporaneous"
-    expected = f"NotContemporaneous: transplant row tiny-000 (bf16): not contemporaneous: {message}"
+    expected = (f"NotContemporaneous: transplant row {exact_row.id} (bf16): not contemporaneous: "
+                f"{message.replace('ROW', exact_row.id)}")
     assert record["reason"] == expected, f"reason {record['reason']!r}, expected {expected!r}"
 
 
-def test_unknown_role_is_an_error(bf16_runtime, bank_rows, crossing_records):
+def test_unknown_role_is_an_error(bf16_runtime, exact_row, crossing_records):
     with pytest.raises(ValueError, match=r"role must be one of \('divergent', 'control'\), got 'exact'"):
-        family.run(bf16_runtime, bank_rows["tiny-000"], crossing_records["tiny-000"], "exact")
+        family.run(bf16_runtime, exact_row, crossing_records["control"], "exact")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,12 +383,16 @@ def test_unknown_role_is_an_error(bf16_runtime, bank_rows, crossing_records):
 
 def test_summarize_counts_outcomes_and_layer_ranges(divergent_record):
     third = family.outcome([9], [1], [1])
-    control = {"family": "transplant", "status": "ok", "role": "control", "layers": 4,
+    control = {"family": "transplant", "status": "ok", "role": "control", "layers": 4, "comparisons": {},
                "transplants": dict.fromkeys(family.TRANSPLANTS, third),
                "parts": {p: dict.fromkeys(family.TRANSPLANTS, third) for p in family.PARTIAL}}
-    excluded = {"family": "transplant", "status": "excluded", "role": "divergent", "reason": "x"}
-    summary = family.summarize([divergent_record, control, excluded, {"family": "crossing", "status": "ok"}])
+    excluded = {"family": "transplant", "status": "excluded", "role": "divergent", "row": "r9",
+                "reason": "TransplantInvalid: transplant row r9 (bf16): transplant invalid here: ..."}
+    summary = family.summarize([divergent_record, control, excluded,
+                                {"family": "crossing", "precision": "fp32", "status": "ok"}])
     assert (summary["rows"], summary["excluded"], summary["divergent"], summary["controls"]) == (3, 1, 1, 1), summary
+    reproduced = summary["validity"]["reproduced"]
+    assert ((reproduced["k"], reproduced["n"]), summary["validity"]["invalid"]) == ((1, 1), ["r9"]), summary["validity"]
     for name in family.TRANSPLANTS:
         follows, third_rate = summary["full"][name]["follows_donor"], summary["full"][name]["control_third"]
         assert (follows["k"], follows["n"], third_rate["k"], third_rate["n"]) == (1, 1, 1, 1), summary["full"][name]

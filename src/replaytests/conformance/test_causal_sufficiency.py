@@ -1,46 +1,64 @@
 """Layer 4, causal state sufficiency: does the boundary K/V cache carry the divergent trajectory?
 
-Transplant (SPEC §7.5): on each divergent row of the BF16 crossing (boundary argmax agreeing), the
-prefill recipient given the incremental donor's K/V must follow the donor's suffix, and the other way
-round; on exact controls a transplant must never produce a third trajectory. Replication (SPEC §7.6)
+Transplant: rows come from the BF16 crossing. First the validity control: each construction's cache
+copied into its own replica must reproduce its trajectory bit for bit (else no outcome counts). Then,
+on each divergent row whose first suffix tokens agree, the prefill recipient given the incremental
+donor's K/V must follow the donor's suffix, and the other way round; on exact controls a transplant
+must never produce a third trajectory (gates.transplant, per row and over the family). Replication
 asks the same of a later checkpoint on an outcome-blind panel. K-only, V-only and layer-range
 transplants are recorded in the ledger and report; they are findings, not gates.
 """
 
 import pytest
 
-from replaytests.conformance.helpers import ok
+from replaytests.conformance.helpers import judge, ok
 from replaytests.families import crossing, transplant
+from replaytests.gates import replica_pairs
 
 pytestmark = pytest.mark.causal
 
 
-def _judge(result: dict, role: str) -> None:
-    outcomes = {name: result["transplants"][name]["outcome"] for name in transplant.TRANSPLANTS}
-    where = f"{result['family']} row {result['row']} ({role})"
-    if role == "divergent":
-        wrong = {name: o for name, o in outcomes.items() if o != "follows_donor"}
-        assert not wrong, f"{where}: the recipient did not follow its donor: {wrong}"
-    else:
-        third = {name: result["transplants"][name] for name, o in outcomes.items() if o == "third"}
-        assert not third, f"{where}: a transplant between exact arms produced a third trajectory: {third}"
-
-
-def test_transplant_recipient_follows_donor(record, replay, transplant_row):
-    role = replay.transplant_role(transplant_row)
+def _role(replay, row) -> str:
+    role = replay.transplant_role(row)
     if role is None:
         pytest.skip("not in the transplant panel (chosen from the BF16 crossing's outcomes)")
     if role == "not_testable":
-        pytest.skip("divergent, but the boundary argmax differs: not testable by transplant")
-    _judge(ok(record("transplant", transplant_row, "bf16")), role)
+        pytest.skip(f"divergent, not testable: {dict(replay.transplant_panel.not_testable)[row.id]}")
+    return role
 
 
-def test_replication_on_later_checkpoint(record, replication_row):
+def _check_valid(result: dict) -> None:
+    broken = {name: result["comparisons"][f"{name}~{own}"]["first_divergence"]
+              for name, own in transplant.VALIDITY_PAIRS if not result["comparisons"][f"{name}~{own}"]["suffix_equal"]}
+    assert not broken, f"{result['family']} row {result['row']}: self-transplants diverge (suffix index): {broken}"
+
+
+def test_transplant_validity_control(record, replay, transplant_row):
+    _role(replay, transplant_row)
+    _check_valid(ok(record("transplant", transplant_row, "bf16")))
+
+
+def test_transplant_recipient_follows_donor(record, replay, transplant_row):
+    role = _role(replay, transplant_row)
+    judge(replay.contract.gates.transplant_row(ok(record("transplant", transplant_row, "bf16")), role))
+
+
+def test_transplant_family_meets_its_gates(record, replay, transplant_family):
+    """gates.transplant over the whole panel: each direction's donor recovery and the controls' third
+    trajectories (the per-row tests record a miss the gates allow a share of)."""
+    roles = {row: role for row, role in replay.transplant_panel.rows}
+    rows = [row for row in replay.family_rows(transplant.FAMILY) if row.id in roles]
+    summary = transplant.summarize([record(transplant.FAMILY, row, "bf16") for row in rows])
+    follows = {name: (v["follows_donor"]["k"], v["follows_donor"]["n"]) for name, v in summary["full"].items()}
+    thirds = {name: (v["control_third"]["k"], v["control_third"]["n"]) for name, v in summary["full"].items()}
+    judge(*replay.contract.gates.transplant_family(follows, thirds))
+
+
+def test_replication_on_later_checkpoint(record, replay, replication_row):
     result = ok(record("replication", replication_row, "bf16"))
-    replicas = [p for p in crossing.REPLICAS if not (result["comparisons"][p]["cache_exact"]
-                                                     and result["comparisons"][p]["suffix_equal"])]
-    assert not replicas, f"replication row {replication_row.id}: replicas not exact on the later checkpoint: {replicas}"
+    _check_valid(result)
+    judge(*(replay.contract.gates.replicas(result, pair) for pair in replica_pairs(result)))
     cross = result["comparisons"][crossing.HEADLINE[0]]
-    if not cross["suffix_equal"] and not cross["argmax_equal"]:
-        pytest.skip("divergent, but the boundary argmax differs: not testable by transplant")
-    _judge(result, "control" if cross["suffix_equal"] else "divergent")
+    if not cross["suffix_equal"] and (reason := transplant.not_testable_reason(cross)):
+        pytest.skip(f"divergent, not testable: {reason}")
+    judge(replay.contract.gates.transplant_row(result, "control" if cross["suffix_equal"] else "divergent"))

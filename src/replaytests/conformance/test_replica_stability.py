@@ -3,16 +3,11 @@
 
 import pytest
 
-from replaytests.conformance.helpers import comparison, state_differences
+from replaytests.conformance.helpers import judge, ok
 from replaytests.families import FAMILIES, transplant
+from replaytests.gates import same_platform
 
 pytestmark = pytest.mark.replica
-
-
-def _check_replica(result: dict, pair: str) -> None:
-    metrics = comparison(result, pair)
-    problems = state_differences(metrics, pair, f"{result['family']} row {result['row']} ({result['precision']})")
-    assert not problems, "\n".join(problems)
 
 
 def _arms(family: str) -> list:
@@ -20,25 +15,31 @@ def _arms(family: str) -> list:
 
 
 @pytest.mark.parametrize("pair", _arms("crossing"))
-def test_crossing_replica_exact(record, bank_row, precision, pair):
-    _check_replica(record("crossing", bank_row, precision), pair)
+def test_crossing_replica_exact(record, replay, bank_row, precision, pair):
+    judge(replay.contract.gates.replicas(ok(record("crossing", bank_row, precision)), pair))
 
 
 @pytest.mark.parametrize("pair", _arms("live"))
-def test_live_replica_exact(record, live_row, precision, pair):
-    _check_replica(record("live", live_row, precision), pair)
+def test_live_replica_exact(record, replay, live_row, precision, pair):
+    judge(replay.contract.gates.replicas(ok(record("live", live_row, precision)), pair))
+
+
+def test_baseline_made_on_this_platform(replay):
+    """The baseline's numbers are a check only where its platform is this run's (else platform drift)."""
+    if replay.options.baseline_ledger is None:
+        pytest.skip("no baseline ledger: pass --baseline LEDGER")
+    judge(same_platform("baseline", replay.baseline_platform, replay.options.strict_contract))
 
 
 def test_baseline_record_reproduces(audit_record, replay, baseline_record):
-    """Ledger audit (SPEC §7.4): every leaf of the saved record — trajectories, answers, cache and
-    logits digests, every metric — is reproduced exactly by this run."""
+    """Ledger audit: every leaf of the saved record — trajectories, answers, cache and logits digests,
+    every metric — is reproduced exactly by this run (gates.audit.reproduce)."""
     family, row, precision = (baseline_record[k] for k in ("family", "row", "precision"))
     if family == transplant.FAMILY and replay.transplant_role(replay.row(row)) not in transplant.ROLES:
         pytest.skip("not in this run's transplant panel (drawn from the selected rows' BF16 crossing, "
                     "whose records are audited)")
     result = audit_record(baseline_record)
-    assert result.reproduced, (
+    problem = None if result.reproduced else (
         f"{family} row {row} ({precision}): {len(result.changes)} of {result.leaves} leaves differ from the "
-        f"baseline; first: {result.changes[0]}"
-        + "".join(f"; platform differs: {d}" for d in replay.baseline_differences)
-    )
+        f"baseline; first: {result.changes[0]}")
+    judge(replay.judge_against_baseline(problem))

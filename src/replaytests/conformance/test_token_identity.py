@@ -1,11 +1,13 @@
 """Layer 2, token identity: every arm consumed the bank row's integer tokens and roles, at every
-precision, and live generation at the bank's precision and caps re-freezes the same z."""
+precision, and live generation at the bank's precision and caps re-freezes the same z (a check on
+the platform the bank was frozen on; elsewhere its finding is platform drift)."""
 
 import pytest
 
-from replaytests.conformance.helpers import ok
+from replaytests.conformance.helpers import judge, ok
 from replaytests.families import FAMILIES
 from replaytests.families.crossing import z_digest
+from replaytests.gates import same_platform
 
 pytestmark = pytest.mark.token_identity
 
@@ -26,14 +28,20 @@ def test_batch_arms_consume_bank_row(record, panel_row, precision):
     _check_consumes_bank_row(record("batch", panel_row, precision), panel_row)
 
 
+def test_bank_made_on_this_platform(replay):
+    """The bank's live boundaries are a check only where its platform is this run's (else platform drift)."""
+    judge(same_platform("bank", replay.bank_platform, replay.options.strict_contract))
+
+
 def test_live_generation_refreezes_bank_row(record, replay, live_row, precision):
     """At the bank's precision and caps, generating the row live again must give the same z."""
-    frozen = replay.manifest["contract"]
-    if precision != replay.manifest["precision"] or frozen["caps"] != vars(replay.contract.caps):
-        pytest.skip(f"bank frozen at {replay.manifest['precision']} with caps {frozen['caps']}; "
+    if not replay.refreezes(precision):
+        pytest.skip(f"bank frozen at {replay.manifest['precision']} with caps {replay.manifest['contract']['caps']}; "
                     f"this run is {precision} with caps {vars(replay.contract.caps)}")
     result = ok(record("live", live_row, precision))
-    assert result["z_matches_bank"], (
-        f"live row {live_row.id} ({precision}): live generation reached a different z "
-        f"({result['prefix_len']} tokens) than the frozen bank row ({live_row.prefix_len} tokens)"
-    )
+    difference = result["z_first_difference"]
+    problem = None if result["z_matches_bank"] else (
+        f"live row {live_row.id} ({precision}): live generation reached a different z than the frozen bank row: "
+        f"first difference at token index {difference['index']}: live {difference['live']}, bank "
+        f"{difference['bank']} ({result['prefix_len']} and {live_row.prefix_len} tokens)")
+    judge(replay.judge_against_bank(problem))

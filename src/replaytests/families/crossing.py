@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from replaytests import constructions, ledger
 from replaytests.bank import BankRow
 from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
-from replaytests.comparisons import compare_boundaries, compare_suffixes
+from replaytests.comparisons import compare_boundaries, compare_suffixes, first_divergence
 from replaytests.decoder import Suffix, decode_suffix
 from replaytests.errors import FailClosed
 from replaytests.files import sha256_json
@@ -26,6 +26,16 @@ REPLICAS = ("incremental~incremental_replica", "prefill~prefill_replica")
 
 def z_digest(tokens: list[int], roles: list[int]) -> str:
     return sha256_json({"tokens": tokens, "roles": roles})
+
+
+def z_difference(live: list[int], bank: list[int]) -> dict | None:
+    """Where a live z first differs from the bank row's: the index and both token ids (null past an
+    end); None where they are equal."""
+    index = first_divergence(live, bank)
+    if index is None:
+        return None
+    return {"index": index, "live": live[index] if index < len(live) else None,
+            "bank": bank[index] if index < len(bank) else None}
 
 
 def is_correct(answer: str, expected: str | None) -> bool | None:
@@ -82,7 +92,8 @@ def evaluate(runtime: Runtime, row: BankRow, family: str, arms: tuple[str, ...],
         return excluded(base, exc)
     records = {arm: arm_record(boundaries[arm], suffixes[arm], row.expected_answer) for arm in arms}
     z = boundaries[arms[0]].tokens
-    live = {"prefix_len": len(z), "z_matches_bank": z == row.tokens} if arms[0] == "live" else {}
+    live = {"prefix_len": len(z), "z_matches_bank": z == row.tokens,
+            "z_first_difference": z_difference(z, row.tokens)} if arms[0] == "live" else {}
     return base | live | {"status": "ok", "arms": records,
                           "comparisons": compare_arms(pairs, boundaries, suffixes, records)}
 

@@ -1,10 +1,16 @@
 """Transplant (SPEC §7.5), the fourth fidelity layer: does the boundary K/V cache carry the divergence?
 
-Rows come from a finished BF16 crossing (`panel`). Each is rebuilt (incremental and prefill), checked
-against its crossing record (a contemporaneous baseline), then each recipient is given a
-storage-isolated copy of the donor's K/V — all layers, K and V — and continued by the shared decoder:
-the prefill recipient with the incremental donor's cache, and the other way round. Each direction
-either follows its donor's suffix, keeps its own, or produces a third trajectory.
+Rows come from a finished BF16 crossing (`panel`). Each is rebuilt (incremental and prefill, and a
+replica of each), checked against its crossing record (a contemporaneous baseline), then each
+recipient is given a storage-isolated copy of the donor's K/V — all layers, K and V — and continued
+by the shared decoder: the prefill recipient with the incremental donor's cache, and the other way
+round. Each direction either follows its donor's suffix, keeps its own, or produces a third trajectory.
+
+A row is testable only where both constructions choose the same first suffix token (the masked
+greedy choice at the boundary, made from the recipient's own logits): a transplant moves the cache,
+not those logits. The validity control comes first: each construction's cache copied into its own
+replica must reproduce that construction's trajectory bit for bit, or decoding here is not a
+function of the cache values alone and the row fails closed (TransplantInvalid).
 
 Beyond the paper: K-only and V-only transplants in both directions, and for divergent rows the
 narrowest contiguous layer range whose K/V transplant alone makes the recipient follow the donor.
@@ -26,7 +32,7 @@ from replaytests.bank import BankRow
 from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.comparisons import first_divergence
 from replaytests.decoder import Suffix, decode_suffix
-from replaytests.errors import FailClosed, NotContemporaneous
+from replaytests.errors import FailClosed, NotContemporaneous, TransplantInvalid
 from replaytests.families import bridge
 from replaytests.families.crossing import arm_record, compare_arms, excluded, record_base
 from replaytests.runtime import Runtime
@@ -37,9 +43,16 @@ FAMILY = "transplant"
 CONSTRUCTIONS = ("incremental", "prefill")
 DIRECTIONS = (("prefill", "incremental"), ("incremental", "prefill"))  # (recipient, donor)
 TRANSPLANTS = tuple(direction(recipient, donor) for recipient, donor in DIRECTIONS)
-ARMS = (*CONSTRUCTIONS, *TRANSPLANTS)
-# The crossing pair, and each transplanted arm against its donor (cache exact, logits its own).
-PAIRS = (("incremental", "prefill"), *((direction(r, d), d) for r, d in DIRECTIONS))
+REPLICAS_OF = {f"{c}_replica": c for c in CONSTRUCTIONS}
+# The validity control: each construction's cache in a fresh replica of itself (recipient <- donor).
+REPLICA_DIRECTIONS = tuple(REPLICAS_OF.items())
+SELF_TRANSPLANTS = tuple(direction(replica, c) for replica, c in REPLICA_DIRECTIONS)
+BUILT = (*CONSTRUCTIONS, *REPLICAS_OF)
+ARMS = (*BUILT, *TRANSPLANTS, *SELF_TRANSPLANTS)
+# The crossing pair, each transplanted arm against its donor (cache exact, logits its own), and each
+# self-transplant against the construction whose trajectory it must reproduce.
+VALIDITY_PAIRS = tuple((name, c) for name, c in zip(SELF_TRANSPLANTS, CONSTRUCTIONS, strict=True))
+PAIRS = (("incremental", "prefill"), *((direction(r, d), d) for r, d in DIRECTIONS), *VALIDITY_PAIRS)
 HEADLINE = ("incremental~prefill",)
 REPLICAS = ()
 CROSS = "incremental~prefill"
@@ -52,7 +65,15 @@ DIVERGENT, CONTROLS = 24, 8
 
 class Panel(NamedTuple):
     rows: list[tuple[str, str]]  # (row id, role): divergent rows, then controls, each by prefix length
-    not_testable: list[str]  # divergent rows whose boundary argmax differs
+    not_testable: list[tuple[str, str]]  # (row id, reason): divergent rows whose first suffix tokens differ
+
+
+def not_testable_reason(cross: dict) -> str | None:
+    """Why a divergent crossing pair cannot be tested by transplant, or None where it can."""
+    if cross.get("first_token_equal", cross["first_divergence"] != 0):  # ledger/1 records lack the field
+        return None
+    argmax = "equal" if cross["argmax_equal"] else "different too"
+    return f"first suffix tokens differ (raw boundary argmax {argmax}): a transplant cannot move that choice"
 
 
 class _Ref(NamedTuple):
@@ -69,9 +90,9 @@ def _spaced(records: list[dict], size: int) -> list[str]:
 def panel(crossing_records: list[dict], divergent: int = DIVERGENT, controls: int = CONTROLS) -> Panel:
     """Rows for the transplant, from finished BF16 crossing records only (nothing else is read).
 
-    Divergent: incremental and prefill suffixes differ while the boundary argmax agrees; where the
-    argmax differs the row is not testable by transplant (the recipient keeps its own logits) and is
-    reported. Controls: rows whose suffixes are equal, the cache-exact ones first (the strictest
+    Divergent: incremental and prefill suffixes differ while their first suffix tokens agree; where
+    those differ the row is not testable by transplant (the recipient keeps its own logits) and is
+    reported with the reason. Controls: rows whose suffixes are equal, the cache-exact ones first (the strictest
     controls), topped up with suffix-equal ones. Each group at spaced order statistics of prefix length.
     """
     finished = [r for r in crossing_records
@@ -82,11 +103,11 @@ def panel(crossing_records: list[dict], divergent: int = DIVERGENT, controls: in
     exact = [r for r in equal if cross[r["row"]]["cache_exact"]]
     chosen = _spaced(exact, controls)
     chosen += _spaced([r for r in equal if not cross[r["row"]]["cache_exact"]], controls - len(chosen))
-    testable = _spaced([r for r in split if cross[r["row"]]["argmax_equal"]], divergent)
+    testable = _spaced([r for r in split if not not_testable_reason(cross[r["row"]])], divergent)
     by_length = {r["row"]: (r["prefix_len"], r["row"]) for r in finished}
     return Panel([(row, "divergent") for row in testable]
                  + [(row, "control") for row in sorted(chosen, key=by_length.__getitem__)],
-                 sorted(r["row"] for r in split if not cross[r["row"]]["argmax_equal"]))
+                 sorted((r["row"], reason) for r in split if (reason := not_testable_reason(cross[r["row"]]))))
 
 
 def outcome(suffix: list[int], donor: list[int], own: list[int]) -> dict:
@@ -127,7 +148,7 @@ class _Trial:
     @classmethod
     def build(cls, runtime: Runtime, row: BankRow) -> _Trial:
         where = f"{FAMILY} row {row.id} ({runtime.precision})"
-        boundaries = {c: constructions.build(runtime, c, row.tokens) for c in CONSTRUCTIONS}
+        boundaries = {c: constructions.build(runtime, c, row.tokens) for c in BUILT}
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
         return cls(runtime, row, boundaries, {c: decode_suffix(runtime, b) for c, b in boundaries.items()})
@@ -139,7 +160,7 @@ class _Trial:
         return moved, suffix, outcome(suffix.tokens, self.suffixes[donor].tokens, self.suffixes[recipient].tokens)
 
     def arm_records(self) -> dict[str, dict]:
-        return {c: arm_record(self.boundaries[c], self.suffixes[c], self.row.expected_answer) for c in CONSTRUCTIONS}
+        return {c: arm_record(self.boundaries[c], self.suffixes[c], self.row.expected_answer) for c in BUILT}
 
     def layer_search(self, recipient: str, donor: str) -> tuple[list[int] | None, list[list]]:
         tried: list[list] = []
@@ -167,6 +188,19 @@ def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: dict, row: 
                 raise NotContemporaneous(f"{where}: rebuilt {arm} {field} differs from the crossing record")
 
 
+def check_valid(comparisons: dict, where: str) -> None:
+    """The validity control: every self-transplant reproduced its construction's own trajectory bit for
+    bit; else TransplantInvalid with the evidence."""
+    for name, own in VALIDITY_PAIRS:
+        metrics = comparisons[f"{name}~{own}"]
+        if not metrics["suffix_equal"]:
+            raise TransplantInvalid(
+                f"{where}: transplant invalid here: decoding is not a function of the cache values alone: "
+                f"{own}'s cache copied into its replica ({name}) diverges from {own}'s own suffix at index "
+                f"{metrics['first_divergence']} (cache {'bit-exact' if metrics['cache_exact'] else 'not bit-exact'}, "
+                f"boundary logits {'bit-equal' if metrics['logits_exact'] else 'different'})")
+
+
 def run(runtime: Runtime, row: BankRow, crossing_record: dict, role: str) -> dict:
     """The ledger record of one panel row (`role` "divergent" or "control") at the runtime's precision."""
     if role not in ROLES:
@@ -177,17 +211,19 @@ def run(runtime: Runtime, row: BankRow, crossing_record: dict, role: str) -> dic
         trial = _Trial.build(runtime, row)
         arms = trial.arm_records()
         check_contemporaneous(arms, crossing_record, row, runtime.precision)
-        full = {direction(r, d): trial.attempt(r, d) for r, d in DIRECTIONS}
+        full = {direction(r, d): trial.attempt(r, d) for r, d in (*DIRECTIONS, *REPLICA_DIRECTIONS)}
+        boundaries = trial.boundaries | {name: moved for name, (moved, _, _) in full.items()}
+        suffixes = trial.suffixes | {name: suffix for name, (_, suffix, _) in full.items()}
+        arms |= {name: arm_record(moved, suffix, row.expected_answer) for name, (moved, suffix, _) in full.items()}
+        comparisons = compare_arms(PAIRS, boundaries, suffixes, arms)
+        check_valid(comparisons, f"{FAMILY} row {row.id} ({runtime.precision})")
         parts = {name: {direction(r, d): _partial(trial.attempt(r, d, parts=selected)) for r, d in DIRECTIONS}
                  for name, selected in PARTIAL.items()}
         layers = _layer_search(trial, full) if role == "divergent" else dict.fromkeys(LAYER_FIELDS)
     except FailClosed as exc:
         return excluded(base, exc)
-    boundaries = trial.boundaries | {name: moved for name, (moved, _, _) in full.items()}
-    suffixes = trial.suffixes | {name: suffix for name, (_, suffix, _) in full.items()}
-    arms |= {name: arm_record(moved, suffix, row.expected_answer) for name, (moved, suffix, _) in full.items()}
-    return base | {"status": "ok", "arms": arms, "comparisons": compare_arms(PAIRS, boundaries, suffixes, arms),
-                   "transplants": {name: result for name, (_, _, result) in full.items()}, "parts": parts,
+    return base | {"status": "ok", "arms": arms, "comparisons": comparisons,
+                   "transplants": {name: full[name][2] for name in TRANSPLANTS}, "parts": parts,
                    "layers": len(trial.boundaries["prefill"].layers)} | layers
 
 
@@ -211,6 +247,25 @@ def rate(rows: list[dict], test: Callable[[dict], bool]) -> dict:
     return wilson(sum(1 for r in rows if test(r)), len(rows)).to_json()
 
 
+def validity(records: list[dict]) -> dict:
+    """The validity control over a family's records: rows whose self-transplants reproduced their own
+    trajectories (Wilson), and the rows it excluded (decoding not a function of the cache alone)."""
+    carrying = [r for r in records if r["status"] == "ok"
+                and all(f"{name}~{own}" in r["comparisons"] for name, own in VALIDITY_PAIRS)]
+    return {"reproduced": rate(carrying, lambda r: all(r["comparisons"][f"{name}~{own}"]["suffix_equal"]
+                                                        for name, own in VALIDITY_PAIRS)),
+            "invalid": sorted(r["row"] for r in records if r["status"] == "excluded"
+                              and r["reason"].startswith(TransplantInvalid.__name__))}
+
+
+def not_testable(records: list[dict]) -> list[list[str]]:
+    """[row, reason] of each divergent BF16 crossing row no transplant can test (first suffix tokens differ)."""
+    return [[r["row"], reason] for r in records
+            if (r["family"], r.get("precision"), r["status"]) == ("crossing", "bf16", "ok")
+            and not r["comparisons"][CROSS]["suffix_equal"]
+            and (reason := not_testable_reason(r["comparisons"][CROSS]))]
+
+
 def summarize(records: list[dict]) -> dict:
     """Counts with Wilson intervals over the transplant records: donor recovery per direction (divergent
     rows), third trajectories (controls), the same for K-only and V-only, and the minimal layer ranges."""
@@ -230,6 +285,8 @@ def summarize(records: list[dict]) -> dict:
                       if r["transplants"][name]["outcome"] == "follows_donor"] for name in TRANSPLANTS}
     return {
         "rows": len(mine), "excluded": len(mine) - len(ok), "divergent": len(divergent), "controls": len(controls),
+        "validity": validity(mine),
+        "not_testable": not_testable(records),
         "full": both(lambda r, n: r["transplants"][n]),
         "parts": {part: both(lambda r, n, p=part: r["parts"][p][n]) for part in PARTIAL},
         "minimal_layers": {name: dict(Counter("none" if m is None else f"{m[0]}-{m[1]}" for m in ranges))

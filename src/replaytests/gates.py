@@ -1,0 +1,199 @@
+"""The contract's gates (what each family must show) and the one way they are judged.
+
+`Gates` is the typed form of a contract's `gates:` section. Its methods turn ledger records into
+Judgements, which the conformance tests, `replaytests compare` and the run's verdict all read:
+
+- pass: the check holds;
+- recorded: the check does not hold, and the contract allows it or the artifact it was checked
+  against comes from another platform; the finding is data, reported in the verdict;
+- fail: the check does not hold and nothing allows it.
+
+Each judged quantity is defined once here, on the ledger format alone (no engine import): a replica
+pair is a comparison `X~X_replica`, and a pair is bit-exact when its cache, boundary logits and
+suffix all are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
+REPLICA_SUFFIX = "_replica"
+BRIDGE_PAIR = "live~incremental"
+FOLLOWS, THIRD = "follows_donor", "third"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    outcome: Literal["pass", "recorded", "fail"]
+    message: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome == "fail"
+
+
+PASS = Judgement("pass")
+
+
+def where(record: dict) -> str:
+    return f"{record['family']} row {record['row']} ({record['precision']})"
+
+
+def inexact(metrics: dict) -> list[str]:
+    """The bit-exactness fields (cache, logits, suffix) that are not true for one comparison."""
+    return [name for name in BIT_EXACT if metrics.get(name) is not True]
+
+
+def bit_exact(metrics: dict) -> bool:
+    return not inexact(metrics)
+
+
+def replica_pairs(record: dict) -> list[str]:
+    """The record's replica comparisons (`X~X_replica`)."""
+    return [pair for pair in record.get("comparisons", {}) if pair.endswith(REPLICA_SUFFIX)]
+
+
+def replicas_exact(record: dict) -> bool:
+    """Every replica pair of the record bit-exact in cache, logits and suffix."""
+    return all(bit_exact(record["comparisons"][pair]) for pair in replica_pairs(record))
+
+
+def differences(metrics: dict, pair: str) -> list[str]:
+    """One phrase per quantity of a pair that is not bit-exact, with its size or index."""
+    out = []
+    if not metrics["cache_exact"]:
+        out.append(f"{pair} caches differ (K rel L2 {metrics['k_rel_l2']:.3g}, max |dK| {metrics['k_max_abs']:.3g}; "
+                   f"V rel L2 {metrics['v_rel_l2']:.3g}, max |dV| {metrics['v_max_abs']:.3g})")
+    if not metrics["logits_exact"]:
+        out.append(f"{pair} boundary logits differ (max |d| {metrics['logits_max_abs']:.3g})")
+    if not metrics["suffix_equal"]:
+        out.append(f"{pair} suffixes diverge at suffix index {metrics['first_divergence']} "
+                   f"(top-1 minus top-2 margins {metrics['margins_at_divergence']})")
+    return out
+
+
+def _required(required: bool, message: str, gate: str) -> Judgement:
+    if required:
+        return Judgement("fail", f"{message} (gate {gate}: required)")
+    return Judgement("recorded", f"{message} (gate {gate}: false, recorded)")
+
+
+@dataclass(frozen=True)
+class Gates:
+    """The typed `gates:` section (docs/contract.md)."""
+
+    replicas_exact: dict[str, bool]  # family (crossing, live) -> replicas must be bit-exact
+    suffix_divergence_allowed: dict[str, dict[str, bool]]  # family (crossing, live, batch) -> precision -> allowed
+    bridge_exact: bool
+    donor_recovery: float
+    controls_third_trajectory: int
+    audit_reproduce: bool
+
+    @classmethod
+    def from_settings(cls, gates: dict) -> Gates:
+        """From a validated `gates:` mapping with every default filled in."""
+        return cls(
+            replicas_exact={family: gates[family]["replicas_exact"] for family in ("crossing", "live")},
+            suffix_divergence_allowed={family: dict(gates[family]["suffix_divergence_allowed"])
+                                       for family in ("crossing", "live", "batch")},
+            bridge_exact=gates["bridge"]["exact"],
+            donor_recovery=gates["transplant"]["donor_recovery"],
+            controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
+            audit_reproduce=gates["audit"]["reproduce"],
+        )
+
+    def replicas(self, record: dict, pair: str) -> Judgement:
+        """A replica pair (layer 1): bit-exact, unless gates.<family>.replicas_exact is false."""
+        problems = differences(record["comparisons"][pair], pair)
+        if not problems:
+            return PASS
+        family = record["family"]
+        return _required(self.replicas_exact.get(family, True), f"{where(record)}: {'; '.join(problems)}",
+                         f"{family}.replicas_exact")
+
+    def bridge(self, record: dict) -> Judgement:
+        """Live vs incremental (layer 3): bit-exact in every layer, the logits and the suffix."""
+        problems = differences(record["comparisons"][BRIDGE_PAIR], BRIDGE_PAIR)
+        if not problems:
+            return PASS
+        return _required(self.bridge_exact, f"{where(record)}: {'; '.join(problems)}", "bridge.exact")
+
+    def divergence(self, record: dict, pair: str) -> Judgement:
+        """A headline pair's suffixes: a divergence is recorded where the contract allows it at this
+        precision, a failure where it does not."""
+        metrics = record["comparisons"][pair]
+        if metrics["suffix_equal"]:
+            return PASS
+        a, b = pair.split("~")
+        margins = metrics["margins_at_divergence"]
+        detail = (f"{where(record)}: {a} and {b} suffixes diverge at suffix index {metrics['first_divergence']} "
+                  f"(top-1 minus top-2 margins {margins[0]:.3g} / {margins[1]:.3g}); answers "
+                  f"{'equal' if metrics['answer_equal'] else 'differ'}; boundary K rel L2 {metrics['k_rel_l2']:.3g}")
+        family, precision = record["family"], record["precision"]
+        if self.suffix_divergence_allowed[family][precision]:
+            return Judgement("recorded", f"divergence recorded, allowed by the contract: {detail}")
+        return Judgement("fail", f"{detail}; the contract requires {precision} {family} suffixes to be exact "
+                                 f"(gate {family}.suffix_divergence_allowed.{precision}: false)")
+
+    def audit(self, message: str | None) -> Judgement:
+        """A baseline record against its recomputation (`message`: what changed, None if it reproduced)."""
+        return PASS if message is None else _required(self.audit_reproduce, message, "audit.reproduce")
+
+    def transplant_row(self, record: dict, role: str) -> Judgement:
+        """One transplant row (layer 4): a divergent row's recipients follow their donors, a control's
+        never take a third trajectory. Where the gates allow a share of misses, a miss is recorded
+        here and the share is judged over the family (`transplant_family`)."""
+        outcomes = {name: t["outcome"] for name, t in record["transplants"].items()}
+        if role == "divergent":
+            missed = {name: o for name, o in outcomes.items() if o != FOLLOWS}
+            if missed:
+                return _required(self.donor_recovery >= 1, f"{where(record)}: the recipient did not follow its "
+                                                            f"donor: {missed}", "transplant.donor_recovery")
+            return PASS
+        third = {name: record["transplants"][name] for name, o in outcomes.items() if o == THIRD}
+        if third:
+            return _required(self.controls_third_trajectory == 0, f"{where(record)}: a transplant between exact "
+                                                                 f"arms produced a third trajectory: {third}",
+                             "transplant.controls_third_trajectory")
+        return PASS
+
+    def transplant_family(self, follows: dict[str, tuple[int, int]],
+                          thirds: dict[str, tuple[int, int]]) -> list[Judgement]:
+        """Per direction: the share of divergent rows whose recipient follows its donor (k, n) against
+        gates.transplant.donor_recovery, and the controls with a third trajectory against
+        gates.transplant.controls_third_trajectory."""
+        out = []
+        for name, (k, n) in follows.items():
+            if n and k / n < self.donor_recovery:
+                out.append(Judgement("fail", f"{name}: follows donor {k}/{n} divergent rows, below the donor "
+                                             f"recovery gate {self.donor_recovery:g}"))
+        for name, (k, n) in thirds.items():
+            if k > self.controls_third_trajectory:
+                out.append(Judgement("fail", f"{name}: third trajectory {k}/{n} control rows, above the gate "
+                                             f"{self.controls_third_trajectory}"))
+        return out or [PASS]
+
+
+def artifact(here: Judgement, platform_differences: list[str], strict: bool, name: str) -> Judgement:
+    """A check against a platform-specific artifact (the bank, a baseline ledger), where `here` is its
+    judgement on the platform that made the artifact. Made on another platform, a finding is recorded
+    as platform drift, unless --strict-contract makes it a failure."""
+    if here.outcome == "pass" or not platform_differences:
+        return here
+    drift = f"the {name} was made on another platform: {'; '.join(platform_differences)}"
+    if strict:
+        return Judgement("fail", f"{here.message} ({drift}; --strict-contract)")
+    return Judgement("recorded", f"platform drift: {here.message} ({drift})")
+
+
+def same_platform(name: str, platform_differences: list[str], strict: bool) -> Judgement:
+    """Whether an artifact was made on this run's platform: recorded as platform drift where it was
+    not, a failure under --strict-contract."""
+    if not platform_differences:
+        return PASS
+    message = f"the {name} was made on another platform: {'; '.join(platform_differences)}"
+    if strict:
+        return Judgement("fail", f"{message} (--strict-contract)")
+    return Judgement("recorded", f"platform drift: {message}")

@@ -1,0 +1,54 @@
+"""The verdict of a run, first in every output (terminal, run.json, report.json, .md, .html).
+
+It says whether the run passed, names each failing check with its row, precision and reason, the
+platform the numbers were made on and what they were checked against (the bank, the baseline), and
+the drift from the contract. Findings recorded as data (allowed divergences, platform drift against
+an artifact made elsewhere) are counted apart from failures.
+"""
+
+from __future__ import annotations
+
+OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
+
+
+def build(tests: dict[str, int], failures: list[dict], context: dict) -> dict:
+    """`tests`: outcome counts; `failures`: {check, message} per failing test; `context`: the
+    platform, cpu_isa, bank, baseline, drift and platform_drift lines of the run."""
+    failed = bool(failures) or tests.get("failed", 0) > 0 or tests.get("error", 0) > 0
+    return {"result": "fail" if failed else "pass", "tests": {k: tests.get(k, 0) for k in OUTCOMES},
+            "failures": failures, **context}
+
+
+def headline(verdict: dict) -> str:
+    counts = ", ".join(f"{n} {name}" for name, n in verdict["tests"].items() if n) or "no tests ran"
+    return f"{verdict['result'].upper()} ({counts})"
+
+
+def lines(verdict: dict | None) -> list[str]:
+    """The verdict as plain lines: the result, each failure, then the platform, inputs and drift."""
+    if not verdict:
+        return ["verdict: not recorded (these records were collated from ledgers: no test outcomes)"]
+    out = [f"verdict: {headline(verdict)}"]
+    out += [f"  FAILED {f['check']}: {f['message']}" for f in verdict["failures"]]
+    out += [f"{name}: {verdict[name]}" for name in ("platform", "cpu_isa", "bank", "baseline") if verdict.get(name)]
+    out += [f"platform drift: {line}" for line in verdict.get("platform_drift", [])]
+    drift = verdict.get("drift") or []
+    out.append(f"drift from the contract: {'; '.join(drift)}" if drift else "drift from the contract: none")
+    return out
+
+
+def failure(nodeid: str, message: str) -> dict:
+    """A failing test as the verdict lists it: its name and parameters (not its file) and the first
+    line of its message."""
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    return {"check": nodeid.rpartition("::")[2] or nodeid, "message": first.removeprefix("Failed: ")}
+
+
+def artifact(name: str, platform_differences: list[str], finding: str, drift: str,
+             rows: list[str]) -> tuple[str, str | None]:
+    """An artifact's verdict line (where it was made, what the run found against it) and, when it was
+    made on another platform and the run's numbers differ from it, the platform-drift line."""
+    made = ("made on this platform" if not platform_differences
+            else f"made on another platform ({'; '.join(platform_differences)})")
+    shown = ", ".join(rows[:5]) + (", ..." if len(rows) > 5 else "")
+    return f"{name}, {made}: {finding}", (f"{drift} ({shown})" if platform_differences and rows else None)

@@ -1,0 +1,89 @@
+"""Meta-test: every key of the contract schema has a reader.
+
+A key is read when (1) validation is its reader: it admits one value only, the one the engine does;
+(2) drift compares it: the captured environment holds the same path; or (3) a named function reads
+it: its source spells the key. A new key with none of these fails here, and so does a gate that the
+typed Gates object carries but no judging method uses.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+from test_contract import schema_paths
+
+from replaytests import contract, environment, gates, plugin, runtime, session
+from replaytests.blocks import Caps
+from replaytests.contract import PRECISIONS, SCHEMA, Value
+from replaytests.options import Options
+from replaytests.protocol import Delimiters
+
+# path (as schema_paths spells it) -> the function that reads it (its source must name the key's last part).
+READERS = {
+    "name": contract.load_contract,
+    "extends": contract._resolve,
+    "description": plugin.run_metadata,
+    "environment.attention": runtime.Runtime.load,
+    "environment.cpu_isa": session.ReplaySession.open,
+    "precisions": runtime.Runtime.load,
+    "precisions.<precision>.dtype": runtime.Runtime.load,
+    "decoding.physical_batch": runtime.Runtime.load,
+    "caps.branch": Caps.of,
+    "caps.merge": Caps.of,
+    "caps.answer": Caps.of,
+    "delimiters": Delimiters.resolve,
+    "banned_tokens": session.ReplaySession.open,
+    "boundary_checks": contract._check_together,
+    "panels.live": session.ReplaySession.family_rows,
+    "panels.bridge": session.ReplaySession.family_rows,
+    "panels.transplant.divergent": session.ReplaySession.transplant_panel.func,
+    "panels.transplant.exact_controls": session.ReplaySession.transplant_panel.func,
+    "panels.replication.rows": session.ReplaySession.family_rows,
+    "panels.replication.min_exact_controls": plugin.LedgerCollector.causal_lines,
+    **{f"gates.{path}": gates.Gates.from_settings for path in (
+        "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
+        "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",
+        "transplant.donor_recovery", "transplant.controls_third_trajectory", "audit.reproduce")},
+}
+
+
+def _node(path: str):
+    node = SCHEMA
+    for key in path.replace(".<precision>", "").split("."):
+        node = node.keys[key] if hasattr(node, "keys") else node.value.keys[key]
+    return node
+
+
+def _locked(path: str) -> bool:
+    """Validation is the reader: the key admits a single value (what the engine does)."""
+    node = _node(path)
+    return isinstance(node, Value) and len(node.choices) == 1
+
+
+@pytest.fixture(scope="module")
+def captured() -> set[str]:
+    """The dotted paths of the environment a run captures (with its inputs), which drift compares."""
+    env = session.ReplaySession.open(Options()).environment
+    return {path for path, _ in environment._leaves(env, "")}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p) for p in schema_paths(SCHEMA)])
+def test_every_contract_key_has_a_reader(path, captured):
+    concrete = [path.replace("<precision>", p) for p in PRECISIONS] if "<precision>" in path else [path]
+    if _locked(path) or all(p in captured for p in concrete):
+        return
+    reader = READERS.get(path)
+    assert reader is not None, f"contract key {path!r} has no reader: validation admits more than one value, drift " \
+                               f"does not compare it and READERS names no function that reads it"
+    word = path.rpartition(".")[2]
+    assert re.search(rf"\b{re.escape(word)}\b", inspect.getsource(reader)), (
+        f"contract key {path!r}: its reader {reader.__qualname__} never names {word!r}")
+
+
+@pytest.mark.parametrize("field", [pytest.param(f, id=f) for f in gates.Gates.__dataclass_fields__])
+def test_every_gate_is_judged(field):
+    judges = [name for name, method in inspect.getmembers(gates.Gates, inspect.isfunction)
+              if not name.startswith("__") and f"self.{field}" in inspect.getsource(method)]
+    assert judges, f"Gates.{field} is read from the contract but no judging method of Gates uses it"
