@@ -2,7 +2,9 @@
 must reproduce. This is the gate for a runtime or checkpoint upgrade.
 
 A record is compared leaf by leaf (every scalar in its JSON tree), exactly: two leaves are equal
-when their JSON texts are equal, so 1 differs from 1.0 and floats are compared bit for bit.
+when their JSON texts are equal, so 1 differs from 1.0 and floats are compared bit for bit. A
+baseline written under an earlier ledger schema is compared on the leaves it has (a field that
+schema did not have is not a change), so an old baseline still audits every number it holds.
 """
 
 from __future__ import annotations
@@ -59,7 +61,11 @@ class Audit:
 
 def audit_record(baseline: dict, current: dict) -> Audit:
     old, new = dict(leaves(baseline)), dict(leaves(current))
-    paths = list(old) + [path for path in new if path not in old]
+    if baseline.get("schema") != current.get("schema"):  # an earlier schema: its own leaves, not its version
+        old.pop("schema", None)
+        paths = list(old)
+    else:
+        paths = list(old) + [path for path in new if path not in old]
     changes = [Change(p, old.get(p, _ABSENT), new.get(p, _ABSENT)) for p in paths
                if _text(old.get(p, _ABSENT)) != _text(new.get(p, _ABSENT))]
     return Audit(len(old), changes)

@@ -49,10 +49,25 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
             argv += [f"--{name.replace('_', '-')}", str(value)]
     code = subprocess.run(argv + extra, check=False).returncode
     report_dir = args.report_dir or DEFAULT_REPORT_DIR
+    _print_verdict(report_dir)
     for name in ("report.md", "report.html"):
         if (report_dir / name).is_file():
             print(f"report: {report_dir / name}")
     return code
+
+
+def _print_verdict(report_dir: Path) -> None:
+    """The run's verdict (from its run.json) as the audit's last lines, beside the report paths."""
+    from replaytests import verdict
+    from replaytests.errors import LedgerError
+    from replaytests.report import read_run
+
+    try:
+        run = read_run(report_dir / "ledger.jsonl") or {}
+    except LedgerError:
+        return
+    if run.get("verdict"):
+        print("\n".join(verdict.lines(run["verdict"])))
 
 
 def _report(args: argparse.Namespace) -> int:

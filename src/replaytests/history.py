@@ -52,7 +52,7 @@ def entry(source: Path, label: str | None = None, date: str | None = None) -> di
     """The history line of one run (a ledger file or a run directory, with its run.json if present)."""
     path, run = report.ledger_path(Path(source)), report.read_run(source) or {}
     return {"schema": SCHEMA, "date": _date(date), "label": label, "ledger": str(path),
-            "ledger_sha256": sha256_file(path), "contract": run.get("contract"), "versions": run.get("versions"),
+            "ledger_sha256": sha256_file(path), "contract": run.get("contract"), "platform": run.get("platform"),
             "families": summarize(report.collate([source]))}
 
 

@@ -27,6 +27,7 @@ from replaytests.options import (
     DEFAULT_MODEL,
     GPU_CONTRACT,
     OVERRIDES,
+    REPO,
     Options,
 )
 
@@ -88,12 +89,16 @@ def contract_path(contract: Path | None, markexpr: str) -> Path:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    """Pin the contract's CPU instruction set before any conftest (or test module) imports torch. A
-    contract that cannot be read here is reported once the session opens."""
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    """Pin the contract's CPU instruction set before any conftest (or test module) imports torch. Only
+    in a replay run (a contract given, replaytests named in the arguments, or this repository's own
+    tests): a project that merely has replaytests installed keeps its own kernels. A contract that
+    cannot be read here is reported once the session opens."""
     known = early_config.known_args_namespace
     path = contract_path(getattr(known, "contract", None), getattr(known, "markexpr", "") or "")
-    if not path.is_file():
+    replay_run = (getattr(known, "contract", None) is not None or any("replaytests" in arg for arg in args)
+                  or early_config.rootpath == REPO)
+    if not replay_run or not path.is_file():
         return
     try:
         early_config.stash[pin_key] = cpu_isa.pin(load_contract(path).cpu_isa)

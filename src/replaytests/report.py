@@ -19,6 +19,7 @@ import numpy as np
 from replaytests import ledger, verdict
 from replaytests.errors import ConfigError, LedgerError
 from replaytests.files import write_atomic, write_json_atomic
+from replaytests.gates import BIT_EXACT, bit_exact, replicas_exact
 from replaytests.report_html import page
 from replaytests.stats import LEVEL, RESAMPLES, SEED, McNemar, mcnemar_exact, paired_bootstrap, wilson
 
@@ -54,7 +55,6 @@ FLAGS = {
     "correctness_divergence": ("correct_equal", True),
 }
 DIVERGENCES = ("suffix_divergence", "answer_divergence", "correctness_divergence")
-BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
 # report name: the comparison fields whose per-row maximum it summarises
 SPREADS = {"cache_max_abs": ("k_max_abs", "v_max_abs"), "k_rel_l2": ("k_rel_l2",), "v_rel_l2": ("v_rel_l2",),
            "logits_max_abs": ("logits_max_abs",)}
@@ -86,7 +86,7 @@ def _pair(comps: list[dict]) -> dict:
     out |= {name: _count(comps, lambda c, f=field, neg=negate: c[f] != neg)
             for name, (field, negate) in FLAGS.items() if _has(comps, field)}
     if _has(comps, *BIT_EXACT):
-        out["bit_exact"] = _count(comps, lambda c: all(c[f] for f in BIT_EXACT))
+        out["bit_exact"] = _count(comps, bit_exact)
     out |= {name: _spread([max(c[f] for f in fields) for c in comps])
             for name, fields in SPREADS.items() if _has(comps, *fields)}
     if _has(comps, "suffix_equal") and all("first_divergence" in c for c in comps):
@@ -144,8 +144,7 @@ def _precision(records: list[dict], shape: Shape) -> dict:
                  "pairs": {name: _pair([r["comparisons"][name] for r in ok if name in r["comparisons"]])
                            for name in names}}
     if shape.replicas and all(_has([r["comparisons"].get(n, {}) for r in ok], *BIT_EXACT) for n in shape.replicas):
-        out["replicas_exact"] = _count(ok, lambda r: all(r["comparisons"][n][f] for n in shape.replicas
-                                                         for f in BIT_EXACT))
+        out["replicas_exact"] = _count(ok, replicas_exact)
     if ok and all("z_matches_bank" in r for r in ok):
         out["z_matches_bank"] = _count(ok, lambda r: r["z_matches_bank"])
     if shape.accuracy and (accuracy := _accuracy(ok, *shape.accuracy)):
@@ -431,7 +430,8 @@ def plain(table: Table) -> str:
 def markdown(report: dict) -> str:
     verdict_lines = verdict.lines(report.get("verdict"))
     lines = ["# replaytests report", "", f"## {_md_cell(verdict_lines[0])}", "",
-             *(f"- {_md_cell(line.strip())}" for line in verdict_lines[1:]), "", "## Run", "",
+             *(f"- {_md_cell(line.strip())}" for line in verdict_lines[1:]), *([""] if verdict_lines[1:] else []),
+             "## Run", "",
              *(_md_meta(report["meta"]) or ["- (no run metadata given)"]), "", summary_line(report), ""]
     for table in tables(report):
         lines += [f"## {_md_cell(table.title)}", "", "| " + " | ".join(map(_md_cell, table.header)) + " |",

@@ -59,7 +59,8 @@ def audit_line(audits: list[dict]) -> str:
     changed = ["/".join(a["key"]) for a in audits if a["changes"]]
     line = (f"ledger audit: {len(audits) - len(changed)}/{len(audits)} baseline records reproduce "
             f"({sum(a['leaves'] for a in audits)} leaves compared)")
-    return line + (f"; changed: {', '.join(sorted(changed))}" if changed else "")
+    shown = ", ".join(sorted(changed)[:10]) + (f", ... ({len(changed) - 10} more)" if len(changed) > 10 else "")
+    return line + (f"; changed: {shown}" if changed else "")
 
 
 def causal_lines(records: list[dict], min_exact_controls: int, gates: Gates) -> list[str]:

@@ -57,3 +57,20 @@ def test_fingerprints_are_named_before_trajectories_and_metrics():
 def test_a_longer_suffix_is_a_change_at_the_new_index():
     result = audit_record(RECORD, changed("arms.prefill.suffix", [5, 6, 7, 8]))
     assert [str(c) for c in result.changes] == ["arms.prefill.suffix[3]: baseline (absent), now 8"]
+
+
+def test_a_baseline_of_an_earlier_schema_is_audited_on_its_own_leaves():
+    """Fields a later ledger schema added are not changes; every leaf the old record has still counts."""
+    current = changed("schema", "replaytests.ledger/2")
+    current["comparisons"]["incremental~prefill"]["first_token_equal"] = True
+    result = audit_record(RECORD, current)
+    assert result.reproduced and result.leaves == 12, result
+    current["arms"]["prefill"]["answer"] = "41"
+    assert [c.path for c in audit_record(RECORD, current).changes] == ["arms.prefill.answer"]
+
+
+def test_a_field_absent_from_a_baseline_of_the_same_schema_is_a_change():
+    current = changed("comparisons.incremental~prefill.suffix_equal", True)
+    current["comparisons"]["incremental~prefill"]["first_token_equal"] = True
+    assert [str(c) for c in audit_record(RECORD, current).changes] == [
+        "comparisons.incremental~prefill.first_token_equal: baseline (absent), now true"]

@@ -105,6 +105,35 @@ def test_frozen_manifest_records_the_bank_sha256(frozen):
     assert check_manifest(out) == manifest, "check_manifest refuses a freshly frozen bank"
 
 
+def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
+    """The bank's live boundaries hold platform-specific numbers: the manifest says where they were made."""
+    from replaytests.environment import capture, platform_of
+
+    platform = json.loads(manifest_path(frozen[1]).read_text(encoding="utf-8"))["platform"]
+    assert platform == platform_of(capture(tiny_contract)), f"manifest platform {platform}"
+    assert set(platform) == {"hardware.device_kind", "environment.cpu_isa", "environment.cpu_threads",
+                             "software.torch", "software.transformers"}, sorted(platform)
+
+
+def test_audit_prints_the_header_first_and_the_verdict_last(tmp_path, capsys):
+    """`replaytests audit` (a child pytest): the inputs, platform and drift before any test runs, the
+    verdict and the report paths at the end."""
+    import subprocess
+    import sys
+
+    report = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "replaytests.cli", "audit", "--rows", "1", "--precision", "fp32",
+                           "--workers", "1", "--report-dir", str(report), "--", "-k", "crossing_replica"],
+                          capture_output=True, text=True, check=False, cwd=tmp_path)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    header = [i for i, line in enumerate(lines) if line.startswith(("replaytests platform:", "replaytests drift:"))]
+    first_test = next(i for i, line in enumerate(lines) if "test_replica_stability.py" in line)
+    assert len(header) == 2 and max(header) < first_test, lines[:first_test + 1]
+    assert lines[-2:] == [f"report: {report / 'report.md'}", f"report: {report / 'report.html'}"], lines[-2:]
+    assert "verdict: PASS (2 passed)" in lines, lines[-12:]
+
+
 def test_freeze_leaves_no_temporary_files(frozen):
     out = frozen[1]
     names = sorted(p.name for p in out.parent.iterdir())

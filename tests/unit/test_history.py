@@ -16,7 +16,7 @@ from replaytests.cli import main
 from replaytests.files import sha256_file
 from replaytests.stats import wilson
 
-RUN_JSON = {"contract": {"name": "cpu-tiny", "sha256": "c" * 64}, "versions": {"torch": "2.13.0"},
+RUN_JSON = {"contract": {"name": "cpu-tiny", "sha256": "c" * 64}, "platform": {"software.torch": "2.13.0"},
             "options": {"precision": "bf16"}}
 
 
@@ -42,7 +42,7 @@ def test_append_summarizes_the_run(nights, tmp_path, capsys):
     [entry] = lines(into)
     expected = {"schema": "replaytests.history/1", "date": "2026-01-02T00:00:00", "label": "v1",
                 "ledger": str(nights[0] / "ledger.jsonl"), "ledger_sha256": sha256_file(nights[0] / "ledger.jsonl"),
-                "contract": RUN_JSON["contract"], "versions": RUN_JSON["versions"]}
+                "contract": RUN_JSON["contract"], "platform": RUN_JSON["platform"]}
     assert {k: entry[k] for k in expected} == expected, entry
     crossing = entry["families"]["crossing"]["bf16"]
     assert (crossing["rows"], crossing["excluded"], crossing["replicas_exact"]) == (12, 0, wilson(12, 12).to_json()), \
@@ -55,7 +55,7 @@ def test_append_summarizes_the_run(nights, tmp_path, capsys):
 
 def test_append_without_run_json_or_date(nights, tmp_path):
     entry = history.append(nights[1] / "ledger.jsonl", tmp_path / "h.jsonl")
-    assert (entry["contract"], entry["versions"], entry["label"]) == (None, None, None), entry
+    assert (entry["contract"], entry["platform"], entry["label"]) == (None, None, None), entry
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", entry["date"]), f"default date {entry['date']}"
 
 

@@ -82,15 +82,25 @@ def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
     assert len(single) == 4 and parallel == single, "the xdist ledger differs from the single-process one"
 
 
-def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
-    """A baseline whose cache digest for one record was altered: exactly that record fails, naming it."""
-    _, report_dir = two_row_run
+def _baseline_beside(report_dir, tmp_path, **platform) -> tuple[Path, dict]:
+    """The run's ledger with one cache digest altered, beside its run.json with `platform` changed;
+    and the run's own platform."""
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
     target = next(r for r in records if ledger.key(r) == ("crossing", "tiny-001", "fp32"))
     target["arms"]["prefill"]["cache_digest"] = "0" * 64
-    baseline = tmp_path / "baseline" / "ledger.jsonl"  # beside the run's run.json: the same platform
+    baseline = tmp_path / "elsewhere" / "ledger.jsonl"
     ledger.write_ledger(baseline, records)
-    (baseline.parent / "run.json").write_text((report_dir / "run.json").read_text())
+    run = json.loads((report_dir / "run.json").read_text())
+    here = dict(run["platform"])
+    run["platform"] |= platform
+    (baseline.parent / "run.json").write_text(json.dumps(run))
+    return baseline, here
+
+
+def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
+    """A baseline (made on this platform) whose cache digest for one record was altered: exactly that
+    record fails, naming it."""
+    baseline, _ = _baseline_beside(two_row_run[1], tmp_path)
     proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
                               "--rows", "1:2")  # the last --rows wins: only tiny-001, 4 records
     assert "1 failed, 3 passed" in proc.stdout, f"expected one audit failure:\n{proc.stdout[-3000:]}"
@@ -99,29 +109,17 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     assert "ledger audit: 3/4 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
 
 
-def _baseline_beside(report_dir, tmp_path, **platform) -> Path:
-    """The run's ledger with one cache digest altered, beside its run.json with `platform` changed."""
-    records = ledger.read_ledger(report_dir / "ledger.jsonl")
-    target = next(r for r in records if ledger.key(r) == ("crossing", "tiny-001", "fp32"))
-    target["arms"]["prefill"]["cache_digest"] = "0" * 64
-    baseline = tmp_path / "elsewhere" / "ledger.jsonl"
-    ledger.write_ledger(baseline, records)
-    run = json.loads((report_dir / "run.json").read_text())
-    run["platform"] |= platform
-    (baseline.parent / "run.json").write_text(json.dumps(run))
-    return baseline
-
-
 @pytest.mark.parametrize(("strict", "outcome"), [pytest.param(False, "3 passed, 1 xfailed", id="drift-is-data"),
                                                   pytest.param(True, "1 failed, 3 passed", id="strict-fails")])
 def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_path, strict, outcome):
     """The same altered record, in a baseline recorded at another CPU level: its change is recorded as
     platform drift (in the verdict, exit 0); --strict-contract makes it a failure."""
-    baseline = _baseline_beside(two_row_run[1], tmp_path, **{"environment.cpu_isa": "AVX512"})
+    baseline, here = _baseline_beside(two_row_run[1], tmp_path, **{"environment.cpu_isa": "ANOTHER"})
     proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
                               "--rows", "1:2", *(["--strict-contract"] if strict else []))
     assert outcome in proc.stdout and proc.returncode == int(strict), f"exit {proc.returncode}:\n{proc.stdout[-3000:]}"
-    assert "environment.cpu_isa AVX512 (baseline) vs AVX2 (here)" in proc.stdout, proc.stdout[-3000:]
+    assert f"environment.cpu_isa ANOTHER (baseline) vs {here['environment.cpu_isa']} (here)" in proc.stdout, (
+        proc.stdout[-3000:])
     if not strict:
         assert "platform drift: 1/4 baseline records changed (crossing/tiny-001/fp32)" in proc.stdout, proc.stdout
 

@@ -408,7 +408,8 @@ MANIFEST = {"bank": "tiny.jsonl", "bank_sha256": "b" * 64, "rows": 48, "model": 
             "tokenizer": {"files": {"tokenizer.json": "f" * 64}, "sha256": "t" * 64},
             "contract": {"name": "cpu-tiny", "sha256": "k" * 64}}
 RUN = {"options": {"precision": "bf16", "rows": None}, "contract": {"name": "cpu-tiny", "sha256": "c" * 64},
-       "manifest": MANIFEST, "versions": {"torch": "2.13.0", "transformers": "5.23.0"}, "environment": {"threads": 1}}
+       "manifest": MANIFEST, "platform": {"software.torch": "2.13.0", "software.transformers": "5.23.0"},
+       "environment": {"threads": 1}}
 
 
 def run_dir(tmp_path, name: str, run: dict | str) -> Path:
@@ -427,16 +428,18 @@ def test_cli_report_reads_run_json_into_meta(tmp_path, capsys):
     assert meta == expected, f"meta: {meta}"
     text = (run / "report.md").read_text(encoding="utf-8").splitlines()
     for line in ("- **contract**:", "  - **name**: cpu-tiny", f"  - **bank_sha256**: {'b' * 64}",
-                 "  - **torch**: 2.13.0", "  - **threads**: 1"):
+                 "  - **software.torch**: 2.13.0", "  - **threads**: 1"):
         assert line in text, f"report.md header lacks {line!r}"
     assert "<b>tokenizer_sha256</b>: " + "t" * 64 in (run / "report.html").read_text(encoding="utf-8")
 
 
 def test_report_meta_keeps_differing_runs_apart(tmp_path):
-    first, second = run_dir(tmp_path, "a", RUN), run_dir(tmp_path, "b", RUN | {"versions": {"torch": "2.14.0"}})
+    other = RUN | {"platform": {"software.torch": "2.14.0"}}
+    first, second = run_dir(tmp_path, "a", RUN), run_dir(tmp_path, "b", other)
     meta = report_meta([first, second, tmp_path / "a" / "ledger.jsonl"])
     assert set(meta) == {"ledgers", "runs"}, meta
-    assert [run["versions"]["torch"] for run in meta["runs"].values()] == ["2.13.0", "2.14.0", "2.13.0"], meta["runs"]
+    torch_versions = [run["platform"]["software.torch"] for run in meta["runs"].values()]
+    assert torch_versions == ["2.13.0", "2.14.0", "2.13.0"], meta["runs"]
 
 
 @pytest.mark.parametrize("content", [pytest.param("{", id="truncated"), pytest.param("[]", id="not-an-object")])

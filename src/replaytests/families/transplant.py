@@ -43,15 +43,14 @@ FAMILY = "transplant"
 CONSTRUCTIONS = ("incremental", "prefill")
 DIRECTIONS = (("prefill", "incremental"), ("incremental", "prefill"))  # (recipient, donor)
 TRANSPLANTS = tuple(direction(recipient, donor) for recipient, donor in DIRECTIONS)
-REPLICAS_OF = {f"{c}_replica": c for c in CONSTRUCTIONS}
-# The validity control: each construction's cache in a fresh replica of itself (recipient <- donor).
-REPLICA_DIRECTIONS = tuple(REPLICAS_OF.items())
+# The validity control: each construction's cache in a fresh replica of itself, (recipient, donor).
+REPLICA_DIRECTIONS = tuple((f"{c}_replica", c) for c in CONSTRUCTIONS)
 SELF_TRANSPLANTS = tuple(direction(replica, c) for replica, c in REPLICA_DIRECTIONS)
-BUILT = (*CONSTRUCTIONS, *REPLICAS_OF)
+VALIDITY_PAIRS = tuple(zip(SELF_TRANSPLANTS, CONSTRUCTIONS, strict=True))  # (self-transplant, its construction)
+BUILT = (*CONSTRUCTIONS, *(replica for replica, _ in REPLICA_DIRECTIONS))
 ARMS = (*BUILT, *TRANSPLANTS, *SELF_TRANSPLANTS)
 # The crossing pair, each transplanted arm against its donor (cache exact, logits its own), and each
 # self-transplant against the construction whose trajectory it must reproduce.
-VALIDITY_PAIRS = tuple((name, c) for name, c in zip(SELF_TRANSPLANTS, CONSTRUCTIONS, strict=True))
 PAIRS = (("incremental", "prefill"), *((direction(r, d), d) for r, d in DIRECTIONS), *VALIDITY_PAIRS)
 HEADLINE = ("incremental~prefill",)
 REPLICAS = ()
@@ -92,8 +91,9 @@ def panel(crossing_records: list[dict], divergent: int = DIVERGENT, controls: in
 
     Divergent: incremental and prefill suffixes differ while their first suffix tokens agree; where
     those differ the row is not testable by transplant (the recipient keeps its own logits) and is
-    reported with the reason. Controls: rows whose suffixes are equal, the cache-exact ones first (the strictest
-    controls), topped up with suffix-equal ones. Each group at spaced order statistics of prefix length.
+    reported with the reason. Controls: rows whose suffixes are equal, the cache-exact ones first
+    (the strictest controls), topped up with suffix-equal ones. Each group at spaced order statistics
+    of prefix length.
     """
     finished = [r for r in crossing_records
                 if r["family"] == "crossing" and r["precision"] == "bf16" and r["status"] == "ok"]
