@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaytests import constructions
+from replaytests import constructions, cpu_isa
 from replaytests.bank import BankRow
 from replaytests.boundary import Boundary
 from replaytests.contract import Contract, load_contract
 from replaytests.decoder import decode_suffix
+from replaytests.environment import Drift
 from replaytests.hf_adapter import load_tokenizer
 from replaytests.protocol import DELIMITER_NAMES, Caps, Delimiters, Grammar
 
@@ -108,6 +109,15 @@ def find_row(runtime, rows: list[BankRow], divergent: bool) -> BankRow:
             return row
     kind = "diverges with equal first suffix tokens" if divergent else "has equal suffixes"
     pytest.skip(f"no bank row {kind} at {runtime.precision} on this platform ({len(rows)} rows tried)")
+
+
+@pytest.fixture(scope="session")
+def forced_cpu_isa(tiny_contract) -> list[Drift]:
+    """The cpu_isa drift this process carries where its CPU level was forced from outside (dispatch
+    variables set in the environment, to play another machine): empty where torch runs at the level
+    cpu-tiny pins."""
+    actual = cpu_isa.in_force()
+    return [] if actual == tiny_contract.cpu_isa else [Drift("environment.cpu_isa", tiny_contract.cpu_isa, actual)]
 
 
 @pytest.fixture(scope="session")

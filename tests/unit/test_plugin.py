@@ -111,9 +111,11 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
 
 @pytest.mark.parametrize(("strict", "outcome"), [pytest.param(False, "3 passed, 1 xfailed", id="drift-is-data"),
                                                   pytest.param(True, "1 failed, 3 passed", id="strict-fails")])
-def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_path, strict, outcome):
+def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_path, strict, outcome, forced_cpu_isa):
     """The same altered record, in a baseline recorded at another CPU level: its change is recorded as
     platform drift (in the verdict, exit 0); --strict-contract makes it a failure."""
+    if strict and forced_cpu_isa:
+        pytest.skip(f"--strict-contract stops every run at once here: {forced_cpu_isa[0]}")
     baseline, here = _baseline_beside(two_row_run[1], tmp_path, **{"environment.cpu_isa": "ANOTHER"})
     proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
                               "--rows", "1:2", *(["--strict-contract"] if strict else []))
@@ -202,16 +204,16 @@ def pinned_torch_contract(tmp_path):
 def test_drift_is_shown_in_the_header(pytester, tmp_path):
     result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "--contract",
                                 str(pinned_torch_contract(tmp_path)), "--collect-only")
-    result.stdout.fnmatch_lines([f"replaytests drift: 1 field(s) differ from the contract: software.torch: "
-                                 f"contract 0.0.1, actual {torch.__version__}"])
+    result.stdout.fnmatch_lines([f"replaytests drift: * field(s) differ from the contract: *software.torch: "
+                                 f"contract 0.0.1, actual {torch.__version__}*"])
 
 
 def test_strict_contract_fails_the_run_on_drift(pytester, tmp_path):
     result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "--contract",
                                 str(pinned_torch_contract(tmp_path)), "--strict-contract", "--collect-only")
     assert result.ret == pytest.ExitCode.USAGE_ERROR, f"exit code {result.ret}"
-    result.stderr.fnmatch_lines(["ERROR: --strict-contract: the environment differs from contract pinned in 1 "
-                                 "field(s): software.torch: contract 0.0.1, actual *"])
+    result.stderr.fnmatch_lines(["ERROR: --strict-contract: the environment differs from contract pinned in * "
+                                 "field(s): *software.torch: contract 0.0.1, actual *"])
 
 
 @pytest.fixture
@@ -282,9 +284,10 @@ def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatc
 
 @needs_avx2
 @pytest.mark.parametrize("strict", [pytest.param(False, id="drift-is-data"), pytest.param(True, id="strict-fails")])
-def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_path, strict):
+def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_path, monkeypatch, strict):
     """A contract copy pinning DEFAULT runs at DEFAULT (no contract drift), against a bank and baseline
     made at AVX2: platform drift in the verdict, a failure only with --strict-contract."""
+    _user_dispatch(monkeypatch)
     contract = tmp_path / "default.yaml"
     contract.write_text(f"extends: {CONTRACT}\nname: cpu-default\nenvironment: {{cpu_isa: DEFAULT}}\n")
     result = pytester.runpytest_subprocess("--pyargs", "replaytests.conformance", *PLATFORM_TESTS,

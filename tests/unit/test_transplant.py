@@ -104,10 +104,17 @@ def test_transplant_checks_the_selection(make_boundary, layers, selection, messa
 
 
 @pytest.fixture(scope="module")
-def pair(bf16_runtime, shortest_z):
+def pair(bf16_runtime, bank_rows):
+    """Incremental and prefill boundaries of the shortest row whose BF16 caches differ on this platform
+    (where every layer's K and V were equal, a transplant could not tell donor from recipient)."""
     from replaytests import constructions
 
-    return {c: constructions.build(bf16_runtime, c, shortest_z) for c in ("incremental", "prefill")}
+    for row in sorted(bank_rows, key=lambda r: (r.prefix_len, r.id)):
+        built = {c: constructions.build(bf16_runtime, c, row.tokens) for c in ("incremental", "prefill")}
+        if not all(bitwise_equal(a, b) for kv_a, kv_b in zip(built["prefill"].layers, built["incremental"].layers,
+                                                              strict=True) for a, b in zip(kv_a, kv_b, strict=True)):
+            return built
+    pytest.skip("incremental and prefill BF16 caches are bit-equal on every bank row on this platform")
 
 
 SELECTIONS = [
@@ -135,12 +142,6 @@ def test_transplant_copies_exactly_the_selected_tensors(bf16_runtime, pair, laye
             assert bitwise_equal(tensor, source.layers[index][PARTS.index(part)]), (
                 f"layer {index} {part.upper()} is not the {source.construction}'s")
     assert not result.storages() & (recipient.storages() | donor.storages()), "result shares storage with an input"
-
-
-def test_the_two_constructions_really_differ(pair):
-    # Otherwise the mechanics test above could not tell donor from recipient.
-    assert not all(bitwise_equal(a[0], b[0]) for a, b in zip(pair["prefill"].layers, pair["incremental"].layers,
-                                                               strict=True)), "prefill and incremental K are equal"
 
 
 def test_result_aliasing_the_donor_is_refused(bf16_runtime, pair, monkeypatch, fake_cache):
