@@ -13,6 +13,8 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from replaytests.errors import shorten
+
 # Leaves are reported in this order, so the first change named is the most telling one: the
 # record's identity and status, then each arm's fingerprints before its trajectory, then metrics.
 ORDER = ("schema", "family", "row", "precision", "status", "reason", "prefix_len", "expected_answer",
@@ -44,7 +46,7 @@ class Change:
     current: object
 
     def __str__(self) -> str:
-        return f"{self.path}: baseline {_short(_text(self.baseline))}, now {_short(_text(self.current))}"
+        return f"{self.path}: baseline {shorten(_text(self.baseline), 80)}, now {shorten(_text(self.current), 80)}"
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,3 @@ def audit_record(baseline: dict, current: dict) -> Audit:
     changes = [Change(p, old.get(p, _ABSENT), new.get(p, _ABSENT)) for p in paths
                if _text(old.get(p, _ABSENT)) != _text(new.get(p, _ABSENT))]
     return Audit(len(old), changes)
-
-
-def _short(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."

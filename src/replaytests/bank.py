@@ -6,7 +6,6 @@ the model's, the tokenizer's and the contract it was frozen under.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,12 +14,14 @@ from pathlib import Path
 from replaytests import __version__
 from replaytests.comparisons import first_divergence
 from replaytests.contract import Contract
-from replaytests.errors import BankError, ConfigError
+from replaytests.errors import BankError, ConfigError, short
 from replaytests.files import sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
+from replaytests.hf_adapter import TOKENIZER_FILES
 from replaytests.protocol import Grammar, parse_prefix
 
 BANK_SCHEMA = "replaytests.bank/1"
-MANIFEST_SCHEMA = "replaytests.bank-manifest/1"
+MANIFEST_SCHEMA = "replaytests.bank-manifest/2"  # 2: the model digest covers its config, the tokenizer's every file
+MODEL_FILES = ("config.json", "generation_config.json")  # beside the weights: they decide the numbers too
 
 
 @dataclass(frozen=True)
@@ -131,18 +132,25 @@ def manifest_path(bank: Path) -> Path:
     return bank.with_name(bank.name.removesuffix(".jsonl") + ".manifest.json")
 
 
-def model_digest(model_dir: Path) -> str:
-    """sha256 over the weight files (names and bytes, in name order)."""
-    digest = hashlib.sha256()
-    for weights in sorted(model_dir.glob("*.safetensors")):
-        digest.update(weights.name.encode() + b"\0" + bytes.fromhex(sha256_file(weights)))
-    return digest.hexdigest()
+def file_digests(model_dir: Path, names: tuple[str, ...] = (), pattern: str | None = None) -> dict[str, str]:
+    """sha256 of each named file that exists, and of each file matching `pattern`, by name."""
+    paths = [model_dir / name for name in names if (model_dir / name).is_file()]
+    paths += sorted(model_dir.glob(pattern)) if pattern else []
+    return {path.name: sha256_file(path) for path in sorted(paths)}
 
 
-def tokenizer_digest(model_dir: Path, grammar: Grammar) -> dict:
-    files = {p.name: sha256_file(p) for p in sorted(model_dir.glob("tokenizer*.json"))}
-    return {"files": files, "delimiter_ids": list(grammar.delims.all_ids),
-            "sha256": sha256_json({"files": files, "delimiters": list(grammar.delims.all_ids)})}
+def model_digest(model_dir: Path) -> dict:
+    """The files that make the model's numbers (config, generation config, every weight file) and
+    one sha256 over their names and digests."""
+    files = file_digests(model_dir, MODEL_FILES, "*.safetensors")
+    return {"files": files, "sha256": sha256_json(files)}
+
+
+def tokenizer_digest(model_dir: Path, delimiter_ids: list[int]) -> dict:
+    """Every tokenizer file and the delimiter ids resolved from them, and one sha256 over both."""
+    files = file_digests(model_dir, TOKENIZER_FILES)
+    return {"files": files, "delimiter_ids": list(delimiter_ids),
+            "sha256": sha256_json({"files": files, "delimiters": list(delimiter_ids)})}
 
 
 def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Grammar, contract: Contract,
@@ -155,8 +163,8 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
         "bank_sha256": sha256_file(path),
         "rows": len(rows),
         "prefix_len": {"min": min(r.prefix_len for r in rows), "max": max(r.prefix_len for r in rows)},
-        "model": {"path": os.path.relpath(model_dir, path.parent), "sha256": model_digest(model_dir)},
-        "tokenizer": tokenizer_digest(model_dir, grammar),
+        "model": {"path": os.path.relpath(model_dir, path.parent), **model_digest(model_dir)},
+        "tokenizer": tokenizer_digest(model_dir, list(grammar.delims.all_ids)),
         "contract": {"name": contract.name, "sha256": contract.digest, "caps": vars(contract.caps)},
         "precision": precision,
         "platform": platform,
@@ -175,6 +183,10 @@ def read_manifest(bank: Path) -> dict:
         raise ConfigError(f"{path}: manifest is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(manifest, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("schema") != MANIFEST_SCHEMA:
+        raise ConfigError(f"{path}: field 'schema' is {short(manifest.get('schema'))}, expected {MANIFEST_SCHEMA!r} "
+                          "(an earlier manifest's model digest covers the weights only): freeze the bank again "
+                          "with `replaytests freeze`")
     if not bank.is_file():
         raise ConfigError(f"{bank}: bank not found beside its manifest {path.name}")
     return manifest

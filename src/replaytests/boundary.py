@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from replaytests import hf_adapter
-from replaytests.errors import BoundaryMismatch, StorageAliasing
+from replaytests.errors import BoundaryMismatch, StorageAliasing, short
 
 
 @dataclass
@@ -106,8 +106,3 @@ def check_storage_isolated(arms: list[Boundary], where: str) -> None:
                                       f"(data_ptr {ptr:#x}: {arm.construction} {arm.tensor_name(ptr)}, "
                                       f"{seen[ptr][0]} {seen[ptr][1]})")
             seen[ptr] = (arm.construction, arm.tensor_name(ptr))
-
-
-def short(value: object, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -18,7 +18,7 @@ import yaml
 
 from replaytests.blocks import DELIMITER_NAMES, Caps
 from replaytests.cpu_isa import LEVELS
-from replaytests.errors import ConfigError
+from replaytests.errors import ConfigError, short
 from replaytests.files import sha256_json
 from replaytests.gates import Gates
 
@@ -29,6 +29,9 @@ BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_po
                    "cache_seq_length", "tensor_metadata")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 _REQUIRED = object()
+# Upper bounds: a count past them is a typo, not a setting (threads and GPUs of one machine, the
+# copies of one physical batch, rows, tokens and panel sizes).
+MAX_DEVICES, MAX_BATCH, MAX_COUNT = 1024, 64, 1_000_000
 
 
 @dataclass(frozen=True)
@@ -90,12 +93,12 @@ SCHEMA = Section({
         "device_kind": _pin(choices=("cpu", "cuda")),
         "gpu_name": _pin(),
         "compute_capability": _pin(pattern=r"\d+\.\d+", expect='MAJOR.MINOR in quotes, e.g. "9.0"'),
-        "gpus": _pin(int, low=1),
+        "gpus": _pin(int, low=1, high=MAX_DEVICES),
         "tensor_parallel": Value(int, default=1, choices=(1,), expect="1 (the engine runs the model on one device)"),
     }, default={}),
     "environment": Section({
         "device": Value(str, pattern=r"cpu|cuda(:\d+)?|mps", expect="cpu, cuda, cuda:N or mps"),
-        "cpu_threads": Value(int, low=1),
+        "cpu_threads": Value(int, low=1, high=MAX_DEVICES),
         "cpu_isa": _pin(choices=tuple(LEVELS)),
         "attention": Value(str, default="sdpa", choices=("sdpa", "eager")),
         "inference_mode": Value(str, default="eager", choices=("eager",),
@@ -115,28 +118,29 @@ SCHEMA = Section({
         "temperature": Value(_NUMBER, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
         "top_p": Value(_NUMBER, default=1, choices=(1,), expect=f"1 {_GREEDY}"),
         "top_k": Value(int, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
-        "physical_batch": Value(int, low=1),
+        "physical_batch": Value(int, low=1, high=MAX_BATCH),
     }),
-    "caps": Section({key: Value(int, low=1) for key in ("branch", "merge", "answer")}),
+    "caps": Section({key: Value(int, low=1, high=MAX_COUNT) for key in ("branch", "merge", "answer")}),
     "delimiters": KeyedBy(DELIMITER_NAMES, "delimiter", Value(str), default={}),
-    "banned_tokens": ListOf(Value(int, low=0), default=[]),
+    "banned_tokens": ListOf(Value(int, low=0, high=MAX_COUNT), default=[]),
     "boundary_checks": ListOf(Value(str, choices=BOUNDARY_CHECKS), default=list(BOUNDARY_CHECKS)),
     "bank": Section({
-        "rows": _pin(int, low=1),
-        "prefix_len": Section({"min": _pin(int, low=1), "max": _pin(int, low=1)}, default={}),
+        "rows": _pin(int, low=1, high=MAX_COUNT),
+        "prefix_len": Section({"min": _pin(int, low=1, high=MAX_COUNT), "max": _pin(int, low=1, high=MAX_COUNT)},
+                              default={}),
     }, default={}),
     "panels": Section({
-        "live": _pin(int, low=1),
-        "bridge": Value(int, default=12, low=1),
+        "live": _pin(int, low=1, high=MAX_COUNT),
+        "bridge": Value(int, default=12, low=1, high=MAX_COUNT),
         "transplant": Section({
-            "divergent": Value(int, default=24, low=0),
-            "exact_controls": Value(int, default=8, low=0),
+            "divergent": Value(int, default=24, low=0, high=MAX_COUNT),
+            "exact_controls": Value(int, default=8, low=0, high=MAX_COUNT),
             "layers": Value(str, default="all", choices=("all",)),
             "directions": Value(str, default="both", choices=("both",)),
         }, default={}),
         "replication": Section({
-            "rows": Value(int, default=48, low=1),
-            "min_exact_controls": Value(int, default=6, low=0),
+            "rows": Value(int, default=48, low=1, high=MAX_COUNT),
+            "min_exact_controls": Value(int, default=6, low=0, high=MAX_COUNT),
         }, default={}),
     }, default={}),
     "gates": Section({
@@ -147,7 +151,8 @@ SCHEMA = Section({
         "batch": Section({"suffix_divergence_allowed": _divergence(None)}, default={}),
         "bridge": Section({"exact": Value(bool, default=True)}, default={}),
         "transplant": Section({"donor_recovery": Value(_NUMBER, default=1.0, low=0, high=1),
-                               "controls_third_trajectory": Value(int, default=0, low=0)}, default={}),
+                               "controls_third_trajectory": Value(int, default=0, low=0, high=MAX_COUNT)},
+                              default={}),
         "audit": Section({"reproduce": Value(bool, default=True)}, default={}),
     }),
 })
@@ -261,24 +266,23 @@ class _Fields:
         if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
             wanted = " or ".join(k.__name__ for k in kinds) + (" or null" if node.default is None else "")
             quote = " (write it in quotes)" if str in kinds and isinstance(value, float) else ""
-            got = "null" if value is None else f"{type(value).__name__} {value!r}"
+            got = "null" if value is None else f"{type(value).__name__} {short(value)}"
             raise self.error(path, f"expected {wanted}, got {got}{quote}")
         if node.choices and value not in node.choices:
-            raise self.error(path, f"expected {node.expect or _one_of(node.choices)}, got {value!r}")
+            raise self.error(path, f"expected {node.expect or _one_of(node.choices)}, got {short(value)}")
         if (node.low is not None and value < node.low) or (node.high is not None and value > node.high):
-            raise self.error(path, f"expected {node.expect or _range(node)}, got {value!r}")
+            raise self.error(path, f"expected {node.expect or _range(node)}, got {short(value)}")
         if node.pattern and not re.fullmatch(node.pattern, value):
-            raise self.error(path, f"expected {node.expect}, got {value!r}")
+            raise self.error(path, f"expected {node.expect}, got {short(value)}")
         return value
 
     def unknown(self, path: str, noun: str, key: object, known: list[str]) -> ConfigError:
-        return self.error(path, f"unknown {noun} {key!r}; {suggest(key, known)}")
+        return self.error(path, f"unknown {noun} {short(key)}; {suggest(key, known)}")
 
 
 def _range(node: Value) -> str:
-    if node.high is not None:
-        return f"a number from {show(node.low)} to {show(node.high)}"
-    return "a positive integer" if node.low == 1 else "a non-negative integer"
+    kind = "an integer" if node.kind is int else "a number"
+    return f"{kind} from {show(node.low)} to {show(node.high)}"
 
 
 def _check_together(s: dict, fields: _Fields) -> None:
@@ -325,6 +329,19 @@ def default_gates() -> Gates:
     return Gates.from_settings(gates)
 
 
+class _Loader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key written twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key != "<<" and isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {short(key)}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: Path) -> object:
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -333,7 +350,7 @@ def _read_yaml(path: Path) -> object:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only, never objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""

@@ -60,7 +60,8 @@ def capture(contract: Contract, device: str | None = None, model: object | None 
     if integrity is not None:
         env["bank"] = {"rows": integrity.manifest.get("rows"), "prefix_len": integrity.manifest.get("prefix_len")}
         env["inputs"] = {"bank_sha256": integrity.actual.get("bank"), "model_sha256": integrity.actual.get("model"),
-                         "delimiter_ids": integrity.actual.get("tokenizer"), "overridden": integrity.overridden}
+                         "tokenizer_sha256": integrity.actual.get("tokenizer"),
+                         "delimiter_ids": integrity.actual.get("delimiter_ids"), "overridden": integrity.overridden}
     return env
 
 

@@ -1,4 +1,14 @@
-"""Exception types. Every message is one line naming the file, row, field or step at fault."""
+"""Exception types, and the shortening of values quoted in messages. Every message is one line naming
+the file, row, field or step at fault, and never echoes a value longer than a line."""
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(value: object, limit: int = 120) -> str:
+    """A value's repr, cut to `limit` characters."""
+    return shorten(repr(value), limit)
 
 
 class ReplaytestsError(Exception):

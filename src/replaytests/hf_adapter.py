@@ -17,6 +17,11 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
+# Files that hold a tokenizer (any one of the first four is one); all of them enter the tokenizer digest.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json",
+                   "special_tokens_map.json", "added_tokens.json", "merges.txt", "chat_template.jinja")
+
+
 def check_model_dir(path: Path) -> None:
     if not path.is_dir():
         raise ConfigError(f"{path}: model directory not found")
@@ -26,10 +31,25 @@ def check_model_dir(path: Path) -> None:
         raise ConfigError(f"{path}: no *.safetensors weights (only safetensors are loaded, never pickle)")
 
 
+def check_weights(path: Path) -> None:
+    """Every weight file is a whole safetensors file: its header parses and covers the file (a truncated
+    or foreign file is refused here, before any model work, not in every test that loads it)."""
+    from safetensors import SafetensorError, safe_open
+
+    for weights in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as exc:
+            raise ConfigError(f"{weights}: not a readable safetensors file: {str(exc).splitlines()[0]}") from None
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     check_model_dir(path)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES[:4]):
+        raise ConfigError(f"{path}: no tokenizer ({', '.join(TOKENIZER_FILES[:4])})")
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replaytests.contract import PRECISIONS
-from replaytests.errors import ConfigError
+from replaytests.errors import ConfigError, short
 
 if TYPE_CHECKING:
     from replaytests.bank import BankRow
@@ -66,21 +66,26 @@ class Options:
         if self.precision == "both":
             return PRECISIONS
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision: expected bf16, fp32 or both, got {self.precision!r}")
+            raise ConfigError(f"--precision: expected bf16, fp32 or both, got {short(self.precision)}")
         return (self.precision,)
 
 
 def select_rows(rows: list[BankRow], spec: str | None) -> list[BankRow]:
-    """`--rows N` keeps the first N rows; `--rows A:B` a Python slice of the bank."""
+    """`--rows N` keeps the first N rows (N >= 1); `--rows A:B` rows A to B-1 (0 <= A < B, A omitted: 0,
+    B omitted: the end). A selection that holds no row is an error."""
     if spec is None:
         return rows
-    try:
-        if ":" in spec:
-            start, _, stop = spec.partition(":")
-            return rows[slice(int(start) if start else None, int(stop) if stop else None)]
-        return rows[: int(spec)]
-    except ValueError:
-        raise ConfigError(f"--rows: expected a count N or a slice A:B, got {spec!r}") from None
+    start, colon, stop = spec.partition(":")
+    bounds = [part.strip() for part in ((start, stop) if colon else ("", start))]
+    if not all(part.isdigit() or (part == "" and (colon or i == 0)) for i, part in enumerate(bounds)):
+        raise ConfigError(f"--rows: expected a count N or a slice A:B of non-negative integers, got {short(spec)}")
+    low, high = (int(part) if part else None for part in bounds)
+    if (not colon and high == 0) or (colon and low is not None and high is not None and low >= high):
+        raise ConfigError(f"--rows {spec}: selects no row (expected N >= 1, or A:B with A < B)")
+    chosen = rows[low:high]
+    if not chosen:
+        raise ConfigError(f"--rows {spec}: selects no row of the bank's {len(rows)}")
+    return chosen
 
 
 def parse_shard(spec: str | None) -> tuple[int, int]:
@@ -89,7 +94,7 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
         return 1, 1
     index, _, count = spec.partition("/")
     if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
-        raise ConfigError(f"--shard: expected i/N with 1 <= i <= N (e.g. 2/4), got {spec!r}")
+        raise ConfigError(f"--shard: expected i/N with 1 <= i <= N (e.g. 2/4), got {short(spec)}")
     return int(index), int(count)
 
 

@@ -18,6 +18,7 @@ from replaytests import cpu_isa, environment, hf_adapter, ledger
 from replaytests.bank import BankRow, read_bank
 from replaytests.contract import Contract, load_contract
 from replaytests.decoder import suffix_room
+from replaytests.errors import ConfigError, short
 from replaytests.families import FAMILIES, bridge, replication, transplant
 from replaytests.gates import PASS, Judgement, artifact
 from replaytests.integrity import Integrity, verify_inputs
@@ -35,6 +36,42 @@ def pinned_device(device: str, worker: str | None) -> str:
     if device != "cuda" or not worker or not torch.cuda.is_available():
         return device
     return f"cuda:{int(worker.removeprefix('gw')) % torch.cuda.device_count()}"
+
+
+def check_device(device: str | None) -> None:
+    """--device names a torch device this machine has (CUDA absent is a skip, not an error)."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"--device {short(device)}: expected cpu, cuda, cuda:N or mps") from None
+    if parsed.type not in ("cpu", "cuda", "mps") or (parsed.type == "cpu" and parsed.index not in (None, 0)):
+        raise ConfigError(f"--device {device}: expected cpu, cuda, cuda:N or mps")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if parsed.type == "cuda" and gpus and (parsed.index or 0) >= gpus:
+        raise ConfigError(f"--device {device}: this machine has {gpus} CUDA device(s), cuda:0 to cuda:{gpus - 1}")
+
+
+def check_model(path: Path, contract: Contract, option: str) -> tuple[Grammar, object]:
+    """Everything about a model directory that can be known before loading its weights: config, whole
+    safetensors files, a tokenizer that gives each delimiter as one token, a vocabulary that holds
+    them and the contract's banned tokens. Returns the grammar and the config."""
+    hf_adapter.check_model_dir(path)
+    hf_adapter.check_weights(path)
+    tokenizer, config = hf_adapter.load_tokenizer(path), hf_adapter.load_config(path)
+    try:
+        delims = Delimiters.resolve(tokenizer, contract.delimiters)
+    except ConfigError as exc:
+        raise ConfigError(f"{path} ({option}) with contract {contract.path}: {exc}") from None
+    if outside := [i for i in delims.all_ids if i >= config.vocab_size]:
+        raise ConfigError(f"{path}/config.json: vocab_size {config.vocab_size} does not hold the delimiter ids "
+                          f"{outside} of its own tokenizer ({option})")
+    try:
+        grammar = Grammar(delims, contract.caps, config.vocab_size, len(tokenizer), contract.banned_tokens)
+    except ConfigError as exc:
+        raise ConfigError(f"{contract.path}: {exc} of {path} ({option})") from None
+    return grammar, config
 
 
 @dataclass
@@ -55,19 +92,18 @@ class ReplaySession:
         bank, manifest. `pinned` is the contract's CPU level as the caller already applied it (the
         pytest plugin does so before torch starts); else it is applied here."""
         options.precisions  # noqa: B018 - validates the option
+        parse_shard(options.shard)
+        check_device(options.device)
         contract = load_contract(options.contract)
         pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
-        tokenizer = hf_adapter.load_tokenizer(options.model)
-        config = hf_adapter.load_config(options.model)
-        grammar = Grammar(Delimiters.resolve(tokenizer, contract.delimiters), contract.caps,
-                          config.vocab_size, len(tokenizer), contract.banned_tokens)
+        grammar, config = check_model(options.model, contract, "--model")
         rows = read_bank(options.bank, grammar, config.max_position_embeddings, suffix_room(contract.caps))
+        rows = select_rows(rows, options.rows)
         integrity = verify_inputs(options.bank, options.model, list(grammar.delims.all_ids), options.accept_changed)
-        parse_shard(options.shard)
         if options.later_model is not None:
-            hf_adapter.load_config(options.later_model)
+            check_model(options.later_model, contract, "--replication-model")
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
-        return cls(options, contract, select_rows(rows, options.rows), integrity, baseline, pinned)
+        return cls(options, contract, rows, integrity, baseline, pinned)
 
     @property
     def manifest(self) -> dict:

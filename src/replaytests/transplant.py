@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from replaytests import hf_adapter
-from replaytests.boundary import Boundary, check_same_state, check_storage_isolated, short
-from replaytests.errors import TransplantRefused
+from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.errors import TransplantRefused, short
 from replaytests.runtime import Runtime, bitwise_equal
 
 __all__ = ["CONSTRUCTIONS", "PARTS", "check_provenance", "direction", "transplant"]

@@ -169,16 +169,18 @@ MISSING = [
 
 
 NOT_POSITIVE = [
-    pytest.param(put(0, "caps", "branch"), r": caps\.branch: expected a positive integer, got 0$", id="caps.branch=0"),
-    pytest.param(put(-1, "caps", "branch"), r": caps\.branch: expected a positive integer, got -1$",
+    pytest.param(put(0, "caps", "branch"), r": caps\.branch: expected an integer from 1 to 1000000, got 0$",
+                 id="caps.branch=0"),
+    pytest.param(put(-1, "caps", "branch"), r": caps\.branch: expected an integer from 1 to 1000000, got -1$",
                  id="caps.branch=-1"),
-    pytest.param(put(0, "caps", "merge"), r": caps\.merge: expected a positive integer, got 0$", id="caps.merge=0"),
-    pytest.param(put(-1, "caps", "answer"), r": caps\.answer: expected a positive integer, got -1$",
+    pytest.param(put(0, "caps", "merge"), r": caps\.merge: expected an integer from 1 to 1000000, got 0$",
+                 id="caps.merge=0"),
+    pytest.param(put(-1, "caps", "answer"), r": caps\.answer: expected an integer from 1 to 1000000, got -1$",
                  id="caps.answer=-1"),
     pytest.param(put(0, "environment", "cpu_threads"),
-                 r": environment\.cpu_threads: expected a positive integer, got 0$", id="cpu_threads=0"),
+                 r": environment\.cpu_threads: expected an integer from 1 to 1024, got 0$", id="cpu_threads=0"),
     pytest.param(put(-2, "decoding", "physical_batch"),
-                 r": decoding\.physical_batch: expected a positive integer, got -2$", id="physical_batch=-2"),
+                 r": decoding\.physical_batch: expected an integer from 1 to 64, got -2$", id="physical_batch=-2"),
 ]
 
 
@@ -362,9 +364,13 @@ TOGETHER = [
     pytest.param(put({"transplant": {"donor_recovery": 1.5}}, "gates"),
                  r": gates\.transplant\.donor_recovery: expected a number from 0 to 1, got 1\.5$",
                  id="recovery-above-1"),
-    pytest.param(put({"bridge": 0}, "panels"), r": panels\.bridge: expected a positive integer, got 0$",
+    pytest.param(put({"bridge": 0}, "panels"), r": panels\.bridge: expected an integer from 1 to 1000000, got 0$",
                  id="empty-bridge-panel"),
-    pytest.param(put({"rows": -1}, "bank"), r": bank\.rows: expected a positive integer, got -1$", id="bank-rows"),
+    pytest.param(put({"rows": -1}, "bank"), r": bank\.rows: expected an integer from 1 to 1000000, got -1$",
+                 id="bank-rows"),
+    pytest.param(put(100000, "environment", "cpu_threads"),
+                 r": environment\.cpu_threads: expected an integer from 1 to 1024, got 100000$",
+                 id="cpu_threads-bound"),
     pytest.param(put(None, "environment"), r"contract\.yaml: environment: expected dict, got null$",
                  id="empty-section"),
 ]
@@ -510,7 +516,7 @@ def test_malformed_base_names_the_base_file(tmp_path):
 def test_an_error_in_the_merged_contract_names_the_extending_file(tmp_path):
     write_yaml(tmp_path / "base.yaml", BASE)
     child = write_yaml(tmp_path / "child.yaml", {"extends": "base.yaml", "caps": {"answer": 0}})
-    one_line_error(child, r"child\.yaml: caps\.answer: expected a positive integer, got 0$")
+    one_line_error(child, r"child\.yaml: caps\.answer: expected an integer from 1 to 1000000, got 0$")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ READERS = {
     "caps.merge": Caps.of,
     "caps.answer": Caps.of,
     "delimiters": Delimiters.resolve,
-    "banned_tokens": session.ReplaySession.open,
+    "banned_tokens": session.check_model,
     "boundary_checks": contract._check_together,
     "panels.live": session.ReplaySession.family_rows,
     "panels.bridge": session.ReplaySession.family_rows,

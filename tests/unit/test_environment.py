@@ -140,11 +140,12 @@ def test_capture_reads_back_a_pinned_sdpa_backend(tiny_contract, torch_flags_res
 def test_capture_records_the_model_attention_and_the_inputs(tiny_contract, torch_flags_restored, forced_cpu_isa):
     model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
     manifest = {"rows": 48, "prefix_len": {"min": 123, "max": 374}}
-    integrity = Integrity(manifest, ["bank: accepted"], {"bank": "b" * 64, "model": "m" * 64, "tokenizer": [1, 2]})
+    integrity = Integrity(manifest, ["bank: accepted"], {"bank": "b" * 64, "model": "m" * 64, "tokenizer": "t" * 64,
+                                                         "delimiter_ids": [1, 2]})
     env = capture(tiny_contract, "cpu", model=model, integrity=integrity)
     got = (env["environment"]["attention"], env["bank"], env["inputs"])
-    expected = ("eager", manifest, {"bank_sha256": "b" * 64, "model_sha256": "m" * 64, "delimiter_ids": [1, 2],
-                                    "overridden": ["bank: accepted"]})
+    expected = ("eager", manifest, {"bank_sha256": "b" * 64, "model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64,
+                                    "delimiter_ids": [1, 2], "overridden": ["bank: accepted"]})
     assert got == expected, f"captured (attention, bank, inputs): {got}, expected {expected}"
     expected = ["environment.attention: contract sdpa, actual eager", *map(str, forced_cpu_isa)]
     assert sorted(map(str, drift(tiny_contract, env))) == sorted(expected), (

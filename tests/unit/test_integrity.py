@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.bank import manifest_path, model_digest
+from replaytests.bank import manifest_path, model_digest, tokenizer_digest
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file
 from replaytests.integrity import verify_inputs
@@ -45,20 +45,27 @@ def inputs(tmp_path, repo) -> Inputs:
     shutil.copy(manifest_path(src), manifest_path(bank))
     model = tmp_path / "model"
     model.mkdir()
-    (model / "model.safetensors").write_bytes(b"frozen weights")
+    for name, text in STAND_IN.items():
+        (model / name).write_text(text, encoding="utf-8")
     made = Inputs(bank, model, [])
     manifest = made.manifest
-    manifest["model"]["sha256"] = model_digest(model)
-    made.write_manifest(manifest)
     made.delimiter_ids = list(manifest["tokenizer"]["delimiter_ids"])
+    manifest["model"] |= model_digest(model)
+    manifest["tokenizer"] = tokenizer_digest(model, made.delimiter_ids)
+    made.write_manifest(manifest)
     return made
+
+
+# A stand-in model directory: what the digests read (no weights are loaded here).
+STAND_IN = {"model.safetensors": "frozen weights", "config.json": '{"rope_theta": 10000.0}',
+            "generation_config.json": "{}", "tokenizer.json": "{}", "tokenizer_config.json": "{}"}
 
 
 def test_unchanged_inputs_pass(inputs):
     result = inputs.verify()
     manifest = inputs.manifest
     expected = {"bank": manifest["bank_sha256"], "model": manifest["model"]["sha256"],
-                "tokenizer": manifest["tokenizer"]["delimiter_ids"]}
+                "tokenizer": manifest["tokenizer"]["sha256"], "delimiter_ids": manifest["tokenizer"]["delimiter_ids"]}
     assert (result.overridden, result.actual) == ([], expected), f"(overridden, actual): {result}"
     assert result.manifest == manifest, "verify_inputs returned another manifest"
 
@@ -73,30 +80,45 @@ def test_committed_fixtures_pass(repo):
 def edit_bank(inputs: Inputs) -> tuple[Path, str, str, str, str]:
     old = sha256_file(inputs.bank)
     inputs.bank.write_bytes(inputs.bank.read_bytes().replace(b'"1303"', b'"1304"', 1))
-    return inputs.bank, "bank sha256", "bank_sha256", f"{sha256_file(inputs.bank)[:12]}…", f"{old[:12]}…"
+    return inputs.bank, "bank_sha256", f"{sha256_file(inputs.bank)[:12]}…", f"{old[:12]}…", ""
 
 
-def edit_model(inputs: Inputs) -> tuple[Path, str, str, str, str]:
-    old = model_digest(inputs.model)
-    (inputs.model / "model.safetensors").write_bytes(b"retrained weights")
-    return inputs.model, "model sha256", "model.sha256", f"{model_digest(inputs.model)[:12]}…", f"{old[:12]}…"
+def edit_model_file(name: str, text: str):
+    def edit(inputs: Inputs) -> tuple[Path, str, str, str, str]:
+        old = model_digest(inputs.model)["sha256"]
+        (inputs.model / name).write_text(text, encoding="utf-8")
+        new = model_digest(inputs.model)["sha256"]
+        return inputs.model, "model.sha256", f"{new[:12]}…", f"{old[:12]}…", f" ({name} changed)"
+
+    return edit
 
 
-def edit_tokenizer(inputs: Inputs) -> tuple[Path, str, str, str, str]:
-    old = list(inputs.delimiter_ids)
-    inputs.delimiter_ids = old[1:] + old[:1]
-    return inputs.model, "tokenizer delimiter-id list", "tokenizer.delimiter_ids", str(inputs.delimiter_ids), str(old)
+def edit_tokenizer_file(inputs: Inputs) -> tuple[Path, str, str, str, str]:
+    old = inputs.manifest["tokenizer"]["sha256"]
+    (inputs.model / "tokenizer.json").write_text('{"added": 1}', encoding="utf-8")
+    new = tokenizer_digest(inputs.model, inputs.delimiter_ids)["sha256"]
+    return inputs.model, "tokenizer.sha256", f"{new[:12]}…", f"{old[:12]}…", " (tokenizer.json changed)"
+
+
+def edit_delimiters(inputs: Inputs) -> tuple[Path, str, str, str, str]:
+    old = inputs.manifest["tokenizer"]["sha256"]
+    inputs.delimiter_ids = inputs.delimiter_ids[1:] + inputs.delimiter_ids[:1]
+    new = tokenizer_digest(inputs.model, inputs.delimiter_ids)["sha256"]
+    return inputs.model, "tokenizer.sha256", f"{new[:12]}…", f"{old[:12]}…", " (delimiter ids changed)"
 
 
 CHANGES = [pytest.param("bank", edit_bank, id="bank-edited"),
-           pytest.param("model", edit_model, id="model-weights-changed"),
-           pytest.param("tokenizer", edit_tokenizer, id="delimiter-ids-changed")]
+           pytest.param("model", edit_model_file("model.safetensors", "retrained weights"), id="model-weights-changed"),
+           pytest.param("model", edit_model_file("config.json", '{"rope_theta": 500000.0}'), id="model-config-changed"),
+           pytest.param("model", edit_model_file("generation_config.json", '{"x": 1}'), id="generation-config-changed"),
+           pytest.param("tokenizer", edit_tokenizer_file, id="tokenizer-file-changed"),
+           pytest.param("tokenizer", edit_delimiters, id="delimiter-ids-changed")]
 
 
-def change_line(name: str, where: Path, what: str, field: str, new: str, old: str) -> str:
+def change_line(name: str, where: Path, field: str, new: str, old: str, which: str) -> str:
     since = "it" if name == "bank" else "the bank"
-    return (f"{where}: {what} {new} differs from manifest field '{field}' {old}; "
-            f"the {name} changed since {since} was frozen")
+    return (f"{where}: {name} sha256 {new} differs from manifest field '{field}' {old}; "
+            f"the {name} changed since {since} was frozen{which}")
 
 
 @pytest.mark.parametrize(("name", "edit"), CHANGES)
@@ -123,7 +145,7 @@ def test_accepting_the_other_inputs_does_not_cover_this_one(inputs, name, edit):
 
 
 def test_every_change_accepted_is_recorded_in_order(inputs):
-    for edit in (edit_bank, edit_model, edit_tokenizer):
+    for edit in (edit_bank, edit_model_file("config.json", "{}"), edit_delimiters):
         edit(inputs)
     names = [line.rsplit("=", 1)[1] for line in inputs.verify(ALL).overridden]
     assert names == ["bank", "model", "tokenizer"], f"overridden inputs in order: {names}"
@@ -141,7 +163,7 @@ def test_unknown_override_name(inputs, accept, pattern):
 
 @pytest.mark.parametrize(("drop", "field"), [
     pytest.param(lambda manifest: manifest["model"].pop("sha256"), "model.sha256", id="model-digest"),
-    pytest.param(lambda manifest: manifest.pop("tokenizer"), "tokenizer.delimiter_ids", id="tokenizer"),
+    pytest.param(lambda manifest: manifest.pop("tokenizer"), "tokenizer.sha256", id="tokenizer"),
 ])
 def test_manifest_without_a_recorded_digest(inputs, drop, field):
     manifest = inputs.manifest

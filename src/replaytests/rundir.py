@@ -1,0 +1,98 @@
+"""Run directories: every run writes into a directory of its own, never over another run or an input.
+
+A report root (`--report-dir`, default `reports/`) holds one directory per run, named by its UTC start
+time and a short id (`20261201-071233-3f9a1c`), and `latest`, a link to the last run that completed.
+A run that was interrupted keeps what it finished in its own directory, marked so, and never moves
+`latest`. The root is checked before any model work: it may not be or hold an input of the run (the
+bank, the model, the contract, the baseline), a non-empty directory is used only if replaytests made
+it a root (the MARKER file), it must be writable, and a lock (held for the whole run, released by
+the operating system even if the process dies) stops a second concurrent run at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+
+from replaytests.errors import ConfigError
+
+MARKER = ".replaytests-root"
+LOCK = ".lock"
+LATEST = "latest"
+LEDGER = "ledger.jsonl"
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return path == directory or directory in path.parents
+
+
+def check_root(root: Path, inputs: dict[str, Path]) -> None:
+    """Refuse, with one line, a report root that is or holds an input (or lies inside a model
+    directory), that is a file, or that is a non-empty directory replaytests did not make a root."""
+    where = Path(root).resolve()
+    for name, path in inputs.items():
+        path = Path(path).resolve()
+        if _inside(path, where) or (path.is_dir() and _inside(where, path)):
+            raise ConfigError(f"--report-dir {root}: holds the run's {name} ({path}); a run never writes beside its "
+                              f"inputs: pass another --report-dir")
+    if where.exists() and not where.is_dir():
+        raise ConfigError(f"--report-dir {root}: exists and is not a directory")
+    if where.is_dir() and not (where / MARKER).exists() and any(where.iterdir()):
+        kind = "a run directory, not a report root: pass its parent" if (where / LEDGER).exists() else (
+            "a non-empty directory that is not a replaytests report root; pass an empty or new directory")
+        raise ConfigError(f"--report-dir {root}: {kind}")
+
+
+class Root:
+    """A report root, locked for one run (the lock is released when the process ends)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / MARKER).touch()
+            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until the run ends
+        except OSError as exc:
+            raise ConfigError(f"--report-dir {path}: cannot write there: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "another process"
+            self._lock.close()
+            raise ConfigError(f"--report-dir {path}: another replaytests run is writing here ({holder}); wait for it "
+                              f"or pass another --report-dir") from None
+        self._lock.truncate(0)
+        self._lock.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}")
+        self._lock.flush()
+
+    def new_run(self) -> Path:
+        """A new, empty directory for this run."""
+        name = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+        run = self.path / name
+        run.mkdir()
+        return run
+
+    def publish(self, run: Path) -> None:
+        """Point `latest` at a completed run (atomically: a reader sees the old or the new run)."""
+        temporary = self.path / f".{LATEST}.{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        os.symlink(run.name, temporary)
+        os.replace(temporary, self.path / LATEST)
+
+    def release(self) -> None:
+        if not self._lock.closed:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+
+
+def ledger_of(path: Path) -> Path:
+    """The ledger a path names: a ledger file, a run directory holding one, or a report root (its
+    latest completed run)."""
+    path = Path(path)
+    if path.is_dir() and not (path / LEDGER).exists() and (path / LATEST / LEDGER).exists():
+        return path / LATEST / LEDGER
+    return path / LEDGER if path.is_dir() else path
