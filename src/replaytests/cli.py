@@ -9,11 +9,14 @@ instruction set is pinned.
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.errors import ReplaytestsError
+from replaytests.errors import ConfigError, ReplaytestsError
 from replaytests.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, REPO
 
 
@@ -27,6 +30,7 @@ def _pin(contract_path: Path):
 
 
 def _freeze(args: argparse.Namespace) -> int:
+    _check_writable(args.out, "--out")
     _pin(args.contract)
     from replaytests.freeze import freeze
 
@@ -43,42 +47,59 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
     argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider"]
     if args.workers != "1":
         argv += ["-n", str(args.workers), "--dist", "loadgroup"]
-    for name in ("model", "bank", "contract", "precision", "rows", "device", "report_dir"):
+    # The run's directory is named here, so that its verdict and reports can be printed afterwards.
+    args.run_name = args.run_name or f"{datetime.now(UTC):%Y%m%d-%H%M%S}-audit-{secrets.token_hex(3)}"
+    for name in ("model", "bank", "contract", "precision", "rows", "device", "report_dir", "run_name"):
         value = getattr(args, name)
         if value is not None:
             argv += [f"--{name.replace('_', '-')}", str(value)]
     code = subprocess.run(argv + extra, check=False).returncode
-    report_dir = args.report_dir or DEFAULT_REPORT_DIR
-    _print_verdict(report_dir)
-    for name in ("report.md", "report.html"):
-        if (report_dir / name).is_file():
-            print(f"report: {report_dir / name}")
+    _print_run((args.report_dir or DEFAULT_REPORT_DIR) / args.run_name)
     return code
 
 
-def _print_verdict(report_dir: Path) -> None:
-    """The run's verdict (from its run.json) as the audit's last lines, beside the report paths."""
+def _print_run(run_dir: Path) -> None:
+    """A run's verdict (from its run.json) and its reports, as the audit's last lines."""
     from replaytests import verdict
     from replaytests.errors import LedgerError
     from replaytests.report import read_run
 
     try:
-        run = read_run(report_dir / "ledger.jsonl") or {}
+        run = read_run(run_dir) or {} if run_dir.is_dir() else {}
     except LedgerError:
-        return
+        run = {}
     if run.get("verdict"):
         print("\n".join(verdict.lines(run["verdict"])))
+    for name in ("report.md", "report.html"):
+        if (run_dir / name).is_file():
+            print(f"report: {run_dir / name}")
 
 
 def _report(args: argparse.Namespace) -> int:
-    from replaytests.report import collate, report_meta, write_report
+    from replaytests.report import REPORT_FILES, collate, report_meta, write_report
+    from replaytests.rundir import ledger_of
 
     records = collate(args.inputs)
-    first = args.inputs[0]
-    out = args.out or (first if first.is_dir() else first.parent)
+    out = args.out or ledger_of(args.inputs[0]).parent
+    existing = [name for name in REPORT_FILES if (out / name).exists()]
+    if existing and not args.force:
+        raise ConfigError(f"{out}: holds {', '.join(existing)} already; pass --out DIR for a new report, or "
+                          "--force to replace them")
     for path in write_report(out, records, report_meta(args.inputs)):
         print(path)
     return 0
+
+
+def _check_writable(path: Path, option: str) -> None:
+    """A file the command will write: not a directory, in a directory it can write (created if absent)."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a directory; expected a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot create {path.parent}: {exc.strerror or exc}") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{option} {path}: not writable")
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -135,6 +156,8 @@ def parser() -> argparse.ArgumentParser:
     audit.add_argument("--precision", choices=("bf16", "fp32", "both"), default=None)
     audit.add_argument("--rows", default=None, help="a count N or a slice A:B of bank rows")
     audit.add_argument("--device", default=None)
+    audit.add_argument("--run-name", default=None, help="the run directory's name under --report-dir "
+                                                         "(default: its time, 'audit' and a short id)")
     audit.add_argument("--workers", default="auto",
                        help="pytest-xdist worker processes ('auto': one per core; 1: in-process). Default: %(default)s")
 
@@ -148,7 +171,8 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("inputs", type=Path, nargs="+", metavar="DIR_OR_LEDGER",
                         help="a ledger.jsonl or a directory holding one")
     report.add_argument("--out", type=Path, default=None,
-                        help="report directory. Default: the first input's directory")
+                        help="report directory. Default: the first input's directory, if it holds no report yet")
+    report.add_argument("--force", action="store_true", help="replace report files that exist already")
 
     compare = sub.add_parser("compare", help="gate a new run against a baseline run: exit 1 with one reason per "
                                              "line when it fails (docs/nightly.md)")

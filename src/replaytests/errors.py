@@ -1,14 +1,20 @@
 """Exception types, and the shortening of values quoted in messages. Every message is one line naming
 the file, row, field or step at fault, and never echoes a value longer than a line."""
 
+import reprlib
+
 
 def shorten(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 3, 8, 8, 80, 80
+
+
 def short(value: object, limit: int = 120) -> str:
-    """A value's repr, cut to `limit` characters."""
-    return shorten(repr(value), limit)
+    """A value's repr, cut to `limit` characters (built within bounds: a YAML alias bomb is never expanded)."""
+    return shorten(_REPR.repr(value), limit)
 
 
 class ReplaytestsError(Exception):

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from replaytests import ledger, report
 from replaytests import report_html as svg  # the report page's SVG drawing and HTML helpers
-from replaytests.errors import ReplaytestsError
+from replaytests.errors import ReplaytestsError, short
 from replaytests.files import sha256_file, write_atomic
+from replaytests.rundir import ledger_of
 
 SCHEMA = "replaytests.history/1"
 HEADER = ("date", "label", "family", "precision", "pair", "rows", "excluded", "replicas exact",
@@ -50,14 +51,37 @@ def _date(text: str | None) -> str:
 
 def entry(source: Path, label: str | None = None, date: str | None = None) -> dict:
     """The history line of one run (a ledger file or a run directory, with its run.json if present)."""
-    path, run = report.ledger_path(Path(source)), report.read_run(source) or {}
+    path, run = ledger_of(Path(source)), report.read_run(source) or {}
     return {"schema": SCHEMA, "date": _date(date), "label": label, "ledger": str(path),
             "ledger_sha256": sha256_file(path), "contract": run.get("contract"), "platform": run.get("platform"),
             "families": summarize(report.collate([source]))}
 
 
 def _parse(path: Path, text: str) -> list[dict]:
-    return ledger.parse_versioned_jsonl(path, text, SCHEMA, HistoryError)
+    entries = ledger.parse_versioned_jsonl(path, text, SCHEMA, HistoryError)
+    for number, entry_ in enumerate(entries, start=1):
+        if problem := _problem(entry_):
+            raise HistoryError(f"{path}:{number}: {problem}")
+    return entries
+
+
+def _problem(entry_: dict) -> str | None:
+    """What makes a history line unreadable (a field missing or of the wrong shape), or None."""
+    for name, kind in (("date", str), ("ledger_sha256", str), ("families", dict)):
+        if not isinstance(entry_.get(name), kind):
+            return f"field {name!r} must be a {kind.__name__}, got {short(entry_.get(name))}"
+    try:
+        datetime.fromisoformat(entry_["date"])
+    except ValueError:
+        return f"field 'date' is not an ISO 8601 date: {short(entry_['date'])}"
+    if entry_.get("label") is not None and not isinstance(entry_["label"], str):
+        return f"field 'label' must be a string or null, got {short(entry_['label'])}"
+    for family, precisions in entry_["families"].items():
+        for precision, summary in (precisions.items() if isinstance(precisions, dict) else [(None, None)]):
+            if not (isinstance(summary, dict) and isinstance(summary.get("rows"), int)
+                    and isinstance(summary.get("excluded"), int) and isinstance(summary.get("pairs"), dict)):
+                return f"families.{family}.{precision} must hold rows, excluded and pairs"
+    return None
 
 
 def _text(path: Path) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from replaytests.contract import PRECISIONS
 from replaytests.errors import ConfigError, short
+from replaytests.rundir import ledger_of
 
 if TYPE_CHECKING:
     from replaytests.bank import BankRow
@@ -22,7 +23,7 @@ DEFAULT_BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
 DEFAULT_CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"
 DEFAULT_LATER_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2-later"
 DEFAULT_BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
-DEFAULT_REPORT_DIR = Path("reports") / "latest"
+DEFAULT_REPORT_DIR = Path("reports")  # a report root: one directory per run, `latest` the last one completed
 GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
 ACCEPT_OPTION = "--accept-changed"
 OVERRIDES = ("bank", "model", "tokenizer")  # inputs whose change since the bank was frozen can be accepted
@@ -42,6 +43,7 @@ class Options:
     accept_changed: frozenset[str] = frozenset()
     strict_contract: bool = False
     replication_model: Path | None = None
+    run_name: str | None = None
 
     @property
     def embedded_default(self) -> bool:
@@ -52,7 +54,7 @@ class Options:
         """--baseline (a ledger, or a run directory holding ledger.jsonl), or for the embedded
         default inputs the committed baseline ledger."""
         if self.baseline is not None:
-            return self.baseline / "ledger.jsonl" if self.baseline.is_dir() else self.baseline
+            return ledger_of(self.baseline)
         return DEFAULT_BASELINE if self.embedded_default and DEFAULT_BASELINE.is_file() else None
 
     @property

@@ -11,12 +11,14 @@ controller, which writes the ledger, run.json and the report, each starting with
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from replaytests import audit, cpu_isa, ledger, verdict
+from replaytests import audit, cpu_isa, ledger, rundir, verdict
 from replaytests.contract import load_contract
 from replaytests.errors import ReplaytestsError
 from replaytests.files import write_atomic, write_json_atomic
@@ -47,6 +49,7 @@ MARKERS = {
 DEFAULT_OPTIONS = vars(Options())
 session_key = pytest.StashKey["ReplaySession"]()
 pin_key = pytest.StashKey[cpu_isa.Pin]()
+root_key = pytest.StashKey[rundir.Root]()
 metrics_key = pytest.StashKey[list]()
 
 
@@ -64,7 +67,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--rows", default=None, help="a count N or a slice A:B of bank rows, for quick runs")
     group.addoption("--device", default=None, help="torch device; default: the contract's environment.device")
     group.addoption("--report-dir", type=Path, default=DEFAULT_OPTIONS["report_dir"],
-                    help="where ledger.jsonl, run.json and summary.md are written. Default: %(default)s")
+                    help="report root: each run writes its own directory there (ledger, run.json, reports) and "
+                         "`latest` points to the last one completed. Default: %(default)s")
+    group.addoption("--run-name", default=None,
+                    help="the run directory's name under --report-dir. Default: its UTC start time and a short id")
     group.addoption("--baseline", type=Path, default=None,
                     help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
                          "reproduce exactly. Default: the committed baseline, for the embedded default inputs")
@@ -166,6 +172,35 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if replay.options.strict_contract and replay.drift:
         raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
                                 f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[root_key] = open_root(replay)
+        if not session.config.pluginmanager.hasplugin("dsession"):  # under xdist, xdist handles Ctrl-C itself
+            stop_gracefully_on_interrupt(session)
+
+
+def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
+    """A first Ctrl-C lets the running test finish, then stops the run (its records are written, marked
+    interrupted); a second one stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupt(signum, frame) -> None:
+        session.shouldstop = "interrupted (Ctrl-C): the records finished so far are written; Ctrl-C again stops at once"
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, interrupt)
+
+
+def open_root(replay: ReplaySession) -> rundir.Root:
+    """The report root, checked (not an input, a root or empty, writable) and locked before any model work."""
+    root = replay.options.report_dir
+    try:
+        rundir.check_root(root, replay.inputs)
+        rundir.check_name(root, replay.options.run_name)
+        return rundir.Root(root)
+    except ReplaytestsError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 @pytest.fixture(scope="session")
@@ -242,13 +277,20 @@ def row_params(replay: ReplaySession, family: str) -> list:
         return skipped
     if family == "replication" and not replay.options.later_model:
         return _skipped("no-later-model", "no later checkpoint: pass --replication-model CKPT")
-    return [pytest.param(row, id=row.id) for row in replay.family_rows(family)]
+    rows = replay.family_rows(family)
+    if not rows:  # a shard can hold none of a panel's rows: not an error
+        return _skipped("no-rows", f"shard {replay.options.shard} holds none of the {family} family's rows")
+    return [pytest.param(row, id=row.id) for row in rows]
 
 
 def audit_params(replay: ReplaySession) -> list:
     if not replay.options.baseline_ledger:
         return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
-    return [pytest.param(r, id="-".join(ledger.key(r))) for r in replay.audited()]
+    records = replay.audited()
+    if not records:
+        return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
+                                      f"({replay.options.baseline_ledger})")
+    return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -323,6 +365,7 @@ class LedgerCollector:
         self.outcomes: dict[str, int] = {}
         self.failures: list[dict] = []
         self.verdict: dict | None = None
+        self.run: Path | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
@@ -334,21 +377,35 @@ class LedgerCollector:
         if outcome in ("failed", "error"):
             self.failures.append(verdict.failure(report.nodeid, _message(report)))
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Write the run into a directory of its own; move `latest` to it only if the run completed."""
+        root = self.config.stash.get(root_key, None)
+        self.records = ledger.merge(self.records)
+        try:
+            if self.records and root is not None:
+                stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
+                interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
+                self.run = self.write(root.new_run(self.config.getoption("run_name")), interrupted)
+                if not interrupted:
+                    root.publish(self.run)
+        finally:
+            if root is not None:
+                root.release()
+
+    def write(self, run: Path, interrupted: bool) -> Path:
         from replaytests import report, summary
 
-        self.records = ledger.merge(self.records)
-        if not self.records or hasattr(self.config, "workerinput"):
-            return
         replay = replay_session(self.config)
-        self.verdict = verdict.build(self.outcomes, self.failures, verdict_context(replay, self.records, self.audits))
-        report_dir = self.config.getoption("report_dir")
-        meta = run_metadata(replay, self.verdict) | ({"audit": summary.audit_line(self.audits)} if self.audits else {})
-        ledger.write_ledger(report_dir / "ledger.jsonl", self.records)
-        write_json_atomic(report_dir / "run.json", meta)
-        write_atomic(report_dir / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits,
-                                                                 self.causal_lines(), self.verdict))
-        report.write_report(report_dir, self.records, report.run_meta(meta))
+        context = verdict_context(replay, self.records, self.audits)
+        self.verdict = verdict.build(self.outcomes, self.failures, context, interrupted)
+        meta = run_metadata(replay, self.verdict) | {"run": {"name": run.name, "interrupted": interrupted}} | (
+            {"audit": summary.audit_line(self.audits)} if self.audits else {})
+        ledger.write_ledger(run / "ledger.jsonl", self.records)
+        write_json_atomic(run / "run.json", meta)
+        write_atomic(run / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits,
+                                                          self.causal_lines(), self.verdict))
+        report.write_report(run, self.records, report.run_meta(meta))
+        return run
 
     def causal_lines(self) -> list[str]:
         from replaytests import summary
@@ -371,7 +428,8 @@ class LedgerCollector:
             terminalreporter.write_line(line)
         if self.audits:
             terminalreporter.write_line(summary.audit_line(self.audits))
-        terminalreporter.write_line(f"ledger: {self.config.getoption('report_dir') / 'ledger.jsonl'}")
+        if self.run is not None:
+            terminalreporter.write_line(f"run directory: {self.run}")
 
 
 def verdict_context(replay: ReplaySession, records: list[dict], audits: list[dict]) -> dict:
@@ -388,7 +446,8 @@ def verdict_context(replay: ReplaySession, records: list[dict], audits: list[dic
     baseline_path = replay.options.baseline_ledger
     baseline = ("none", None) if baseline_path is None else verdict.artifact(
         str(baseline_path), replay.baseline_platform,
-        f"{len(audits) - len(changed)}/{len(audits)} records reproduce ({sum(a['leaves'] for a in audits)} leaves)",
+        f"{len(audits) - len(changed)}/{len(audits)} records reproduce ({sum(a['leaves'] for a in audits)} leaves)"
+        if audits else "none of its records audited in this run",
         f"{len(changed)}/{len(audits)} baseline records changed", changed)
     return {"platform": describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],
             "baseline": baseline[0], "platform_drift": [line for _, line in (bank, baseline) if line],
@@ -444,6 +503,8 @@ def header_fields(replay: ReplaySession) -> dict[str, str]:
         "platform": describe_platform(replay.platform),
         "cpu_isa": pin_line(replay),
         "precision": ", ".join(replay.options.precisions),
+        **({"shard": f"{replay.options.shard}: {len(replay.sharded_rows)} of the {len(replay.rows)} selected rows"
+            + ("; nothing to run here" if not replay.sharded_rows else "")} if replay.options.shard else {}),
         "baseline": "none: pass --baseline LEDGER" if baseline is None else (
             f"{baseline} (" + ("recorded on this platform)" if not replay.baseline_platform else
                                "recorded on another platform: " + "; ".join(replay.baseline_platform) + ")")),

@@ -17,13 +17,15 @@ from typing import NamedTuple
 import numpy as np
 
 from replaytests import ledger, verdict
-from replaytests.errors import ConfigError, LedgerError
+from replaytests.errors import ConfigError, LedgerError, short
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.gates import BIT_EXACT, bit_exact, replicas_exact
 from replaytests.report_html import page
+from replaytests.rundir import ledger_of
 from replaytests.stats import LEVEL, RESAMPLES, SEED, McNemar, mcnemar_exact, paired_bootstrap, wilson
 
 SCHEMA = "replaytests.report/1"
+REPORT_FILES = ("report.json", "report.md", "report.html")
 PRECISIONS = ("bf16", "fp32")  # reductions are BF16 -> FP32 on the rows present at both
 
 
@@ -45,6 +47,7 @@ SHAPES = {
     "bridge": Shape(("live~incremental",)),
     "batch": Shape(("incremental_pair~incremental_singleton", "prefill_pair~prefill_singleton")),
 }
+CAUSAL = ("transplant", "replication")
 # report name: (comparison field, whether the count is of rows where the field is false)
 FLAGS = {
     "cache_exact": ("cache_exact", False),
@@ -168,14 +171,38 @@ def _family(records: list[dict], shape: Shape) -> dict:
     return out
 
 
+# What every comparison and arm of an ok record holds (docs/ledger.md), and the pair each family is read by.
+COMPARISON_FIELDS = {"cache_exact": bool, "logits_exact": bool, "suffix_equal": bool, "answer_equal": bool,
+                     "correct_equal": bool}
+ARM_FIELDS = {"suffix": list, "answer": str, "cache_digest": str, "logits_digest": str}
+CROSS_PAIR = "incremental~prefill"  # the transplant and replication records' crossing
+
+
 def _problem(record: dict) -> str | None:
-    """What makes a record unreadable as a ledger/1 record, or None."""
+    """What makes a record unreadable as a ledger record (docs/ledger.md), or None: a hollow record
+    (no arms, no comparisons, or comparisons without their fields) is never read as a result."""
     where = "/".join(str(record.get(f)) for f in ledger.KEY_FIELDS)
     needed = (*ledger.KEY_FIELDS, "status") + (("arms", "comparisons") if record.get("status") == "ok" else ())
     if missing := [f for f in needed if f not in record]:
         return f"ledger record {where}: missing field {missing[0]!r}"
+    if not all(isinstance(record[f], str) and record[f] for f in ledger.KEY_FIELDS):
+        return f"ledger record {where}: fields {', '.join(ledger.KEY_FIELDS)} must be non-empty strings"
     if record["status"] not in ("ok", "excluded"):
-        return f"ledger record {where}: field 'status' is {record['status']!r}, expected 'ok' or 'excluded'"
+        return f"ledger record {where}: field 'status' is {short(record['status'])}, expected 'ok' or 'excluded'"
+    if record["status"] == "excluded":
+        return None if isinstance(record.get("reason"), str) else f"ledger record {where}: excluded without a reason"
+    for name, fields in (("arms", ARM_FIELDS), ("comparisons", COMPARISON_FIELDS)):
+        value = record[name]
+        if not isinstance(value, dict) or not value:
+            return f"ledger record {where}: field {name!r} must be a non-empty object, got {short(value)}"
+        for key, item in value.items():
+            bad = [f for f, kind in fields.items() if not isinstance(item, dict) or not isinstance(item.get(f), kind)]
+            if bad:
+                return f"ledger record {where}: {name}.{key} lacks {bad[0]!r} (or it has the wrong type)"
+    family = record["family"]
+    headline = SHAPES[family].headline if family in SHAPES else (CROSS_PAIR,) if family in CAUSAL else ()
+    if missing := [pair for pair in headline if pair not in record["comparisons"]]:
+        return f"ledger record {where}: comparisons lack the {family} family's pair {missing[0]!r}"
     return None
 
 
@@ -443,13 +470,9 @@ def markdown(report: dict) -> str:
 
 # ---- files ----
 
-def ledger_path(path: Path) -> Path:
-    return path / "ledger.jsonl" if path.is_dir() else path
-
-
 def read_run(path: Path) -> dict | None:
     """The run.json beside a ledger (a file or a run directory), or None where there is none."""
-    run_json = ledger_path(Path(path)).parent / "run.json"
+    run_json = ledger_of(Path(path)).parent / "run.json"
     if not run_json.is_file():
         return None
     try:
@@ -509,13 +532,13 @@ def collate(paths: list[Path]) -> list[dict]:
     The same (family, row, precision) in two inputs must be identical: different results are an error.
     """
     seen: dict[tuple, tuple[dict, Path]] = {}
-    for path in map(ledger_path, map(Path, paths)):
+    for path in map(ledger_of, map(Path, paths)):
         records = ledger.read_ledger(path)
         if not records:
             raise LedgerError(f"{path}: empty ledger (no records)")
-        for record in records:
+        for number, record in enumerate(records, start=1):
             if problem := _problem(record):
-                raise LedgerError(f"{path}: {problem}")
+                raise LedgerError(f"{path}:{number}: {problem}")
             key = ledger.key(record)
             if key in seen and seen[key][0] != record:
                 raise LedgerError(f"ledger record {'/'.join(key)} differs between {seen[key][1]} and {path}")
@@ -527,7 +550,7 @@ def write_report(report_dir: Path, records: list[dict], meta: dict) -> list[Path
     """Write report.json, report.md and report.html (each atomically); returns their paths."""
     report_dir = Path(report_dir)
     report = build_report(records, meta)
-    paths = [report_dir / name for name in ("report.json", "report.md", "report.html")]
+    paths = [report_dir / name for name in REPORT_FILES]
     try:
         write_json_atomic(paths[0], report, sort_keys=False)
         write_atomic(paths[1], markdown(report))

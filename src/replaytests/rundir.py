@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.errors import ConfigError
+from replaytests.errors import ConfigError, short
 
 MARKER = ".replaytests-root"
 LOCK = ".lock"
@@ -40,10 +41,24 @@ def check_root(root: Path, inputs: dict[str, Path]) -> None:
                               f"inputs: pass another --report-dir")
     if where.exists() and not where.is_dir():
         raise ConfigError(f"--report-dir {root}: exists and is not a directory")
+    if (where / LATEST).is_dir() and not (where / LATEST).is_symlink():
+        raise ConfigError(f"--report-dir {root}: its {LATEST}/ is a directory an earlier replaytests wrote (before "
+                          f"run directories); move it away, e.g. `mv {root}/{LATEST} {root}/earlier`")
     if where.is_dir() and not (where / MARKER).exists() and any(where.iterdir()):
         kind = "a run directory, not a report root: pass its parent" if (where / LEDGER).exists() else (
             "a non-empty directory that is not a replaytests report root; pass an empty or new directory")
         raise ConfigError(f"--report-dir {root}: {kind}")
+
+
+def check_name(root: Path, name: str | None) -> None:
+    """A --run-name is a plain directory name, not `latest`, not taken yet under the root."""
+    if name is None:
+        return
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name) or name == LATEST:
+        raise ConfigError(f"--run-name {short(name)}: expected letters, digits, '.', '_' or '-' (up to 100, not "
+                          f"starting with a dot or dash, not '{LATEST}')")
+    if (Path(root) / name).exists():
+        raise ConfigError(f"--run-name {name}: {Path(root) / name} exists already; runs never write over each other")
 
 
 class Root:
@@ -69,10 +84,9 @@ class Root:
         self._lock.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}")
         self._lock.flush()
 
-    def new_run(self) -> Path:
-        """A new, empty directory for this run."""
-        name = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
-        run = self.path / name
+    def new_run(self, name: str | None = None) -> Path:
+        """A new, empty directory for this run: `name`, or its UTC time and a short random id."""
+        run = self.path / (name or f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}")
         run.mkdir()
         return run
 

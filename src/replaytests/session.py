@@ -119,6 +119,14 @@ class ReplaySession:
         """Every field the contract names whose real value differs."""
         return environment.drift(self.contract, self.environment)
 
+    @property
+    def inputs(self) -> dict[str, Path]:
+        """The files and directories this run reads (a run never writes among them)."""
+        options = self.options
+        named = {"bank": options.bank, "contract": options.contract, "model": options.model,
+                 "baseline": options.baseline_ledger, "replication model": options.later_model}
+        return {name: path for name, path in named.items() if path is not None}
+
     @functools.cached_property
     def platform(self) -> dict:
         """The fields of this run's environment that decide its numbers (environment.PLATFORM)."""
@@ -166,6 +174,12 @@ class ReplaySession:
                 return row
         raise KeyError(row_id)
 
+    @property
+    def sharded_rows(self) -> list[BankRow]:
+        """This shard's share of the selected rows (all of them without --shard)."""
+        index, count = parse_shard(self.options.shard)
+        return [row for n, row in enumerate(self.rows) if n % count == index - 1]
+
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share
         (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
@@ -178,9 +192,8 @@ class ReplaySession:
             rows = replication.panel(self.rows, panels["replication"]["rows"]) if self.options.later_model else []
         else:
             rows = self.rows
-        index, count = parse_shard(self.options.shard)
-        position = {row.id: n for n, row in enumerate(self.rows)}
-        return [row for row in rows if position[row.id] % count == index - 1]
+        share = {row.id for row in self.sharded_rows}
+        return [row for row in rows if row.id in share]
 
     def audited(self) -> list[dict]:
         """The baseline records this run recomputes: its families, precisions and rows."""

@@ -11,12 +11,13 @@ from __future__ import annotations
 OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
 
 
-def build(tests: dict[str, int], failures: list[dict], context: dict) -> dict:
+def build(tests: dict[str, int], failures: list[dict], context: dict, interrupted: bool = False) -> dict:
     """`tests`: outcome counts; `failures`: {check, message} per failing test; `context`: the
-    platform, cpu_isa, bank, baseline, drift and platform_drift lines of the run."""
+    platform, cpu_isa, bank, baseline, drift and platform_drift lines of the run. An interrupted run
+    (Ctrl-C, -x) is neither a pass nor a fail: its records are what it finished."""
     failed = bool(failures) or tests.get("failed", 0) > 0 or tests.get("error", 0) > 0
-    return {"result": "fail" if failed else "pass", "tests": {k: tests.get(k, 0) for k in OUTCOMES},
-            "failures": failures, **context}
+    result = "interrupted" if interrupted else "fail" if failed else "pass"
+    return {"result": result, "tests": {k: tests.get(k, 0) for k in OUTCOMES}, "failures": failures, **context}
 
 
 def headline(verdict: dict) -> str:
@@ -29,6 +30,8 @@ def lines(verdict: dict | None) -> list[str]:
     if not verdict:
         return ["verdict: not recorded (these records were collated from ledgers: no test outcomes)"]
     out = [f"verdict: {headline(verdict)}"]
+    if verdict["result"] == "interrupted":
+        out.append("  the run stopped before it finished: these are the records it completed (latest not moved)")
     out += [f"  FAILED {f['check']}: {f['message']}" for f in verdict["failures"]]
     out += [f"{name}: {verdict[name]}" for name in ("platform", "cpu_isa", "bank", "baseline") if verdict.get(name)]
     out += [f"platform drift: {line}" for line in verdict.get("platform_drift", [])]

@@ -20,14 +20,15 @@ ROWS = ("--rows", "2", "--precision", "fp32")
 
 
 def conformance_run(directory, *args):
-    """The conformance suite in a child process (as a user starts it): its outcome and report dir."""
-    report_dir = directory / "report"
+    """The conformance suite in a child process (as a user starts it): its outcome and its run directory
+    (`latest` under the report root)."""
+    root = directory / "report"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider",
-         "--report-dir", str(report_dir), *ROWS, *args],
+         "--report-dir", str(root), *ROWS, *args],
         cwd=directory, capture_output=True, text=True, check=False,
     )
-    return proc, report_dir
+    return proc, root / "latest"
 
 
 @pytest.fixture(scope="module")

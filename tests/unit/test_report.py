@@ -235,13 +235,14 @@ def test_batch_counts_per_pair():
 
 
 def test_unknown_family_is_rendered_generically():
-    comps = {"incremental~prefill_recipient": {"cache_exact": True, "suffix_equal": False}}
+    comps = {"incremental~prefill_recipient": comparison(suffix_equal=False)}
     records = [record("future", "a", "bf16", comps), excluded("future", "b", "bf16", "FailClosed: y")]
     report = build_report(records, {})
     family = report["families"]["future"]
     pair = family["precisions"]["bf16"]["pairs"]["incremental~prefill_recipient"]
     assert (family["known"], family["precisions"]["bf16"]["excluded"]) == (False, 1), family
-    assert pair == {"rows": 1, "cache_exact": wilson_json(1, 1), "suffix_divergence": wilson_json(1, 1)}, pair
+    found = (pair["rows"], pair["cache_exact"], pair["suffix_divergence"])
+    assert found == (1, wilson_json(1, 1), wilson_json(1, 1)), pair
     assert "## future: every pair" in markdown(report), "generic table missing from report.md"
 
 
@@ -361,11 +362,28 @@ def test_collate_refuses_the_same_row_with_different_results(tmp_path):
     pytest.param(json.dumps(crossing("a")) + "\n" + json.dumps(crossing("b"))[:40] + "\n",
                  ":2: not valid JSON", id="truncated-line"),
     pytest.param(json.dumps({"schema": ledger.SCHEMA, "family": "crossing", "row": "a", "precision": "bf16",
-                             "status": "ok"}) + "\n", ": ledger record crossing/a/bf16: missing field 'arms'",
+                             "status": "ok"}) + "\n", ":1: ledger record crossing/a/bf16: missing field 'arms'",
                  id="ok-without-arms"),
     pytest.param(json.dumps(excluded("crossing", "a", "bf16", "x") | {"status": "skipped"}) + "\n",
-                 ": ledger record crossing/a/bf16: field 'status' is 'skipped', expected 'ok' or 'excluded'",
+                 ":1: ledger record crossing/a/bf16: field 'status' is 'skipped', expected 'ok' or 'excluded'",
                  id="unknown-status"),
+    *(pytest.param(json.dumps(crossing("a") | {"comparisons": value}) + "\n",
+                   f":1: ledger record crossing/a/bf16: field 'comparisons' must be a non-empty object, got {shown}",
+                   id=f"comparisons-{name}")
+      for name, value, shown in (("null", None, "None"), ("empty", {}, "{}"), ("text", "x", "'x'"))),
+    pytest.param(json.dumps(crossing("a") | {"arms": {}}) + "\n",
+                 ":1: ledger record crossing/a/bf16: field 'arms' must be a non-empty object, got {}", id="arms-empty"),
+    pytest.param(json.dumps(crossing("a") | {"comparisons": {"incremental~prefill": {"cache_exact": True}}}) + "\n",
+                 ":1: ledger record crossing/a/bf16: comparisons.incremental~prefill lacks 'logits_exact'",
+                 id="hollow-comparison"),
+    pytest.param(json.dumps(crossing("a") | {"comparisons": {"x~y": comparison()}}) + "\n",
+                 ":1: ledger record crossing/a/bf16: comparisons lack the crossing family's pair 'incremental~prefill'",
+                 id="no-headline-pair"),
+    pytest.param(json.dumps(excluded("crossing", "a", "bf16", "x") | {"reason": None}) + "\n",
+                 ":1: ledger record crossing/a/bf16: excluded without a reason", id="excluded-without-reason"),
+    pytest.param(json.dumps(crossing("a") | {"row": 7}) + "\n",
+                 ":1: ledger record crossing/7/bf16: fields family, row, precision must be non-empty strings",
+                 id="numeric-row"),
 ])
 def test_collate_bad_ledger_is_one_line_error(tmp_path, content, message):
     path = tmp_path / "ledger.jsonl"
@@ -395,6 +413,26 @@ def test_cli_report_defaults_to_the_first_input_directory(tmp_path, capsys):
     run = write_ledger_file(tmp_path / "run" / "ledger.jsonl", [crossing("r1")]).parent
     assert main(["report", str(run)]) == 0, capsys.readouterr().err
     assert (run / "report.json").is_file(), "report.json not written beside the ledger"
+
+
+def test_cli_report_never_rewrites_a_report_unless_forced(tmp_path, capsys):
+    run = write_ledger_file(tmp_path / "run" / "ledger.jsonl", [crossing("r1")]).parent
+    assert main(["report", str(run)]) == 0, capsys.readouterr().err
+    before = {name: (run / name).read_bytes() for name in ("report.json", "report.md", "report.html")}
+    write_ledger_file(run / "ledger.jsonl", [crossing("r1"), crossing("r2")])
+    code, err = main(["report", str(run)]), capsys.readouterr().err
+    assert (code, err) == (2, f"replaytests: error: {run}: holds report.json, report.md, report.html already; pass "
+                              "--out DIR for a new report, or --force to replace them\n"), (code, err)
+    assert {name: (run / name).read_bytes() for name in before} == before, "a refused report changed the files"
+    assert main(["report", str(run), "--force"]) == 0, capsys.readouterr().err
+    assert json.loads((run / "report.json").read_text())["records"]["total"] == 2, "--force did not replace it"
+
+
+def test_cli_report_reads_a_report_root_through_latest(tmp_path, capsys):
+    run = write_ledger_file(tmp_path / "root" / "20261201-000000-abcdef" / "ledger.jsonl", [crossing("r1")]).parent
+    (tmp_path / "root" / "latest").symlink_to(run.name)
+    assert main(["report", str(tmp_path / "root"), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["records"]["total"] == 1
 
 
 def test_cli_report_bad_ledger_is_one_line_exit_2(tmp_path, capsys):

@@ -46,8 +46,11 @@ def test_transplant_recipient_follows_donor(record, replay, transplant_row):
 def test_transplant_family_meets_its_gates(record, replay, transplant_family):
     """gates.transplant over the whole panel: each direction's donor recovery and the controls' third
     trajectories (the per-row tests record a miss the gates allow a share of)."""
+    shard = replay.family_rows(transplant.FAMILY)
+    if not shard:
+        pytest.skip(f"shard {replay.options.shard} holds none of the selected rows")
     roles = {row: role for row, role in replay.transplant_panel.rows}
-    rows = [row for row in replay.family_rows(transplant.FAMILY) if row.id in roles]
+    rows = [row for row in shard if row.id in roles]
     summary = transplant.summarize([record(transplant.FAMILY, row, "bf16") for row in rows])
     follows = {name: (v["follows_donor"]["k"], v["follows_donor"]["n"]) for name, v in summary["full"].items()}
     thirds = {name: (v["control_third"]["k"], v["control_third"]["n"]) for name, v in summary["full"].items()}

@@ -1,0 +1,303 @@
+"""Bad input, as a hostile user gives it, to the pytest plugin and to the `replaytests` command.
+
+Every case must stop before any model work with a non-zero exit and one line that names the culprit
+(file, field or option), print no traceback, and leave every file that existed before byte-identical:
+the case's own workspace (a copy of the embedded model, bank and contract) and the repository's
+fixtures and contracts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from replaytests.bank import manifest_path
+from replaytests.cli import main
+from replaytests.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
+
+USAGE = pytest.ExitCode.USAGE_ERROR
+
+
+class Workspace(NamedTuple):
+    """Copies of the embedded inputs a case may break, in a directory of its own."""
+
+    root: Path
+    model: Path
+    bank: Path
+    contract: Path
+
+    def contract_with(self, text: str, name: str = "bad.yaml") -> Path:
+        path = self.root / name
+        path.write_text(f"extends: {DEFAULT_CONTRACT}\nname: bad\n{text}", encoding="utf-8")
+        return path
+
+    def model_with(self, name: str, edit: Callable[[Path], None]) -> Path:
+        copy = self.root / name
+        shutil.copytree(self.model, copy)
+        edit(copy)
+        return copy
+
+    def write(self, name: str, text: str) -> Path:
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+
+@pytest.fixture
+def ws(tmp_path) -> Workspace:
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL, model)
+    bank = tmp_path / "banks" / "tiny.jsonl"
+    bank.parent.mkdir()
+    shutil.copy(DEFAULT_BANK, bank)
+    shutil.copy(manifest_path(DEFAULT_BANK), manifest_path(bank))
+    return Workspace(tmp_path, model, bank, tmp_path / "contract.yaml")
+
+
+def _config(path: Path, **changes) -> None:
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | changes))
+
+
+def _truncate(path: Path) -> None:
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def _bank_row(ws: Workspace, edit: Callable[[dict], None]) -> Path:
+    lines = ws.bank.read_text().splitlines()
+    row = json.loads(lines[0])
+    edit(row)
+    path = ws.root / "edited" / "tiny.jsonl"
+    path.parent.mkdir()
+    path.write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    shutil.copy(manifest_path(ws.bank), manifest_path(path))
+    return path
+
+
+def _manifest(ws: Workspace, edit: Callable[[dict], None]) -> Path:
+    manifest = json.loads(manifest_path(ws.bank).read_text())
+    edit(manifest)
+    manifest_path(ws.bank).write_text(json.dumps(manifest))
+    return ws.bank
+
+
+def _bank_with_manifest(ws: Workspace, manifest: str) -> Path:
+    ws.write("b/x.manifest.json", manifest)
+    return ws.write("b/x.jsonl", ws.bank.read_text())
+
+
+def _root_with_run(ws: Workspace, name: str) -> Path:
+    ws.write(f"r/{name}/ledger.jsonl", "")
+    return ws.write("r/.replaytests-root", "").parent
+
+
+# 9 levels of 9 aliases: 9**9 strings if anything expanded it (the issue's 72 MB error line).
+ALIAS_BOMB = "description: [&a0 [x, x, x, x, x, x, x, x, x], " + ", ".join(
+    f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)) + "]\n"
+
+
+def contract(text: str) -> Callable[[Workspace], list[str]]:
+    return lambda w: ["--contract", str(w.contract_with(text))]
+
+
+class Case(NamedTuple):
+    args: Callable[[Workspace], list[str]]  # options after the command
+    line: str  # a regex the single error line must match
+    command: str = "pytest"  # or a `replaytests` subcommand
+
+
+PYTEST = {
+    # row selections and shards
+    "rows-zero": Case(lambda w: ["--rows", "0"], r"--rows 0: selects no row"),
+    "rows-reversed": Case(lambda w: ["--rows", "5:2"], r"--rows 5:2: selects no row"),
+    "rows-past-the-end": Case(lambda w: ["--rows", "100:110"], r"--rows 100:110: selects no row of the bank's 48"),
+    "rows-negative": Case(lambda w: ["--rows", "-1"], r"--rows: expected a count N or a slice A:B of non-negative"),
+    "rows-words": Case(lambda w: ["--rows", "x:y"], r"--rows: expected a count N or a slice A:B"),
+    "shard-zero": Case(lambda w: ["--shard", "0/2"], r"--shard: expected i/N with 1 <= i <= N"),
+    "shard-past-count": Case(lambda w: ["--shard", "3/2"], r"--shard: expected i/N with 1 <= i <= N"),
+    "shard-words": Case(lambda w: ["--shard", "a/b"], r"--shard: expected i/N"),
+    # devices
+    "device-nonsense": Case(lambda w: ["--device", "nonsense"], r"--device 'nonsense': expected cpu, cuda, cuda:N"),
+    "device-cpu-index": Case(lambda w: ["--device", "cpu:3"], r"--device cpu:3: expected cpu, cuda, cuda:N or mps"),
+    # contracts
+    "contract-missing": Case(lambda w: ["--contract", str(w.root / "none.yaml")], r"none\.yaml: cannot read contract"),
+    "contract-malformed": Case(lambda w: ["--contract", str(w.write("c.yaml", "name: [x\n"))],
+                               r"c\.yaml: malformed YAML at line 2"),
+    "contract-duplicate-key": Case(contract("caps: {branch: 4}\ncaps: {merge: 2}\n"),
+                                   r"bad\.yaml: malformed YAML at line 4: duplicate key 'caps'"),
+    "contract-alias-bomb": Case(contract(ALIAS_BOMB), r"bad\.yaml: description: expected str, got list \[\[.{0,120}$"),
+    "contract-threads-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
+                                   r"bad\.yaml: environment\.cpu_threads: expected an integer from 1 to 1024"),
+    "contract-unknown-key": Case(contract("cpas: {branch: 4}\n"), r"bad\.yaml: unknown field 'cpas'; did you mean"),
+    "contract-cpu-isa": Case(contract("environment: {cpu_isa: AVX-512}\n"),
+                             r"bad\.yaml: environment\.cpu_isa: expected DEFAULT, AVX2 or AVX512"),
+    "contract-delimiter-tokens": Case(
+        contract("delimiters: {'<|prompt|>': 'two words'}\n"),
+        r"tiny-qwen2 \(--model\) with contract .*bad\.yaml: delimiter '<\|prompt\|>' \(as 'two words'\) is \d+ "
+        r"tokens"),
+    "contract-banned-outside": Case(contract("banned_tokens: [99999]\n"),
+                                    r"bad\.yaml: banned_tokens: ids \[99999\] are outside the vocabulary"),
+    "contract-boundary-checks": Case(contract("boundary_checks: [padding]\n"),
+                                     r"bad\.yaml: boundary_checks: expected each of token_ids"),
+    # banks and manifests
+    "bank-missing": Case(lambda w: ["--bank", str(w.root / "none.jsonl")], r"none\.jsonl: cannot read bank: No such"),
+    "bank-row-grammar": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r["tokens"].pop()))],
+                             r"edited/tiny\.jsonl:1 \(row tiny-000\): field 'tokens' must end with the single "),
+    "bank-row-type": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(tokens="123")))],
+                          r"edited/tiny\.jsonl:1 \(row tiny-000\): field 'tokens' has type str, expected list"),
+    "bank-changed": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(expected_answer="x")))],
+                         r"edited/tiny\.jsonl: bank sha256 .* the bank changed since it was frozen; refused"),
+    "manifest-old-schema": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m.update(schema="x/1")))],
+                                r"tiny\.manifest\.json: field 'schema' is 'x/1', expected 'replaytests\.bank-manifest"),
+    "manifest-not-json": Case(lambda w: ["--bank", str(_bank_with_manifest(w, "{"))],
+                              r"x\.manifest\.json: manifest is not valid JSON"),
+    # models
+    "model-missing": Case(lambda w: ["--model", str(w.root / "none")], r"none: model directory not found"),
+    "model-no-config": Case(lambda w: ["--model", str(w.model_with("m", lambda p: (p / "config.json").unlink()))],
+                            r"/m: no config\.json"),
+    "model-pickle-only": Case(lambda w: ["--model", str(w.model_with("m", lambda p: (p / "model.safetensors").rename(
+                              p / "pytorch_model.bin")))], r"/m: no \*\.safetensors weights \(only safetensors"),
+    "model-truncated": Case(lambda w: ["--model", str(w.model_with("m", _truncate)), "--accept-changed", "model"],
+                            r"m/model\.safetensors: not a readable safetensors file"),
+    "model-no-tokenizer": Case(lambda w: ["--model", str(w.model_with("m", lambda p: (p / "tokenizer.json").unlink()))],
+                               r"/m: no tokenizer \(tokenizer\.json"),
+    "model-small-vocab": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(p, vocab_size=100))),
+                                         "--accept-changed", "model"],
+                              r"m/config\.json: vocab_size 100 does not hold the delimiter ids \[257"),
+    "model-config-changed": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(p, rope_theta=5.0)))],
+                                 r"/m: model sha256 .* the model changed since the bank was frozen \(config\.json "
+                                 r"changed\); refused \(pass --accept-changed=model"),
+    "model-tokenizer-changed": Case(
+        lambda w: ["--model", str(w.model_with("m", lambda p: (p / "tokenizer_config.json").write_text("{}")))],
+        r"/m: tokenizer sha256 .* \(tokenizer_config\.json changed\); refused \(pass --accept-changed=tokenizer"),
+    "later-model-missing": Case(lambda w: ["--replication-model", str(w.root / "none")], r"none: model directory not"),
+    "later-model-truncated": Case(lambda w: ["--replication-model", str(w.model_with("m", _truncate))],
+                                  r"m/model\.safetensors: not a readable safetensors file"),
+    "later-model-small-vocab": Case(lambda w: ["--replication-model", str(w.model_with("m", lambda p: _config(
+        p, vocab_size=100)))], r"m/config\.json: vocab_size 100 does not hold .*\(--replication-model\)"),
+    # report directories
+    "report-dir-baseline": Case(lambda w: ["--report-dir", str(REPO / "fixtures" / "ledgers" / "cpu-tiny")],
+                                r"--report-dir .*cpu-tiny: holds the run's baseline"),
+    "report-dir-fixtures": Case(lambda w: ["--report-dir", str(REPO / "fixtures")], r"--report-dir .*fixtures: holds"),
+    "report-dir-in-model": Case(lambda w: ["--model", str(w.model), "--accept-changed", "model", "--report-dir",
+                                           str(w.model / "out")], r"--report-dir .*model/out: holds the run's model"),
+    "report-dir-a-file": Case(lambda w: ["--report-dir", str(w.write("f.txt", "x"))],
+                              r"--report-dir .*f\.txt: exists and is not a directory"),
+    "report-dir-under-a-file": Case(lambda w: ["--report-dir", str(w.write("g.txt", "x") / "sub")],
+                                    r"--report-dir .*g\.txt/sub: cannot write there"),
+    "report-dir-foreign": Case(lambda w: ["--report-dir", str(w.write("mine/notes.txt", "keep").parent)],
+                               r"--report-dir .*mine: a non-empty directory that is not a replaytests report root"),
+    "run-name-latest": Case(lambda w: ["--run-name", "latest"], r"--run-name 'latest': expected letters, digits"),
+    "run-name-taken": Case(lambda w: ["--report-dir", str(_root_with_run(w, "x")), "--run-name", "x"],
+                           r"--run-name x: .*/r/x exists already"),
+    # baselines and overrides
+    "baseline-missing": Case(lambda w: ["--baseline", str(w.root / "none.jsonl")], r"none\.jsonl: cannot read ledger"),
+    "baseline-malformed": Case(lambda w: ["--baseline", str(w.write("base.jsonl", '{"schema": 1}\n'))],
+                               r"base\.jsonl:1: field 'schema' is 1, expected"),
+    "strict-with-drift": Case(lambda w: ["--contract", str(w.contract_with("software: {torch: '0.0.1'}\n")),
+                                         "--strict-contract"],
+                              r"--strict-contract: the environment differs from contract bad in \d+ field\(s\)"),
+}
+
+COMMANDS = {
+    "compare-comparisons-null": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons=None))],
+                                     r"bad\.jsonl:1: ledger record .* field 'comparisons' must be a non-empty object",
+                                     "compare"),
+    "compare-comparisons-empty": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons={}))],
+                                      r"bad\.jsonl:1: .* field 'comparisons' must be a non-empty object, got \{\}",
+                                      "compare"),
+    "compare-comparisons-text": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons="x"))],
+                                     r"bad\.jsonl:1: .* field 'comparisons' must be a non-empty object, got 'x'",
+                                     "compare"),
+    "compare-missing": Case(lambda w: [str(w.root / "none.jsonl"), str(DEFAULT_BASELINE_DIR)],
+                            r"none\.jsonl: cannot read ledger", "compare"),
+    "history-without-families": Case(lambda w: ["show", str(_history(w, families=None))],
+                                     r"h\.jsonl:1: field 'families' must be a dict", "history"),
+    "history-numeric-date": Case(lambda w: ["show", str(_history(w, date=20261201))],
+                                 r"h\.jsonl:1: field 'date' must be a str, got 20261201", "history"),
+    "history-bad-date": Case(lambda w: ["show", str(_history(w, date="yesterday"))],
+                             r"h\.jsonl:1: field 'date' is not an ISO 8601 date", "history"),
+    "freeze-out-a-directory": Case(lambda w: ["--out", str(w.root)], r"--out .*: is a directory; expected a file",
+                                   "freeze"),
+    "freeze-out-under-a-file": Case(lambda w: ["--out", str(w.write("o.txt", "x") / "b.jsonl")],
+                                    r"--out .*o\.txt/b\.jsonl: cannot create", "freeze"),
+    "report-over-a-report": Case(lambda w: [str(_reported(w))], r"holds report\.json, report\.md, report\.html "
+                                                                r"already; pass --out DIR", "report"),
+    "report-empty-ledger": Case(lambda w: [str(w.write("e/ledger.jsonl", ""))], r"ledger\.jsonl: empty ledger",
+                                "report"),
+    "env-contract-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
+                               r"bad\.yaml: environment\.cpu_threads: expected an integer from 1 to 1024", "env"),
+}
+DEFAULT_BASELINE_DIR = REPO / "fixtures" / "ledgers" / "cpu-tiny"
+
+
+def _ledger(ws: Workspace, **fields) -> Path:
+    record = json.loads((DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()[0]) | fields
+    return ws.write("bad.jsonl", json.dumps(record) + "\n")
+
+
+def _history(ws: Workspace, **fields) -> Path:
+    line = {"schema": "replaytests.history/1", "date": "2026-12-01T00:00:00", "label": None, "ledger": "x",
+            "ledger_sha256": "0" * 64, "families": {}} | fields
+    return ws.write("h.jsonl", json.dumps({k: v for k, v in line.items() if v is not None}) + "\n")
+
+
+def _reported(ws: Workspace) -> Path:
+    run = ws.root / "run"
+    run.mkdir()
+    shutil.copy(DEFAULT_BASELINE_DIR / "ledger.jsonl", run / "ledger.jsonl")
+    for name in ("report.json", "report.md", "report.html"):
+        (run / name).write_text("a report someone reads")
+    return run
+
+
+def digests(*directories: Path) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for d in directories for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def protected(ws: Workspace) -> tuple[Path, ...]:
+    return ws.root, REPO / "fixtures", REPO / "contracts"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=name) for name, c in PYTEST.items()])
+def test_bad_pytest_input_is_one_line_and_loses_nothing(pytester, ws, case):
+    args = case.args(ws)
+    before = digests(*protected(ws))
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", *args)
+    err = [line for line in result.stderr.lines if line.strip()]
+    assert result.ret == USAGE, f"exit {result.ret} for {args}:\n{result.stdout.str()[-2000:]}"
+    assert len(err) == 1 and err[0].startswith("ERROR: "), f"not one line: {err}"
+    assert re.search(case.line, err[0]), f"{err[0]!r} does not match {case.line!r}"
+    assert len(err[0]) < 1000, f"an error line of {len(err[0])} characters"
+    assert "Traceback" not in result.stdout.str() + result.stderr.str(), "a traceback reached the user"
+    assert digests(*protected(ws)) == before, "a refused run changed files that existed before it"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=name) for name, c in COMMANDS.items()])
+def test_bad_command_input_is_one_line_and_loses_nothing(ws, case):
+    args = [case.command, *case.args(ws)]
+    before = digests(*protected(ws))
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
+        code = main(args)
+    lines = [line for line in err.getvalue().splitlines() if line.strip()]
+    assert code == 2, f"exit {code} for {args}: {err.getvalue()!r}"
+    assert len(lines) == 1 and lines[0].startswith("replaytests: error: "), f"not one line: {lines}"
+    assert re.search(case.line, lines[0]), f"{lines[0]!r} does not match {case.line!r}"
+    assert "Traceback" not in out.getvalue() + err.getvalue(), "a traceback reached the user"
+    assert digests(*protected(ws)) == before, "a refused command changed files that existed before it"
+
+
+def test_the_table_is_large_enough():
+    assert len(PYTEST) + len(COMMANDS) >= 50, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
