@@ -36,6 +36,7 @@ from replaytests.options import (
 if TYPE_CHECKING:
     from replaytests.session import ReplaySession
 
+CONFORMANCE = Path(__file__).resolve().parent / "conformance"
 RECORD_PROPERTY = "replaytests_record"
 AUDIT_PROPERTY = "replaytests_audit"
 MARKERS = {
@@ -173,7 +174,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
                                 f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
     if not hasattr(session.config, "workerinput"):
-        session.config.stash[root_key] = open_root(replay)
+        session.config.stash[root_key] = open_root(replay, session.config)
         if not session.config.pluginmanager.hasplugin("dsession"):  # under xdist, xdist handles Ctrl-C itself
             stop_gracefully_on_interrupt(session)
 
@@ -192,15 +193,29 @@ def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
     signal.signal(signal.SIGINT, interrupt)
 
 
-def open_root(replay: ReplaySession) -> rundir.Root:
-    """The report root, checked (not an input, a root or empty, writable) and locked before any model work."""
-    root = replay.options.report_dir
+def open_root(replay: ReplaySession, config: pytest.Config) -> rundir.Root:
+    """The report root, checked (not an input, a root or empty, writable) before any model work, and
+    locked when the run selects conformance tests (a run of unit tests alone never waits for it)."""
     try:
-        rundir.check_root(root, replay.inputs)
-        rundir.check_name(root, replay.options.run_name)
-        return rundir.Root(root)
+        rundir.check_root(replay.options.report_dir, replay.inputs)
+        rundir.check_name(replay.options.report_dir, replay.options.run_name)
+        root = rundir.Root(replay.options.report_dir)
+        if selects_conformance(config):
+            root.lock()
+        return root
     except ReplaytestsError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def selects_conformance(config: pytest.Config) -> bool:
+    """Whether the run's arguments (or testpaths) name the conformance tests, or a folder above them."""
+    for arg in (str(a).split("::")[0] for a in config.args):
+        if arg == "replaytests" or arg.startswith("replaytests.conformance"):  # --pyargs
+            return True
+        path = (config.invocation_params.dir / arg).resolve()
+        if path == CONFORMANCE or CONFORMANCE in path.parents or path in CONFORMANCE.parents:
+            return True
+    return False
 
 
 @pytest.fixture(scope="session")

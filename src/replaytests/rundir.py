@@ -62,24 +62,32 @@ def check_name(root: Path, name: str | None) -> None:
 
 
 class Root:
-    """A report root, locked for one run (the lock is released when the process ends)."""
+    """A report root (created, marked and its writability checked); `lock` holds it for one run."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._lock = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             (self.path / MARKER).touch()
-            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until the run ends
         except OSError as exc:
             raise ConfigError(f"--report-dir {path}: cannot write there: {exc.strerror or exc}") from None
+
+    def lock(self) -> None:
+        """Hold the root for this run; a root another run holds is one line (the lock is released when
+        the holding process ends, however it ends)."""
+        try:
+            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until the run ends
+        except OSError as exc:
+            raise ConfigError(f"--report-dir {self.path}: cannot write there: {exc.strerror or exc}") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self._lock.seek(0)
             holder = self._lock.read().strip() or "another process"
             self._lock.close()
-            raise ConfigError(f"--report-dir {path}: another replaytests run is writing here ({holder}); wait for it "
-                              f"or pass another --report-dir") from None
+            raise ConfigError(f"--report-dir {self.path}: another replaytests run is writing here ({holder}); wait "
+                              f"for it or pass another --report-dir") from None
         self._lock.truncate(0)
         self._lock.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}")
         self._lock.flush()
@@ -98,7 +106,7 @@ class Root:
         os.replace(temporary, self.path / LATEST)
 
     def release(self) -> None:
-        if not self._lock.closed:
+        if self._lock is not None and not self._lock.closed:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
             self._lock.close()
 

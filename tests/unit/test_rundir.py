@@ -62,13 +62,28 @@ def test_a_run_never_reuses_a_directory(tmp_path):
 
 def test_a_second_lock_on_one_root_is_refused_naming_the_holder(tmp_path):
     first = rundir.Root(tmp_path / "reports")
+    first.lock()
     try:
         with pytest.raises(ConfigError, match=rf"^--report-dir {tmp_path / 'reports'}: another replaytests run is "
                                               rf"writing here \(pid {os.getpid()}, since .*\); wait for it"):
-            rundir.Root(tmp_path / "reports")
+            rundir.Root(tmp_path / "reports").lock()
     finally:
         first.release()
-    rundir.Root(tmp_path / "reports").release()  # free again once released
+    again = rundir.Root(tmp_path / "reports")
+    again.lock()  # free again once released
+    again.release()
+
+
+def test_a_run_of_other_tests_does_not_wait_for_the_root(pytester, tmp_path):
+    """Only a run that selects conformance tests takes the lock: unit tests beside a running audit run."""
+    root = rundir.Root(tmp_path / "reports")
+    root.lock()
+    pytester.makepyfile(test_plain="def test_one():\n    assert True\n")
+    try:
+        result = pytester.runpytest("test_plain.py", "--report-dir", str(tmp_path / "reports"))
+    finally:
+        root.release()
+    assert result.ret == pytest.ExitCode.OK, result.stderr.str()
 
 
 def test_latest_moves_to_each_published_run(tmp_path):
