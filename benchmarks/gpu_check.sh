@@ -58,14 +58,14 @@ skip() {  # skip NAME REASON
 PLUGIN=()
 has_plugin() {
   "$PY" -c "import importlib.metadata as m, replaytests; \
-assert any(e.value == 'replaytests.plugin' for e in m.entry_points(group='pytest11'))" 2>/dev/null
+assert any(e.value == 'replaytests.suite.plugin' for e in m.entry_points(group='pytest11'))" 2>/dev/null
 }
 if ! has_plugin; then
   step install 180 "$PY" -m pip install --no-deps --no-build-isolation -e .
   if ! has_plugin; then
-    echo "   replaytests is not installed: using PYTHONPATH=src and -p replaytests.plugin"
+    echo "   replaytests is not installed: using PYTHONPATH=src and -p replaytests.suite.plugin"
     export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-    PLUGIN=(-p replaytests.plugin)
+    PLUGIN=(-p replaytests.suite.plugin)
   fi
 fi
 PYTEST=("$PY" -m pytest --pyargs replaytests.conformance -p no:cacheprovider -p no:json-report -q "${PLUGIN[@]}")

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from replaytests.bank import read_manifest
 from replaytests.files import write_atomic, write_jsonl_atomic
-from replaytests.options import DEFAULT_MODEL, REPO
+from replaytests.inputs.bank import read_manifest
+from replaytests.inputs.options import DEFAULT_MODEL, REPO
 
 H200 = REPO / "contracts" / "h200.yaml"
 WORDS = ("carry", "column", "digit", "total", "sum", "check", "add", "number", "first", "second", "then", "write")

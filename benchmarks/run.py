@@ -28,17 +28,18 @@ from pathlib import Path
 import torch
 import transformers
 
-from replaytests import constructions, cpu_isa, hf_adapter
-from replaytests.bank import BankRow
-from replaytests.contract import PRECISIONS, load_contract
-from replaytests.decoder import decode_suffix, suffix_room
-from replaytests.environment import capture
+from replaytests.engine import constructions, hf_adapter
+from replaytests.engine.decoder import decode_suffix, suffix_room
+from replaytests.engine.protocol import MERGE, Caps, parse_prefix, prompt_block
+from replaytests.engine.runtime import Runtime
 from replaytests.errors import ReplaytestsError
 from replaytests.families import crossing
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.options import DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
-from replaytests.protocol import MERGE, Caps, parse_prefix, prompt_block
-from replaytests.runtime import Runtime
+from replaytests.inputs import cpu_isa
+from replaytests.inputs.bank import BankRow
+from replaytests.inputs.contract import PRECISIONS, load_contract
+from replaytests.inputs.environment import capture
+from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
 
 SCHEMA = "replaytests.benchmarks/1"
 GPU_CONTRACT = REPO / "contracts" / "h200.yaml"

@@ -17,13 +17,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.errors import ConfigError, ReplaytestsError
-from replaytests.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, REPO
+from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, REPO
 
 
 def _pin(contract_path: Path):
     """The contract, with its CPU instruction set pinned before torch is first used."""
-    from replaytests import cpu_isa
-    from replaytests.contract import load_contract
+    from replaytests.inputs import cpu_isa
+    from replaytests.inputs.contract import load_contract
 
     contract = load_contract(contract_path)
     return contract, cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})")
@@ -32,7 +32,7 @@ def _pin(contract_path: Path):
 def _freeze(args: argparse.Namespace) -> int:
     _check_writable(args.out, "--out")
     _pin(args.contract)
-    from replaytests.freeze import freeze
+    from replaytests.inputs.freeze import freeze
 
     rows = freeze(args.model, args.problems, args.contract, args.out)
     print(f"froze {len(rows)} rows into {args.out} (prefix lengths "
@@ -60,9 +60,9 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _print_run(run_dir: Path) -> None:
     """A run's verdict (from its run.json) and its reports, as the audit's last lines."""
-    from replaytests import verdict
     from replaytests.errors import LedgerError
-    from replaytests.report import read_run
+    from replaytests.outputs import verdict
+    from replaytests.outputs.report import read_run
 
     try:
         run = read_run(run_dir) or {} if run_dir.is_dir() else {}
@@ -76,8 +76,8 @@ def _print_run(run_dir: Path) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from replaytests.report import REPORT_FILES, collate, report_meta, write_report
-    from replaytests.rundir import ledger_of
+    from replaytests.outputs.report import REPORT_FILES, collate, report_meta, write_report
+    from replaytests.outputs.rundir import ledger_of
 
     records = collate(args.inputs)
     out = args.out or ledger_of(args.inputs[0]).parent
@@ -103,7 +103,7 @@ def _check_writable(path: Path, option: str) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from replaytests.compare import compare_paths
+    from replaytests.outputs.compare import compare_paths
 
     result = compare_paths(args.baseline, args.new, args.level, args.contract, args.allow_changes)
     print(result.text())
@@ -111,7 +111,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from replaytests import history
+    from replaytests.outputs import history
 
     if args.action == "append":
         entry = history.append(args.source, args.into, args.label, args.date)
@@ -130,7 +130,7 @@ def _level(text: str) -> float:
 
 def _env(args: argparse.Namespace) -> int:
     contract, pinned = _pin(args.contract)
-    from replaytests.environment import capture, describe
+    from replaytests.inputs.environment import capture, describe
 
     how = "applied" if pinned.applied else f"not applied: {pinned.note}"
     print(f"cpu_isa: contract pins {pinned.level} ({how})" if pinned.level else f"cpu_isa: {pinned.note}")

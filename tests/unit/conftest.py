@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaytests import constructions, cpu_isa
-from replaytests.bank import BankRow
-from replaytests.boundary import Boundary
-from replaytests.contract import Contract, load_contract
-from replaytests.decoder import decode_suffix
-from replaytests.environment import Drift
-from replaytests.hf_adapter import load_tokenizer
-from replaytests.protocol import DELIMITER_NAMES, Caps, Delimiters, Grammar
+from replaytests.engine import constructions
+from replaytests.engine.boundary import Boundary
+from replaytests.engine.decoder import decode_suffix
+from replaytests.engine.hf_adapter import load_tokenizer
+from replaytests.engine.protocol import DELIMITER_NAMES, Caps, Delimiters, Grammar
+from replaytests.inputs import cpu_isa
+from replaytests.inputs.bank import BankRow
+from replaytests.inputs.contract import Contract, load_contract
+from replaytests.inputs.environment import Drift
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "fixtures" / "models" / "tiny-qwen2"
@@ -79,7 +80,7 @@ def shortest_z(bank_rows_json) -> list[int]:
 @pytest.fixture(scope="session")
 def fp32_runtime(tiny_contract):
     """The tiny model at FP32, loaded once for the whole unit session."""
-    from replaytests.runtime import Runtime
+    from replaytests.engine.runtime import Runtime
 
     return Runtime.load(MODEL_DIR, tiny_contract, "fp32")
 
@@ -87,7 +88,7 @@ def fp32_runtime(tiny_contract):
 @pytest.fixture(scope="session")
 def bf16_runtime(tiny_contract):
     """The tiny model at BF16, loaded once for the whole unit session."""
-    from replaytests.runtime import Runtime
+    from replaytests.engine.runtime import Runtime
 
     return Runtime.load(MODEL_DIR, tiny_contract, "bf16")
 

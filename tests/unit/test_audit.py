@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from replaytests.audit import audit_record, leaves
+from replaytests.outputs.audit import audit_record, leaves
 
 RECORD = {
     "schema": "replaytests.ledger/1", "family": "crossing", "row": "r-1", "precision": "bf16", "status": "ok",

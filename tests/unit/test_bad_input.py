@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import pytest
 
-from replaytests.bank import manifest_path
 from replaytests.cli import main
-from replaytests.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
+from replaytests.inputs.bank import manifest_path
+from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
 
 USAGE = pytest.ExitCode.USAGE_ERROR
 

@@ -1,4 +1,4 @@
-"""replaytests.bank: reading and validating frozen prefix banks and their manifests (SPEC §10)."""
+"""replaytests.inputs.bank: reading and validating frozen prefix banks and their manifests (SPEC §10)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from replaytests.bank import check_manifest, manifest_path, read_bank
-from replaytests.decoder import suffix_room
+from replaytests.engine.decoder import suffix_room
 from replaytests.errors import BankError, ConfigError
 from replaytests.files import sha256_file
+from replaytests.inputs.bank import check_manifest, manifest_path, read_bank
 
 MAX_POSITIONS = 1024  # the tiny model's max_position_embeddings
 

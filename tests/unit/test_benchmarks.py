@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.contract import load_contract
+from replaytests.inputs.contract import load_contract
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"

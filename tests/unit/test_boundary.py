@@ -1,4 +1,4 @@
-"""replaytests.boundary: same-state and storage-isolation checks, and the cache digest (SPEC §3)."""
+"""replaytests.engine.boundary: same-state and storage-isolation checks, and the cache digest (SPEC §3)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
-from replaytests import hf_adapter
-from replaytests.boundary import check_same_state, check_storage_isolated
+from replaytests.engine import hf_adapter
+from replaytests.engine.boundary import check_same_state, check_storage_isolated
 from replaytests.errors import BoundaryMismatch, StorageAliasing
 
 

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from replaytests.bank import check_manifest, manifest_path, read_bank
 from replaytests.cli import main
-from replaytests.decoder import suffix_room
+from replaytests.engine.decoder import suffix_room
 from replaytests.files import sha256_file
+from replaytests.inputs.bank import check_manifest, manifest_path, read_bank
 
 PROBLEMS = [
     {"id": "p-1", "prompt": "What is 2 + 3?", "expected_answer": "5"},
@@ -107,7 +107,7 @@ def test_frozen_manifest_records_the_bank_sha256(frozen):
 
 def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
     """The bank's live boundaries hold platform-specific numbers: the manifest says where they were made."""
-    from replaytests.environment import capture, platform_of
+    from replaytests.inputs.environment import capture, platform_of
 
     platform = json.loads(manifest_path(frozen[1]).read_text(encoding="utf-8"))["platform"]
     assert platform == platform_of(capture(tiny_contract)), f"manifest platform {platform}"

@@ -1,4 +1,4 @@
-"""replaytests.compare: one test per reason the gate fails, the PASS case, notes, and bad input to
+"""replaytests.outputs.compare: one test per reason the gate fails, the PASS case, notes, and bad input to
 `replaytests compare`. Records are hand-built (no model): a family's headline comparison with chosen
 booleans, its replica pairs exact unless told otherwise.
 """
@@ -15,8 +15,8 @@ import pytest
 from test_report import comparison, record, write_ledger_file
 
 from replaytests.cli import main
-from replaytests.compare import compare, gates_of
-from replaytests.contract import default_gates
+from replaytests.inputs.contract import default_gates
+from replaytests.outputs.compare import compare, gates_of
 
 CONTRACT = Path(__file__).resolve().parents[2] / "contracts" / "cpu-tiny.yaml"
 # family: (headline pair, replica pairs)

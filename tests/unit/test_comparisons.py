@@ -1,4 +1,4 @@
-"""replaytests.comparisons: first divergence and the boundary metrics of SPEC §5 (eq. 2 in float64)."""
+"""replaytests.engine.comparisons: first divergence and the boundary metrics of SPEC §5 (eq. 2 in float64)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from replaytests.comparisons import compare_boundaries, first_divergence
+from replaytests.engine.comparisons import compare_boundaries, first_divergence
 
 # ---------------------------------------------------------------------------------------------
 # first_divergence

@@ -1,4 +1,4 @@
-"""replaytests.contract: loading the YAML reproducibility contract (SPEC §9); every error one line."""
+"""replaytests.inputs.contract: loading the YAML reproducibility contract (SPEC §9); every error one line."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from replaytests.contract import BOUNDARY_CHECKS, SCHEMA, KeyedBy, Section, load_contract
+from replaytests.engine.protocol import Caps
 from replaytests.errors import ConfigError
-from replaytests.protocol import Caps
+from replaytests.inputs.contract import BOUNDARY_CHECKS, SCHEMA, KeyedBy, Section, load_contract
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACTS = REPO / "contracts"

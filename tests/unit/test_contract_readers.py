@@ -14,11 +14,13 @@ import re
 import pytest
 from test_contract import schema_paths
 
-from replaytests import contract, environment, gates, plugin, runtime, session
-from replaytests.blocks import Caps
-from replaytests.contract import PRECISIONS, SCHEMA, Value
-from replaytests.options import Options
-from replaytests.protocol import Delimiters
+from replaytests.engine import runtime
+from replaytests.engine.blocks import Caps
+from replaytests.engine.protocol import Delimiters
+from replaytests.inputs import contract, environment, gates
+from replaytests.inputs.contract import PRECISIONS, SCHEMA, Value
+from replaytests.inputs.options import Options
+from replaytests.suite import plugin, session
 
 # path (as schema_paths spells it) -> the function that reads it (its source must name the key's last part).
 READERS = {

@@ -1,4 +1,4 @@
-"""replaytests.cpu_isa: when the contract's CPU level is applied, when it is not (and why), and the
+"""replaytests.inputs.cpu_isa: when the contract's CPU level is applied, when it is not (and why), and the
 read-back of the level torch's kernels dispatch to."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from replaytests import cpu_isa
-from replaytests.cpu_isa import ATEN, LEVELS, MARK, ONEDNN
+from replaytests.inputs import cpu_isa
+from replaytests.inputs.cpu_isa import ATEN, LEVELS, MARK, ONEDNN
 
 AVX512_FLAGS = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
 

@@ -1,4 +1,4 @@
-"""replaytests.history: `replaytests history append` (summary line, run.json, duplicate refusal, atomic
+"""replaytests.outputs.history: `replaytests history append` (summary line, run.json, duplicate refusal, atomic
 write) and `replaytests history show` (table in date order, HTML page with plots), with bad input."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from test_compare import diverging, make
 from test_report import write_ledger_file
 
-from replaytests import history
 from replaytests.cli import main
 from replaytests.files import sha256_file
-from replaytests.stats import wilson
+from replaytests.outputs import history
+from replaytests.outputs.stats import wilson
 
 RUN_JSON = {"contract": {"name": "cpu-tiny", "sha256": "c" * 64}, "platform": {"software.torch": "2.13.0"},
             "options": {"precision": "bf16"}}

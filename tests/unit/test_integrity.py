@@ -1,4 +1,4 @@
-"""replaytests.integrity: the bank, model and tokenizer must be those the bank's manifest recorded;
+"""replaytests.inputs.integrity: the bank, model and tokenizer must be those the bank's manifest recorded;
 each change is refused with both values, or accepted by name and returned for the report."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.bank import manifest_path, model_digest, tokenizer_digest
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file
-from replaytests.integrity import verify_inputs
+from replaytests.inputs.bank import manifest_path, model_digest, tokenizer_digest
+from replaytests.inputs.integrity import verify_inputs
 
 ALL = frozenset({"bank", "model", "tokenizer"})
 

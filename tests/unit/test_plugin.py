@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaytests import cpu_isa, ledger
-from replaytests.cpu_isa import cpu_flags
-from replaytests.options import DEFAULT_CONTRACT as CONTRACT
+from replaytests.inputs import cpu_isa
+from replaytests.inputs.cpu_isa import cpu_flags
+from replaytests.inputs.options import DEFAULT_CONTRACT as CONTRACT
+from replaytests.outputs import ledger
 
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
 
@@ -220,8 +221,8 @@ def test_strict_contract_fails_the_run_on_drift(pytester, tmp_path):
 @pytest.fixture
 def changed_bank(tmp_path):
     """The committed bank with one row moved to the end: every row still valid, the sha256 changed."""
-    from replaytests.bank import manifest_path
-    from replaytests.options import DEFAULT_BANK
+    from replaytests.inputs.bank import manifest_path
+    from replaytests.inputs.options import DEFAULT_BANK
 
     lines = DEFAULT_BANK.read_text().splitlines(keepends=True)
     bank = tmp_path / "tiny.jsonl"

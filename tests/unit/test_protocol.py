@@ -1,4 +1,4 @@
-"""replaytests.protocol: the visibility contract, the structural mask, the grammar cursor (SPEC §2)."""
+"""replaytests.engine.protocol: the visibility contract, the structural mask, the grammar cursor (SPEC §2)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import re
 import pytest
 import torch
 
-from replaytests.errors import BankError, ConfigError
-from replaytests.protocol import (
+from replaytests.engine.protocol import (
     BLOCKS,
     DELIMITER_NAMES,
     VISIBILITY,
@@ -18,6 +17,7 @@ from replaytests.protocol import (
     parse_prefix,
     visibility_rows,
 )
+from replaytests.errors import BankError, ConfigError
 
 CONTENT = 100  # an ordinary byte-level token of the tiny tokenizer
 PAST_TOKENIZER = 300  # an embedding row the tokenizer never produces (tokenizer 269 < vocab 320)

@@ -8,10 +8,10 @@ import importlib.util
 import pytest
 
 from conftest import find_row
-from replaytests.bank import BankRow
+from replaytests.engine.runtime import Runtime
 from replaytests.families import bridge, replication
 from replaytests.files import sha256_file
-from replaytests.runtime import Runtime
+from replaytests.inputs.bank import BankRow
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""replaytests.report: report.json from hand-built ledger records, its Markdown and HTML twins, collation
+"""replaytests.outputs.report: report.json from hand-built ledger records, its Markdown and HTML twins, collation
 of several ledgers, bad input, and `replaytests report`.
 
 The `paper` fixtures rebuild SPEC §12's counts as ledger records (200 rows, BF16 and FP32), so the
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from replaytests import ledger
 from replaytests.cli import main
 from replaytests.errors import ConfigError, LedgerError
-from replaytests.report import build_report, collate, markdown, report_meta, run_meta, write_report
-from replaytests.stats import wilson
+from replaytests.outputs import ledger
+from replaytests.outputs.report import build_report, collate, markdown, report_meta, run_meta, write_report
+from replaytests.outputs.stats import wilson
 
 LAYERS = 3
 

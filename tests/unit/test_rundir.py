@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from replaytests import rundir
 from replaytests.errors import ConfigError
+from replaytests.outputs import rundir
 
 
 @pytest.fixture

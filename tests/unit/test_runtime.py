@@ -1,4 +1,4 @@
-"""replaytests.runtime: numeric flags, the physical-batch forward call and its desync check (SPEC §2)."""
+"""replaytests.engine.runtime: numeric flags, the physical-batch forward call and its desync check (SPEC §2)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import re
 import pytest
 import torch
 
-from replaytests import constructions
-from replaytests.contract import PrecisionFlags
+from replaytests.engine import constructions
+from replaytests.engine.protocol import visibility_rows
+from replaytests.engine.runtime import Runtime, apply_numeric_flags, check_batch_equal
 from replaytests.errors import ConfigError, PhysicalBatchDesync
-from replaytests.protocol import visibility_rows
-from replaytests.runtime import Runtime, apply_numeric_flags, check_batch_equal
+from replaytests.inputs.contract import PrecisionFlags
 
 DESYNC = r"^physical-batch desync at {where}: copy {copy} differs from copy 0, max \|diff\| {diff}$"
 

@@ -7,8 +7,8 @@ import torch
 
 from replaytests.errors import ConfigError
 from replaytests.families import FAMILIES
-from replaytests.options import Options, parse_shard
-from replaytests.session import ReplaySession, pinned_device
+from replaytests.inputs.options import Options, parse_shard
+from replaytests.suite.session import ReplaySession, pinned_device
 
 
 @pytest.fixture(scope="module")

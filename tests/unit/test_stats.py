@@ -1,4 +1,4 @@
-"""replaytests.stats: reference tables (SPEC §12, Newcombe 1998, scipy) with explicit tolerances."""
+"""replaytests.outputs.stats: reference tables (SPEC §12, Newcombe 1998, scipy) with explicit tolerances."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from replaytests.stats import BootstrapCI, mcnemar_exact, paired_bootstrap, wilson
+from replaytests.outputs.stats import BootstrapCI, mcnemar_exact, paired_bootstrap, wilson
 
 
 class WilsonCase(NamedTuple):

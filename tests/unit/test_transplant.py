@@ -1,4 +1,4 @@
-"""replaytests.transplant and the transplant family (SPEC §7.5): provenance refusals, transplant
+"""replaytests.engine.transplant and the transplant family (SPEC §7.5): provenance refusals, transplant
 mechanics, outcome classification, the minimal layer range, the panel, and one row of each role."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-from replaytests import hf_adapter
+from replaytests.engine import hf_adapter
+from replaytests.engine.runtime import bitwise_equal
+from replaytests.engine.transplant import PARTS, transplant
 from replaytests.errors import StorageAliasing, TransplantInvalid, TransplantRefused
 from replaytests.families import crossing
 from replaytests.families import transplant as family
-from replaytests.runtime import bitwise_equal
-from replaytests.transplant import PARTS, transplant
 
 # ---------------------------------------------------------------------------------------------
 # Provenance refusals: fake boundaries, refused before any cache is built (so no model is needed).
@@ -107,7 +107,7 @@ def test_transplant_checks_the_selection(make_boundary, layers, selection, messa
 def pair(bf16_runtime, bank_rows):
     """Incremental and prefill boundaries of the shortest row whose BF16 caches differ on this platform
     (where every layer's K and V were equal, a transplant could not tell donor from recipient)."""
-    from replaytests import constructions
+    from replaytests.engine import constructions
 
     for row in sorted(bank_rows, key=lambda r: (r.prefix_len, r.id)):
         built = {c: constructions.build(bf16_runtime, c, row.tokens) for c in ("incremental", "prefill")}

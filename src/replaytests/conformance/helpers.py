@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replaytests.gates import Judgement
+from replaytests.inputs.gates import Judgement
 
 
 def ok(record: dict) -> dict:

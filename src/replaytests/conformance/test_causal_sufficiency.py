@@ -13,7 +13,7 @@ import pytest
 
 from replaytests.conformance.helpers import judge, ok
 from replaytests.families import crossing, transplant
-from replaytests.gates import replica_pairs
+from replaytests.inputs.gates import replica_pairs
 
 pytestmark = pytest.mark.causal
 

@@ -5,7 +5,7 @@ import pytest
 
 from replaytests.conformance.helpers import judge, ok
 from replaytests.families import FAMILIES, transplant
-from replaytests.gates import same_platform
+from replaytests.inputs.gates import same_platform
 
 pytestmark = pytest.mark.replica
 

@@ -7,7 +7,7 @@ import pytest
 from replaytests.conformance.helpers import judge, ok
 from replaytests.families import FAMILIES
 from replaytests.families.crossing import z_digest
-from replaytests.gates import same_platform
+from replaytests.inputs.gates import same_platform
 
 pytestmark = pytest.mark.token_identity
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from replaytests import constructions, hf_adapter
-from replaytests.bank import BankRow
-from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
-from replaytests.decoder import decode_suffix
+from replaytests.engine import constructions, hf_adapter
+from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.engine.decoder import decode_suffix
+from replaytests.engine.runtime import Runtime
 from replaytests.errors import FailClosed
 from replaytests.families.crossing import arm_record, compare_arms, excluded, record_base
-from replaytests.runtime import Runtime
+from replaytests.inputs.bank import BankRow
 
 FAMILY = "batch"
 CONSTRUCTIONS = ("incremental", "prefill")

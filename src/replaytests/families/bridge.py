@@ -6,10 +6,10 @@ prefix lengths alone (uniformly spaced order statistics), never from outcomes.
 
 from __future__ import annotations
 
-from replaytests import constructions
-from replaytests.bank import BankRow
+from replaytests.engine import constructions
+from replaytests.engine.runtime import Runtime
 from replaytests.families.crossing import evaluate
-from replaytests.runtime import Runtime
+from replaytests.inputs.bank import BankRow
 
 FAMILY = "bridge"
 ARMS = ("live", "incremental")

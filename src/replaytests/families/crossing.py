@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from replaytests import constructions, ledger
-from replaytests.bank import BankRow
-from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
-from replaytests.comparisons import compare_boundaries, compare_suffixes, first_divergence
-from replaytests.decoder import Suffix, decode_suffix
+from replaytests.engine import constructions
+from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.engine.comparisons import compare_boundaries, compare_suffixes, first_divergence
+from replaytests.engine.decoder import Suffix, decode_suffix
+from replaytests.engine.runtime import Runtime
 from replaytests.errors import FailClosed
 from replaytests.files import sha256_json
-from replaytests.runtime import Runtime
+from replaytests.inputs.bank import BankRow
+from replaytests.outputs import ledger
 
 FAMILY = "crossing"
 ARMS = ("incremental", "incremental_replica", "prefill", "prefill_replica")

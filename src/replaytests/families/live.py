@@ -6,10 +6,10 @@ of the live z, and a second prefill. Every arm is continued by the shared suffix
 
 from __future__ import annotations
 
-from replaytests import constructions
-from replaytests.bank import BankRow
+from replaytests.engine import constructions
+from replaytests.engine.runtime import Runtime
 from replaytests.families.crossing import evaluate
-from replaytests.runtime import Runtime
+from replaytests.inputs.bank import BankRow
 
 FAMILY = "live"
 ARMS = ("live", "live_replica", "prefill", "prefill_replica")

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from replaytests import constructions
-from replaytests.bank import BankRow
+from replaytests.engine import constructions
+from replaytests.engine.runtime import Runtime
+from replaytests.engine.transplant import direction, transplant
 from replaytests.errors import TransplantInvalid
 from replaytests.families import bridge, crossing
 from replaytests.families.transplant import (
@@ -29,9 +30,8 @@ from replaytests.families.transplant import (
     rate,
     validity,
 )
-from replaytests.gates import replicas_exact
-from replaytests.runtime import Runtime
-from replaytests.transplant import direction, transplant
+from replaytests.inputs.bank import BankRow
+from replaytests.inputs.gates import replicas_exact
 
 FAMILY = "replication"
 ARMS = (*crossing.ARMS, *TRANSPLANTS, *SELF_TRANSPLANTS)

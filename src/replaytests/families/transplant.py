@@ -27,17 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from replaytests import constructions
-from replaytests.bank import BankRow
-from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
-from replaytests.comparisons import first_divergence
-from replaytests.decoder import Suffix, decode_suffix
+from replaytests.engine import constructions
+from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.engine.comparisons import first_divergence
+from replaytests.engine.decoder import Suffix, decode_suffix
+from replaytests.engine.runtime import Runtime
+from replaytests.engine.transplant import PARTS, direction, transplant
 from replaytests.errors import FailClosed, NotContemporaneous, TransplantInvalid
 from replaytests.families import bridge
 from replaytests.families.crossing import arm_record, compare_arms, excluded, record_base
-from replaytests.runtime import Runtime
-from replaytests.stats import wilson
-from replaytests.transplant import PARTS, direction, transplant
+from replaytests.inputs.bank import BankRow
+from replaytests.outputs.stats import wilson
 
 FAMILY = "transplant"
 CONSTRUCTIONS = ("incremental", "prefill")

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from replaytests.blocks import DELIMITER_NAMES, Caps
-from replaytests.cpu_isa import LEVELS
+from replaytests.engine.blocks import DELIMITER_NAMES, Caps
 from replaytests.errors import ConfigError, short
 from replaytests.files import sha256_json
-from replaytests.gates import Gates
+from replaytests.inputs.cpu_isa import LEVELS
+from replaytests.inputs.gates import Gates
 
 SCHEMA_ID = "replaytests.contract/1"
 PRECISIONS = ("bf16", "fp32")

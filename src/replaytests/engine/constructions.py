@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from replaytests.boundary import Boundary
-from replaytests.decoder import DecodeState, live_boundary, suffix_room
-from replaytests.protocol import Cursor
-from replaytests.runtime import Runtime, check_batch_equal
+from replaytests.engine.boundary import Boundary
+from replaytests.engine.decoder import DecodeState, live_boundary, suffix_room
+from replaytests.engine.protocol import Cursor
+from replaytests.engine.runtime import Runtime, check_batch_equal
 
 __all__ = ["build", "incremental", "live", "prefill", "prompt_of"]
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from replaytests import audit, cpu_isa, ledger, rundir, verdict
-from replaytests.contract import load_contract
 from replaytests.errors import ReplaytestsError
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.options import (
+from replaytests.inputs import cpu_isa
+from replaytests.inputs.contract import load_contract
+from replaytests.inputs.options import (
     ACCEPT_OPTION,
     DEFAULT_BANK,
     DEFAULT_CONTRACT,
@@ -32,11 +32,12 @@ from replaytests.options import (
     REPO,
     Options,
 )
+from replaytests.outputs import audit, ledger, rundir, verdict
 
 if TYPE_CHECKING:
-    from replaytests.session import ReplaySession
+    from replaytests.suite.session import ReplaySession
 
-CONFORMANCE = Path(__file__).resolve().parent / "conformance"
+CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance"
 RECORD_PROPERTY = "replaytests_record"
 AUDIT_PROPERTY = "replaytests_audit"
 MARKERS = {
@@ -144,7 +145,7 @@ def options(config: pytest.Config) -> Options:
 def replay_session(config: pytest.Config) -> ReplaySession:
     """The session's inputs, opened on first use; a bad input is a usage error, one line."""
     if session_key not in config.stash:
-        from replaytests.session import ReplaySession
+        from replaytests.suite.session import ReplaySession
 
         try:
             config.stash[session_key] = ReplaySession.open(options(config), config.stash.get(pin_key, None))
@@ -226,7 +227,7 @@ def replay(request: pytest.FixtureRequest) -> ReplaySession:
 @pytest.fixture
 def record(replay: ReplaySession, request: pytest.FixtureRequest):
     """record(family, row, precision) -> the ledger record, attached to this test's report once."""
-    from replaytests import summary
+    from replaytests.outputs import summary
 
     def get(family: str, row, precision: str) -> dict:
         result = replay.record(family, row, precision)
@@ -314,7 +315,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
         return
-    from replaytests import environment
+    from replaytests.inputs import environment
 
     replay = replay_session(config)
     on_cuda = replay.device.startswith("cuda")
@@ -408,7 +409,7 @@ class LedgerCollector:
                 root.release()
 
     def write(self, run: Path, interrupted: bool) -> Path:
-        from replaytests import report, summary
+        from replaytests.outputs import report, summary
 
         replay = replay_session(self.config)
         context = verdict_context(replay, self.records, self.audits)
@@ -423,14 +424,14 @@ class LedgerCollector:
         return run
 
     def causal_lines(self) -> list[str]:
-        from replaytests import summary
+        from replaytests.outputs import summary
 
         replay = replay_session(self.config)
         return summary.causal_lines(self.records, replay.contract.panels["replication"]["min_exact_controls"],
                                     replay.contract.gates)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from replaytests import summary
+        from replaytests.outputs import summary
 
         if not self.records:
             return

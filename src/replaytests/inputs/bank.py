@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replaytests import __version__
-from replaytests.comparisons import first_divergence
-from replaytests.contract import Contract
+from replaytests.engine.comparisons import first_divergence
+from replaytests.engine.hf_adapter import TOKENIZER_FILES
+from replaytests.engine.protocol import Grammar, parse_prefix
 from replaytests.errors import BankError, ConfigError, short
 from replaytests.files import sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
-from replaytests.hf_adapter import TOKENIZER_FILES
-from replaytests.protocol import Grammar, parse_prefix
+from replaytests.inputs.contract import Contract
 
 BANK_SCHEMA = "replaytests.bank/1"
 MANIFEST_SCHEMA = "replaytests.bank-manifest/2"  # 2: the model digest covers its config, the tokenizer's every file

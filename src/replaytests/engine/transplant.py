@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from replaytests import hf_adapter
-from replaytests.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.engine import hf_adapter
+from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.engine.runtime import Runtime, bitwise_equal
 from replaytests.errors import TransplantRefused, short
-from replaytests.runtime import Runtime, bitwise_equal
 
 __all__ = ["CONSTRUCTIONS", "PARTS", "check_provenance", "direction", "transplant"]
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replaytests import constructions, environment, hf_adapter
-from replaytests.bank import BankRow, read_problems, write_bank
-from replaytests.contract import load_contract
-from replaytests.decoder import suffix_room
+from replaytests.engine import constructions, hf_adapter
+from replaytests.engine.decoder import suffix_room
+from replaytests.engine.protocol import prompt_block
+from replaytests.engine.runtime import Runtime
 from replaytests.errors import BankError
-from replaytests.protocol import prompt_block
-from replaytests.runtime import Runtime
+from replaytests.inputs import environment
+from replaytests.inputs.bank import BankRow, read_problems, write_bank
+from replaytests.inputs.contract import load_contract
 
 PRECISION = "bf16"
 

@@ -16,13 +16,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from replaytests import ledger, verdict
 from replaytests.errors import ConfigError, LedgerError, short
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.gates import BIT_EXACT, bit_exact, replicas_exact
-from replaytests.report_html import page
-from replaytests.rundir import ledger_of
-from replaytests.stats import LEVEL, RESAMPLES, SEED, McNemar, mcnemar_exact, paired_bootstrap, wilson
+from replaytests.inputs.gates import BIT_EXACT, bit_exact, replicas_exact
+from replaytests.outputs import ledger, verdict
+from replaytests.outputs.report_html import page
+from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.stats import LEVEL, RESAMPLES, SEED, McNemar, mcnemar_exact, paired_bootstrap, wilson
 
 SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")

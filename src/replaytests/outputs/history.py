@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
-from replaytests import ledger, report
-from replaytests import report_html as svg  # the report page's SVG drawing and HTML helpers
 from replaytests.errors import ReplaytestsError, short
 from replaytests.files import sha256_file, write_atomic
-from replaytests.rundir import ledger_of
+from replaytests.outputs import ledger, report
+from replaytests.outputs import report_html as svg  # the report page's SVG drawing and HTML helpers
+from replaytests.outputs.rundir import ledger_of
 
 SCHEMA = "replaytests.history/1"
 HEADER = ("date", "label", "family", "precision", "pair", "rows", "excluded", "replicas exact",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests.blocks import ANSWER, BLOCKS, DELIMITER_NAMES, MERGE, PROMPT, Caps
+from replaytests.engine.blocks import ANSWER, BLOCKS, DELIMITER_NAMES, MERGE, PROMPT, Caps
 from replaytests.errors import BankError, ConfigError
 
 # VISIBILITY[query_role][key_role]: answer tokens never see branch tokens.

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replaytests.bank import changed_since_frozen, manifest_field, model_digest, read_manifest, tokenizer_digest
-from replaytests.contract import suggest
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file
-from replaytests.options import ACCEPT_OPTION, OVERRIDES
+from replaytests.inputs.bank import changed_since_frozen, manifest_field, model_digest, read_manifest, tokenizer_digest
+from replaytests.inputs.contract import suggest
+from replaytests.inputs.options import ACCEPT_OPTION, OVERRIDES
 
 
 @dataclass(frozen=True)

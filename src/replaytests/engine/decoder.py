@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests import hf_adapter
-from replaytests.boundary import Boundary
-from replaytests.protocol import ANSWER, MERGE, Caps, Cursor
-from replaytests.runtime import Runtime
+from replaytests.engine import hf_adapter
+from replaytests.engine.boundary import Boundary
+from replaytests.engine.protocol import ANSWER, MERGE, Caps, Cursor
+from replaytests.engine.runtime import Runtime
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests import hf_adapter
+from replaytests.engine import hf_adapter
 from replaytests.errors import BoundaryMismatch, StorageAliasing, short
 
 

@@ -14,18 +14,20 @@ from pathlib import Path
 
 import torch
 
-from replaytests import cpu_isa, environment, hf_adapter, ledger
-from replaytests.bank import BankRow, read_bank
-from replaytests.contract import Contract, load_contract
-from replaytests.decoder import suffix_room
+from replaytests.engine import hf_adapter
+from replaytests.engine.decoder import suffix_room
+from replaytests.engine.protocol import Delimiters, Grammar
+from replaytests.engine.runtime import Runtime
 from replaytests.errors import ConfigError, short
 from replaytests.families import FAMILIES, bridge, replication, transplant
-from replaytests.gates import PASS, Judgement, artifact
-from replaytests.integrity import Integrity, verify_inputs
-from replaytests.options import Options, parse_shard, select_rows
-from replaytests.protocol import Delimiters, Grammar
-from replaytests.report import read_run
-from replaytests.runtime import Runtime
+from replaytests.inputs import cpu_isa, environment
+from replaytests.inputs.bank import BankRow, read_bank
+from replaytests.inputs.contract import Contract, load_contract
+from replaytests.inputs.gates import PASS, Judgement, artifact
+from replaytests.inputs.integrity import Integrity, verify_inputs
+from replaytests.inputs.options import Options, parse_shard, select_rows
+from replaytests.outputs import ledger
+from replaytests.outputs.report import read_run
 
 PANEL_FAMILIES = ("bridge", "batch")  # run on the bridge panel (contract panels.bridge rows), not on every row
 

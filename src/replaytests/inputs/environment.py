@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests import cpu_isa, hf_adapter, runtime
-from replaytests.contract import Contract, show
-from replaytests.integrity import Integrity
+from replaytests.engine import hf_adapter, runtime
+from replaytests.inputs import cpu_isa
+from replaytests.inputs.contract import Contract, show
+from replaytests.inputs.integrity import Integrity
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from replaytests import hf_adapter
-from replaytests.contract import SDPA_BACKENDS, Contract, PrecisionFlags
+from replaytests.engine import hf_adapter
+from replaytests.engine.protocol import Delimiters, Grammar, visibility_rows
 from replaytests.errors import ConfigError, PhysicalBatchDesync
-from replaytests.protocol import Delimiters, Grammar, visibility_rows
+from replaytests.inputs.contract import SDPA_BACKENDS, Contract, PrecisionFlags
 
 _SDP = {"math": "math", "flash": "flash", "efficient": "mem_efficient", "cudnn": "cudnn"}  # torch's names
 

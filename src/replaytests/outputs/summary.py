@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from replaytests import verdict
 from replaytests.families import FAMILIES, replication, transplant
-from replaytests.gates import Gates, replicas_exact
-from replaytests.report import fmt_proportion
+from replaytests.inputs.gates import Gates, replicas_exact
+from replaytests.outputs import verdict
+from replaytests.outputs.report import fmt_proportion
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")

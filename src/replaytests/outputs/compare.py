@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replaytests import ledger
-from replaytests.audit import audit_record
-from replaytests.contract import default_gates, load_contract
-from replaytests.gates import BRIDGE_PAIR, Gates, inexact, replica_pairs
-from replaytests.report import DIVERGENCES, FLAGS, SHAPES, Table, collate, mcnemar_paired, plain, read_run
+from replaytests.inputs.contract import default_gates, load_contract
+from replaytests.inputs.gates import BRIDGE_PAIR, Gates, inexact, replica_pairs
+from replaytests.outputs import ledger
+from replaytests.outputs.audit import audit_record
+from replaytests.outputs.report import DIVERGENCES, FLAGS, SHAPES, Table, collate, mcnemar_paired, plain, read_run
 
 LEVEL = 0.05
 TRANSPLANT = "transplant"

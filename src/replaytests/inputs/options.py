@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from replaytests.contract import PRECISIONS
 from replaytests.errors import ConfigError, short
-from replaytests.rundir import ledger_of
+from replaytests.inputs.contract import PRECISIONS
+from replaytests.outputs.rundir import ledger_of
 
 if TYPE_CHECKING:
-    from replaytests.bank import BankRow
+    from replaytests.inputs.bank import BankRow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULT_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2"
 DEFAULT_BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
 DEFAULT_CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"

@@ -1,0 +1,1 @@
+"""The pytest layer: the plugin's hooks and the session they share."""
