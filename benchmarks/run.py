@@ -33,7 +33,7 @@ from replaytests.engine.decoder import decode_suffix, suffix_room
 from replaytests.engine.protocol import MERGE, Caps, parse_prefix, prompt_block
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import ReplaytestsError
-from replaytests.families import crossing
+from replaytests.families import crossing, skeleton
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
@@ -272,18 +272,18 @@ def memory_probe(runtime: Runtime):
     seen = {"held_bytes": 0, "cache_bytes_per_boundary": 0}
     gc.collect()
     baseline = live_tensor_bytes(runtime.device)
-    original = crossing.decode_suffix
+    original = skeleton.decode_suffix
 
     def probed(rt: Runtime, boundary):
         seen["held_bytes"] = max(seen["held_bytes"], live_tensor_bytes(runtime.device) - baseline)
         seen["cache_bytes_per_boundary"] = cache_bytes(boundary)
         return original(rt, boundary)
 
-    crossing.decode_suffix = probed
+    skeleton.decode_suffix = probed
     try:
         yield seen
     finally:
-        crossing.decode_suffix = original
+        skeleton.decode_suffix = original
         gc.collect()
         seen["after_row_bytes"] = live_tensor_bytes(runtime.device) - baseline
 

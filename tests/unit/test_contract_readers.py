@@ -20,13 +20,13 @@ from replaytests.engine.protocol import Delimiters
 from replaytests.inputs import contract, environment, gates
 from replaytests.inputs.contract import PRECISIONS, SCHEMA, Value
 from replaytests.inputs.options import Options
-from replaytests.suite import plugin, session
+from replaytests.suite import artifacts, planner, session
 
 # path (as schema_paths spells it) -> the function that reads it (its source must name the key's last part).
 READERS = {
     "name": contract.load_contract,
     "extends": contract._resolve,
-    "description": plugin.run_metadata,
+    "description": artifacts.run_metadata,
     "environment.attention": runtime.Runtime.load,
     "environment.cpu_isa": session.ReplaySession.open,
     "precisions": runtime.Runtime.load,
@@ -38,12 +38,12 @@ READERS = {
     "delimiters": Delimiters.resolve,
     "banned_tokens": session.check_model,
     "boundary_checks": contract._check_together,
-    "panels.live": session.ReplaySession.family_rows,
-    "panels.bridge": session.ReplaySession.family_rows,
+    "panels.live": planner.Plan.panel_size,
+    "panels.bridge": planner.Plan.panel_size,
     "panels.transplant.divergent": session.ReplaySession.transplant_panel.func,
     "panels.transplant.exact_controls": session.ReplaySession.transplant_panel.func,
-    "panels.replication.rows": session.ReplaySession.family_rows,
-    "panels.replication.min_exact_controls": plugin.LedgerCollector.causal_lines,
+    "panels.replication.rows": planner.Plan.panel_size,
+    "panels.replication.min_exact_controls": artifacts.causal_lines,
     **{f"gates.{path}": gates.Gates.from_settings for path in (
         "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
         "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",

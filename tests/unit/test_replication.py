@@ -9,9 +9,12 @@ import pytest
 
 from conftest import find_row
 from replaytests.engine.runtime import Runtime
-from replaytests.families import bridge, replication
+from replaytests.families import replication
+from replaytests.families.panels import spaced
+from replaytests.families.registry import FAMILIES, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.files import sha256_file
 from replaytests.inputs.bank import BankRow
+from replaytests.outputs import causal
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +51,7 @@ def bank_row(row: str, prefix_len: int) -> BankRow:
 @pytest.mark.parametrize("size", [pytest.param(3, id="3-of-10"), pytest.param(48, id="48-of-10-takes-all")])
 def test_panel_is_spaced_by_prefix_length_and_row_id(size):
     rows = [bank_row(f"r{i}", 100 + 10 * (i % 5)) for i in range(10)]
-    chosen = [r.id for r in replication.panel(rows, size)]
-    assert chosen == [r.id for r in bridge.panel(rows, size)], f"panel {chosen}"
+    chosen = [r.id for r in spaced(rows, size)]
     assert chosen[0] == "r0" and chosen[-1] == "r9", f"panel {chosen} misses the shortest or the longest row"
 
 
@@ -65,8 +67,8 @@ def replication_record(row: str, divergent: bool, first_token_equal: bool = True
     cross = {"suffix_equal": not divergent, "argmax_equal": True, "first_token_equal": first_token_equal,
              "first_divergence": (3 if first_token_equal else 0) if divergent else None}
     return {"family": "replication", "row": row, "precision": "bf16", "status": status,
-            "comparisons": {"incremental~prefill": cross, **dict.fromkeys(replication.REPLICAS, replica)},
-            "transplants": dict(zip(replication.TRANSPLANTS, outcomes, strict=True)),
+            "comparisons": {"incremental~prefill": cross, **dict.fromkeys(FAMILIES["replication"].replicas, replica)},
+            "transplants": dict(zip(TRANSPLANTS, outcomes, strict=True)),
             **({} if status == "ok" else {"reason": "BoundaryMismatch: x"})}
 
 
@@ -91,14 +93,14 @@ KEEP = {"outcome": "keeps_own"}
     pytest.param(panel_records(0, 8), False, False, id="nothing-diverged"),
 ])
 def test_summarize_labels_strong_replication(records, replicated, strong):
-    summary = replication.summarize([*records, replication_record("x", True, status="excluded")])
+    summary = causal.replication([*records, replication_record("x", True, status="excluded")])
     found = (summary["replicated"], summary["strong"])
     assert found == (replicated, strong), f"(replicated, strong) = {found}, expected {(replicated, strong)}: {summary}"
 
 
 def test_summarize_counts():
     records = panel_records(40, 6, first_token_equal=False, outcomes=(KEEP, KEEP))
-    summary = replication.summarize(records, min_exact_controls=7)
+    summary = causal.replication(records, min_exact_controls=7)
     divergent, recovery = summary["divergent"], summary["donor_recovery"]["prefill<-incremental"]
     assert (divergent["k"], divergent["n"]) == (40, 46), summary
     assert summary["not_testable"] == [["d0", "first suffix tokens differ (raw boundary argmax equal): a transplant "
@@ -119,8 +121,8 @@ def later_record(later_dir, tiny_contract, bank_rows) -> dict:
 
 def test_arms_replicas_and_validity_control(later_record):
     assert later_record["status"] == "ok", later_record.get("reason")
-    assert tuple(later_record["arms"]) == replication.ARMS, f"arms {list(later_record['arms'])}"
-    for pair in (*replication.REPLICAS, *(f"{name}~{own}" for name, own in replication.VALIDITY_PAIRS)):
+    assert tuple(later_record["arms"]) == FAMILIES["replication"].arms, f"arms {list(later_record['arms'])}"
+    for pair in (*FAMILIES["replication"].replicas, *(f"{name}~{own}" for name, own in VALIDITY_PAIRS)):
         metrics = later_record["comparisons"][pair]
         assert metrics["cache_exact"] and metrics["suffix_equal"], f"{later_record['row']} {pair}: {metrics}"
 
@@ -130,4 +132,4 @@ def test_divergent_row_follows_its_donor_both_ways(later_record):
     assert not later_record["comparisons"]["incremental~prefill"]["suffix_equal"], (
         f"{row} diverged in the search but not in its replication record")
     outcomes = {name: t["outcome"] for name, t in later_record["transplants"].items()}
-    assert outcomes == dict.fromkeys(replication.TRANSPLANTS, "follows_donor"), f"{row} transplants: {outcomes}"
+    assert outcomes == dict.fromkeys(TRANSPLANTS, "follows_donor"), f"{row} transplants: {outcomes}"

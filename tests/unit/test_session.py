@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from replaytests.errors import ConfigError
-from replaytests.families import FAMILIES
+from replaytests.families.registry import FAMILIES
 from replaytests.inputs.options import Options, parse_shard
 from replaytests.suite.session import ReplaySession, pinned_device
 
@@ -29,8 +29,8 @@ def test_bad_shard_is_a_one_line_error(spec):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("count", [2, 3, 5])
 def test_shards_partition_each_family_rows(session, family, count):
-    whole = [r.id for r in session.family_rows(family)]
-    shares = [[r.id for r in sharded(session, f"{i}/{count}").family_rows(family)] for i in range(1, count + 1)]
+    whole = [r.id for r in session.plan.family_rows(family)]
+    shares = [[r.id for r in sharded(session, f"{i}/{count}").plan.family_rows(family)] for i in range(1, count + 1)]
     together = sorted(row for share in shares for row in share)
     assert together == sorted(whole), f"{family} shards of {count} do not cover the unsharded rows exactly once"
     panel = len(whole) < len(session.rows)  # a panel drawn by prefix length is not balanced by position
@@ -40,8 +40,8 @@ def test_shards_partition_each_family_rows(session, family, count):
 
 def test_panels_are_drawn_before_sharding(session):
     """A shard runs its share of the unsharded panel, not a panel of its own rows."""
-    panel = {r.id for r in session.family_rows("bridge")}
-    share = {r.id for r in sharded(session, "1/2").family_rows("bridge")}
+    panel = {r.id for r in session.plan.family_rows("bridge")}
+    share = {r.id for r in sharded(session, "1/2").plan.family_rows("bridge")}
     assert share < panel and len(panel) == 12, (share, panel)
 
 

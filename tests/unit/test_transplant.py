@@ -14,6 +14,8 @@ from replaytests.engine.transplant import PARTS, transplant
 from replaytests.errors import StorageAliasing, TransplantInvalid, TransplantRefused
 from replaytests.families import crossing
 from replaytests.families import transplant as family
+from replaytests.families.registry import DIRECTIONS, TRANSPLANTS, VALIDITY_PAIRS
+from replaytests.outputs import causal
 
 # ---------------------------------------------------------------------------------------------
 # Provenance refusals: fake boundaries, refused before any cache is built (so no model is needed).
@@ -285,7 +287,7 @@ def test_divergent_row_follows_its_donor_both_ways(crossing_records, divergent_r
         f"{divergent_row.id} diverged in the search but not in its crossing record")
     assert divergent_record["status"] == "ok", divergent_record.get("reason")
     outcomes = {name: t["outcome"] for name, t in divergent_record["transplants"].items()}
-    assert outcomes == dict.fromkeys(family.TRANSPLANTS, "follows_donor"), f"{divergent_row.id} transplants: {outcomes}"
+    assert outcomes == dict.fromkeys(TRANSPLANTS, "follows_donor"), f"{divergent_row.id} transplants: {outcomes}"
 
 
 @pytest.mark.parametrize("role", ["divergent", "control"])
@@ -294,7 +296,7 @@ def test_validity_control_reproduces_each_construction(bf16_runtime, divergent_r
     record = divergent_record if role == "divergent" else family.run(bf16_runtime, exact_row,
                                                                      crossing_records["control"], "control")
     assert record["status"] == "ok", record.get("reason")
-    for name, own in family.VALIDITY_PAIRS:
+    for name, own in VALIDITY_PAIRS:
         metrics = record["comparisons"][f"{name}~{own}"]
         assert metrics["cache_exact"] and metrics["suffix_equal"], f"{record['row']} {name} vs {own}: {metrics}"
         assert record["arms"][name]["cache_digest"] == record["arms"][own]["cache_digest"], (
@@ -304,7 +306,7 @@ def test_validity_control_reproduces_each_construction(bf16_runtime, divergent_r
 def test_a_self_transplant_that_diverges_fails_closed():
     """Where decoding is not a function of the cache values alone, the control fails the row closed."""
     broken = {"suffix_equal": False, "first_divergence": 4, "cache_exact": True, "logits_exact": True}
-    comparisons = {f"{name}~{own}": {"suffix_equal": True} for name, own in family.VALIDITY_PAIRS}
+    comparisons = {f"{name}~{own}": {"suffix_equal": True} for name, own in VALIDITY_PAIRS}
     comparisons["prefill_replica<-prefill~prefill"] = broken
     with pytest.raises(TransplantInvalid, match=r"^row x: transplant invalid here: decoding is not a function of the "
                                                 r"cache values alone: prefill's cache copied into its replica "
@@ -314,7 +316,7 @@ def test_a_self_transplant_that_diverges_fails_closed():
 
 
 def test_transplanted_cache_is_the_donors_and_logits_the_recipients(divergent_record):
-    for recipient, donor in family.DIRECTIONS:
+    for recipient, donor in DIRECTIONS:
         name = f"{recipient}<-{donor}"
         metrics = divergent_record["comparisons"][f"{name}~{donor}"]
         assert metrics["cache_exact"], f"{name}: cache differs from the {donor} donor's"
@@ -325,7 +327,7 @@ def test_transplanted_cache_is_the_donors_and_logits_the_recipients(divergent_re
 
 def test_divergent_row_reports_parts_and_minimal_layers(divergent_record):
     assert divergent_record["layer_search"] == "exhaustive", divergent_record["layer_search"]
-    for name in family.TRANSPLANTS:
+    for name in TRANSPLANTS:
         assert {p: divergent_record["parts"][p][name]["outcome"] for p in family.PARTIAL}.keys() == {"k_only", "v_only"}
         minimal = divergent_record["minimal_layers"][name]
         assert minimal is None or (0 <= minimal[0] <= minimal[1] < 4 and minimal != [0, 3]), f"{name}: {minimal}"
@@ -337,7 +339,7 @@ def test_control_row_has_no_third_trajectory(bf16_runtime, exact_row, crossing_r
     record = family.run(bf16_runtime, exact_row, crossing_records["control"], "control")
     assert record["status"] == "ok", record.get("reason")
     found = {name: t["outcome"] for name, t in record["transplants"].items()}
-    found |= {f"{p} {name}": record["parts"][p][name]["outcome"] for p in family.PARTIAL for name in family.TRANSPLANTS}
+    found |= {f"{p} {name}": record["parts"][p][name]["outcome"] for p in family.PARTIAL for name in TRANSPLANTS}
     assert set(found.values()) == {"follows_donor"}, f"control {exact_row.id} outcomes: {found}"
     assert record["minimal_layers"] is None, "controls are not searched"
 
@@ -385,16 +387,16 @@ def test_unknown_role_is_an_error(bf16_runtime, exact_row, crossing_records):
 def test_summarize_counts_outcomes_and_layer_ranges(divergent_record):
     third = family.outcome([9], [1], [1])
     control = {"family": "transplant", "status": "ok", "role": "control", "layers": 4, "comparisons": {},
-               "transplants": dict.fromkeys(family.TRANSPLANTS, third),
-               "parts": {p: dict.fromkeys(family.TRANSPLANTS, third) for p in family.PARTIAL}}
+               "transplants": dict.fromkeys(TRANSPLANTS, third),
+               "parts": {p: dict.fromkeys(TRANSPLANTS, third) for p in family.PARTIAL}}
     excluded = {"family": "transplant", "status": "excluded", "role": "divergent", "row": "r9",
                 "reason": "TransplantInvalid: transplant row r9 (bf16): transplant invalid here: ..."}
-    summary = family.summarize([divergent_record, control, excluded,
+    summary = causal.transplant([divergent_record, control, excluded,
                                 {"family": "crossing", "precision": "fp32", "status": "ok"}])
     assert (summary["rows"], summary["excluded"], summary["divergent"], summary["controls"]) == (3, 1, 1, 1), summary
     reproduced = summary["validity"]["reproduced"]
     assert ((reproduced["k"], reproduced["n"]), summary["validity"]["invalid"]) == ((1, 1), ["r9"]), summary["validity"]
-    for name in family.TRANSPLANTS:
+    for name in TRANSPLANTS:
         follows, third_rate = summary["full"][name]["follows_donor"], summary["full"][name]["control_third"]
         assert (follows["k"], follows["n"], third_rate["k"], third_rate["n"]) == (1, 1, 1, 1), summary["full"][name]
         minimal = divergent_record["minimal_layers"][name]

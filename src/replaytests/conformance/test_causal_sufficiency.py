@@ -12,8 +12,9 @@ transplants are recorded in the ledger and report; they are findings, not gates.
 import pytest
 
 from replaytests.conformance.helpers import judge, ok
-from replaytests.families import crossing, transplant
+from replaytests.families.registry import CROSS, VALIDITY_PAIRS
 from replaytests.inputs.gates import replica_pairs
+from replaytests.outputs import causal
 
 pytestmark = pytest.mark.causal
 
@@ -29,7 +30,7 @@ def _role(replay, row) -> str:
 
 def _check_valid(result: dict) -> None:
     broken = {name: result["comparisons"][f"{name}~{own}"]["first_divergence"]
-              for name, own in transplant.VALIDITY_PAIRS if not result["comparisons"][f"{name}~{own}"]["suffix_equal"]}
+              for name, own in VALIDITY_PAIRS if not result["comparisons"][f"{name}~{own}"]["suffix_equal"]}
     assert not broken, f"{result['family']} row {result['row']}: self-transplants diverge (suffix index): {broken}"
 
 
@@ -46,12 +47,12 @@ def test_transplant_recipient_follows_donor(record, replay, transplant_row):
 def test_transplant_family_meets_its_gates(record, replay, transplant_family):
     """gates.transplant over the whole panel: each direction's donor recovery and the controls' third
     trajectories (the per-row tests record a miss the gates allow a share of)."""
-    shard = replay.family_rows(transplant.FAMILY)
+    shard = replay.plan.family_rows("transplant")
     if not shard:
         pytest.skip(f"shard {replay.options.shard} holds none of the selected rows")
     roles = {row: role for row, role in replay.transplant_panel.rows}
     rows = [row for row in shard if row.id in roles]
-    summary = transplant.summarize([record(transplant.FAMILY, row, "bf16") for row in rows])
+    summary = causal.transplant([record("transplant", row, "bf16") for row in rows])
     follows = {name: (v["follows_donor"]["k"], v["follows_donor"]["n"]) for name, v in summary["full"].items()}
     thirds = {name: (v["control_third"]["k"], v["control_third"]["n"]) for name, v in summary["full"].items()}
     judge(*replay.contract.gates.transplant_family(follows, thirds))
@@ -61,7 +62,7 @@ def test_replication_on_later_checkpoint(record, replay, replication_row):
     result = ok(record("replication", replication_row, "bf16"))
     _check_valid(result)
     judge(*(replay.contract.gates.replicas(result, pair) for pair in replica_pairs(result)))
-    cross = result["comparisons"][crossing.HEADLINE[0]]
-    if not cross["suffix_equal"] and (reason := transplant.not_testable_reason(cross)):
+    cross = result["comparisons"][CROSS]
+    if not cross["suffix_equal"] and (reason := causal.not_testable_reason(cross)):
         pytest.skip(f"divergent, not testable: {reason}")
     judge(replay.contract.gates.transplant_row(result, "control" if cross["suffix_equal"] else "divergent"))

@@ -9,7 +9,7 @@ composition (pair vs singleton) is judged the same way.
 import pytest
 
 from replaytests.conformance.helpers import judge, ok
-from replaytests.families import batch
+from replaytests.families.registry import FAMILIES
 
 pytestmark = pytest.mark.fidelity
 
@@ -26,6 +26,6 @@ def test_live_vs_prefill_suffix(record, replay, live_row, precision):
     judge(replay.contract.gates.divergence(ok(record("live", live_row, precision)), "live~prefill"))
 
 
-@pytest.mark.parametrize("pair", [pytest.param(p, id=p.partition("_")[0]) for p in batch.HEADLINE])
+@pytest.mark.parametrize("pair", [pytest.param(p, id=p.partition("_")[0]) for p in FAMILIES["batch"].headline])
 def test_batch_pair_vs_singleton_suffix(record, replay, panel_row, precision, pair):
     judge(replay.contract.gates.divergence(ok(record("batch", panel_row, precision)), pair))

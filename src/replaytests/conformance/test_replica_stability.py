@@ -4,14 +4,14 @@
 import pytest
 
 from replaytests.conformance.helpers import judge, ok
-from replaytests.families import FAMILIES, transplant
+from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.inputs.gates import same_platform
 
 pytestmark = pytest.mark.replica
 
 
 def _arms(family: str) -> list:
-    return [pytest.param(pair, id=pair.partition("~")[0]) for pair in FAMILIES[family].REPLICAS]
+    return [pytest.param(pair, id=pair.partition("~")[0]) for pair in FAMILIES[family].replicas]
 
 
 @pytest.mark.parametrize("pair", _arms("crossing"))
@@ -35,7 +35,7 @@ def test_baseline_record_reproduces(audit_record, replay, baseline_record):
     """Ledger audit: every leaf of the saved record — trajectories, answers, cache and logits digests,
     every metric — is reproduced exactly by this run (gates.audit.reproduce)."""
     family, row, precision = (baseline_record[k] for k in ("family", "row", "precision"))
-    if family == transplant.FAMILY and replay.transplant_role(replay.row(row)) not in transplant.ROLES:
+    if family == "transplant" and replay.transplant_role(replay.row(row)) not in ROLES:
         pytest.skip("not in this run's transplant panel (drawn from the selected rows' BF16 crossing, "
                     "whose records are audited)")
     result = audit_record(baseline_record)

@@ -5,8 +5,8 @@ the platform the bank was frozen on; elsewhere its finding is platform drift).""
 import pytest
 
 from replaytests.conformance.helpers import judge, ok
-from replaytests.families import FAMILIES
-from replaytests.families.crossing import z_digest
+from replaytests.families.registry import FAMILIES
+from replaytests.families.skeleton import z_digest
 from replaytests.inputs.gates import same_platform
 
 pytestmark = pytest.mark.token_identity
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.token_identity
 def _check_consumes_bank_row(result: dict, row) -> None:
     expected = z_digest(row.tokens, row.roles)
     arms = ok(result)["arms"]
-    wrong = sorted(arm for arm in FAMILIES[result["family"]].ARMS if arms[arm]["z_sha256"] != expected)
+    wrong = sorted(arm for arm in FAMILIES[result["family"]].arms if arms[arm]["z_sha256"] != expected)
     assert not wrong, (f"{result['family']} row {row.id} ({result['precision']}): arms {wrong} consumed a z "
                        f"other than the bank row's")
 

@@ -1,4 +1,5 @@
-"""The protocol's six blocks, their delimiter names, roles and caps: plain data, no torch.
+"""The protocol's names: its six blocks, their delimiters, roles and caps, and how a transplanted arm
+is named. Plain data, no torch.
 
 Kept apart from `protocol` so that a contract can be read before torch is first imported (the CPU
 instruction set a contract pins must be applied before torch dispatches its first kernel).
@@ -23,3 +24,8 @@ class Caps:
 
     def of(self, block: int) -> int:
         return (0, self.branch, self.branch, self.branch, self.merge, self.answer)[block]
+
+
+def direction(recipient: str, donor: str) -> str:
+    """The ledger name of a transplant: 'prefill<-incremental' gives the prefill recipient incremental's K/V."""
+    return f"{recipient}<-{donor}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from replaytests.engine import hf_adapter
+from replaytests.engine.blocks import direction
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.engine.runtime import Runtime, bitwise_equal
 from replaytests.errors import TransplantRefused, short
@@ -21,11 +22,6 @@ __all__ = ["CONSTRUCTIONS", "PARTS", "check_provenance", "direction", "transplan
 CONSTRUCTIONS = ("live", "incremental", "prefill")
 PARTS = ("k", "v")
 TENSOR_FIELDS = ("shape", "stride", "dtype", "device")  # the order of Boundary.metadata()["tensors"] entries
-
-
-def direction(recipient: str, donor: str) -> str:
-    """The ledger name of a transplant: 'prefill<-incremental' gives the prefill recipient incremental's K/V."""
-    return f"{recipient}<-{donor}"
 
 
 def _label(recipient: Boundary, donor: Boundary, layers: list[int], parts: tuple[str, ...]) -> str:

@@ -1,10 +1,7 @@
-"""Experiment families (SPEC §7): each turns rows of a bank into ledger records.
+"""Experiment families: each turns rows of a bank into ledger records.
 
-Every family module names FAMILY, its ARMS, the arm PAIRS it compares, HEADLINE (the pairs its
-divergence counts read), REPLICAS (its replica pairs) and `run(runtime, row) -> record` (transplant's
-run also takes the row's crossing record and its panel role; the session dispatches it).
+`registry` holds every fact about a family (arms, pairs, headline, rows, layers, report shape) and
+loads no engine; each family module holds its `run(runtime, row) -> record` (the transplant's also
+takes the row's crossing record and its panel role; the session dispatches it). `skeleton` is what
+they share, `panels` how rows are chosen without reading outcomes.
 """
-
-from replaytests.families import batch, bridge, crossing, live, replication, transplant
-
-FAMILIES = {module.FAMILY: module for module in (crossing, live, bridge, batch, transplant, replication)}

@@ -1,4 +1,4 @@
-"""Batch composition (SPEC §7.7): the same row as the duplicated physical pair and as a singleton.
+"""Batch composition: the same row as the duplicated physical pair and as a singleton.
 
 How much does the batch alone change? Each construction of the bank's z is built and decoded once
 in the contract's physical batch (two identical copies) and once alone; the pair's first copy is
@@ -14,15 +14,11 @@ from replaytests.engine.boundary import Boundary, check_same_state, check_storag
 from replaytests.engine.decoder import decode_suffix
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import FailClosed
-from replaytests.families.crossing import arm_record, compare_arms, excluded, record_base
+from replaytests.families.registry import FAMILIES
+from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
 
-FAMILY = "batch"
-CONSTRUCTIONS = ("incremental", "prefill")
-ARMS = tuple(f"{c}_{size}" for c in CONSTRUCTIONS for size in ("pair", "singleton"))
-PAIRS = tuple((f"{c}_pair", f"{c}_singleton") for c in CONSTRUCTIONS)
-HEADLINE = tuple(f"{a}~{b}" for a, b in PAIRS)
-REPLICAS = ()
+FAMILY = FAMILIES["batch"]
 
 
 def logical_row(runtime: Runtime, boundary: Boundary) -> Boundary:
@@ -33,18 +29,18 @@ def logical_row(runtime: Runtime, boundary: Boundary) -> Boundary:
 
 def run(runtime: Runtime, row: BankRow) -> dict:
     singleton = dataclasses.replace(runtime, batch=1)
-    runtimes = {arm: singleton if arm.endswith("_singleton") else runtime for arm in ARMS}
-    base = record_base(FAMILY, row, runtime)
-    where = f"{FAMILY} row {row.id} ({runtime.precision})"
+    runtimes = {arm: singleton if arm.endswith("_singleton") else runtime for arm in FAMILY.arms}
+    base = record_base(FAMILY.name, row, runtime)
+    where = f"{FAMILY.name} row {row.id} ({runtime.precision})"
     runtime.activate()
     try:
-        built = {arm: constructions.build(runtimes[arm], arm.rpartition("_")[0], row.tokens) for arm in ARMS}
+        built = {arm: constructions.build(runtimes[arm], arm.rpartition("_")[0], row.tokens) for arm in FAMILY.arms}
         check_storage_isolated(list(built.values()), where)
         views = {arm: logical_row(runtime, b) if runtimes[arm] is runtime else b for arm, b in built.items()}
         check_same_state(list(views.values()), where)
-        suffixes = {arm: decode_suffix(runtimes[arm], built[arm]) for arm in ARMS}
+        suffixes = {arm: decode_suffix(runtimes[arm], built[arm]) for arm in FAMILY.arms}
     except FailClosed as exc:
         return excluded(base, exc)
-    arms = {arm: arm_record(views[arm], suffixes[arm], row.expected_answer) for arm in ARMS}
+    arms = {arm: arm_record(views[arm], suffixes[arm], row.expected_answer) for arm in FAMILY.arms}
     return base | {"status": "ok", "batch": {"pair": runtime.batch, "singleton": 1}, "arms": arms,
-                   "comparisons": compare_arms(PAIRS, views, suffixes, arms)}
+                   "comparisons": compare_arms(FAMILY.pairs, views, suffixes, arms)}

@@ -1,105 +1,20 @@
-"""Fixed-prefix crossing (SPEC §7.2): one frozen z per row, incremental x prefill, each with a replica.
+"""Fixed-prefix crossing: one frozen z per row, incremental x prefill, each with a replica.
 
 Run once per precision; every cell consumes the same integer tokens, roles, positions and padding.
-`evaluate` is the shared skeleton of the families that build several arms of one row and compare them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 from replaytests.engine import constructions
-from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
-from replaytests.engine.comparisons import compare_boundaries, compare_suffixes, first_divergence
-from replaytests.engine.decoder import Suffix, decode_suffix
 from replaytests.engine.runtime import Runtime
-from replaytests.errors import FailClosed
-from replaytests.files import sha256_json
+from replaytests.families.registry import FAMILIES
+from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
-from replaytests.outputs import ledger
 
-FAMILY = "crossing"
-ARMS = ("incremental", "incremental_replica", "prefill", "prefill_replica")
-PAIRS = (("incremental", "incremental_replica"), ("prefill", "prefill_replica"), ("incremental", "prefill"))
-HEADLINE = ("incremental~prefill",)
-REPLICAS = ("incremental~incremental_replica", "prefill~prefill_replica")
-
-
-def z_digest(tokens: list[int], roles: list[int]) -> str:
-    return sha256_json({"tokens": tokens, "roles": roles})
-
-
-def z_difference(live: list[int], bank: list[int]) -> dict | None:
-    """Where a live z first differs from the bank row's: the index and both token ids (null past an
-    end); None where they are equal."""
-    index = first_divergence(live, bank)
-    if index is None:
-        return None
-    return {"index": index, "live": live[index] if index < len(live) else None,
-            "bank": bank[index] if index < len(bank) else None}
-
-
-def is_correct(answer: str, expected: str | None) -> bool | None:
-    return None if expected is None else answer.strip() == expected.strip()
-
-
-def arm_record(boundary: Boundary, suffix: Suffix, expected: str | None) -> dict:
-    return {
-        "suffix": suffix.tokens,
-        "answer": suffix.answer,
-        "correct": is_correct(suffix.answer, expected),
-        "cache_digest": boundary.cache_digest(),
-        "logits_digest": boundary.logits_digest(),
-        "z_sha256": z_digest(boundary.tokens, boundary.roles),
-    }
-
-
-def compare_arms(pairs, boundaries: dict[str, Boundary], suffixes: dict[str, Suffix],
-                 arms: dict[str, dict]) -> dict:
-    return {
-        f"{a}~{b}": compare_boundaries(boundaries[a], boundaries[b])
-        | compare_suffixes(suffixes[a], suffixes[b], arms[a]["correct"], arms[b]["correct"])
-        for a, b in pairs
-    }
-
-
-def record_base(family: str, row: BankRow, runtime: Runtime) -> dict:
-    return {"schema": ledger.SCHEMA, "family": family, "row": row.id, "precision": runtime.precision,
-            "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
-
-
-def excluded(base: dict, exc: FailClosed) -> dict:
-    """The record of a row a fail-closed check stopped: the exception type and its message, which
-    names the row where the check itself could not."""
-    where = f"{base['family']} row {base['row']} ({base['precision']})"
-    message = str(exc) if base["row"] in str(exc) else f"{where}: {exc}"
-    return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {message}"}
-
-
-def evaluate(runtime: Runtime, row: BankRow, family: str, arms: tuple[str, ...], pairs,
-             build: Callable[[], Iterable[Boundary]]) -> dict:
-    """Build each arm's boundary (in `arms` order), check they reached one state with no shared
-    storage, continue each with the shared decoder and compare the pairs. A fail-closed check
-    anywhere excludes the row. Families whose first arm is live record the live z's length."""
-    base = record_base(family, row, runtime)
-    runtime.activate()
-    try:
-        boundaries = dict(zip(arms, build(), strict=True))
-        where = f"{family} row {row.id} ({runtime.precision})"
-        check_same_state(list(boundaries.values()), where)
-        check_storage_isolated(list(boundaries.values()), where)
-        suffixes = {arm: decode_suffix(runtime, boundaries[arm]) for arm in arms}
-    except FailClosed as exc:
-        return excluded(base, exc)
-    records = {arm: arm_record(boundaries[arm], suffixes[arm], row.expected_answer) for arm in arms}
-    z = boundaries[arms[0]].tokens
-    live = {"prefix_len": len(z), "z_matches_bank": z == row.tokens,
-            "z_first_difference": z_difference(z, row.tokens)} if arms[0] == "live" else {}
-    return base | live | {"status": "ok", "arms": records,
-                          "comparisons": compare_arms(pairs, boundaries, suffixes, records)}
+FAMILY = FAMILIES["crossing"]
 
 
 def run(runtime: Runtime, row: BankRow) -> dict:
     """The ledger record of one row at the runtime's precision."""
-    return evaluate(runtime, row, FAMILY, ARMS, PAIRS,
-                    lambda: (constructions.build(runtime, arm, row.tokens) for arm in ARMS))
+    return evaluate(runtime, row, FAMILY,
+                    lambda: (constructions.build(runtime, arm, row.tokens) for arm in FAMILY.arms))

@@ -1,4 +1,4 @@
-"""Live matrix (SPEC §7.1): generate each problem live to the boundary, then replay its z by prefill.
+"""Live matrix: generate each problem live to the boundary, then replay its z by prefill.
 
 Four arms per row and precision: live, a second independent live generation (live replica), prefill
 of the live z, and a second prefill. Every arm is continued by the shared suffix decoder.
@@ -8,14 +8,9 @@ from __future__ import annotations
 
 from replaytests.engine import constructions
 from replaytests.engine.runtime import Runtime
-from replaytests.families.crossing import evaluate
+from replaytests.families.registry import FAMILIES
+from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
-
-FAMILY = "live"
-ARMS = ("live", "live_replica", "prefill", "prefill_replica")
-PAIRS = (("live", "live_replica"), ("prefill", "prefill_replica"), ("live", "prefill"))
-HEADLINE = ("live~prefill",)
-REPLICAS = ("live~live_replica", "prefill~prefill_replica")
 
 
 def run(runtime: Runtime, row: BankRow) -> dict:
@@ -28,4 +23,4 @@ def run(runtime: Runtime, row: BankRow) -> dict:
         yield constructions.build(runtime, "prefill", live.tokens)
         yield constructions.build(runtime, "prefill_replica", live.tokens)
 
-    return evaluate(runtime, row, FAMILY, ARMS, PAIRS, build)
+    return evaluate(runtime, row, FAMILIES["live"], build)

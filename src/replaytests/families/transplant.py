@@ -1,4 +1,4 @@
-"""Transplant (SPEC §7.5), the fourth fidelity layer: does the boundary K/V cache carry the divergence?
+"""Transplant, the fourth fidelity layer: does the boundary K/V cache carry the divergence?
 
 Rows come from a finished BF16 crossing (`panel`). Each is rebuilt (incremental and prefill, and a
 replica of each), checked against its crossing record (a contemporaneous baseline), then each
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -34,29 +33,24 @@ from replaytests.engine.decoder import Suffix, decode_suffix
 from replaytests.engine.runtime import Runtime
 from replaytests.engine.transplant import PARTS, direction, transplant
 from replaytests.errors import FailClosed, NotContemporaneous, TransplantInvalid
-from replaytests.families import bridge
-from replaytests.families.crossing import arm_record, compare_arms, excluded, record_base
+from replaytests.families.panels import spaced
+from replaytests.families.registry import (
+    CROSS,
+    DIRECTIONS,
+    FAMILIES,
+    REPLICA_DIRECTIONS,
+    ROLES,
+    TRANSPLANT_CONSTRUCTIONS,
+    TRANSPLANTS,
+    VALIDITY_PAIRS,
+)
+from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
-from replaytests.outputs.stats import wilson
+from replaytests.outputs.causal import not_testable_reason
 
-FAMILY = "transplant"
-CONSTRUCTIONS = ("incremental", "prefill")
-DIRECTIONS = (("prefill", "incremental"), ("incremental", "prefill"))  # (recipient, donor)
-TRANSPLANTS = tuple(direction(recipient, donor) for recipient, donor in DIRECTIONS)
-# The validity control: each construction's cache in a fresh replica of itself, (recipient, donor).
-REPLICA_DIRECTIONS = tuple((f"{c}_replica", c) for c in CONSTRUCTIONS)
-SELF_TRANSPLANTS = tuple(direction(replica, c) for replica, c in REPLICA_DIRECTIONS)
-VALIDITY_PAIRS = tuple(zip(SELF_TRANSPLANTS, CONSTRUCTIONS, strict=True))  # (self-transplant, its construction)
-BUILT = (*CONSTRUCTIONS, *(replica for replica, _ in REPLICA_DIRECTIONS))
-ARMS = (*BUILT, *TRANSPLANTS, *SELF_TRANSPLANTS)
-# The crossing pair, each transplanted arm against its donor (cache exact, logits its own), and each
-# self-transplant against the construction whose trajectory it must reproduce.
-PAIRS = (("incremental", "prefill"), *((direction(r, d), d) for r, d in DIRECTIONS), *VALIDITY_PAIRS)
-HEADLINE = ("incremental~prefill",)
-REPLICAS = ()
-CROSS = "incremental~prefill"
+FAMILY = FAMILIES["transplant"]
+BUILT = (*TRANSPLANT_CONSTRUCTIONS, *(replica for replica, _ in REPLICA_DIRECTIONS))  # in the order they are built
 PARTIAL = {"k_only": ("k",), "v_only": ("v",)}
-ROLES = ("divergent", "control")
 EXHAUSTIVE_MAX_LAYERS = 8
 LAYER_FIELDS = ("layer_search", "minimal_layers", "layer_ranges")  # null for controls
 DIVERGENT, CONTROLS = 24, 8
@@ -67,23 +61,15 @@ class Panel(NamedTuple):
     not_testable: list[tuple[str, str]]  # (row id, reason): divergent rows whose first suffix tokens differ
 
 
-def not_testable_reason(cross: dict) -> str | None:
-    """Why a divergent crossing pair cannot be tested by transplant, or None where it can."""
-    if cross.get("first_token_equal", cross["first_divergence"] != 0):  # ledger/1 records lack the field
-        return None
-    argmax = "equal" if cross["argmax_equal"] else "different too"
-    return f"first suffix tokens differ (raw boundary argmax {argmax}): a transplant cannot move that choice"
-
-
 class _Ref(NamedTuple):
-    """What bridge.panel reads of a row, taken from a crossing record."""
+    """What panels.spaced reads of a row, taken from a crossing record."""
 
     id: str
     prefix_len: int
 
 
 def _spaced(records: list[dict], size: int) -> list[str]:
-    return [ref.id for ref in bridge.panel([_Ref(r["row"], r["prefix_len"]) for r in records], max(size, 0))]
+    return [ref.id for ref in spaced([_Ref(r["row"], r["prefix_len"]) for r in records], size)]
 
 
 def panel(crossing_records: list[dict], divergent: int = DIVERGENT, controls: int = CONTROLS) -> Panel:
@@ -147,7 +133,7 @@ class _Trial:
 
     @classmethod
     def build(cls, runtime: Runtime, row: BankRow) -> _Trial:
-        where = f"{FAMILY} row {row.id} ({runtime.precision})"
+        where = f"{FAMILY.name} row {row.id} ({runtime.precision})"
         boundaries = {c: constructions.build(runtime, c, row.tokens) for c in BUILT}
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
@@ -176,7 +162,7 @@ class _Trial:
 
 def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: dict, row: BankRow, precision: str) -> None:
     """The rebuilt arms must reproduce the crossing record's (digests, suffix, answer, z)."""
-    where = f"{FAMILY} row {row.id} ({precision}): not contemporaneous"
+    where = f"{FAMILY.name} row {row.id} ({precision}): not contemporaneous"
     found = (crossing_record.get("family"), crossing_record.get("row"), crossing_record.get("precision"),
              crossing_record.get("status"))
     if found != ("crossing", row.id, precision, "ok"):
@@ -205,7 +191,7 @@ def run(runtime: Runtime, row: BankRow, crossing_record: dict, role: str) -> dic
     """The ledger record of one panel row (`role` "divergent" or "control") at the runtime's precision."""
     if role not in ROLES:
         raise ValueError(f"transplant role must be one of {ROLES}, got {role!r}")
-    base = record_base(FAMILY, row, runtime) | {"role": role}
+    base = record_base(FAMILY.name, row, runtime) | {"role": role}
     runtime.activate()
     try:
         trial = _Trial.build(runtime, row)
@@ -215,8 +201,8 @@ def run(runtime: Runtime, row: BankRow, crossing_record: dict, role: str) -> dic
         boundaries = trial.boundaries | {name: moved for name, (moved, _, _) in full.items()}
         suffixes = trial.suffixes | {name: suffix for name, (_, suffix, _) in full.items()}
         arms |= {name: arm_record(moved, suffix, row.expected_answer) for name, (moved, suffix, _) in full.items()}
-        comparisons = compare_arms(PAIRS, boundaries, suffixes, arms)
-        check_valid(comparisons, f"{FAMILY} row {row.id} ({runtime.precision})")
+        comparisons = compare_arms(FAMILY.pairs, boundaries, suffixes, arms)
+        check_valid(comparisons, f"{FAMILY.name} row {row.id} ({runtime.precision})")
         parts = {name: {direction(r, d): _partial(trial.attempt(r, d, parts=selected)) for r, d in DIRECTIONS}
                  for name, selected in PARTIAL.items()}
         layers = _layer_search(trial, full) if role == "divergent" else dict.fromkeys(LAYER_FIELDS)
@@ -240,57 +226,3 @@ def _layer_search(trial: _Trial, full: dict[str, tuple]) -> dict:
 def _partial(attempt: tuple[Boundary, Suffix, dict]) -> dict:
     moved, suffix, result = attempt
     return {"suffix": suffix.tokens, "cache_digest": moved.cache_digest()} | result
-
-
-def rate(rows: list[dict], test: Callable[[dict], bool]) -> dict:
-    """The Wilson proportion (JSON) of the rows that pass `test`."""
-    return wilson(sum(1 for r in rows if test(r)), len(rows)).to_json()
-
-
-def validity(records: list[dict]) -> dict:
-    """The validity control over a family's records: rows whose self-transplants reproduced their own
-    trajectories (Wilson), and the rows it excluded (decoding not a function of the cache alone)."""
-    carrying = [r for r in records if r["status"] == "ok"
-                and all(f"{name}~{own}" in r["comparisons"] for name, own in VALIDITY_PAIRS)]
-    return {"reproduced": rate(carrying, lambda r: all(r["comparisons"][f"{name}~{own}"]["suffix_equal"]
-                                                        for name, own in VALIDITY_PAIRS)),
-            "invalid": sorted(r["row"] for r in records if r["status"] == "excluded"
-                              and r["reason"].startswith(TransplantInvalid.__name__))}
-
-
-def not_testable(records: list[dict]) -> list[list[str]]:
-    """[row, reason] of each divergent BF16 crossing row no transplant can test (first suffix tokens differ)."""
-    return [[r["row"], reason] for r in records
-            if (r["family"], r.get("precision"), r["status"]) == ("crossing", "bf16", "ok")
-            and not r["comparisons"][CROSS]["suffix_equal"]
-            and (reason := not_testable_reason(r["comparisons"][CROSS]))]
-
-
-def summarize(records: list[dict]) -> dict:
-    """Counts with Wilson intervals over the transplant records: donor recovery per direction (divergent
-    rows), third trajectories (controls), the same for K-only and V-only, and the minimal layer ranges."""
-    mine = [r for r in records if r["family"] == FAMILY]
-    ok = [r for r in mine if r["status"] == "ok"]
-    divergent = [r for r in ok if r["role"] == "divergent"]
-    controls = [r for r in ok if r["role"] == "control"]
-
-    def both(get: Callable[[dict, str], dict]) -> dict:
-        return {name: {"follows_donor": rate(divergent, lambda r, n=name: get(r, n)["outcome"] == "follows_donor"),
-                       "control_third": rate(controls, lambda r, n=name: get(r, n)["outcome"] == "third")}
-                for name in TRANSPLANTS}
-
-    n_layers = max((r["layers"] for r in divergent), default=0)
-    # Only rows whose all-layer transplant followed the donor were searched.
-    minimal = {name: [r["minimal_layers"][name] for r in divergent
-                      if r["transplants"][name]["outcome"] == "follows_donor"] for name in TRANSPLANTS}
-    return {
-        "rows": len(mine), "excluded": len(mine) - len(ok), "divergent": len(divergent), "controls": len(controls),
-        "validity": validity(mine),
-        "not_testable": not_testable(records),
-        "full": both(lambda r, n: r["transplants"][n]),
-        "parts": {part: both(lambda r, n, p=part: r["parts"][p][n]) for part in PARTIAL},
-        "minimal_layers": {name: dict(Counter("none" if m is None else f"{m[0]}-{m[1]}" for m in ranges))
-                           for name, ranges in minimal.items()},
-        "layer_frequency": {name: [sum(1 for m in ranges if m is not None and m[0] <= i <= m[1])
-                                   for i in range(n_layers)] for name, ranges in minimal.items()},
-    }

@@ -17,12 +17,22 @@ from typing import NamedTuple
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, short
+from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.inputs.gates import BIT_EXACT, bit_exact, replicas_exact
-from replaytests.outputs import ledger, verdict
+from replaytests.outputs import causal, ledger, verdict
 from replaytests.outputs.report_html import page
 from replaytests.outputs.rundir import ledger_of
-from replaytests.outputs.stats import LEVEL, RESAMPLES, SEED, McNemar, mcnemar_exact, paired_bootstrap, wilson
+from replaytests.outputs.stats import (
+    LEVEL,
+    RESAMPLES,
+    SEED,
+    McNemar,
+    mcnemar_exact,
+    paired_bootstrap,
+    proportion,
+    wilson,
+)
 
 SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")
@@ -39,14 +49,10 @@ class Shape:
     reductions: bool = False
 
 
-# The report reads the ledger format, not the engine: families it does not know are rendered generically.
-SHAPES = {
-    "live": Shape(("live~prefill",), ("live~live_replica", "prefill~prefill_replica"), ("live", "prefill"), True),
-    "crossing": Shape(("incremental~prefill",), ("incremental~incremental_replica", "prefill~prefill_replica"),
-                      ("incremental", "prefill"), True),
-    "bridge": Shape(("live~incremental",)),
-    "batch": Shape(("incremental_pair~incremental_singleton", "prefill_pair~prefill_singleton")),
-}
+# From the family registry (the report reads the ledger format, not the engine): families with a headline
+# table; the causal ones have tables of their own, and families it does not know are rendered generically.
+SHAPES = {f.name: Shape(f.headline, f.replicas, f.accuracy, f.reductions) for f in FAMILIES.values()
+          if f.headline_table}
 CAUSAL = ("transplant", "replication")
 # report name: (comparison field, whether the count is of rows where the field is false)
 FLAGS = {
@@ -80,16 +86,12 @@ def _spread(values: list[float], positions: bool = False) -> dict:
     return out
 
 
-def _count(comps: list[dict], test) -> dict:
-    return wilson(sum(1 for c in comps if test(c)), len(comps)).to_json()
-
-
 def _pair(comps: list[dict]) -> dict:
     out: dict = {"rows": len(comps)}
-    out |= {name: _count(comps, lambda c, f=field, neg=negate: c[f] != neg)
+    out |= {name: proportion(comps, lambda c, f=field, neg=negate: c[f] != neg)
             for name, (field, negate) in FLAGS.items() if _has(comps, field)}
     if _has(comps, *BIT_EXACT):
-        out["bit_exact"] = _count(comps, bit_exact)
+        out["bit_exact"] = proportion(comps, bit_exact)
     out |= {name: _spread([max(c[f] for f in fields) for c in comps])
             for name, fields in SPREADS.items() if _has(comps, *fields)}
     if _has(comps, "suffix_equal") and all("first_divergence" in c for c in comps):
@@ -147,9 +149,9 @@ def _precision(records: list[dict], shape: Shape) -> dict:
                  "pairs": {name: _pair([r["comparisons"][name] for r in ok if name in r["comparisons"]])
                            for name in names}}
     if shape.replicas and all(_has([r["comparisons"].get(n, {}) for r in ok], *BIT_EXACT) for n in shape.replicas):
-        out["replicas_exact"] = _count(ok, replicas_exact)
+        out["replicas_exact"] = proportion(ok, replicas_exact)
     if ok and all("z_matches_bank" in r for r in ok):
-        out["z_matches_bank"] = _count(ok, lambda r: r["z_matches_bank"])
+        out["z_matches_bank"] = proportion(ok, lambda r: r["z_matches_bank"])
     if shape.accuracy and (accuracy := _accuracy(ok, *shape.accuracy)):
         out["accuracy"] = accuracy
     return out
@@ -230,20 +232,18 @@ def build_report(records: list[dict], meta: dict) -> dict:
 
 
 def _causal(records: list[dict], meta: dict) -> dict:
-    """The transplant (SPEC §7.5, Table 5) and replication (§7.6, Table 6) outcomes, where they ran."""
-    from replaytests.families import replication, transplant
-
+    """The transplant (Table 5) and replication (Table 6) outcomes, where they ran."""
     minimum = ((meta.get("panels") or {}).get("replication") or {}).get("min_exact_controls",
-                                                                        replication.MIN_EXACT_CONTROLS)
+                                                                        causal.MIN_EXACT_CONTROLS)
     families = {r["family"] for r in records}
-    return ({"transplant": transplant.summarize(records)} if transplant.FAMILY in families else {}) | (
-        {"replication": replication.summarize(records, minimum)} if replication.FAMILY in families else {})
+    return ({"transplant": causal.transplant(records)} if "transplant" in families else {}) | (
+        {"replication": causal.replication(records, minimum)} if "replication" in families else {})
 
 
-def _causal_tables(causal: dict) -> list[Table]:
+def _causal_tables(summaries: dict) -> list[Table]:
     out = []
-    if "transplant" in causal:
-        t = causal["transplant"]
+    if "transplant" in summaries:
+        t = summaries["transplant"]
         rows = tuple((direction, fmt_proportion(t["full"][direction]["follows_donor"]),
                       *(fmt_proportion(t["parts"][part][direction]["follows_donor"]) for part in sorted(t["parts"])),
                       fmt_proportion(t["full"][direction]["control_third"]),
@@ -258,9 +258,9 @@ def _causal_tables(causal: dict) -> list[Table]:
         if t.get("not_testable"):
             out.append(Table("transplant: divergent rows not testable", ("row", "reason"),
                              tuple((row, reason) for row, reason in t["not_testable"])))
-    if "replication" in causal:
-        r = causal["replication"]
-        label = "strong" if r["strong"] else "replicated, not strong" if r["replicated"] else "not replicated"
+    if "replication" in summaries:
+        r = summaries["replication"]
+        label = causal.replication_label(r)
         rows = (("validity control", _validity(r.get("validity"))),
                 ("divergent rows", fmt_proportion(r["divergent"])),
                 ("not testable (first suffix tokens differ)", _not_testable(r["not_testable"])),

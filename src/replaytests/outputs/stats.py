@@ -102,6 +102,11 @@ def wilson(k: int, n: int, level: float = LEVEL) -> Proportion:
     return Proportion(k, n, k / n, *_wilson_bounds(k, n, z))
 
 
+def proportion(items: list, test) -> dict:
+    """The Wilson proportion (JSON) of the items that pass `test`."""
+    return wilson(sum(1 for item in items if test(item)), len(items)).to_json()
+
+
 def _two_sided_sign_test(b: int, c: int) -> float:
     # Exact McNemar = two-sided binomial test of b successes in b + c trials at p = 1/2
     # (McNemar 1947; Fagerland, Lydersen & Laake 2013, BMC Med Res Methodol 13:91, eq. 2):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from replaytests.families import FAMILIES, replication, transplant
+from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import Gates, replicas_exact
-from replaytests.outputs import verdict
+from replaytests.outputs import causal, verdict
 from replaytests.outputs.report import fmt_proportion
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
@@ -21,20 +21,20 @@ def _count(records: list[dict], test) -> str:
 
 def _row(family: str, precision: str, records: list[dict]) -> list[str]:
     ok = [r for r in records if r["status"] == "ok"]
-    module = FAMILIES.get(family)
-    if module is None:  # a family this version does not know: counts only
+    known = FAMILIES.get(family)
+    if known is None:  # a family this version does not know: counts only
         return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
     def every(field: str, pairs: tuple[str, ...]):
         return lambda r: all(r["comparisons"][p][field] for p in pairs)
 
     def some_not(field: str):
-        return lambda r: not every(field, module.HEADLINE)(r)
+        return lambda r: not every(field, known.headline)(r)
 
-    replicas = _count(ok, replicas_exact) if module.REPLICAS else "-"
+    replicas = _count(ok, replicas_exact) if known.replicas else "-"
     return [
         family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
-        _count(ok, every("cache_exact", module.HEADLINE)),
+        _count(ok, every("cache_exact", known.headline)),
         _count(ok, some_not("suffix_equal")),
         _count(ok, some_not("answer_equal")),
         _count(ok, some_not("correct_equal")),
@@ -67,8 +67,8 @@ def causal_lines(records: list[dict], min_exact_controls: int, gates: Gates) -> 
     """The transplant and replication outcomes, with Wilson 95% intervals and the verdict of
     gates.transplant, when those families ran."""
     lines = []
-    if any(r["family"] == transplant.FAMILY for r in records):
-        t = transplant.summarize(records)
+    if any(r["family"] == "transplant" for r in records):
+        t = causal.transplant(records)
         full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t["full"].items())
         third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
         parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
@@ -84,11 +84,10 @@ def causal_lines(records: list[dict], min_exact_controls: int, gates: Gates) -> 
                   f"  not testable (first suffix tokens differ): {len(t['not_testable'])}"
                   + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"]),
                   f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {ranges}"]
-    if any(r["family"] == replication.FAMILY for r in records):
-        r = replication.summarize(records, min_exact_controls)
+    if any(r["family"] == "replication" for r in records):
+        r = causal.replication(records, min_exact_controls)
         recovery = "; ".join(f"{name} {fmt_proportion(v)}" for name, v in r["donor_recovery"].items())
-        label = ("strong replication" if r["strong"]
-                 else "replicated, not strong" if r["replicated"] else "not replicated")
+        label = causal.replication_label(r)
         lines += [f"replication (bf16): validity control {validity_text(r['validity'])}; divergent "
                   f"{fmt_proportion(r['divergent'])}, not testable {len(r['not_testable'])}; donor recovery "
                   f"{recovery}; exact controls {r['exact_controls']} (registered minimum {r['min_exact_controls']}): "
@@ -124,7 +123,7 @@ def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (
     lines += [f"- **{name}**: {value}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(records)]
-    headline = "; ".join(f"{name}: {' and '.join(m.HEADLINE)}" for name, m in FAMILIES.items())
+    headline = "; ".join(f"{name}: {' and '.join(f.headline)}" for name, f in FAMILIES.items())
     lines += ["", f"Cache and divergence columns compare each family's headline arms ({headline}); "
               "each count is k/n over the rows that passed every fail-closed check.", ""]
     if audits:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from replaytests.errors import ReplaytestsError
-from replaytests.files import write_atomic, write_json_atomic
+from replaytests.families.registry import FAMILIES
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import (
@@ -33,6 +33,7 @@ from replaytests.inputs.options import (
     Options,
 )
 from replaytests.outputs import audit, ledger, rundir, verdict
+from replaytests.suite.planner import ROW_FIXTURES, worker_group
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
@@ -271,10 +272,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("baseline_record", audit_params(replay))
 
 
-# Row fixtures of the conformance tests, and the family whose rows each takes.
-ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "transplant_row": "transplant",
-                "replication_row": "replication"}
-BF16_ONLY = ("transplant", "replication")  # families run on the BF16 crossing only
 
 
 def _skipped(id_: str, reason: str) -> list:
@@ -283,7 +280,7 @@ def _skipped(id_: str, reason: str) -> list:
 
 def bf16_only(replay: ReplaySession, family: str) -> list:
     """The skipped parameter of a BF16-only family when --precision excludes BF16; else empty."""
-    if family in BF16_ONLY and "bf16" not in replay.options.precisions:
+    if FAMILIES[family].bf16_only and "bf16" not in replay.options.precisions:
         return _skipped("no-bf16", f"{family} runs at BF16 only; --precision {replay.options.precision} excludes it")
     return []
 
@@ -293,7 +290,7 @@ def row_params(replay: ReplaySession, family: str) -> list:
         return skipped
     if family == "replication" and not replay.options.later_model:
         return _skipped("no-later-model", "no later checkpoint: pass --replication-model CKPT")
-    rows = replay.family_rows(family)
+    rows = replay.plan.family_rows(family)
     if not rows:  # a shard can hold none of a panel's rows: not an error
         return _skipped("no-rows", f"shard {replay.options.shard} holds none of the {family} family's rows")
     return [pytest.param(row, id=row.id) for row in rows]
@@ -302,7 +299,7 @@ def row_params(replay: ReplaySession, family: str) -> list:
 def audit_params(replay: ReplaySession) -> list:
     if not replay.options.baseline_ledger:
         return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
-    records = replay.audited()
+    records = replay.plan.audited(replay.baseline)
     if not records:
         return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
                                       f"({replay.options.baseline_ledger})")
@@ -326,24 +323,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.gpu)
         if no_cuda:
             item.add_marker(pytest.mark.skip(reason=no_cuda), append=False)
-        group = xdist and _row_group(getattr(item, "callspec", None))
+        callspec = getattr(item, "callspec", None)
+        group = xdist and worker_group(callspec.params if callspec else {})
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-
-
-def _row_group(callspec) -> str | None:
-    """The xdist group of an item: the (precision, row) it reads, except that the whole BF16 crossing
-    and the transplant share one group (the transplant panel is chosen from the whole BF16 crossing,
-    so that worker computes it anyway)."""
-    params = callspec.params if callspec else {}
-    baseline = params.get("baseline_record") or {}
-    precision = params.get("precision") or baseline.get("precision") or "bf16"
-    if precision == "bf16" and (params.get("bank_row") or params.get("transplant_row")
-                                or params.get("transplant_family")
-                                or baseline.get("family") in ("crossing", "transplant")):
-        return "bf16-crossing"
-    row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
-    return row and f"{precision}-{row}"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -371,163 +354,53 @@ def _message(report: pytest.TestReport) -> str:
 
 
 class LedgerCollector:
-    """Gathers records and test outcomes from test reports (local or from xdist workers), and writes
-    the ledger, run.json, summary.md and the report."""
+    """Gathers records and test outcomes from test reports (local or from xdist workers); the
+    controller writes the run's directory (suite.artifacts) and its summary on the terminal."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.records: list[dict] = []
-        self.audits: list[dict] = []
-        self.outcomes: dict[str, int] = {}
-        self.failures: list[dict] = []
+        self.gathered = None
         self.verdict: dict | None = None
         self.run: Path | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        from replaytests.suite.artifacts import Gathered
+
+        self.gathered = self.gathered or Gathered()
         if report.when == "call":
-            self.records += [json.loads(v) for n, v in report.user_properties if n == RECORD_PROPERTY]
-            self.audits += [json.loads(v) for n, v in report.user_properties if n == AUDIT_PROPERTY]
+            self.gathered.add(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
         outcome = _outcome(report)
         if outcome:
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            self.gathered.count(outcome)
         if outcome in ("failed", "error"):
-            self.failures.append(verdict.failure(report.nodeid, _message(report)))
+            self.gathered.failures.append(verdict.failure(report.nodeid, _message(report)))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Write the run into a directory of its own; move `latest` to it only if the run completed."""
         root = self.config.stash.get(root_key, None)
-        self.records = ledger.merge(self.records)
         try:
-            if self.records and root is not None:
+            if self.gathered and self.gathered.records and root is not None:
+                from replaytests.suite.artifacts import write_run
+
+                self.gathered.records = ledger.merge(self.gathered.records)
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
                 interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
-                self.run = self.write(root.new_run(self.config.getoption("run_name")), interrupted)
+                self.run = root.new_run(self.config.getoption("run_name"))
+                self.verdict = write_run(replay_session(self.config), self.gathered, self.run, interrupted)
                 if not interrupted:
                     root.publish(self.run)
         finally:
             if root is not None:
                 root.release()
 
-    def write(self, run: Path, interrupted: bool) -> Path:
-        from replaytests.outputs import report, summary
-
-        replay = replay_session(self.config)
-        context = verdict_context(replay, self.records, self.audits)
-        self.verdict = verdict.build(self.outcomes, self.failures, context, interrupted)
-        meta = run_metadata(replay, self.verdict) | {"run": {"name": run.name, "interrupted": interrupted}} | (
-            {"audit": summary.audit_line(self.audits)} if self.audits else {})
-        ledger.write_ledger(run / "ledger.jsonl", self.records)
-        write_json_atomic(run / "run.json", meta)
-        write_atomic(run / "summary.md", summary.markdown(self.records, header_fields(replay), self.audits,
-                                                          self.causal_lines(), self.verdict))
-        report.write_report(run, self.records, report.run_meta(meta))
-        return run
-
-    def causal_lines(self) -> list[str]:
-        from replaytests.outputs import summary
-
-        replay = replay_session(self.config)
-        return summary.causal_lines(self.records, replay.contract.panels["replication"]["min_exact_controls"],
-                                    replay.contract.gates)
-
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from replaytests.outputs import summary
-
-        if not self.records:
+        if self.verdict is None:
             return
+        from replaytests.suite.artifacts import terminal_lines
+
         terminalreporter.write_sep("=", "replaytests summary")
-        for line in verdict.lines(self.verdict):
+        for line in terminal_lines(replay_session(self.config), self.gathered, self.verdict, self.run):
             terminalreporter.write_line(line)
-        terminalreporter.write_line("")
-        terminalreporter.write_line(summary.text_table(self.records))
-        for line in self.causal_lines():
-            terminalreporter.write_line(line)
-        if self.audits:
-            terminalreporter.write_line(summary.audit_line(self.audits))
-        if self.run is not None:
-            terminalreporter.write_line(f"run directory: {self.run}")
-
-
-def verdict_context(replay: ReplaySession, records: list[dict], audits: list[dict]) -> dict:
-    """What the verdict says besides the test outcomes: the platform, the CPU pin, the bank and the
-    baseline it was checked against (with their findings), and the drift from the contract."""
-    refrozen = [r for r in records
-                if r["family"] == "live" and r["status"] == "ok" and replay.refreezes(r["precision"])]
-    z_differs = [r["row"] for r in refrozen if not r["z_matches_bank"]]
-    bank = verdict.artifact(str(replay.options.bank), replay.bank_platform,
-                            f"live z matches the bank in {len(refrozen) - len(z_differs)}/{len(refrozen)} rows"
-                            if refrozen else "no live row re-frozen in this run",
-                            f"live z differs from the bank in {len(z_differs)}/{len(refrozen)} rows", z_differs)
-    changed = ["/".join(a["key"]) for a in audits if a["changes"]]
-    baseline_path = replay.options.baseline_ledger
-    baseline = ("none", None) if baseline_path is None else verdict.artifact(
-        str(baseline_path), replay.baseline_platform,
-        f"{len(audits) - len(changed)}/{len(audits)} records reproduce ({sum(a['leaves'] for a in audits)} leaves)"
-        if audits else "none of its records audited in this run",
-        f"{len(changed)}/{len(audits)} baseline records changed", changed)
-    return {"platform": describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],
-            "baseline": baseline[0], "platform_drift": [line for _, line in (bank, baseline) if line],
-            "drift": [str(d) for d in replay.drift]}
-
-
-def describe_platform(platform: dict) -> str:
-    return ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in platform.items() if value is not None)
-
-
-def pin_line(replay: ReplaySession) -> str:
-    pinned, contract = replay.pinned, replay.contract
-    if pinned.applied:
-        return f"{pinned.level}, pinned by contract {contract.name}"
-    if pinned.level is None:
-        return f"not pinned ({pinned.note}); torch dispatches to {replay.environment['environment']['cpu_isa']}"
-    return (f"contract {contract.name} pins {pinned.level}, not applied ({pinned.note}); torch dispatches to "
-            f"{replay.environment['environment']['cpu_isa']}")
-
-
-def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
-    """What a report needs besides the records: the verdict, the inputs, their digests, the platform
-    and the environment."""
-    contract = replay.contract
-    return {
-        **({"verdict": outcome} if outcome else {}),
-        "options": {name: str(value) if isinstance(value, Path) else sorted(value) if isinstance(value, frozenset)
-                    else value for name, value in vars(replay.options).items()},
-        "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,
-                     "description": contract.settings["description"]},
-        "panels": contract.panels,
-        "manifest": replay.manifest,
-        "platform": replay.platform,
-        "cpu_isa": {"contract": replay.pinned.level, "applied": replay.pinned.applied, "note": replay.pinned.note},
-        "environment": replay.environment,
-        "drift": [str(d) for d in replay.drift],
-        "overridden": replay.integrity.overridden,
-        # Only when the transplant ran: its panel, and the divergent rows it could not test.
-        **({"transplant_panel": replay.transplant_panel._asdict()} if "transplant_panel" in vars(replay) else {}),
-    }
-
-
-def header_fields(replay: ReplaySession) -> dict[str, str]:
-    manifest = replay.manifest
-    baseline = replay.options.baseline_ledger
-    return {
-        "model": f"{replay.options.model} (sha256 {manifest['model']['sha256'][:12]}… per bank manifest)",
-        "bank": f"{replay.options.bank} ({len(replay.rows)} rows, sha256 {manifest['bank_sha256'][:12]}…, "
-                + ("frozen on this platform)" if not replay.bank_platform else
-                   "frozen on another platform: " + "; ".join(replay.bank_platform) + ")"),
-        "contract": f"{replay.contract.name} ({replay.options.contract})",
-        "device": replay.device,
-        "platform": describe_platform(replay.platform),
-        "cpu_isa": pin_line(replay),
-        "precision": ", ".join(replay.options.precisions),
-        **({"shard": f"{replay.options.shard}: {len(replay.sharded_rows)} of the {len(replay.rows)} selected rows"
-            + ("; nothing to run here" if not replay.sharded_rows else "")} if replay.options.shard else {}),
-        "baseline": "none: pass --baseline LEDGER" if baseline is None else (
-            f"{baseline} (" + ("recorded on this platform)" if not replay.baseline_platform else
-                               "recorded on another platform: " + "; ".join(replay.baseline_platform) + ")")),
-        "drift": (f"{len(replay.drift)} field(s) differ from the contract: " + "; ".join(map(str, replay.drift))
-                  if replay.drift else "none: the environment matches every field the contract names"),
-        **({"overridden": "; ".join(replay.integrity.overridden)} if replay.integrity.overridden else {}),
-    }
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -535,4 +408,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         replay = replay_session(config)
     except pytest.UsageError:
         return []
+    from replaytests.suite.artifacts import header_fields
+
     return [f"replaytests {name}: {value}" for name, value in header_fields(replay).items()]

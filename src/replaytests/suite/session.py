@@ -19,7 +19,8 @@ from replaytests.engine.decoder import suffix_room
 from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import ConfigError, short
-from replaytests.families import FAMILIES, bridge, replication, transplant
+from replaytests.families import transplant
+from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.inputs import cpu_isa, environment
 from replaytests.inputs.bank import BankRow, read_bank
 from replaytests.inputs.contract import Contract, load_contract
@@ -28,8 +29,7 @@ from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
 from replaytests.outputs.report import read_run
-
-PANEL_FAMILIES = ("bridge", "batch")  # run on the bridge panel (contract panels.bridge rows), not on every row
+from replaytests.suite.planner import Plan
 
 
 def pinned_device(device: str, worker: str | None) -> str:
@@ -176,31 +176,10 @@ class ReplaySession:
                 return row
         raise KeyError(row_id)
 
-    @property
-    def sharded_rows(self) -> list[BankRow]:
-        """This shard's share of the selected rows (all of them without --shard)."""
-        index, count = parse_shard(self.options.shard)
-        return [row for n, row in enumerate(self.rows) if n % count == index - 1]
-
-    def family_rows(self, family: str) -> list[BankRow]:
-        """The rows a family runs on: every selected row, or its panel of them; then this shard's share
-        (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
-        panels = self.contract.panels
-        if family in PANEL_FAMILIES:
-            rows = bridge.panel(self.rows, panels["bridge"])
-        elif family == "live" and panels["live"]:
-            rows = bridge.panel(self.rows, panels["live"])
-        elif family == replication.FAMILY:
-            rows = replication.panel(self.rows, panels["replication"]["rows"]) if self.options.later_model else []
-        else:
-            rows = self.rows
-        share = {row.id for row in self.sharded_rows}
-        return [row for row in rows if row.id in share]
-
-    def audited(self) -> list[dict]:
-        """The baseline records this run recomputes: its families, precisions and rows."""
-        wanted = {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in self.options.precisions}
-        return [record for record in self.baseline if ledger.key(record) in wanted]
+    @functools.cached_property
+    def plan(self) -> Plan:
+        """Which rows each family runs on, and which baseline records this run recomputes."""
+        return Plan(self.rows, self.contract.panels, self.options)
 
     @functools.cached_property
     def transplant_panel(self) -> transplant.Panel:
@@ -232,12 +211,11 @@ class ReplaySession:
         return fresh
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
-        if family == transplant.FAMILY:
+        if family == "transplant":
             role = self.transplant_role(row)
-            if role not in transplant.ROLES:  # not in this run's panel: no record
+            if role not in ROLES:  # not in this run's panel: no record
                 return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
             crossing = self.record("crossing", row, precision)
             return transplant.run(self.runtime(precision), row, crossing, role)
-        if family == replication.FAMILY:
-            return replication.run(self.runtime(precision, self.options.later_model), row)
-        return FAMILIES[family].run(self.runtime(precision), row)
+        model = self.options.later_model if FAMILIES[family].rows == "replication" else None
+        return FAMILIES[family].run(self.runtime(precision, model), row)

@@ -1,0 +1,80 @@
+"""The family registry: every fact about an experiment family, in one record per family (no torch).
+
+The suite plans rows, panels and worker groups from it and dispatches `run` through it; the outputs
+(report shapes, summary, compare) and the conformance tests read it. A family module holds only its
+`run` (and what it alone needs); adding a family is one new module plus one entry here, and a
+meta-test checks that every registered family has conformance tests in the layers it names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from replaytests.engine.blocks import direction
+
+CROSS = "incremental~prefill"  # the crossing pair, also the transplant's and the replication's headline
+# The transplant: (recipient, donor) in each direction, and the validity control (each construction's
+# cache copied into its own fresh replica), whose arm must reproduce that construction's trajectory.
+TRANSPLANT_CONSTRUCTIONS = ("incremental", "prefill")
+DIRECTIONS = (("prefill", "incremental"), ("incremental", "prefill"))
+TRANSPLANTS = tuple(direction(recipient, donor) for recipient, donor in DIRECTIONS)
+REPLICA_DIRECTIONS = tuple((f"{c}_replica", c) for c in TRANSPLANT_CONSTRUCTIONS)
+SELF_TRANSPLANTS = tuple(direction(replica, c) for replica, c in REPLICA_DIRECTIONS)
+VALIDITY_PAIRS = tuple(zip(SELF_TRANSPLANTS, TRANSPLANT_CONSTRUCTIONS, strict=True))  # (self-transplant, own)
+ROLES = ("divergent", "control")  # why a row is in the transplant panel
+
+
+@dataclass(frozen=True)
+class Family:
+    """One experiment family, as every layer of the suite sees it."""
+
+    name: str
+    arms: tuple[str, ...]
+    pairs: tuple[tuple[str, str], ...]  # the arm pairs its records compare
+    headline: tuple[str, ...]  # the pairs ("A~B") its divergence counts read
+    rows: str  # which rows: "all", or the contract panel it runs on: "bridge", "live", "replication", "transplant"
+    layers: tuple[str, ...]  # the fidelity layers (pytest markers) whose conformance tests read its records
+    bf16_only: bool = False  # runs at BF16 only
+    accuracy: tuple[str, str] | None = None  # report: (first, second) arms whose accuracies are compared
+    reductions: bool = False  # report: BF16 -> FP32 reductions of its headline divergences
+    headline_table: bool = True  # report: the paper's headline table (the causal families have their own)
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """Its replica pairs, `X~X_replica`."""
+        return tuple(f"{a}~{b}" for a, b in self.pairs if b == f"{a}_replica")
+
+    @property
+    def run(self) -> Callable:
+        """Its `run`, imported on first use (the registry itself loads no engine)."""
+        return importlib.import_module(f"replaytests.families.{self.name}").run
+
+
+def _with_replicas(*constructions: str) -> tuple[str, ...]:
+    return tuple(arm for c in constructions for arm in (c, f"{c}_replica"))
+
+
+_CROSSING_PAIRS = (("incremental", "incremental_replica"), ("prefill", "prefill_replica"), ("incremental", "prefill"))
+_TRANSPLANT_PAIRS = (*((direction(r, d), d) for r, d in DIRECTIONS), *VALIDITY_PAIRS)
+_BATCH = ("incremental", "prefill")
+
+FAMILIES = {family.name: family for family in (
+    Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
+                                                      ("live", "prefill")), ("live~prefill",), "live",
+           ("replica", "token_identity", "fidelity"), accuracy=("live", "prefill"), reductions=True),
+    Family("crossing", _with_replicas("incremental", "prefill"), _CROSSING_PAIRS, (CROSS,), "all",
+           ("replica", "token_identity", "fidelity"), accuracy=("incremental", "prefill"), reductions=True),
+    Family("bridge", ("live", "incremental"), (("live", "incremental"),), ("live~incremental",), "bridge",
+           ("fidelity",)),
+    Family("batch", tuple(f"{c}_{size}" for c in _BATCH for size in ("pair", "singleton")),
+           tuple((f"{c}_pair", f"{c}_singleton") for c in _BATCH),
+           tuple(f"{c}_pair~{c}_singleton" for c in _BATCH), "bridge", ("token_identity", "fidelity")),
+    Family("transplant", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
+           (("incremental", "prefill"), *_TRANSPLANT_PAIRS), (CROSS,), "transplant", ("causal",), bf16_only=True,
+           headline_table=False),
+    Family("replication", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
+           (*_CROSSING_PAIRS, *_TRANSPLANT_PAIRS), (CROSS,), "replication", ("causal",), bf16_only=True,
+           headline_table=False),
+)}

@@ -1,0 +1,140 @@
+"""The artifacts of a run: what the controller writes into the run's directory (the ledger, run.json,
+summary.md and the report, each starting with the verdict) and what the terminal shows, from the
+records and test outcomes the plugin gathered.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replaytests.files import write_atomic, write_json_atomic
+from replaytests.outputs import ledger, report, summary, verdict
+from replaytests.suite.session import ReplaySession
+
+
+@dataclass
+class Gathered:
+    """What the test reports brought back (from this process or from xdist workers)."""
+
+    records: list[dict] = field(default_factory=list)
+    audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
+    outcomes: dict[str, int] = field(default_factory=dict)  # pytest outcome -> count
+    failures: list[dict] = field(default_factory=list)  # verdict.failure of each failing test
+
+    def add(self, properties: list[tuple[str, str]], record_property: str, audit_property: str) -> None:
+        self.records += [json.loads(v) for n, v in properties if n == record_property]
+        self.audits += [json.loads(v) for n, v in properties if n == audit_property]
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool) -> dict:
+    """Write the run's directory; returns its verdict."""
+    outcome = verdict.build(gathered.outcomes, gathered.failures, verdict_context(replay, gathered), interrupted)
+    meta = run_metadata(replay, outcome) | {"run": {"name": run.name, "interrupted": interrupted}} | (
+        {"audit": summary.audit_line(gathered.audits)} if gathered.audits else {})
+    ledger.write_ledger(run / "ledger.jsonl", gathered.records)
+    write_json_atomic(run / "run.json", meta)
+    write_atomic(run / "summary.md", summary.markdown(gathered.records, header_fields(replay), gathered.audits,
+                                                      causal_lines(replay, gathered.records), outcome))
+    report.write_report(run, gathered.records, report.run_meta(meta))
+    return outcome
+
+
+def terminal_lines(replay: ReplaySession, gathered: Gathered, outcome: dict | None, run: Path | None) -> list[str]:
+    """The terminal's replaytests summary: the verdict first, then the table and the causal lines."""
+    lines = [*verdict.lines(outcome), "", summary.text_table(gathered.records),
+             *causal_lines(replay, gathered.records)]
+    lines += [summary.audit_line(gathered.audits)] if gathered.audits else []
+    return lines + ([f"run directory: {run}"] if run is not None else [])
+
+
+def causal_lines(replay: ReplaySession, records: list[dict]) -> list[str]:
+    return summary.causal_lines(records, replay.contract.panels["replication"]["min_exact_controls"],
+                                replay.contract.gates)
+
+
+def verdict_context(replay: ReplaySession, gathered: Gathered) -> dict:
+    """What the verdict says besides the test outcomes: the platform, the CPU pin, the bank and the
+    baseline it was checked against (with their findings), and the drift from the contract."""
+    records, audits = gathered.records, gathered.audits
+    refrozen = [r for r in records
+                if r["family"] == "live" and r["status"] == "ok" and replay.refreezes(r["precision"])]
+    z_differs = [r["row"] for r in refrozen if not r["z_matches_bank"]]
+    bank = verdict.artifact(str(replay.options.bank), replay.bank_platform,
+                            f"live z matches the bank in {len(refrozen) - len(z_differs)}/{len(refrozen)} rows"
+                            if refrozen else "no live row re-frozen in this run",
+                            f"live z differs from the bank in {len(z_differs)}/{len(refrozen)} rows", z_differs)
+    changed = ["/".join(a["key"]) for a in audits if a["changes"]]
+    baseline_path = replay.options.baseline_ledger
+    baseline = ("none", None) if baseline_path is None else verdict.artifact(
+        str(baseline_path), replay.baseline_platform,
+        f"{len(audits) - len(changed)}/{len(audits)} records reproduce ({sum(a['leaves'] for a in audits)} leaves)"
+        if audits else "none of its records audited in this run",
+        f"{len(changed)}/{len(audits)} baseline records changed", changed)
+    return {"platform": describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],
+            "baseline": baseline[0], "platform_drift": [line for _, line in (bank, baseline) if line],
+            "drift": [str(d) for d in replay.drift]}
+
+
+def describe_platform(platform: dict) -> str:
+    return ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in platform.items() if value is not None)
+
+
+def pin_line(replay: ReplaySession) -> str:
+    pinned, contract = replay.pinned, replay.contract
+    if pinned.applied:
+        return f"{pinned.level}, pinned by contract {contract.name}"
+    if pinned.level is None:
+        return f"not pinned ({pinned.note}); torch dispatches to {replay.environment['environment']['cpu_isa']}"
+    return (f"contract {contract.name} pins {pinned.level}, not applied ({pinned.note}); torch dispatches to "
+            f"{replay.environment['environment']['cpu_isa']}")
+
+
+def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
+    """What a report needs besides the records: the verdict, the inputs, their digests, the platform
+    and the environment."""
+    contract = replay.contract
+    return {
+        **({"verdict": outcome} if outcome else {}),
+        "options": {name: str(value) if isinstance(value, Path) else sorted(value) if isinstance(value, frozenset)
+                    else value for name, value in vars(replay.options).items()},
+        "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,
+                     "description": contract.settings["description"]},
+        "panels": contract.panels,
+        "manifest": replay.manifest,
+        "platform": replay.platform,
+        "cpu_isa": {"contract": replay.pinned.level, "applied": replay.pinned.applied, "note": replay.pinned.note},
+        "environment": replay.environment,
+        "drift": [str(d) for d in replay.drift],
+        "overridden": replay.integrity.overridden,
+        # Only when the transplant ran: its panel, and the divergent rows it could not test.
+        **({"transplant_panel": replay.transplant_panel._asdict()} if "transplant_panel" in vars(replay) else {}),
+    }
+
+
+def header_fields(replay: ReplaySession) -> dict[str, str]:
+    manifest = replay.manifest
+    baseline = replay.options.baseline_ledger
+    return {
+        "model": f"{replay.options.model} (sha256 {manifest['model']['sha256'][:12]}… per bank manifest)",
+        "bank": f"{replay.options.bank} ({len(replay.rows)} rows, sha256 {manifest['bank_sha256'][:12]}…, "
+                + ("frozen on this platform)" if not replay.bank_platform else
+                   "frozen on another platform: " + "; ".join(replay.bank_platform) + ")"),
+        "contract": f"{replay.contract.name} ({replay.options.contract})",
+        "device": replay.device,
+        "platform": describe_platform(replay.platform),
+        "cpu_isa": pin_line(replay),
+        "precision": ", ".join(replay.options.precisions),
+        **({"shard": f"{replay.options.shard}: {len(replay.plan.sharded_rows)} of the {len(replay.rows)} selected rows"
+            + ("; nothing to run here" if not replay.plan.sharded_rows else "")} if replay.options.shard else {}),
+        "baseline": "none: pass --baseline LEDGER" if baseline is None else (
+            f"{baseline} (" + ("recorded on this platform)" if not replay.baseline_platform else
+                               "recorded on another platform: " + "; ".join(replay.baseline_platform) + ")")),
+        "drift": (f"{len(replay.drift)} field(s) differ from the contract: " + "; ".join(map(str, replay.drift))
+                  if replay.drift else "none: the environment matches every field the contract names"),
+        **({"overridden": "; ".join(replay.integrity.overridden)} if replay.integrity.overridden else {}),
+    }

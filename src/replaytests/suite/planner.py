@@ -1,0 +1,69 @@
+"""The plan of a run: the rows each family runs on (its panel of the selected rows, then this shard's
+share), the baseline records the run recomputes, and the xdist worker group of each test. Decided
+from the inputs alone, never from outcomes (the transplant panel, which reads the BF16 crossing's
+outcomes, is the session's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replaytests.families.panels import spaced
+from replaytests.families.registry import FAMILIES
+from replaytests.inputs.bank import BankRow
+from replaytests.inputs.options import Options, parse_shard
+from replaytests.outputs import ledger
+
+# The conformance tests' row fixtures, and the family whose rows each takes.
+ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "transplant_row": "transplant",
+                "replication_row": "replication"}
+CROSSING_GROUP = "bf16-crossing"
+
+
+@dataclass(frozen=True)
+class Plan:
+    rows: list[BankRow]  # the selected rows (--rows)
+    panels: dict  # the contract's panels
+    options: Options
+
+    @property
+    def sharded_rows(self) -> list[BankRow]:
+        """This shard's share of the selected rows (all of them without --shard)."""
+        index, count = parse_shard(self.options.shard)
+        return [row for n, row in enumerate(self.rows) if n % count == index - 1]
+
+    def panel_size(self, family: str) -> int | None:
+        """The size of a family's panel (None: every selected row)."""
+        kind = FAMILIES[family].rows
+        return {"bridge": self.panels["bridge"], "live": self.panels["live"],
+                "replication": self.panels["replication"]["rows"]}.get(kind)
+
+    def family_rows(self, family: str) -> list[BankRow]:
+        """The rows a family runs on: every selected row, or its panel of them; then this shard's share
+        (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
+        if FAMILIES[family].rows == "replication" and not self.options.later_model:
+            return []
+        size = self.panel_size(family)
+        rows = self.rows if size is None else spaced(self.rows, size)
+        share = {row.id for row in self.sharded_rows}
+        return [row for row in rows if row.id in share]
+
+    def audited(self, baseline: list[dict]) -> list[dict]:
+        """The baseline records this run recomputes: its families, precisions and rows."""
+        wanted = {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in self.options.precisions}
+        return [record for record in baseline if ledger.key(record) in wanted]
+
+
+def worker_group(params: dict) -> str | None:
+    """The xdist group of a test from its parameters: the (precision, row) it reads, except that the
+    whole BF16 crossing and the transplant share one group (the transplant panel is chosen from the
+    whole BF16 crossing, so that worker computes it anyway)."""
+    baseline = params.get("baseline_record")
+    baseline = baseline if isinstance(baseline, dict) else {}
+    precision = params.get("precision") or baseline.get("precision") or "bf16"
+    if precision == "bf16" and (params.get("bank_row") or params.get("transplant_row")
+                                or params.get("transplant_family")
+                                or baseline.get("family") in ("crossing", "transplant")):
+        return CROSSING_GROUP
+    row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
+    return row and f"{precision}-{row}"
