@@ -51,3 +51,20 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
 
 def write_json_atomic(path: Path, value: object, sort_keys: bool = True) -> None:
     write_atomic(path, json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
+
+
+def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSONL text; a line that is not a JSON object
+    is `error`, naming the file and the line."""
+    objects = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(value, dict):
+            raise error(f"{path}:{number}: expected a JSON object per line, got {type(value).__name__}")
+        objects.append((number, value))
+    return objects

@@ -85,7 +85,7 @@ def test_invalid_json_line_names_file_and_line(tmp_path, tiny_grammar, room, row
 
 
 @pytest.mark.parametrize(("content", "pattern"), [
-    pytest.param(["[1, 2]"], r":1: expected a JSON object per line$", id="array-line"),
+    pytest.param(["[1, 2]"], r":1: expected a JSON object per line, got list$", id="array-line"),
     pytest.param(["", "  "], r": no bank rows$", id="only-blank-lines"),
 ])
 def test_not_a_bank(tmp_path, tiny_grammar, room, content, pattern):

@@ -38,6 +38,7 @@ def two_row_run(tmp_path_factory):
     return conformance_run(tmp_path_factory.mktemp("run"), "-p", "no:xdist")
 
 
+@pytest.mark.slow  # spawns a whole run
 def test_run_passes_and_prints_summary(two_row_run):
     proc, _ = two_row_run
     assert proc.returncode == 0, f"conformance run failed:\n{proc.stdout[-3000:]}"
@@ -50,6 +51,7 @@ def test_run_passes_and_prints_summary(two_row_run):
     assert "replaytests contract: cpu-tiny" in proc.stdout, "the header does not name the contract"
 
 
+@pytest.mark.slow  # spawns a whole run
 def test_ledger_has_one_record_per_family_row_precision(two_row_run):
     _, report_dir = two_row_run
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
@@ -65,12 +67,14 @@ def test_ledger_has_one_record_per_family_row_precision(two_row_run):
     assert len(crossing["comparisons"]["incremental~prefill"]["k_rel_l2_per_layer"]) == 4
 
 
+@pytest.mark.slow  # spawns a whole run
 def test_summary_markdown_is_written(two_row_run):
     _, report_dir = two_row_run
     text = (report_dir / "summary.md").read_text()
     assert "| crossing | fp32 | 2 | 0 | 2/2 |" in text, f"summary.md table row missing:\n{text}"
 
 
+@pytest.mark.slow  # spawns a whole run
 def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
     """pytest -n 2 gives the same records as one process (on the crossing and bridge tests: records
     do not depend on which other tests ran)."""
@@ -99,6 +103,7 @@ def _baseline_beside(report_dir, tmp_path, **platform) -> tuple[Path, dict]:
     return baseline, here
 
 
+@pytest.mark.slow  # spawns a whole run
 def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     """A baseline (made on this platform) whose cache digest for one record was altered: exactly that
     record fails, naming it."""
@@ -111,6 +116,7 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     assert "ledger audit: 3/4 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
 
 
+@pytest.mark.slow  # spawns a whole run
 @pytest.mark.parametrize(("strict", "outcome"), [pytest.param(False, "3 passed, 1 xfailed", id="drift-is-data"),
                                                   pytest.param(True, "1 failed, 3 passed", id="strict-fails")])
 def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_path, strict, outcome, forced_cpu_isa):
@@ -128,6 +134,7 @@ def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_pat
         assert "platform drift: 1/4 baseline records changed (crossing/tiny-001/fp32)" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow  # spawns a whole run
 def test_json_report_carries_metrics(tmp_path):
     pytest.importorskip("pytest_jsonreport")
     out = tmp_path / "report.json"
@@ -158,12 +165,6 @@ def test_gpu_targets_skip_with_one_reason_without_cuda(pytester):
     assert "deselected" not in result.stdout.str().splitlines()[-1], "some GPU targets were not selected"
 
 
-def test_options_are_listed_in_help(pytester):
-    result = pytester.runpytest("--help")
-    result.stdout.fnmatch_lines(["*replay conformance*", "*--model=MODEL*", "*--precision=*", "*--report-dir=*",
-                                 "*--baseline=BASELINE*"])
-
-
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
@@ -180,6 +181,7 @@ def test_bad_input_is_one_line_usage_error(pytester, option, value, message):
     assert "Traceback" not in result.stderr.str() + result.stdout.str(), "a traceback reached the user"
 
 
+@pytest.mark.slow  # spawns a whole run
 def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank_rows, divergent_row):
     """A row that diverges at BF16 on this platform (found by the search, never named): a contract
     that demands exact BF16 suffixes turns that recorded divergence into a failure naming the row."""
@@ -262,6 +264,7 @@ def _user_dispatch(monkeypatch, **variables) -> None:
         monkeypatch.setenv(name, value)
 
 
+@pytest.mark.slow  # spawns a whole run
 @needs_avx2
 def test_a_forced_dispatch_level_is_drift_in_the_verdict(pytester, monkeypatch):
     _user_dispatch(monkeypatch, ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="DEFAULT")
@@ -275,6 +278,7 @@ def test_a_forced_dispatch_level_is_drift_in_the_verdict(pytester, monkeypatch):
         "drift from the contract: environment.cpu_isa: contract AVX2, actual DEFAULT*"])
 
 
+@pytest.mark.slow  # spawns a whole run
 @needs_avx2
 def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatch):
     _user_dispatch(monkeypatch, ATEN_CPU_CAPABILITY="default")
@@ -284,6 +288,7 @@ def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatc
                                  "field(s): environment.cpu_isa: contract AVX2, actual DEFAULT*"])
 
 
+@pytest.mark.slow  # spawns a whole run
 @needs_avx2
 @pytest.mark.parametrize("strict", [pytest.param(False, id="drift-is-data"), pytest.param(True, id="strict-fails")])
 def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_path, monkeypatch, strict):
@@ -303,6 +308,7 @@ def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_p
                                      "platform*--strict-contract*"])
 
 
+@pytest.mark.slow  # spawns a whole run
 @needs_avx2
 def test_torch_that_ran_before_the_contract_is_one_line(pytester, monkeypatch):
     """A plugin that made torch dispatch a kernel (at DEFAULT) before replaytests read the contract."""

@@ -6,6 +6,7 @@ Models load from local directories only, with SDPA attention, safetensors weight
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 
@@ -44,6 +45,20 @@ def check_weights(path: Path) -> None:
             raise ConfigError(f"{weights}: not a readable safetensors file: {str(exc).splitlines()[0]}") from None
 
 
+@contextlib.contextmanager
+def _quiet():
+    """transformers' own warnings about the files it reads stay out of the output (a bad input is one
+    line of ours, naming the file and field; the checks here say what matters)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
@@ -51,7 +66,8 @@ def load_tokenizer(path: Path):
     if not any((path / name).is_file() for name in TOKENIZER_FILES[:4]):
         raise ConfigError(f"{path}: no tokenizer ({', '.join(TOKENIZER_FILES[:4])})")
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        with _quiet():
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot load tokenizer: {str(exc).splitlines()[0]}") from None
 
@@ -139,6 +155,7 @@ def load_config(path: Path):
 
     check_model_dir(path)
     try:
-        return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        with _quiet():
+            return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}/config.json: cannot load config: {str(exc).splitlines()[0]}") from None

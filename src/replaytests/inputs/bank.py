@@ -16,7 +16,7 @@ from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.hf_adapter import TOKENIZER_FILES
 from replaytests.engine.protocol import Grammar, parse_prefix
 from replaytests.errors import BankError, ConfigError, short
-from replaytests.files import sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
+from replaytests.files import jsonl_objects, sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
 from replaytests.inputs.contract import Contract
 
 BANK_SCHEMA = "replaytests.bank/1"
@@ -49,23 +49,12 @@ class BankRow:
 
 def _read_jsonl(path: Path, what: str) -> list[tuple[str, dict]]:
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise BankError(f"{path}: cannot read {what}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise BankError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    objects = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BankError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(obj, dict):
-            raise BankError(f"{where}: expected a JSON object per line")
-        objects.append((where, obj))
+    objects = [(f"{path}:{number}", obj) for number, obj in jsonl_objects(path, text, BankError)]
     if not objects:
         raise BankError(f"{path}: no {what} rows")
     return objects

@@ -58,11 +58,7 @@ def entry(source: Path, label: str | None = None, date: str | None = None) -> di
 
 
 def _parse(path: Path, text: str) -> list[dict]:
-    entries = ledger.parse_versioned_jsonl(path, text, SCHEMA, HistoryError)
-    for number, entry_ in enumerate(entries, start=1):
-        if problem := _problem(entry_):
-            raise HistoryError(f"{path}:{number}: {problem}")
-    return entries
+    return ledger.parse_versioned_jsonl(path, text, SCHEMA, HistoryError, _problem)
 
 
 def _problem(entry_: dict) -> str | None:

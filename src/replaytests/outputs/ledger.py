@@ -10,11 +10,11 @@ replication records; version 1 ledgers are still read.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
 
-from replaytests.errors import LedgerError
-from replaytests.files import write_jsonl_atomic
+from replaytests.errors import LedgerError, short
+from replaytests.files import jsonl_objects, write_jsonl_atomic
 
 SCHEMA = "replaytests.ledger/2"
 READABLE = ("replaytests.ledger/1", SCHEMA)
@@ -40,26 +40,28 @@ def write_ledger(path: Path, records: list[dict]) -> None:
     write_jsonl_atomic(path, merge(records))
 
 
-def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...],
-                          error: type[Exception]) -> list[dict]:
-    """One JSON object per line, each with `"schema"` one of `schema`; anything else is `error` naming the line."""
+def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...], error: type[Exception],
+                          problem: Callable[[dict], str | None] | None = None) -> list[dict]:
+    """One JSON object per line, each with `"schema"` one of `schema` and, given `problem` (what makes
+    an object unreadable, or None), readable; anything else is `error` naming the file and the line."""
     schemas = (schema,) if isinstance(schema, str) else schema
     objects = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise error(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(value, dict) or value.get("schema") not in schemas:
-            found = value.get("schema") if isinstance(value, dict) else type(value).__name__
-            raise error(f"{path}:{number}: field 'schema' is {found!r}, expected {' or '.join(map(repr, schemas))}")
+    for number, value in jsonl_objects(path, text, error):
+        if value.get("schema") not in schemas:
+            raise error(f"{path}:{number}: field 'schema' is {short(value.get('schema'))}, expected "
+                        f"{' or '.join(map(repr, schemas))}")
+        if problem is not None and (found := problem(value)):
+            raise error(f"{path}:{number}: {found}")
         objects.append(value)
     return objects
 
 
-def read_ledger(path: Path) -> list[dict]:
+def read_ledger(path: Path, problem: Callable[[dict], str | None] | None = None) -> list[dict]:
+    """A ledger's records; `problem` rejects the unreadable ones, naming the line."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise LedgerError(f"{path}: cannot read ledger: {exc.strerror}") from None
-    return parse_versioned_jsonl(path, text, READABLE, LedgerError)
+    except UnicodeDecodeError as exc:
+        raise LedgerError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return parse_versioned_jsonl(path, text, READABLE, LedgerError, problem)

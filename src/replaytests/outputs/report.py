@@ -19,6 +19,7 @@ import numpy as np
 from replaytests.errors import ConfigError, LedgerError, short
 from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
+from replaytests.inputs.contract import PRECISIONS  # reductions are BF16 -> FP32 on the rows present at both
 from replaytests.inputs.gates import BIT_EXACT, bit_exact, replicas_exact
 from replaytests.outputs import causal, ledger, verdict
 from replaytests.outputs.report_html import page
@@ -36,7 +37,6 @@ from replaytests.outputs.stats import (
 
 SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")
-PRECISIONS = ("bf16", "fp32")  # reductions are BF16 -> FP32 on the rows present at both
 
 
 @dataclass(frozen=True)
@@ -470,8 +470,15 @@ def markdown(report: dict) -> str:
 
 # ---- files ----
 
+# run.json (written by suite.artifacts.run_metadata; docs/report.md): the fields its readers read, by type.
+RUN_SCHEMA = "replaytests.run/1"
+RUN_FIELDS = {"verdict": dict, "options": dict, "contract": dict, "platform": dict, "run": dict, "manifest": dict,
+              "environment": dict, "drift": list, "overridden": list}
+
+
 def read_run(path: Path) -> dict | None:
-    """The run.json beside a ledger (a file or a run directory), or None where there is none."""
+    """The run.json beside a ledger (a file or a run directory), or None where there is none: the one
+    reader of run.json, which checks every field its users read."""
     run_json = ledger_of(Path(path)).parent / "run.json"
     if not run_json.is_file():
         return None
@@ -481,6 +488,11 @@ def read_run(path: Path) -> dict | None:
         raise LedgerError(f"{run_json}: cannot read run metadata: {getattr(exc, 'msg', exc)}") from None
     if not isinstance(run, dict):
         raise LedgerError(f"{run_json}: expected a JSON object, got {type(run).__name__}")
+    if run.get("schema", RUN_SCHEMA) != RUN_SCHEMA:
+        raise LedgerError(f"{run_json}: field 'schema' is {short(run['schema'])}, expected {RUN_SCHEMA!r}")
+    for name, kind in RUN_FIELDS.items():
+        if run.get(name) is not None and not isinstance(run[name], kind):
+            raise LedgerError(f"{run_json}: field {name!r} must be a {kind.__name__}, got {short(run[name])}")
     return run
 
 
@@ -533,12 +545,10 @@ def collate(paths: list[Path]) -> list[dict]:
     """
     seen: dict[tuple, tuple[dict, Path]] = {}
     for path in map(ledger_of, map(Path, paths)):
-        records = ledger.read_ledger(path)
+        records = ledger.read_ledger(path, _problem)
         if not records:
             raise LedgerError(f"{path}: empty ledger (no records)")
-        for number, record in enumerate(records, start=1):
-            if problem := _problem(record):
-                raise LedgerError(f"{path}:{number}: {problem}")
+        for record in records:
             key = ledger.key(record)
             if key in seen and seen[key][0] != record:
                 raise LedgerError(f"ledger record {'/'.join(key)} differs between {seen[key][1]} and {path}")

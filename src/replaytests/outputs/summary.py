@@ -7,7 +7,7 @@ from collections import defaultdict
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import Gates, replicas_exact
 from replaytests.outputs import causal, verdict
-from replaytests.outputs.report import fmt_proportion
+from replaytests.outputs.report import Table, fmt_proportion, plain
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
@@ -49,9 +49,7 @@ def table_rows(records: list[dict]) -> list[list[str]]:
 
 
 def text_table(records: list[dict]) -> str:
-    rows = [list(COLUMNS), *table_rows(records)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    return plain(Table("summary", COLUMNS, tuple(map(tuple, table_rows(records)))))
 
 
 def audit_line(audits: list[dict]) -> str:

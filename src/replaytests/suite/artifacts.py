@@ -99,6 +99,7 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
     and the environment."""
     contract = replay.contract
     return {
+        "schema": report.RUN_SCHEMA,
         **({"verdict": outcome} if outcome else {}),
         "options": {name: str(value) if isinstance(value, Path) else sorted(value) if isinstance(value, frozenset)
                     else value for name, value in vars(replay.options).items()},

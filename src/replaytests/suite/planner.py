@@ -7,12 +7,15 @@ outcomes, is the session's).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES
-from replaytests.inputs.bank import BankRow
 from replaytests.inputs.options import Options, parse_shard
 from replaytests.outputs import ledger
+
+if TYPE_CHECKING:
+    from replaytests.inputs.bank import BankRow
 
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "transplant_row": "transplant",

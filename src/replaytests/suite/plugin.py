@@ -10,6 +10,7 @@ controller, which writes the ledger, run.json and the report, each starting with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -23,7 +24,6 @@ from replaytests.families.registry import FAMILIES
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import (
-    ACCEPT_OPTION,
     DEFAULT_BANK,
     DEFAULT_CONTRACT,
     DEFAULT_MODEL,
@@ -56,38 +56,75 @@ root_key = pytest.StashKey[rundir.Root]()
 metrics_key = pytest.StashKey[list]()
 
 
+# Every option: its namespaced spelling (always registered), the short alias users know (registered only
+# where no other plugin or conftest has taken it) and its argparse settings. The value lands in
+# config.option.replay_<field> for the Options field of the same name.
+OPTIONS = {
+    "model": dict(type=Path, default=DEFAULT_MODEL,
+                  help="local Hugging Face model directory. Default: the embedded tiny Qwen2"),
+    "bank": dict(type=Path, default=DEFAULT_BANK,
+                 help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s"),
+    "contract": dict(type=Path, default=None, help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, "
+                                                   f"or under -m gpu {GPU_CONTRACT}"),
+    "precision": dict(choices=("bf16", "fp32", "both"), default="both",
+                      help="precision(s) to audit. Default: %(default)r"),
+    "rows": dict(default=None, help="a count N or a slice A:B of bank rows, for quick runs"),
+    "device": dict(default=None, help="torch device; default: the contract's environment.device"),
+    "report_dir": dict(type=Path, default=DEFAULT_OPTIONS["report_dir"],
+                       help="report root: each run writes its own directory there (ledger, run.json, reports) "
+                            "and `latest` points to the last one completed. Default: %(default)s"),
+    "run_name": dict(default=None,
+                     help="the run directory's name under the report root. Default: its UTC start time and an id"),
+    "baseline": dict(type=Path, default=None,
+                     help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
+                          "reproduce exactly. Default: the committed baseline, for the embedded default inputs"),
+    "shard": dict(default=None,
+                  help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)"),
+    "replication_model": dict(type=Path, default=None,
+                              help="a later checkpoint to replicate the transplant on, with the same bank. "
+                                   "Default: fixtures/models/tiny-qwen2-later, for the embedded default inputs"),
+    "strict_contract": dict(action="store_true",
+                            help="fail the run when the environment differs from the contract in any field it "
+                                 "names, or from the platform the bank or the baseline was made on"),
+    "accept_changed": dict(action="append", choices=OVERRIDES, default=None,
+                           help="use a bank, model or tokenizer that changed since the bank was frozen (recorded "
+                                "in the report); repeatable"),
+}
+GROUP = ("replaytests", "replay conformance (replaytests)")
+
+
+def spelled(field: str, namespaced: bool = True) -> str:
+    """An option's command-line spelling: --replay-<field> or its short alias --<field>."""
+    name = field.replace("_", "-")
+    return f"--replay-{name}" if namespaced else f"--{name}"
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("replaytests", "replay conformance (replaytests)")
-    group.addoption("--model", type=Path, default=DEFAULT_MODEL,
-                    help="local Hugging Face model directory. Default: the embedded tiny Qwen2")
-    group.addoption("--bank", type=Path, default=DEFAULT_BANK,
-                    help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s")
-    group.addoption("--contract", type=Path, default=None,
-                    help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, or under -m gpu "
-                         f"{GPU_CONTRACT}")
-    group.addoption("--precision", choices=("bf16", "fp32", "both"), default="both",
-                    help="precision(s) to audit. Default: %(default)r")
-    group.addoption("--rows", default=None, help="a count N or a slice A:B of bank rows, for quick runs")
-    group.addoption("--device", default=None, help="torch device; default: the contract's environment.device")
-    group.addoption("--report-dir", type=Path, default=DEFAULT_OPTIONS["report_dir"],
-                    help="report root: each run writes its own directory there (ledger, run.json, reports) and "
-                         "`latest` points to the last one completed. Default: %(default)s")
-    group.addoption("--run-name", default=None,
-                    help="the run directory's name under --report-dir. Default: its UTC start time and a short id")
-    group.addoption("--baseline", type=Path, default=None,
-                    help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
-                         "reproduce exactly. Default: the committed baseline, for the embedded default inputs")
-    group.addoption("--shard", default=None,
-                    help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)")
-    group.addoption("--replication-model", type=Path, default=None,
-                    help="a later checkpoint to replicate the transplant on, with the same bank. "
-                         "Default: fixtures/models/tiny-qwen2-later, for the embedded default inputs")
-    group.addoption("--strict-contract", action="store_true",
-                    help="fail the run when the environment differs from the contract in any field it names, "
-                         "or from the platform the bank or the baseline was made on")
-    group.addoption(ACCEPT_OPTION, action="append", choices=OVERRIDES, default=None,
-                    help="use a bank, model or tokenizer that changed since the bank was frozen (recorded in "
-                         "the report); repeatable")
+    group = parser.getgroup(*GROUP)
+    for field, settings in OPTIONS.items():
+        group.addoption(spelled(field), dest=f"replay_{field}", **settings)
+
+
+def _registered(parser: pytest.Parser) -> set[str]:
+    """Every option string some plugin or conftest has registered."""
+    groups = [getattr(parser, "_anonymous", None), *getattr(parser, "_groups", [])]
+    return {name for group in groups if group is not None for option in group.options for name in option.names()}
+
+
+def add_short_aliases(config: pytest.Config, parser: pytest.Parser) -> None:
+    """The short spellings (--model, --precision, ...) wherever nobody else took them; a name another
+    plugin or conftest registered stays theirs, with one warning naming the namespaced spelling."""
+    taken = _registered(parser)
+    group = parser.getgroup(*GROUP)
+    clashes = [field for field in OPTIONS if spelled(field, namespaced=False) in taken]
+    for field, settings in OPTIONS.items():
+        if field not in clashes:
+            group.addoption(spelled(field, namespaced=False), dest=f"replay_{field}",
+                            **{**settings, "help": f"alias of {spelled(field)}"})
+    if clashes:
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            "replaytests: " + ", ".join(spelled(f, namespaced=False) for f in clashes) + " belong to another plugin "
+            "or conftest here; use " + ", ".join(spelled(f) for f in clashes)), stacklevel=2)
 
 
 def contract_path(contract: Path | None, markexpr: str) -> Path:
@@ -97,22 +134,32 @@ def contract_path(contract: Path | None, markexpr: str) -> Path:
     return GPU_CONTRACT if selects_gpu(markexpr) else DEFAULT_CONTRACT
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
-    """Pin the contract's CPU instruction set before any conftest (or test module) imports torch. Only
-    in a replay run (a contract given, replaytests named in the arguments, or this repository's own
-    tests): a project that merely has replaytests installed keeps its own kernels. A contract that
-    cannot be read here is reported once the session opens."""
-    known = early_config.known_args_namespace
-    path = contract_path(getattr(known, "contract", None), getattr(known, "markexpr", "") or "")
-    replay_run = (getattr(known, "contract", None) is not None or any("replaytests" in arg for arg in args)
-                  or early_config.rootpath == REPO)
-    if not replay_run or not path.is_file():
-        return
-    try:
-        early_config.stash[pin_key] = cpu_isa.pin(load_contract(path).cpu_isa)
-    except ReplaytestsError:
-        return
+def _argument(args: list[str], field: str) -> str | None:
+    """The value given to an option on the command line (either spelling), before options are parsed."""
+    names = (spelled(field), spelled(field, namespaced=False))
+    for index, arg in enumerate(args):
+        name, equals, value = str(arg).partition("=")
+        if name in names:
+            return value if equals else (str(args[index + 1]) if index + 1 < len(args) else None)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
+    """Before any conftest (or test module) imports torch: pin the contract's CPU instruction set, in a
+    replay run only (a contract given, replaytests named in the arguments, or this repository's own
+    tests), so that a project that merely has replaytests installed keeps its own kernels. After the
+    initial conftests registered their options: the short aliases nobody else took."""
+    given = _argument(args, "contract")
+    path = contract_path(Path(given) if given else None, getattr(early_config.known_args_namespace, "markexpr", "")
+                         or "")
+    replay_run = given is not None or any("replaytests" in str(arg) for arg in args) or early_config.rootpath == REPO
+    if replay_run and path.is_file():
+        with contextlib.suppress(ReplaytestsError):  # a bad contract is reported once the session opens
+            early_config.stash[pin_key] = cpu_isa.pin(load_contract(path).cpu_isa)
+    result = yield
+    add_short_aliases(early_config, parser)
+    return result
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -137,7 +184,7 @@ def selects_gpu(expression: str) -> bool:
 
 
 def options(config: pytest.Config) -> Options:
-    values = {name: config.getoption(name) for name in DEFAULT_OPTIONS}
+    values = {name: config.getoption(f"replay_{name}") for name in DEFAULT_OPTIONS}
     values["accept_changed"] = frozenset(values["accept_changed"] or ())
     values["contract"] = contract_path(values["contract"], config.getoption("markexpr", "") or "")
     return Options(**values)
@@ -156,22 +203,18 @@ def replay_session(config: pytest.Config) -> ReplaySession:
 
 
 def user_gave_options(config: pytest.Config) -> bool:
-    return any(config.getoption(name) not in (default, None, False) for name, default in DEFAULT_OPTIONS.items())
+    return any(config.getoption(f"replay_{name}") not in (default, None, False)
+               for name, default in DEFAULT_OPTIONS.items())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Validate every input before collection, so a bad one stops the run with one line.
-
-    The plugin is installed for every pytest run in the environment: when the user gave no
-    replaytests option and the embedded defaults do not resolve, an unrelated test run is left
-    alone, and the error surfaces only if a conformance test is collected.
-    """
-    try:
-        replay = replay_session(session.config)
-    except pytest.UsageError:
-        if user_gave_options(session.config):
-            raise
+    """Validate every input before collection, so a bad one stops the run with one line: in a replay run
+    (one that selects the conformance tests, or names a replaytests option). The plugin is installed
+    for every pytest run in the environment, and any other run is left alone: it loads neither torch
+    nor transformers, and a test that asks for the `replay` fixture opens the session then."""
+    if not (selects_conformance(session.config) or user_gave_options(session.config)):
         return
+    replay = replay_session(session.config)
     if replay.options.strict_contract and replay.drift:
         raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
                                 f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
@@ -364,6 +407,8 @@ class LedgerCollector:
         self.run: Path | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if session_key not in self.config.stash:  # not a replay run: nothing to gather
+            return
         from replaytests.suite.artifacts import Gathered
 
         self.gathered = self.gathered or Gathered()
@@ -385,7 +430,7 @@ class LedgerCollector:
                 self.gathered.records = ledger.merge(self.gathered.records)
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
                 interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
-                self.run = root.new_run(self.config.getoption("run_name"))
+                self.run = root.new_run(self.config.getoption("replay_run_name"))
                 self.verdict = write_run(replay_session(self.config), self.gathered, self.run, interrupted)
                 if not interrupted:
                     root.publish(self.run)
@@ -404,10 +449,8 @@ class LedgerCollector:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    try:
-        replay = replay_session(config)
-    except pytest.UsageError:
+    if session_key not in config.stash:  # not a replay run
         return []
     from replaytests.suite.artifacts import header_fields
 
-    return [f"replaytests {name}: {value}" for name, value in header_fields(replay).items()]
+    return [f"replaytests {name}: {value}" for name, value in header_fields(config.stash[session_key]).items()]

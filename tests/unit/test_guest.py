@@ -1,0 +1,54 @@
+"""replaytests as a guest: the commands that only read ledgers, and a pytest run that selects no replay
+test, load neither torch nor transformers; every option has a namespaced spelling, and a short alias
+another plugin or conftest registered stays theirs (one warning)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from replaytests.inputs.options import REPO
+
+BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny"
+HEAVY = "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))"
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param(["report", str(BASELINE), "--out", "out"], id="report"),
+    pytest.param(["compare", str(BASELINE), str(BASELINE)], id="compare"),
+    pytest.param(["history", "append", str(BASELINE), "--into", "history.jsonl"], id="history"),
+])
+def test_commands_that_read_ledgers_load_no_torch(argv, tmp_path):
+    code = (f"import sys; from replaytests.cli import main; code = main({argv!r}); "
+            f"assert code == 0, code; loaded = {HEAVY}; assert not loaded, loaded[:3]")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_pytest_run_without_replay_tests_loads_no_torch(pytester):
+    pytester.makepyfile(test_plain=f"import sys\n\n\ndef test_one():\n    loaded = {HEAVY}\n"
+                                   "    assert not loaded, loaded\n")
+    result = pytester.runpytest_subprocess("test_plain.py", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-2000:]
+
+
+def test_every_option_has_a_namespaced_spelling_and_a_short_alias(pytester):
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*--replay-model=*", "*--replay-precision=*", "*--replay-report-dir=*",
+                                 "*--model=* alias of --replay-model", "*--bank=* alias of --replay-bank"])
+
+
+def test_a_conftest_that_registers_a_short_name_keeps_it(pytester):
+    pytester.makeconftest("def pytest_addoption(parser):\n"
+                          "    parser.addoption('--model', default='mine')\n"
+                          "    parser.addoption('--device', default='gpu0')\n")
+    pytester.makepyfile(test_mine="def test_mine(request):\n"
+                                  "    assert request.config.getoption('model') == 'theirs'\n"
+                                  "    assert request.config.getoption('device') == 'gpu0'\n")
+    result = pytester.runpytest_subprocess("test_mine.py", "-p", "no:cacheprovider", "--model", "theirs")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-2000:]
+    warnings = [line for line in result.stdout.lines if "belong to another plugin or conftest" in line]
+    assert len(warnings) == 1 and "--model, --device" in warnings[0] and "--replay-model, --replay-device" in \
+        warnings[0], warnings
