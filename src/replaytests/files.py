@@ -53,6 +53,16 @@ def write_json_atomic(path: Path, value: object, sort_keys: bool = True) -> None
     write_atomic(path, json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
 
 
+def read_text(path: Path, what: str, error: type[Exception]) -> str:
+    """A UTF-8 text file; a file that cannot be read is `error`, one line naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
 def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[int, dict]]:
     """(line number, object) of each non-blank line of a JSONL text; a line that is not a JSON object
     is `error`, naming the file and the line."""

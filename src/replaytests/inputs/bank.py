@@ -16,7 +16,7 @@ from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.hf_adapter import TOKENIZER_FILES
 from replaytests.engine.protocol import Grammar, parse_prefix
 from replaytests.errors import BankError, ConfigError, short
-from replaytests.files import jsonl_objects, sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
+from replaytests.files import jsonl_objects, read_text, sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
 from replaytests.inputs.contract import Contract
 
 BANK_SCHEMA = "replaytests.bank/1"
@@ -48,12 +48,7 @@ class BankRow:
 
 
 def _read_jsonl(path: Path, what: str) -> list[tuple[str, dict]]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BankError(f"{path}: cannot read {what}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise BankError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    text = read_text(path, what, BankError)
     objects = [(f"{path}:{number}", obj) for number, obj in jsonl_objects(path, text, BankError)]
     if not objects:
         raise BankError(f"{path}: no {what} rows")

@@ -18,7 +18,7 @@ import yaml
 
 from replaytests.engine.blocks import DELIMITER_NAMES, Caps
 from replaytests.errors import ConfigError, short
-from replaytests.files import sha256_json
+from replaytests.files import read_text, sha256_json
 from replaytests.inputs.cpu_isa import LEVELS
 from replaytests.inputs.gates import Gates
 
@@ -343,12 +343,7 @@ class _Loader(yaml.SafeLoader):
 
 
 def _read_yaml(path: Path) -> object:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read contract: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    text = read_text(path, "contract", ConfigError)
     try:
         return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only, never objects
     except yaml.YAMLError as exc:

@@ -13,7 +13,7 @@ from html import escape
 from pathlib import Path
 
 from replaytests.errors import ReplaytestsError, short
-from replaytests.files import sha256_file, write_atomic
+from replaytests.files import read_text, sha256_file, write_atomic
 from replaytests.outputs import ledger, report
 from replaytests.outputs import report_html as svg  # the report page's SVG drawing and HTML helpers
 from replaytests.outputs.rundir import ledger_of
@@ -80,16 +80,9 @@ def _problem(entry_: dict) -> str | None:
     return None
 
 
-def _text(path: Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise HistoryError(f"{path}: cannot read history: {exc.strerror}") from None
-
-
 def read_history(path: Path) -> list[dict]:
     """The runs of a history file, in date order."""
-    entries = _parse(path, _text(path))
+    entries = _parse(path, read_text(path, "history", HistoryError))
     if not entries:
         raise HistoryError(f"{path}: empty history (no runs)")
     return sorted(entries, key=lambda e: e["date"])
@@ -97,7 +90,7 @@ def read_history(path: Path) -> list[dict]:
 
 def append(source: Path, into: Path, label: str | None = None, date: str | None = None) -> dict:
     """Add one run to the history (created if missing), atomically; the same ledger twice is refused."""
-    text = _text(into) if Path(into).exists() else ""
+    text = read_text(into, "history", HistoryError) if Path(into).exists() else ""
     new = entry(source, label, date)
     if same := next((e for e in _parse(into, text) if e["ledger_sha256"] == new["ledger_sha256"]), None):
         raise HistoryError(f"{into}: this ledger is already in the history (run of {same['date']}, label "

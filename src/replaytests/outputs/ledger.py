@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from replaytests.errors import LedgerError, short
-from replaytests.files import jsonl_objects, write_jsonl_atomic
+from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
 
 SCHEMA = "replaytests.ledger/2"
 READABLE = ("replaytests.ledger/1", SCHEMA)
@@ -58,10 +58,4 @@ def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...], 
 
 def read_ledger(path: Path, problem: Callable[[dict], str | None] | None = None) -> list[dict]:
     """A ledger's records; `problem` rejects the unreadable ones, naming the line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise LedgerError(f"{path}: cannot read ledger: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise LedgerError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    return parse_versioned_jsonl(path, text, READABLE, LedgerError, problem)
+    return parse_versioned_jsonl(path, read_text(path, "ledger", LedgerError), READABLE, LedgerError, problem)
