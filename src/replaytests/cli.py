@@ -106,7 +106,7 @@ def _compare(args: argparse.Namespace) -> int:
     from replaytests.outputs.compare import compare_paths
 
     result = compare_paths(args.baseline, args.new, args.level, args.contract, args.allow_changes)
-    print(result.text())
+    print(result.text(args.verbose))
     return 0 if result.passed else 1
 
 
@@ -184,6 +184,7 @@ def parser() -> argparse.ArgumentParser:
                          help="contract whose gates.transplant applies. Default: the contract defaults")
     compare.add_argument("--allow-changes", action="store_true",
                          help="a deliberate runtime or hardware change: changed records are noted, not failed")
+    compare.add_argument("--verbose", action="store_true", help="every reason, not a few of each kind")
 
     history = sub.add_parser("history", help="nightly history: one line per run, shown as a table and a plot")
     actions = history.add_subparsers(dest="action", required=True)

@@ -107,7 +107,8 @@ def test_frozen_manifest_records_the_bank_sha256(frozen):
 
 def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
     """The bank's live boundaries hold platform-specific numbers: the manifest says where they were made."""
-    from replaytests.inputs.environment import capture, platform_of
+    from replaytests.inputs.environment import capture
+    from replaytests.inputs.platforms import platform_of
 
     platform = json.loads(manifest_path(frozen[1]).read_text(encoding="utf-8"))["platform"]
     assert platform == platform_of(capture(tiny_contract)), f"manifest platform {platform}"

@@ -16,7 +16,7 @@ from test_report import comparison, record, write_ledger_file
 
 from replaytests.cli import main
 from replaytests.inputs.contract import default_gates
-from replaytests.outputs.compare import compare, gates_of
+from replaytests.outputs.compare import causes, compare, gates_of
 
 CONTRACT = Path(__file__).resolve().parents[2] / "contracts" / "cpu-tiny.yaml"
 # family: (headline pair, replica pairs)
@@ -55,9 +55,9 @@ def test_identical_runs_pass_with_a_verdict_table():
     result = compare(run(), run())
     assert result.passed, f"identical runs failed: {result.reasons}"
     lines = result.text().splitlines()
-    assert lines[0].split() == ["family", "precision", "measure", "rows", "baseline", "new", "p", "verdict"], lines[0]
-    assert lines[-1] == "PASS", lines[-1]
-    verdicts = {line.split()[-1] for line in lines[1:-1]}
+    assert (lines[0], lines[-1]) == ("PASS", "PASS"), (lines[0], lines[-1])
+    assert lines[2].split() == ["family", "precision", "measure", "rows", "baseline", "new", "p", "verdict"], lines[2]
+    verdicts = {line.split()[-1] for line in lines[3:-1]}
     assert verdicts == {"ok"}, f"verdicts of a passing comparison: {verdicts}"
 
 
@@ -186,15 +186,30 @@ def runs(tmp_path):
     return baseline, new
 
 
-def test_cli_compare_fails_with_one_reason_per_line(runs, capsys):
+def test_cli_compare_names_the_root_cause_first_and_a_few_examples(runs, capsys):
     baseline, new = runs
     code = main(["compare", str(baseline), str(new / "ledger.jsonl")])
     lines = capsys.readouterr().out.splitlines()
-    reasons = [line for line in lines if line.startswith("reason: ")]
-    assert (code, lines[-1]) == (1, f"FAIL: {len(reasons)} reasons"), f"exit {code}, last line {lines[-1]!r}"
+    cause = "the platform: software.torch 2.12 (baseline) vs 2.13 (new)"
+    assert (code, lines[0], lines[-1]) == (1, f"FAIL: 13 reasons; the runs differ in {cause}", "FAIL: 13 reasons"), (
+        code, lines[0], lines[-1])
+    assert f"cause: {cause}" in lines, lines[:4]
+    changed = [line for line in lines if line.startswith("reason: changed: ")]
+    assert len(changed) == 3 and "reason: ... and 9 more changed reasons (--verbose lists them)" in lines, changed
+    rates = [line for line in lines if line.startswith("reason: divergence rate changed beyond chance")]
+    assert len(rates) == 1, rates
+
+
+def test_cli_compare_verbose_lists_every_reason(runs, capsys):
+    baseline, new = runs
+    assert main(["compare", str(baseline), str(new), "--verbose"]) == 1
+    reasons = [line for line in capsys.readouterr().out.splitlines() if line.startswith("reason: ")]
     assert len(reasons) == 13, f"12 changed rows and one rate change: {reasons}"
-    assert ("note: platform differs: baseline {'software.torch': '2.12'}, new {'software.torch': '2.13'}"
-            in lines), lines
+
+
+def test_a_contract_that_moved_is_no_cause(tmp_path):
+    run = {"contract": {"name": "c", "path": "/a/c.yaml", "sha256": "1" * 64}, "platform": {"software.torch": "2"}}
+    assert causes(run, run | {"contract": run["contract"] | {"path": "/b/c.yaml"}}) == [], "a path alone is no cause"
 
 
 def test_cli_compare_passes_identical_runs(runs, capsys):

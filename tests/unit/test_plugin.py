@@ -147,6 +147,25 @@ def test_json_report_carries_metrics(tmp_path):
     assert metadata[0]["comparisons"]["prefill~prefill_replica"]["cache_exact"] is True, metadata[0]
 
 
+@pytest.mark.slow  # spawns a whole run
+def test_junit_xml_carries_row_precision_and_divergence(tmp_path):
+    """Each conformance test's JUnit properties name its record (family, row, precision) and carry the
+    headline pair's first divergence and margins, not the whole record."""
+    out = tmp_path / "junit.xml"
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "-k", "test_incremental_vs_prefill_suffix",
+                              f"--junitxml={out}", "--rows", "1")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    import xml.etree.ElementTree as ET
+
+    cases = ET.parse(out).getroot().iter("testcase")
+    properties = {p.get("name"): p.get("value") for case in cases for p in case.iter("property")}
+    key = "replaytests.crossing.tiny-000.fp32"
+    assert properties.get(f"{key}.status") == "ok", properties
+    assert f"{key}.incremental~prefill.first_divergence" in properties, sorted(properties)
+    assert f"{key}.incremental~prefill.margins_at_divergence" in properties, sorted(properties)
+    assert not any(value.startswith("{") for value in properties.values()), "a whole record rode into the XML"
+
+
 def test_marker_selects_one_fidelity_layer(pytester):
     result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "-m", "token_identity",
                                 "--collect-only", "-q")
@@ -158,10 +177,12 @@ def test_gpu_targets_skip_with_one_reason_without_cuda(pytester):
     """`pytest -m gpu` takes the GPU contract; without CUDA every target is skipped, exit 0."""
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "-m", "gpu", "-rs")
+    result = pytester.runpytest("--pyargs", "replaytests.conformance", *ROWS, "-m", "gpu")
     assert result.ret == pytest.ExitCode.OK, f"exit {result.ret}:\n{result.stdout.str()[-2000:]}"
-    reasons = {line.rpartition(": ")[2] for line in result.stdout.lines if line.startswith("SKIPPED")}
-    assert len(reasons) == 1 and "runs on 'cuda' but CUDA is not available here" in reasons.pop(), reasons
+    reasons = [line.removeprefix("skipped: ") for line in result.stdout.lines if line.startswith("skipped: ")]
+    assert len(reasons) == 1 and "runs on 'cuda' but CUDA is not available here" in reasons[0], (
+        f"without -rs, the summary should name the one skip reason:\n{result.stdout.str()[-2000:]}")
+    result.stdout.fnmatch_lines(["*replaytests: every selected test was skipped*"])
     assert "deselected" not in result.stdout.str().splitlines()[-1], "some GPU targets were not selected"
 
 

@@ -83,29 +83,6 @@ def _differences(wanted: dict, actual: dict, path: str):
             yield Drift(where, value, actual[key])
 
 
-# The fields of a captured environment that decide a run's numbers: artifacts that hold numbers (a
-# frozen bank, a baseline ledger) record them as their platform, and are checked only on the same one.
-PLATFORM = {"cpu": ("hardware.device_kind", "environment.cpu_isa", "environment.cpu_threads", "software.torch",
-                    "software.transformers"),
-            "cuda": ("hardware.device_kind", "hardware.gpu_name", "hardware.compute_capability", "software.torch",
-                     "software.transformers", "software.cuda")}
-
-
-def platform_of(env: dict) -> dict:
-    """The platform of a captured environment: its PLATFORM fields, keyed by their dotted paths."""
-    kind = env["hardware"]["device_kind"] or env["environment"]["device"].split(":")[0]
-    return {path: _lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
-
-
-def platform_differences(recorded: dict | None, here: dict, artifact: str) -> list[str]:
-    """One line per platform field where the artifact's recorded platform differs from this run's
-    (`artifact` names it in the line); empty where they are the same."""
-    if not isinstance(recorded, dict):
-        return [f"{artifact} records no platform (made before replaytests recorded platforms)"]
-    return [f"{path} {show(recorded.get(path))} ({artifact}) vs {show(here.get(path))} (here)"
-            for path in sorted(recorded.keys() | here.keys()) if recorded.get(path) != here.get(path)]
-
-
 def describe(contract: Contract, env: dict) -> list[str]:
     """The environment beside the contract, one line per captured field, then one line per drift."""
     rows = [(path, _lookup(contract.settings, path), value) for path, value in _leaves(env, "")]
@@ -181,8 +158,8 @@ def _hardware(device: str) -> dict:
                 "onednn_max_cpu_isa": os.environ.get(cpu_isa.ONEDNN)}
     if kind != "cuda":
         return hardware
-    if not gpus:
-        return hardware | {"device_kind": None}
+    if not gpus:  # the contract's CUDA device is absent: the machine has a CPU only
+        return hardware | {"device_kind": "cpu"}
     index = torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
     return hardware | {"gpu_name": torch.cuda.get_device_name(index),

@@ -1,6 +1,6 @@
 """Freezing a bank: live-generate each problem to the merge boundary at BF16 (physical batch 2).
 
-The manifest records the platform the boundaries were generated on (environment.PLATFORM): the
+The manifest records the platform the boundaries were generated on (platforms.PLATFORM): the
 bank's live re-freeze is a check only on that platform. The caller pins the contract's CPU
 instruction set first (cpu_isa.apply).
 """
@@ -14,7 +14,7 @@ from replaytests.engine.decoder import suffix_room
 from replaytests.engine.protocol import prompt_block
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import BankError
-from replaytests.inputs import environment
+from replaytests.inputs import environment, platforms
 from replaytests.inputs.bank import BankRow, read_problems, write_bank
 from replaytests.inputs.contract import load_contract
 
@@ -40,6 +40,6 @@ def freeze(model_dir: Path, problems_path: Path, contract_path: Path, out: Path)
                             f"with its delimiters; at most {longest} fit the model's positions with these caps")
         boundary = constructions.live(runtime, block)
         rows.append(BankRow(problem.id, boundary.tokens, boundary.roles, problem.expected_answer))
-    platform = environment.platform_of(environment.capture(contract, str(runtime.device), runtime.model))
+    platform = platforms.platform_of(environment.capture(contract, str(runtime.device), runtime.model))
     write_bank(out, rows, model_dir, runtime.grammar, contract, PRECISION, platform)
     return rows

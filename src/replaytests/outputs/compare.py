@@ -5,7 +5,12 @@ bit-exact, a record present in both runs changed (a trajectory, a digest or any 
 headline divergence rate changed beyond chance (exact McNemar on the rows paired by id), donor
 recovery fell below its gate (or more transplant controls than allowed took a third trajectory), or a
 whole family/precision of the baseline is missing. Rows present in one run only are noted, not
-failed. A verdict table is printed either way (docs/nightly.md).
+failed.
+
+The text explains before it lists: its first line is the result with the root cause when there is one
+(the platform, the inputs or the contract differ between the two run.json files), then the causes,
+the per-family, per-quantity table with counts, then at most a few examples of each kind of reason
+(all of them with `verbose`), and the result again as the last line (docs/nightly.md).
 """
 
 from __future__ import annotations
@@ -17,9 +22,21 @@ from pathlib import Path
 
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import BRIDGE_PAIR, Gates, inexact, replica_pairs
+from replaytests.inputs.platforms import platform_differences
 from replaytests.outputs import ledger
 from replaytests.outputs.audit import audit_record
-from replaytests.outputs.report import DIVERGENCES, FLAGS, SHAPES, Table, collate, mcnemar_paired, plain, read_run
+from replaytests.outputs.report import (
+    DIVERGENCES,
+    FLAGS,
+    MANIFEST_DIGESTS,
+    SHAPES,
+    Table,
+    collate,
+    get_path,
+    mcnemar_paired,
+    plain,
+    read_run,
+)
 
 LEVEL = 0.05
 TRANSPLANT = "transplant"
@@ -57,20 +74,38 @@ class Verdict:
         return (*self.group, self.measure, str(self.rows), *counts, "-" if self.p is None else f"{self.p:.3g}", verdict)
 
 
+EXAMPLES = 3  # reasons shown of each kind without --verbose
+
+
 @dataclass
 class Comparison:
     lines: list[Verdict] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)  # what differs between the runs' run.json (platform, inputs)
 
     @property
     def passed(self) -> bool:
         return not self.reasons
 
-    def text(self) -> str:
-        out = [plain(Table("verdict", HEADER, tuple(line.cells() for line in self.lines)))]
-        out += [f"note: {note}" for note in self.notes] + [f"reason: {reason}" for reason in self.reasons]
-        return "\n".join([*out, "PASS" if self.passed else f"FAIL: {len(self.reasons)} reasons"])
+    @property
+    def result(self) -> str:
+        return "PASS" if self.passed else f"FAIL: {len(self.reasons)} reasons"
+
+    def text(self, verbose: bool = False) -> str:
+        first = self.result + (f"; the runs differ in {self.causes[0]}" if self.causes else "")
+        out = [first, *(f"cause: {cause}" for cause in self.causes), "",
+               plain(Table("verdict", HEADER, tuple(line.cells() for line in self.lines)))]
+        out += [f"note: {note}" for note in self.notes]
+        kinds: dict[str, list[str]] = defaultdict(list)
+        for reason in self.reasons:
+            kinds[reason.partition(":")[0]].append(reason)
+        for kind, reasons in kinds.items():
+            shown = reasons if verbose else reasons[:EXAMPLES]
+            out += [f"reason: {reason}" for reason in shown]
+            if len(reasons) > len(shown):
+                out.append(f"reason: ... and {len(reasons) - len(shown)} more {kind} reasons (--verbose lists them)")
+        return "\n".join([*out, self.result])
 
 
 def _groups(records: list[dict]) -> dict[Group, dict[str, dict]]:
@@ -186,11 +221,24 @@ def _presence(out: Comparison, base: dict[Group, dict], new: dict[Group, dict]) 
                 out.notes.append(f"{'/'.join(group)}: new in this run ({len(rows)} records)")
 
 
-def _environment(out: Comparison, base_run: dict | None, new_run: dict | None) -> None:
-    for name in ("contract", "platform"):
-        before, after = (run.get(name) if run else None for run in (base_run, new_run))
-        if before is not None and after is not None and before != after:
-            out.notes.append(f"{name} differs: baseline {before}, new {after}")
+def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
+    """What differs between two runs' run.json that explains changed numbers: the platform, the
+    inputs (bank, model, tokenizer digests) and the contract (by sha256, not by path)."""
+    if not base_run or not new_run:
+        return []
+    out = []
+    if base_run.get("platform") != new_run.get("platform"):
+        differences = platform_differences(base_run.get("platform"), new_run.get("platform") or {}, "baseline", "new")
+        out.append("the platform: " + "; ".join(differences))
+    for name, path in MANIFEST_DIGESTS.items():
+        before, after = (get_path(run.get("manifest") or {}, *path) for run in (base_run, new_run))
+        if before != after and name != "contract_sha256":
+            out.append(f"the input {name.removesuffix('_sha256')}: sha256 {str(before)[:12]}… (baseline) vs "
+                       f"{str(after)[:12]}… (new)")
+    before, after = ((run.get("contract") or {}).get("sha256") for run in (base_run, new_run))
+    if before != after:
+        out.append(f"the contract: sha256 {str(before)[:12]}… (baseline) vs {str(after)[:12]}… (new)")
+    return out
 
 
 def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: Gates | None = None,
@@ -218,7 +266,8 @@ def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: 
 
 def compare_paths(baseline: Path, new: Path, level: float = LEVEL, contract: Path | None = None,
                   allow_changes: bool = False) -> Comparison:
-    """compare() on two ledgers (files or run directories), noting a contract or version change."""
+    """compare() on two ledgers (files, run directories or report roots), with the causes their
+    run.json files give."""
     out = compare(collate([baseline]), collate([new]), level, gates_of(contract), allow_changes)
-    _environment(out, read_run(baseline), read_run(new))
+    out.causes = causes(read_run(baseline), read_run(new))
     return out

@@ -329,7 +329,7 @@ def _fmt_positions(spread: dict | None) -> str:
     return f"{spread['median']:g} ({spread['min']:g}-{spread['max']:g}), n = {spread['n']}"
 
 
-def _get(summary: dict, *path: str):
+def get_path(summary: dict, *path: str):
     for step in path:
         summary = summary.get(step) if isinstance(summary, dict) else None
     return summary
@@ -344,11 +344,11 @@ class Line(NamedTuple):
 
 
 def _pair_cell(name: str, fmt: Callable = fmt_proportion, *path: str) -> Callable[[dict, str], str]:
-    return lambda s, pair: fmt(_get(s, "pairs", pair, name, *path))
+    return lambda s, pair: fmt(get_path(s, "pairs", pair, name, *path))
 
 
 def _rel_l2(s: dict, pair: str) -> str:
-    cells = [_fmt_number(_get(s, "pairs", pair, name, "median")) for name in ("k_rel_l2", "v_rel_l2")]
+    cells = [_fmt_number(get_path(s, "pairs", pair, name, "median")) for name in ("k_rel_l2", "v_rel_l2")]
     return "-" if cells == ["-", "-"] else " / ".join(cells)
 
 
@@ -371,14 +371,14 @@ TABLE_NOTE = ("k/n = rate [Wilson 95% CI]; paired differences: percentile bootst
 
 
 def _accuracy_lines(first: str, second: str) -> list[Line]:
-    return [*(Line(f"accuracy {arm}", lambda s, pair, a=arm: fmt_proportion(_get(s, "accuracy", "arms", a)))
+    return [*(Line(f"accuracy {arm}", lambda s, pair, a=arm: fmt_proportion(get_path(s, "accuracy", "arms", a)))
               for arm in (first, second)),
             Line(f"accuracy {second} - {first}, paired", lambda s, pair: _fmt_paired(s.get("accuracy")))]
 
 
 def _headline_table(family: str, pair: str, summary: dict) -> Table:
     precisions = list(summary["precisions"])
-    reduction = _get(summary, "reductions", pair, "metrics")
+    reduction = get_path(summary, "reductions", pair, "metrics")
     accuracy = SHAPES[family].accuracy
     lines = [*HEADLINE_LINES, *(_accuracy_lines(*accuracy) if accuracy else ())]
     rows = [(line.label, *(line.cell(summary["precisions"][p], pair) for p in precisions),
@@ -397,7 +397,7 @@ def _pairs_table(family: str, summary: dict) -> Table:
     rows = tuple(
         (precision, pair, str(s["rows"]), *(fmt_proportion(s.get(n)) for n in ("cache_exact", "logits_exact",
                                                                                  *DIVERGENCES)),
-         _fmt_number(_get(s, "cache_max_abs", "max")), _fmt_positions(s.get("first_divergence")))
+         _fmt_number(get_path(s, "cache_max_abs", "max")), _fmt_positions(s.get("first_divergence")))
         for precision, p in summary["precisions"].items() for pair, s in p["pairs"].items())
     return Table(f"{family}: every pair", PAIR_COLUMNS, rows)
 
@@ -506,7 +506,7 @@ def run_meta(run: dict) -> dict:
     each for software and device, the options to those given; every other key as given."""
     meta = dict(run)
     if isinstance(run.get("manifest"), dict):
-        digests = {name: _get(run["manifest"], *path) for name, path in MANIFEST_DIGESTS.items()}
+        digests = {name: get_path(run["manifest"], *path) for name, path in MANIFEST_DIGESTS.items()}
         meta["manifest"] = {name: value for name, value in digests.items() if value is not None}
     if isinstance(run.get("environment"), dict) and {"software", "hardware"} <= set(run["environment"]):
         meta["environment"] = _environment_lines(run["environment"])

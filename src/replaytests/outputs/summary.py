@@ -12,6 +12,7 @@ from replaytests.outputs.report import Table, fmt_proportion, plain
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
 METRICS = ("cache_exact", "logits_exact", "k_rel_l2", "v_rel_l2", "logits_max_abs", "suffix_equal",
+           "margins_at_divergence",
            "first_divergence", "answer_equal", "correct_equal")
 
 

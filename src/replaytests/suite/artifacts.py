@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.outputs import ledger, report, summary, verdict
 from replaytests.suite.session import ReplaySession
@@ -22,6 +23,7 @@ class Gathered:
     audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
     outcomes: dict[str, int] = field(default_factory=dict)  # pytest outcome -> count
     failures: list[dict] = field(default_factory=list)  # verdict.failure of each failing test
+    skips: set[str] = field(default_factory=set)  # the distinct skip reasons
 
     def add(self, properties: list[tuple[str, str]], record_property: str, audit_property: str) -> None:
         self.records += [json.loads(v) for n, v in properties if n == record_property]
@@ -29,6 +31,31 @@ class Gathered:
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+def properties(user_properties: list[tuple[str, object]], record_property: str,
+               audit_property: str) -> list[tuple[str, object]]:
+    """A test's properties as a JUnit XML or JSON report carries them: each record it read as its key,
+    status and, per headline pair, the first divergence and the decision margins there; an audit as
+    the leaves that changed. Properties of other plugins are kept as they are."""
+    out = []
+    for name, value in user_properties:
+        if name == record_property:
+            record = json.loads(value)
+            key = f"replaytests.{record['family']}.{record['row']}.{record['precision']}"
+            out.append((f"{key}.status", record["status"]))
+            for pair in FAMILIES.get(record["family"], FAMILIES["crossing"]).headline:
+                metrics = record.get("comparisons", {}).get(pair)
+                if metrics:
+                    out += [(f"{key}.{pair}.first_divergence", metrics["first_divergence"]),
+                            (f"{key}.{pair}.margins_at_divergence", metrics["margins_at_divergence"])]
+        elif name == audit_property:
+            audit = json.loads(value)
+            out.append((f"replaytests.audit.{'.'.join(audit['key'])}", f"{audit['changes']} of {audit['leaves']} "
+                                                                     "leaves changed"))
+        else:
+            out.append((name, value))
+    return out
 
 
 def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool) -> dict:

@@ -406,19 +406,24 @@ class LedgerCollector:
         self.verdict: dict | None = None
         self.run: Path | None = None
 
+    @pytest.hookimpl(tryfirst=True)  # before junitxml reads the report's properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if session_key not in self.config.stash:  # not a replay run: nothing to gather
-            return
-        from replaytests.suite.artifacts import Gathered
+        if session_key not in self.config.stash or hasattr(self.config, "workerinput"):
+            return  # not a replay run, or a worker (its controller gathers)
+        from replaytests.suite.artifacts import Gathered, properties
 
         self.gathered = self.gathered or Gathered()
         if report.when == "call":
             self.gathered.add(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
+        # The records rode here as JSON; a JUnit XML or JSON report gets their key facts instead.
+        report.user_properties = properties(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
         outcome = _outcome(report)
         if outcome:
             self.gathered.count(outcome)
         if outcome in ("failed", "error"):
             self.gathered.failures.append(verdict.failure(report.nodeid, _message(report)))
+        if outcome == "skipped" and isinstance(report.longrepr, tuple):
+            self.gathered.skips.add(str(report.longrepr[2]).removeprefix("Skipped: "))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Write the run into a directory of its own; move `latest` to it only if the run completed."""
@@ -439,6 +444,10 @@ class LedgerCollector:
                 root.release()
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.gathered and set(self.gathered.outcomes) == {"skipped"}:  # say why nothing ran
+            terminalreporter.write_sep("=", "replaytests: every selected test was skipped")
+            for reason in sorted(self.gathered.skips):
+                terminalreporter.write_line(f"skipped: {reason}")
         if self.verdict is None:
             return
         from replaytests.suite.artifacts import terminal_lines

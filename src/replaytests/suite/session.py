@@ -21,7 +21,7 @@ from replaytests.engine.runtime import Runtime
 from replaytests.errors import ConfigError, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
-from replaytests.inputs import cpu_isa, environment
+from replaytests.inputs import cpu_isa, environment, platforms
 from replaytests.inputs.bank import BankRow, read_bank
 from replaytests.inputs.contract import Contract, load_contract
 from replaytests.inputs.gates import PASS, Judgement, artifact
@@ -132,18 +132,18 @@ class ReplaySession:
     @functools.cached_property
     def platform(self) -> dict:
         """The fields of this run's environment that decide its numbers (environment.PLATFORM)."""
-        return environment.platform_of(self.environment)
+        return platforms.platform_of(self.environment)
 
     @functools.cached_property
     def bank_platform(self) -> list[str]:
         """Where this run's platform differs from the one the bank was frozen on (empty: the same)."""
-        return environment.platform_differences(self.manifest.get("platform"), self.platform, "bank")
+        return platforms.platform_differences(self.manifest.get("platform"), self.platform, "bank")
 
     @functools.cached_property
     def baseline_platform(self) -> list[str]:
         """Where this run's platform differs from the one that recorded the baseline (its run.json)."""
         run = read_run(self.options.baseline_ledger) if self.options.baseline_ledger else None
-        return environment.platform_differences((run or {}).get("platform"), self.platform, "baseline")
+        return platforms.platform_differences((run or {}).get("platform"), self.platform, "baseline")
 
     def refreezes(self, precision: str) -> bool:
         """Whether live generation at this precision re-freezes the bank: the bank's precision and caps."""

@@ -1,0 +1,37 @@
+"""The platform of a run: the fields of its environment that decide its numbers (no torch).
+
+Artifacts that hold numbers (a frozen bank, a baseline ledger, a run) record their platform, and a
+check against one is a check only on the same platform (docs/contract.md, `environment.cpu_isa`).
+"""
+
+from __future__ import annotations
+
+from replaytests.inputs.contract import show
+
+PLATFORM = {"cpu": ("hardware.device_kind", "environment.cpu_isa", "environment.cpu_threads", "software.torch",
+                    "software.transformers"),
+            "cuda": ("hardware.device_kind", "hardware.gpu_name", "hardware.compute_capability", "software.torch",
+                     "software.transformers", "software.cuda")}
+
+
+def _lookup(tree: dict, path: str):
+    for key in path.split("."):
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def platform_of(env: dict) -> dict:
+    """The platform of a captured environment: its PLATFORM fields, keyed by their dotted paths."""
+    kind = env["hardware"]["device_kind"] or env["environment"]["device"].split(":")[0]
+    return {path: _lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
+
+
+def platform_differences(recorded: dict | None, here: dict, artifact: str, here_name: str = "here") -> list[str]:
+    """One line per platform field where the artifact's recorded platform differs from this one
+    (`artifact` and `here_name` name the two in the line); empty where they are the same."""
+    if not isinstance(recorded, dict):
+        return [f"{artifact} records no platform (made before replaytests recorded platforms)"]
+    return [f"{path} {show(recorded.get(path))} ({artifact}) vs {show(here.get(path))} ({here_name})"
+            for path in sorted(recorded.keys() | here.keys()) if recorded.get(path) != here.get(path)]
