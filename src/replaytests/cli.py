@@ -47,6 +47,10 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
     argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider"]
     if args.workers != "1":
         argv += ["-n", str(args.workers), "--dist", "loadgroup"]
+    # Progress: a bar on a terminal (pytest's own percentages off: the bar counts), plain lines in a log or CI.
+    on_terminal = sys.stdout.isatty() and not os.environ.get("CI")
+    argv += ["--replay-progress", "bar", "-o", "console_output_style=classic"] if on_terminal else [
+        "--replay-progress", "lines"]
     # The run's directory is named here, so that its verdict and reports can be printed afterwards.
     args.run_name = args.run_name or f"{datetime.now(UTC):%Y%m%d-%H%M%S}-audit-{secrets.token_hex(3)}"
     for name in ("model", "bank", "contract", "precision", "rows", "device", "report_dir", "run_name"):

@@ -59,6 +59,30 @@ def test_append_without_run_json_or_date(nights, tmp_path):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", entry["date"]), f"default date {entry['date']}"
 
 
+def test_append_dates_and_labels_a_run_by_its_run_json(nights, tmp_path):
+    """A run directory's own start time and name date and label its line (not the time of appending)."""
+    run = RUN_JSON | {"run": {"name": "20260102-020000-audit", "started": "2026-01-02T02:00:00+00:00"}}
+    (nights[1] / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    entry = history.append(nights[1], tmp_path / "h.jsonl")
+    assert (entry["date"], entry["label"]) == ("2026-01-02T02:00:00+00:00", "20260102-020000-audit"), entry
+    given = history.entry(nights[1], "v2", "2026-02-01")
+    assert (given["date"], given["label"]) == ("2026-02-01T00:00:00", "v2"), "--date and --label win"
+
+
+def test_causal_outcomes_are_tracked(repo, tmp_path, capsys):
+    """The committed baseline's transplant and replication outcomes reach the history and its table."""
+    into = tmp_path / "h.jsonl"
+    entry = history.append(repo / "fixtures" / "ledgers" / "cpu-tiny", into)
+    assert set(entry["causal"]) == {"transplant", "replication"}, entry["causal"]
+    assert entry["causal"]["replication"]["label"] in ("strong replication", "replicated, not strong",
+                                                       "not replicated"), entry["causal"]["replication"]
+    rows = history.table(history.read_history(into)).rows
+    cells = {row[2]: row[-1] for row in rows}
+    assert cells["transplant"].startswith("follows donor ") and "third 0/" in cells["transplant"], cells
+    assert cells["replication"].endswith(entry["causal"]["replication"]["label"]), cells
+    assert cells["crossing"] == "-", cells
+
+
 def test_append_refuses_the_same_run_twice(nights, tmp_path, capsys):
     into = tmp_path / "history.jsonl"
     assert main(["history", "append", str(nights[0]), "--into", str(into), "--date", "2026-01-02"]) == 0
@@ -99,10 +123,12 @@ def filled(nights, tmp_path):
 def test_show_prints_one_line_per_run_family_and_precision_in_date_order(filled, capsys):
     assert main(["history", "show", str(filled)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:5] == ["date", "label", "family", "precision", "pair"], out[0]
+    assert out[0].split()[:5] == ["date", "label", "family", "precision", "rows"], out[0]
     crossing = [line for line in out if " crossing " in line]
     assert [line[:16] for line in crossing] == ["2026-01-02 02:00", "2026-01-03 02:00"], crossing
-    assert "3/12 = 25.0% [8.9, 53.2]" in crossing[0] and "6/12 = 50.0% [25.4, 74.6]" in crossing[1], crossing
+    cells = [re.split(r"\s{2,}", line) for line in crossing]
+    assert cells[0][6:10] == ["12/12", "3/12", "0/12", "0/12"], crossing[0]
+    assert cells[1][7] == "6/12", crossing[1]
     assert len(out) == 5, f"header and 2 runs x (crossing, bridge): {out}"
 
 
@@ -111,10 +137,11 @@ def test_show_writes_a_standalone_page_with_a_plot_per_series(filled, tmp_path, 
     assert main(["history", "show", str(filled), "--html", str(page)]) == 0, capsys.readouterr().err
     html = page.read_text(encoding="utf-8")
     titles = re.findall(r"<svg [^>]*><title>([^<]*)</title>", html)
-    assert [t.split(":")[0] for t in titles] == ["crossing bf16 incremental~prefill", "bridge bf16 live~incremental"], \
-        titles
-    assert "2 runs in date order" in titles[0], titles[0]
-    assert len(re.findall(r"<circle ", html)) == 2 * 2 * 3, "a dot per run, series and divergence"
+    assert [t.split(":")[0] for t in titles] == ["crossing incremental~prefill", "bridge live~incremental"], titles
+    points = re.findall(r"<title>([^<]*(?:suffix|answer): \d+/\d+)</title>", html)
+    assert len(points) == 2 * 2 * 2, f"a point per run, plot and measure (suffix, answer): {points}"
+    assert "night 1 bf16 suffix: 3/12" in points and "&lt;b&gt;night 2&lt;/b&gt; bf16 suffix: 6/12" in points, points
+    assert html.count("<polygon ") == 2 * 2, "each series' intervals as a band"
     assert "&lt;b&gt;night 2&lt;/b&gt;" in html and "<b>night" not in html, "the label is not escaped"
     assert not re.search(r"<script\b|\s(src|href)=", html), "the page is not standalone"
 

@@ -2,6 +2,7 @@
 
 import json
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,17 @@ def test_run_passes_and_prints_summary(two_row_run):
                  "live      fp32       2     0         2/2             0/2          0/2          0/2          0/2"):
         assert line in proc.stdout, f"summary line {line!r} missing from:\n{proc.stdout[-2000:]}"
     assert "replaytests contract: cpu-tiny" in proc.stdout, "the header does not name the contract"
+
+
+@pytest.mark.slow  # spawns a whole run
+def test_progress_lines_count_rows_per_family_and_precision(two_row_run):
+    """Not a terminal: plain progress lines, one as each family and precision completes its rows."""
+    proc, _ = two_row_run
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("replaytests progress: ")]
+    assert lines, f"no progress line:\n{proc.stdout[-2000:]}"
+    assert re.fullmatch(r"replaytests progress: \d+/\d+ tests, \d+s elapsed, ETA \w+; rows: .*", lines[-1]), lines[-1]
+    for group in ("live fp32 2/2", "crossing fp32 2/2", "bridge fp32 2/2", "batch fp32 2/2"):
+        assert group in lines[-1], f"{group!r} missing from the last progress line {lines[-1]!r}"
 
 
 @pytest.mark.slow  # spawns a whole run

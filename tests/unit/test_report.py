@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ import pytest
 from replaytests.cli import main
 from replaytests.errors import ConfigError, LedgerError
 from replaytests.outputs import ledger
-from replaytests.outputs.report import build_report, collate, markdown, report_meta, run_meta, write_report
+from replaytests.outputs.report import build_report, collate, report_meta, run_meta, write_report
+from replaytests.outputs.sections import markdown
 from replaytests.outputs.stats import wilson
 
 LAYERS = 3
@@ -268,7 +270,7 @@ def test_every_statistic_in_report_json_has_the_documented_shape(paper):
 
 @pytest.mark.parametrize("line", [
     pytest.param("| suffix divergence | 166/200 = 83.0% [77.2, 87.6] | 0/200 = 0.0% [0.0, 1.9] | "
-                 "+83.0 pp [+78.0, +88.0]; McNemar bf16 only 166 vs fp32 only 0, p = 2.14e-50 (200 rows) |",
+                 "+83.0 pp [+78.0, +88.0], p = 2.14e-50; bf16 only 166, fp32 only 0 (200 rows) |",
                  id="suffix-reduction"),
     pytest.param("| cache max \\|Δ\\| (max over rows) | 4.409 | 0.001857 |  |", id="cache-max-abs"),
     pytest.param("| first divergence, median (range) | 88 (4-453), n = 166 | none diverge |  |", id="first-divergence"),
@@ -282,7 +284,7 @@ def test_markdown_shows_the_papers_table(paper, line):
 def test_markdown_live_accuracy_difference(paper):
     lines = [line for line in markdown(paper).splitlines() if line.startswith("| accuracy prefill - live, paired |")]
     assert len(lines) == 1, f"accuracy difference lines {lines}"
-    expected = "+1.0 pp [-3.5, +5.5]; McNemar prefill only 11 vs live only 9, p = 0.824 (200 rows)"
+    expected = "+1.0 pp [-3.5, +5.5], p = 0.824; prefill only 11, live only 9 (200 rows)"
     assert lines[0].split(" | ")[1] == expected, lines[0]
 
 
@@ -311,9 +313,10 @@ def test_html_is_standalone_and_escaped(hostile):
 def test_html_has_the_three_kinds_of_plot(hostile):
     html = hostile[2].read_text(encoding="utf-8")
     titles = re.findall(r"<svg [^>]*><title>([^<]*)</title>", html)
-    kinds = {kind for kind in ("per-layer K and V", "first-divergence position", "Divergence rates")
-             if any(kind in t for t in titles)}
-    assert kinds == {"per-layer K and V", "first-divergence position", "Divergence rates"}, f"plots: {titles}"
+    titles = [unescape(t) for t in titles]
+    expected = {"per-layer K and V", "first-divergence position", "Divergence of each family's headline pair"}
+    kinds = {kind for kind in expected if any(kind in t for t in titles)}
+    assert kinds == expected, f"plots: {titles}"
 
 
 def test_markdown_escapes_table_pipes(hostile):
@@ -508,5 +511,5 @@ def test_transplant_and_replication_outcomes_are_tabled(repo):
     assert (recovery["k"], recovery["n"]) == (causal["transplant"]["divergent"],) * 2, recovery
     assert causal["replication"]["min_exact_controls"] == 6, causal["replication"]
     text = markdown(report)
-    for title in ("## transplant (BF16):", "## replication on the later checkpoint (BF16)"):
+    for title in ("### Transplant (Table 5), BF16:", "### Replication on a later checkpoint (Table 6), BF16"):
         assert title in text, f"report.md lacks {title!r}"

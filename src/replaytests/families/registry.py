@@ -26,6 +26,21 @@ VALIDITY_PAIRS = tuple(zip(SELF_TRANSPLANTS, TRANSPLANT_CONSTRUCTIONS, strict=Tr
 ROLES = ("divergent", "control")  # why a row is in the transplant panel
 
 
+# The four fidelity layers (pytest markers), in the order a report shows them, and what each checks.
+LAYERS = {
+    "replica": ("Replica stability", "Two executions of the same construction are bit-exact (cache, logits, "
+                "suffix); without it no other comparison means anything, so a failure here fails the run."),
+    "token_identity": ("Token identity", "Every construction consumed the same integer tokens, roles, "
+                       "visibility, positions and padding as the bank row; a row that fails a fail-closed check is "
+                       "excluded from every denominator, with its reason."),
+    "fidelity": ("Live-state fidelity", "Does a reconstruction preserve the state the live decoder reached? Live "
+                 "and incremental are expected bit-exact; prefill may differ at BF16 (the contract's gates say "
+                 "what is allowed)."),
+    "causal": ("Causal state sufficiency", "Does the cache carry the trajectory? Whole K/V caches transplanted "
+               "between incremental and prefill: a recipient that follows its donor shows the cache decides."),
+}
+
+
 @dataclass(frozen=True)
 class Family:
     """One experiment family, as every layer of the suite sees it."""
@@ -40,6 +55,7 @@ class Family:
     accuracy: tuple[str, str] | None = None  # report: (first, second) arms whose accuracies are compared
     reductions: bool = False  # report: BF16 -> FP32 reductions of its headline divergences
     headline_table: bool = True  # report: the paper's headline table (the causal families have their own)
+    title: str = ""  # as a report names it
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -63,18 +79,21 @@ _BATCH = ("incremental", "prefill")
 FAMILIES = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
                                                       ("live", "prefill")), ("live~prefill",), "live",
-           ("replica", "token_identity", "fidelity"), accuracy=("live", "prefill"), reductions=True),
+           ("replica", "token_identity", "fidelity"), accuracy=("live", "prefill"), reductions=True,
+           title="Live matrix: live vs prefill of the live prefix"),
     Family("crossing", _with_replicas("incremental", "prefill"), _CROSSING_PAIRS, (CROSS,), "all",
-           ("replica", "token_identity", "fidelity"), accuracy=("incremental", "prefill"), reductions=True),
+           ("replica", "token_identity", "fidelity"), accuracy=("incremental", "prefill"), reductions=True,
+           title="Fixed-prefix crossing (2x2: construction x precision)"),
     Family("bridge", ("live", "incremental"), (("live", "incremental"),), ("live~incremental",), "bridge",
-           ("fidelity",)),
+           ("fidelity",), title="Bridge: a fresh live boundary vs the incremental cache of its tokens"),
     Family("batch", tuple(f"{c}_{size}" for c in _BATCH for size in ("pair", "singleton")),
            tuple((f"{c}_pair", f"{c}_singleton") for c in _BATCH),
-           tuple(f"{c}_pair~{c}_singleton" for c in _BATCH), "bridge", ("token_identity", "fidelity")),
+           tuple(f"{c}_pair~{c}_singleton" for c in _BATCH), "bridge", ("token_identity", "fidelity"),
+           title="Batch composition: duplicated pair vs singleton"),
     Family("transplant", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (("incremental", "prefill"), *_TRANSPLANT_PAIRS), (CROSS,), "transplant", ("causal",), bf16_only=True,
-           headline_table=False),
+           headline_table=False, title="Transplant (Table 5)"),
     Family("replication", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (*_CROSSING_PAIRS, *_TRANSPLANT_PAIRS), (CROSS,), "replication", ("causal",), bf16_only=True,
-           headline_table=False),
+           headline_table=False, title="Replication on a later checkpoint (Table 6)"),
 )}

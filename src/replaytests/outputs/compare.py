@@ -30,13 +30,12 @@ from replaytests.outputs.report import (
     FLAGS,
     MANIFEST_DIGESTS,
     SHAPES,
-    Table,
     collate,
     get_path,
     mcnemar_paired,
-    plain,
     read_run,
 )
+from replaytests.outputs.tables import Table, plain
 
 LEVEL = 0.05
 TRANSPLANT = "transplant"

@@ -1,48 +1,75 @@
-"""Nightly history (issue 5): one JSON line per run, `replaytests.history/1`, and its table and plot.
+"""Nightly history (issue 5): one JSON line per run, `replaytests.history/1`, and its table and plots.
 
 `append` summarises a ledger as report.json does (Wilson objects of the headline divergences and of
-the replicas, per family and precision) and adds the line atomically; a ledger already in the history
-(same sha256) is refused. `table` and `page` show the runs in date order.
+the replicas, per family and precision, and the transplant and replication outcomes), dated and
+labelled by the run's own run.json (its start time and name) unless told otherwise, and adds the line
+atomically; a ledger already in the history (same sha256) is refused. `table` and `page` show the
+runs in date order: a compact table, and a plot per family and headline pair with intervals as bands.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from html import escape
 from pathlib import Path
 
 from replaytests.errors import ReplaytestsError, short
+from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.files import read_text, sha256_file, write_atomic
-from replaytests.outputs import ledger, report
-from replaytests.outputs import report_html as svg  # the report page's SVG drawing and HTML helpers
+from replaytests.outputs import causal, ledger, plots, report, report_html
 from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.tables import Table, plain
+from replaytests.outputs.tables import html as html_table
 
 SCHEMA = "replaytests.history/1"
-HEADER = ("date", "label", "family", "precision", "pair", "rows", "excluded", "replicas exact",
-          *(name.replace("_", " ") for name in report.DIVERGENCES))
+HEADER = ("date", "label", "family", "precision", "rows", "excl.", "replicas exact",
+          *(name.split("_")[0] + " div." for name in report.DIVERGENCES), "causal")
 
 
 class HistoryError(ReplaytestsError):
     """A history file that cannot be read or appended to as given."""
 
 
-def summarize(records: list[dict]) -> dict:
+def summarize(records: list[dict]) -> tuple[dict, dict]:
     """family -> precision -> rows, excluded, replicas_exact (where the family has replicas) and, per
-    headline pair, the Wilson objects of its divergences: the report's numbers (docs/report.md)."""
-    families = report.build_report(records, {})["families"]
-    return {family: {precision: {"rows": s["rows"], "excluded": s["excluded"],
-                                 **({"replicas_exact": s["replicas_exact"]} if "replicas_exact" in s else {}),
-                                 "pairs": {pair: {name: s["pairs"][pair][name] for name in report.DIVERGENCES
-                                                  if name in s["pairs"][pair]}
-                                           for pair in summary["headline_pairs"] if pair in s["pairs"]}}
-                     for precision, s in summary["precisions"].items()}
-            for family, summary in families.items()}
+    headline pair, the Wilson objects of its divergences; and the causal outcomes (transplant, replication):
+    the report's numbers (docs/report.md)."""
+    built = report.build_report(records, {})
+    families = {family: {precision: {"rows": s["rows"], "excluded": s["excluded"],
+                                     **({"replicas_exact": s["replicas_exact"]} if "replicas_exact" in s else {}),
+                                     "pairs": {pair: {name: s["pairs"][pair][name] for name in report.DIVERGENCES
+                                                      if name in s["pairs"][pair]}
+                                               for pair in _headline(family, s)}}
+                         for precision, s in summary["precisions"].items()}
+                for family, summary in built["families"].items()}
+    return families, _causal(built["causal"])
 
 
-def _date(text: str | None) -> str:
+def _headline(family: str, summary: dict) -> list[str]:
+    """The family's headline pairs (the registry's; none for a family it does not know)."""
+    return [pair for pair in (FAMILIES[family].headline if family in FAMILIES else ()) if pair in summary["pairs"]]
+
+
+def _causal(summaries: dict) -> dict:
+    """What the history tracks of the causal families: donor recovery and third trajectories per
+    direction, divergent rows and the replication label."""
+    out = {}
+    if "transplant" in summaries:
+        t = summaries["transplant"]
+        out["transplant"] = {"follows_donor": {d: v["follows_donor"] for d, v in t["full"].items()},
+                             "control_third": {d: v["control_third"] for d, v in t["full"].items()}}
+    if "replication" in summaries:
+        r = summaries["replication"]
+        out["replication"] = {"divergent": r["divergent"], "follows_donor": r["donor_recovery"],
+                              "control_third": r["control_third"], "label": causal.replication_label(r)}
+    return out
+
+
+def _date(text: str | None, run: dict) -> str:
+    """--date, else the run's own start time (run.json), else now."""
     if text is None:
-        return datetime.now(UTC).isoformat(timespec="seconds")
+        started = (run.get("run") or {}).get("started")
+        return started if isinstance(started, str) else datetime.now(UTC).isoformat(timespec="seconds")
     try:
         return datetime.fromisoformat(text).isoformat()
     except ValueError:
@@ -50,11 +77,13 @@ def _date(text: str | None) -> str:
 
 
 def entry(source: Path, label: str | None = None, date: str | None = None) -> dict:
-    """The history line of one run (a ledger file or a run directory, with its run.json if present)."""
+    """The history line of one run (a ledger file or a run directory, with its run.json if present): dated
+    and labelled by the run itself (its start time and name) unless `date` or `label` is given."""
     path, run = ledger_of(Path(source)), report.read_run(source) or {}
-    return {"schema": SCHEMA, "date": _date(date), "label": label, "ledger": str(path),
-            "ledger_sha256": sha256_file(path), "contract": run.get("contract"), "platform": run.get("platform"),
-            "families": summarize(report.collate([source]))}
+    families, causal_outcomes = summarize(report.collate([source]))
+    return {"schema": SCHEMA, "date": _date(date, run), "label": label or (run.get("run") or {}).get("name"),
+            "ledger": str(path), "ledger_sha256": sha256_file(path), "contract": run.get("contract"),
+            "platform": run.get("platform"), "families": families, "causal": causal_outcomes}
 
 
 def _parse(path: Path, text: str) -> list[dict]:
@@ -72,6 +101,8 @@ def _problem(entry_: dict) -> str | None:
         return f"field 'date' is not an ISO 8601 date: {short(entry_['date'])}"
     if entry_.get("label") is not None and not isinstance(entry_["label"], str):
         return f"field 'label' must be a string or null, got {short(entry_['label'])}"
+    if not isinstance(entry_.get("causal", {}), dict):  # absent in lines written before it was tracked
+        return f"field 'causal' must be an object, got {short(entry_['causal'])}"
     for family, precisions in entry_["families"].items():
         for precision, summary in (precisions.items() if isinstance(precisions, dict) else [(None, None)]):
             if not (isinstance(summary, dict) and isinstance(summary.get("rows"), int)
@@ -106,54 +137,123 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
 def _lines(entries: list[dict]):
     """(entry, family, precision, pair or None, precision summary) in date order."""
     for e in entries:
-        for family in report.ordered(e["families"], tuple(report.SHAPES)):
+        for family in report.ordered(e["families"], tuple(FAMILIES)):
             for precision in report.ordered(e["families"][family], report.PRECISIONS):
                 s = e["families"][family][precision]
                 for pair in s["pairs"] or [None]:
                     yield e, family, precision, pair, s
 
 
-def table(entries: list[dict]) -> report.Table:
-    rows = tuple((e["date"][:16].replace("T", " "), e["label"] or "", family, precision, pair or "-", str(s["rows"]),
-                  str(s["excluded"]), report.fmt_proportion(s.get("replicas_exact")),
-                  *(report.fmt_proportion(s["pairs"].get(pair, {}).get(name)) for name in report.DIVERGENCES))
+DIRECTIONS_SHOWN = TRANSPLANTS  # the order of the causal cell's pairs of counts
+
+
+def _count(p: dict | None) -> str:
+    return "-" if not p else f"{p['k']}/{p['n']}"
+
+
+def causal_cell(entry_: dict, family: str) -> str:
+    """The causal outcomes of a run in a few words: donor recovery per direction, third trajectories, label."""
+    c = (entry_.get("causal") or {}).get(family)
+    if not c:
+        return "-"
+    parts = [f"follows donor {', '.join(_count(c['follows_donor'].get(d)) for d in DIRECTIONS_SHOWN)}",
+             f"third {', '.join(_count(c['control_third'].get(d)) for d in DIRECTIONS_SHOWN)}"]
+    if "divergent" in c:
+        parts = [f"divergent {_count(c['divergent'])}", *parts, c["label"]]
+    return "; ".join(parts)
+
+
+def _when(entry_: dict) -> str:
+    return entry_["date"][:16].replace("T", " ")
+
+
+def _family_label(family: str, pair: str | None) -> str:
+    """The family, with its pair where it has several headline pairs (`batch incremental pair~singleton`)."""
+    if pair is None or len(FAMILIES[family].headline if family in FAMILIES else ()) < 2:
+        return family
+    first, _, second = pair.partition("~")
+    stem = first.rpartition("_")[0]
+    short = f"{stem} {first[len(stem) + 1:]}~{second[len(stem) + 1:]}" if stem and second.startswith(stem + "_") \
+        else pair
+    return f"{family} {short}"
+
+
+def table(entries: list[dict]) -> Table:
+    rows = tuple((_when(e), e["label"] or "", _family_label(family, pair), precision, str(s["rows"]),
+                  str(s["excluded"]), _count(s.get("replicas_exact")), *(_count(s["pairs"].get(pair, {}).get(name))
+                                                      for name in report.DIVERGENCES),
+                  causal_cell(e, family))
                  for e, family, precision, pair, s in _lines(entries))
-    return report.Table("history", HEADER, rows, "k/n = rate [Wilson 95% CI] over the rows that passed every "
-                                                 "fail-closed check; divergences compare the family's headline pair.")
+    return Table("history", HEADER, rows, "k/n over the rows that passed every fail-closed check; divergences "
+                                          "compare the family's headline pair; the plots show the Wilson 95% "
+                                          "intervals. causal: divergent rows, donor recovery and third trajectories "
+                                          "per direction (" + ", ".join(DIRECTIONS_SHOWN) + "), the replication "
+                                          "label.")
 
 
-def plot(title: str, points: list[tuple[str, dict]]) -> str:
-    """Divergence rates of one family, precision and pair over runs: (date, {rate name: Wilson}) in order."""
-    x = svg._scale(0, max(len(points) - 1, 1), svg.LEFT + 12, svg.WIDTH - svg.RIGHT - 12)
-    y = svg._scale(0, 1, svg.HEIGHT - svg.BOTTOM, svg.TOP)
-    colours = dict(zip(report.DIVERGENCES, svg.COLORS, strict=False))
-    body = []
-    for shift, (name, colour) in enumerate(colours.items(), start=-1):  # side by side, so equal rates stay visible
-        measured = [(x(i) + 5 * shift, date, rates[name]) for i, (date, rates) in enumerate(points)
-                    if rates.get(name, {}).get("n")]
-        body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="'
-                    + " ".join(f"{cx:.1f},{y(p['rate']):.1f}" for cx, _, p in measured) + '"/>')
-        body += [f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y(p["ci_low"]):.1f}" y2="{y(p["ci_high"]):.1f}" '
-                 f'stroke="{colour}" stroke-opacity="0.6" stroke-width="2"/><circle cx="{cx:.1f}" '
-                 f'cy="{y(p["rate"]):.1f}" r="3" fill="{colour}"><title>{escape(date)} {name}: '
-                 f'{p["k"]}/{p["n"]}</title></circle>' for cx, date, p in measured]
-    caption = f"{title}: divergence rates per run with Wilson 95% intervals, {len(points)} runs in date order."
-    dates = [(x(i), points[i][0][:10]) for i in svg._ticks(0, len(points) - 1, 4)]
-    frame = svg._frame([(y(t / 4), f"{25 * t}%") for t in range(5)], dates, "run date", "rows that diverge")
-    legend = svg._legend([(name.split("_")[0], colour, "none") for name, colour in colours.items()])
-    return svg._figure(svg._svg(caption, frame + "".join(body) + legend), caption)
+def family_tables(entries: list[dict]) -> list[Table]:
+    """The page's tables: one per family (and headline pair), one row per run, a few short columns per
+    precision; the causal families' outcomes per direction."""
+    rows: dict[str, dict[str, list[str]]] = {}  # table title -> run -> its cells
+    headers: dict[str, list[str]] = {}
+    for e, family, precision, pair, s in _lines(entries):
+        title = _family_label(family, pair)
+        cells = rows.setdefault(title, {}).setdefault(e["ledger_sha256"], [_when(e), e["label"] or ""])
+        columns = headers.setdefault(title, ["date", "label"])
+        measures = [("rows", str(s["rows"] - s["excluded"])), ("replicas", _count(s.get("replicas_exact"))),
+                    *((name.split("_")[0], _count(s["pairs"].get(pair, {}).get(name))) for name in report.DIVERGENCES)]
+        for name, cell in measures:
+            if f"{precision} {name}" not in columns:
+                columns.append(f"{precision} {name}")
+            cells += [""] * (columns.index(f"{precision} {name}") + 1 - len(cells))
+            cells[columns.index(f"{precision} {name}")] = cell
+    out = []
+    for title, runs in rows.items():
+        full = [c + [""] * (len(headers[title]) - len(c)) for c in runs.values()]
+        kept = [i for i in range(len(headers[title])) if i < 2 or any(c[i] not in ("-", "") for c in full)]
+        out.append(Table(title, tuple(headers[title][i] for i in kept), tuple(tuple(c[i] for i in kept) for c in full)))
+    for family in ("transplant", "replication"):
+        runs = [(e, c) for e in entries if (c := (e.get("causal") or {}).get(family))]
+        if runs:
+            header = ("date", "label", *(("divergent",) if family == "replication" else ()),
+                      *(f"{d} follows donor" for d in DIRECTIONS_SHOWN),
+                      *(f"{d} controls: third" for d in DIRECTIONS_SHOWN),
+                      *(("label",) if family == "replication" else ()))
+            out.append(Table(f"{family}: causal outcomes", header, tuple(
+                (_when(e), e["label"] or "", *((_count(c["divergent"]),) if family == "replication" else ()),
+                 *(_count(c["follows_donor"].get(d)) for d in DIRECTIONS_SHOWN),
+                 *(_count(c["control_third"].get(d)) for d in DIRECTIONS_SHOWN),
+                 *((c["label"],) if family == "replication" else ())) for e, c in runs)))
+    return out
+
+
+def _series(entries: list[dict]) -> dict[str, dict[str, list[dict | None]]]:
+    """Per family and headline pair (or causal family): measure -> its proportion in each run (None: absent)."""
+    out: dict[str, dict[str, list]] = {}
+    for i, e in enumerate(entries):
+        def put(plot: str, measure: str, value: dict | None, index: int = i) -> None:
+            out.setdefault(plot, {}).setdefault(measure, [None] * len(entries))[index] = value
+
+        for _, family, precision, pair, s in _lines([e]):
+            for name in ("suffix_divergence", "answer_divergence"):
+                if pair is not None:
+                    put(f"{family} {pair}", f"{precision} {name.split('_')[0]}", s["pairs"][pair].get(name))
+        for family, c in (e.get("causal") or {}).items():
+            for direction, value in c["follows_donor"].items():
+                put(f"{family}: donor recovery", direction, value)
+    return out
 
 
 def page(entries: list[dict]) -> str:
-    """A standalone HTML page: one plot per family, precision and headline pair, then the table."""
-    series: dict[str, list[tuple[str, dict]]] = {}
-    for e, family, precision, pair, s in _lines(entries):
-        if pair is not None:
-            series.setdefault(f"{family} {precision} {pair}", []).append((e["date"], s["pairs"][pair]))
-    figures = "".join(plot(title, points) for title, points in series.items())
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>replaytests history</title>'
-            f"<style>{svg.STYLE}</style></head><body><h1>replaytests history</h1>{figures}"
-            f"{svg._table(table(entries))}</body></html>\n")
+    """A standalone HTML page: one plot per family and headline pair over the runs, then the table."""
+    times = [_when(e)[5:] for e in entries]  # MM-DD HH:MM: short enough for several ticks
+    names = [e["label"] or _when(e) for e in entries]
+    figures = "".join(plots.time_plot(f"{title}: {len(entries)} runs in date order, Wilson 95% intervals as bands.",
+                                      times, series, names) for title, series in _series(entries).items())
+    note = ('<p class="note">k/n over the rows that passed every fail-closed check (rows: those rows); divergences '
+            "compare the family's headline pair; the plots show the Wilson 95% intervals.</p>")
+    return report_html.shell("replaytests history", f'<h1>replaytests history</h1><div class="plots">{figures}</div>'
+                             + "<h2>Runs</h2>" + note + "".join(map(html_table, family_tables(entries))))
 
 
 def show(path: Path, html: Path | None = None) -> str:
@@ -164,4 +264,4 @@ def show(path: Path, html: Path | None = None) -> str:
             write_atomic(Path(html), page(entries))
         except OSError as exc:
             raise HistoryError(f"{html}: cannot write the history page: {exc.strerror or exc}") from None
-    return report.plain(table(entries))
+    return plain(table(entries))

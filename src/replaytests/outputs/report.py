@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -21,8 +19,7 @@ from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.inputs.contract import PRECISIONS  # reductions are BF16 -> FP32 on the rows present at both
 from replaytests.inputs.gates import BIT_EXACT, bit_exact, replicas_exact
-from replaytests.outputs import causal, ledger, verdict
-from replaytests.outputs.report_html import page
+from replaytests.outputs import causal, ledger, summary
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.stats import (
     LEVEL,
@@ -225,6 +222,7 @@ def build_report(records: list[dict], meta: dict) -> dict:
                        "bootstrap": "paired-percentile-bootstrap", "bootstrap_seed": SEED,
                        "bootstrap_resamples": RESAMPLES},
         "records": {"total": len(records), "ok": len(records) - len(excluded), "excluded": len(excluded)},
+        "headline": {"columns": list(summary.COLUMNS), "rows": summary.table_rows(records)},
         "excluded": excluded,
         "families": {f: _family(by_family[f], SHAPES.get(f, Shape())) for f in ordered(by_family, tuple(SHAPES))},
         "causal": _causal(records, meta),
@@ -240,232 +238,10 @@ def _causal(records: list[dict], meta: dict) -> dict:
         {"replication": causal.replication(records, minimum)} if "replication" in families else {})
 
 
-def _causal_tables(summaries: dict) -> list[Table]:
-    out = []
-    if "transplant" in summaries:
-        t = summaries["transplant"]
-        rows = tuple((direction, fmt_proportion(t["full"][direction]["follows_donor"]),
-                      *(fmt_proportion(t["parts"][part][direction]["follows_donor"]) for part in sorted(t["parts"])),
-                      fmt_proportion(t["full"][direction]["control_third"]),
-                      ", ".join(f"{r}: {n}" for r, n in t["minimal_layers"][direction].items()) or "-")
-                     for direction in t["full"])
-        out.append(Table(f"transplant (BF16): {t['divergent']} divergent rows, {t['controls']} exact controls",
-                         ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
-                          "controls: third trajectory", "minimal layer ranges (rows)"), rows,
-                         "Divergent rows: incremental and prefill suffixes differ, first suffix tokens agree. "
-                         f"Validity control (each construction's cache in its own replica reproduces its "
-                         f"trajectory): {_validity(t.get('validity'))}."))
-        if t.get("not_testable"):
-            out.append(Table("transplant: divergent rows not testable", ("row", "reason"),
-                             tuple((row, reason) for row, reason in t["not_testable"])))
-    if "replication" in summaries:
-        r = summaries["replication"]
-        label = causal.replication_label(r)
-        rows = (("validity control", _validity(r.get("validity"))),
-                ("divergent rows", fmt_proportion(r["divergent"])),
-                ("not testable (first suffix tokens differ)", _not_testable(r["not_testable"])),
-                ("replicas exact", fmt_proportion(r["replicas_exact"])),
-                *((f"donor recovery {d}", fmt_proportion(v)) for d, v in r["donor_recovery"].items()),
-                *((f"controls: third trajectory {d}", fmt_proportion(v)) for d, v in r["control_third"].items()),
-                ("exact controls (registered minimum)", f"{r['exact_controls']} ({r['min_exact_controls']})"),
-                ("label", label))
-        out.append(Table("replication on the later checkpoint (BF16)", ("measure", "value"), rows))
-    return out
-
-
-def _validity(validity: dict | None) -> str:
-    if validity is None:
-        return "not recorded"
-    text = f"{fmt_proportion(validity['reproduced'])} rows reproduce"
-    if validity["invalid"]:
-        text += (f"; INVALID HERE on {', '.join(validity['invalid'])}: decoding is not a function of the cache values "
-                 "alone, no transplant outcome counts")
-    return text
-
-
-def _not_testable(rows: list | int) -> str:
-    if isinstance(rows, int):  # a summary written before the reasons were kept
-        return str(rows)
-    return "; ".join(f"{row}: {reason}" for row, reason in rows) or "0"
-
-
-# ---- text: the tables both report.md and report.html show ----
-
-@dataclass(frozen=True)
-class Table:
-    title: str
-    header: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    note: str = ""
-
-
-def fmt_proportion(p: dict | None) -> str:
-    if p is None:
-        return "-"
-    if p["n"] == 0:
-        return "0/0"
-    return f"{p['k']}/{p['n']} = {100 * p['rate']:.1f}% [{100 * p['ci_low']:.1f}, {100 * p['ci_high']:.1f}]"
-
-
-def _fmt_number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
-def _fmt_paired(test: dict | None) -> str:
-    if test is None:
-        return "-"
-    d, m = test["difference"], test["mcnemar"]
-    if d["n"] == 0:
-        return "no paired rows"
-    return (f"{100 * d['diff']:+.1f} pp [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]; McNemar "
-            f"{test['x']} only {m['b']} vs {test['y']} only {m['c']}, p = {m['p']:.3g} ({d['n']} rows)")
-
-
-def _fmt_positions(spread: dict | None) -> str:
-    if spread is None:
-        return "-"
-    if spread["n"] == 0:
-        return "none diverge"
-    return f"{spread['median']:g} ({spread['min']:g}-{spread['max']:g}), n = {spread['n']}"
-
-
 def get_path(summary: dict, *path: str):
     for step in path:
         summary = summary.get(step) if isinstance(summary, dict) else None
     return summary
-
-
-class Line(NamedTuple):
-    """One line of a headline table: its label, the cell of one precision's summary, the reduction key."""
-
-    label: str
-    cell: Callable[[dict, str], str]
-    reduction: str | None = None
-
-
-def _pair_cell(name: str, fmt: Callable = fmt_proportion, *path: str) -> Callable[[dict, str], str]:
-    return lambda s, pair: fmt(get_path(s, "pairs", pair, name, *path))
-
-
-def _rel_l2(s: dict, pair: str) -> str:
-    cells = [_fmt_number(get_path(s, "pairs", pair, name, "median")) for name in ("k_rel_l2", "v_rel_l2")]
-    return "-" if cells == ["-", "-"] else " / ".join(cells)
-
-
-HEADLINE_LINES = (
-    Line("rows ok / excluded", lambda s, pair: f"{s['ok']} / {s['excluded']}"),
-    Line("replicas exact (cache, logits, suffix)", lambda s, pair: fmt_proportion(s.get("replicas_exact"))),
-    Line("live z matches the bank", lambda s, pair: fmt_proportion(s.get("z_matches_bank"))),
-    Line("bit exact (cache, logits, suffix)", _pair_cell("bit_exact")),
-    Line("cache exact", _pair_cell("cache_exact")),
-    Line("logits exact", _pair_cell("logits_exact")),
-    Line("boundary argmax differs", _pair_cell("argmax_differs")),
-    Line("cache max |Δ| (max over rows)", _pair_cell("cache_max_abs", _fmt_number, "max")),
-    Line("cache rel. L2, K / V (median over rows)", _rel_l2),
-    Line("logits max |Δ| (max over rows)", _pair_cell("logits_max_abs", _fmt_number, "max")),
-    *(Line(name.replace("_", " "), _pair_cell(name), name) for name in DIVERGENCES),
-    Line("first divergence, median (range)", _pair_cell("first_divergence", _fmt_positions)),
-)
-TABLE_NOTE = ("k/n = rate [Wilson 95% CI]; paired differences: percentile bootstrap 95% CI in percentage points "
-              "and exact McNemar on the discordant rows.")
-
-
-def _accuracy_lines(first: str, second: str) -> list[Line]:
-    return [*(Line(f"accuracy {arm}", lambda s, pair, a=arm: fmt_proportion(get_path(s, "accuracy", "arms", a)))
-              for arm in (first, second)),
-            Line(f"accuracy {second} - {first}, paired", lambda s, pair: _fmt_paired(s.get("accuracy")))]
-
-
-def _headline_table(family: str, pair: str, summary: dict) -> Table:
-    precisions = list(summary["precisions"])
-    reduction = get_path(summary, "reductions", pair, "metrics")
-    accuracy = SHAPES[family].accuracy
-    lines = [*HEADLINE_LINES, *(_accuracy_lines(*accuracy) if accuracy else ())]
-    rows = [(line.label, *(line.cell(summary["precisions"][p], pair) for p in precisions),
-             *((_fmt_paired(reduction.get(line.reduction)) if line.reduction else "",) if reduction else ()))
-            for line in lines]
-    header = ("", *precisions, *(("BF16 → FP32 (paired rows)",) if reduction else ()))
-    return Table(f"{family}: {pair}", header, tuple(r for r in rows if any(c not in ("-", "") for c in r[1:])),
-                 TABLE_NOTE)
-
-
-PAIR_COLUMNS = ("precision", "pair", "rows", "cache exact", "logits exact", "suffix divergence", "answer divergence",
-                "correctness divergence", "cache max |Δ|", "first divergence")
-
-
-def _pairs_table(family: str, summary: dict) -> Table:
-    rows = tuple(
-        (precision, pair, str(s["rows"]), *(fmt_proportion(s.get(n)) for n in ("cache_exact", "logits_exact",
-                                                                                 *DIVERGENCES)),
-         _fmt_number(get_path(s, "cache_max_abs", "max")), _fmt_positions(s.get("first_divergence")))
-        for precision, p in summary["precisions"].items() for pair, s in p["pairs"].items())
-    return Table(f"{family}: every pair", PAIR_COLUMNS, rows)
-
-
-def tables(report: dict) -> list[Table]:
-    """The tables of report.md and report.html, in order."""
-    out = []
-    for family, summary in report["families"].items():
-        out += [_headline_table(family, pair, summary) for pair in summary["headline_pairs"]]
-        pairs = {pair for p in summary["precisions"].values() for pair in p["pairs"]}
-        if pairs - set(summary["headline_pairs"]):
-            out.append(_pairs_table(family, summary))
-    out += _causal_tables(report.get("causal", {}))
-    counts = [(f, p, str(s["rows"]), str(s["excluded"])) for f, fs in report["families"].items()
-              for p, s in fs["precisions"].items()]
-    out.append(Table("records per family and precision", ("family", "precision", "rows", "excluded"), tuple(counts)))
-    if report["excluded"]:
-        fields = (*ledger.KEY_FIELDS, "reason")
-        out.append(Table("excluded rows (fail-closed checks; in no denominator)", fields,
-                         tuple(tuple(str(e.get(f, "")) for f in fields) for e in report["excluded"])))
-    return out
-
-
-# ---- report.md ----
-
-def _md_cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-
-
-def _md_meta(value, indent: int = 0) -> list[str]:
-    pad = "  " * indent
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    lines = []
-    for name, item in items:
-        label = f"**{_md_cell(str(name))}**: " if isinstance(value, dict) else ""
-        if isinstance(item, dict | list) and item:
-            lines += [f"{pad}- {label}".rstrip(), *_md_meta(item, indent + 1)]
-        else:
-            lines.append(f"{pad}- {label}{_md_cell(str(item))}")
-    return lines
-
-
-def summary_line(report: dict) -> str:
-    stats, counts = report["statistics"], report["records"]
-    return (f"Records: {counts['total']} ({counts['ok']} ok, {counts['excluded']} excluded). "
-            f"Intervals: Wilson {100 * stats['level']:g}%; paired tests: exact McNemar; bootstrap: "
-            f"{stats['bootstrap_resamples']} resamples, seed {stats['bootstrap_seed']}.")
-
-
-def plain(table: Table) -> str:
-    """A table as fixed-width text for a terminal."""
-    rows = [table.header, *table.rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(table.header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
-def markdown(report: dict) -> str:
-    verdict_lines = verdict.lines(report.get("verdict"))
-    lines = ["# replaytests report", "", f"## {_md_cell(verdict_lines[0])}", "",
-             *(f"- {_md_cell(line.strip())}" for line in verdict_lines[1:]), *([""] if verdict_lines[1:] else []),
-             "## Run", "",
-             *(_md_meta(report["meta"]) or ["- (no run metadata given)"]), "", summary_line(report), ""]
-    for table in tables(report):
-        lines += [f"## {_md_cell(table.title)}", "", "| " + " | ".join(map(_md_cell, table.header)) + " |",
-                  "|" + "---|" * len(table.header)]
-        lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in table.rows]
-        lines += ["", table.note, ""] if table.note else [""]
-    return "\n".join(lines)
 
 
 # ---- files ----
@@ -558,13 +334,15 @@ def collate(paths: list[Path]) -> list[dict]:
 
 def write_report(report_dir: Path, records: list[dict], meta: dict) -> list[Path]:
     """Write report.json, report.md and report.html (each atomically); returns their paths."""
+    from replaytests.outputs import report_html, sections  # the renderers read this module's content
+
     report_dir = Path(report_dir)
     report = build_report(records, meta)
     paths = [report_dir / name for name in REPORT_FILES]
     try:
         write_json_atomic(paths[0], report, sort_keys=False)
-        write_atomic(paths[1], markdown(report))
-        write_atomic(paths[2], page(report, tables(report), summary_line(report), verdict.lines(report.get("verdict"))))
+        write_atomic(paths[1], sections.markdown(report))
+        write_atomic(paths[2], report_html.page(report))
     except OSError as exc:
         raise ConfigError(f"{report_dir}: cannot write report: {exc.strerror or exc}") from None
     return paths

@@ -7,7 +7,7 @@ from collections import defaultdict
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import Gates, replicas_exact
 from replaytests.outputs import causal, verdict
-from replaytests.outputs.report import Table, fmt_proportion, plain
+from replaytests.outputs.tables import Table, fmt_proportion, plain
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
@@ -46,7 +46,9 @@ def table_rows(records: list[dict]) -> list[list[str]]:
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         groups[(record["family"], record["precision"])].append(record)
-    return [_row(family, precision, groups[(family, precision)]) for family, precision in sorted(groups)]
+    order = {name: n for n, name in enumerate(FAMILIES)}  # the registry's order, then families it does not know
+    return [_row(family, precision, groups[(family, precision)])
+            for family, precision in sorted(groups, key=lambda g: (order.get(g[0], len(order)), g))]
 
 
 def text_table(records: list[dict]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.families.registry import FAMILIES
@@ -58,10 +59,13 @@ def properties(user_properties: list[tuple[str, object]], record_property: str,
     return out
 
 
-def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool) -> dict:
+def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool, started: datetime) -> dict:
     """Write the run's directory; returns its verdict."""
     outcome = verdict.build(gathered.outcomes, gathered.failures, verdict_context(replay, gathered), interrupted)
-    meta = run_metadata(replay, outcome) | {"run": {"name": run.name, "interrupted": interrupted}} | (
+    finished = datetime.now(UTC)
+    times = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
+             "seconds": round((finished - started).total_seconds(), 1)}
+    meta = run_metadata(replay, outcome) | {"run": {"name": run.name, "interrupted": interrupted, **times}} | (
         {"audit": summary.audit_line(gathered.audits)} if gathered.audits else {})
     ledger.write_ledger(run / "ledger.jsonl", gathered.records)
     write_json_atomic(run / "run.json", meta)

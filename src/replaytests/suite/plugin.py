@@ -14,13 +14,14 @@ import contextlib
 import json
 import signal
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from replaytests.errors import ReplaytestsError
-from replaytests.families.registry import FAMILIES
+from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import (
@@ -43,10 +44,7 @@ RECORD_PROPERTY = "replaytests_record"
 AUDIT_PROPERTY = "replaytests_audit"
 MARKERS = {
     "gpu": "conformance targets on a CUDA device (under -m gpu the default contract is contracts/h200.yaml)",
-    "replica": "fidelity layer 1: replica stability",
-    "token_identity": "fidelity layer 2: token identity",
-    "fidelity": "fidelity layer 3: live-state fidelity",
-    "causal": "fidelity layer 4: causal state sufficiency",
+    **{name: f"fidelity layer {n}: {title.lower()}" for n, (name, (title, _)) in enumerate(LAYERS.items(), start=1)},
     "slow": "long-running conformance targets",
 }
 DEFAULT_OPTIONS = vars(Options())
@@ -103,6 +101,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup(*GROUP)
     for field, settings in OPTIONS.items():
         group.addoption(spelled(field), dest=f"replay_{field}", **settings)
+    group.addoption("--replay-progress", dest="replay_progress", choices=("lines", "bar", "off"), default="lines",
+                    help="progress of a conformance run: a plain line every 30 s and as each family and precision "
+                         "completes ('lines'), one line rewritten in place instead of the test letters ('bar', for "
+                         "a terminal; `replaytests audit` picks it there), or none. Default: %(default)s")
 
 
 def _registered(parser: pytest.Parser) -> set[str]:
@@ -405,6 +407,33 @@ class LedgerCollector:
         self.gathered = None
         self.verdict: dict | None = None
         self.run: Path | None = None
+        self.progress = None  # suite.progress.Progress, in the controller of a conformance run
+        self.started = datetime.now(UTC)
+
+    @pytest.hookimpl(trylast=True)  # after the module's sessionstart opened the session and the report root
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        mode = self.config.getoption("replay_progress", "off")
+        if mode != "off" and root_key in self.config.stash and selects_conformance(self.config):
+            from replaytests.suite.progress import Progress
+
+            self.progress = Progress(planned_rows(replay_session(self.config)))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.progress is not None:
+            self.progress.tests = len(session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        if self.progress is not None:
+            self.progress.tests = len(ids)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        """Under a progress bar, tests print no letters (the bar counts them; failures are listed after)."""
+        result = yield
+        if self.progress is not None and config.getoption("replay_progress") == "bar" and result[0]:
+            return result[0], "", ""
+        return result
 
     @pytest.hookimpl(tryfirst=True)  # before junitxml reads the report's properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -414,7 +443,11 @@ class LedgerCollector:
 
         self.gathered = self.gathered or Gathered()
         if report.when == "call":
+            before = len(self.gathered.records)
             self.gathered.add(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
+            self._show_progress(self.gathered.records[before:], finished=False)
+        elif report.when == "teardown":
+            self._show_progress([], finished=True)
         # The records rode here as JSON; a JUnit XML or JSON report gets their key facts instead.
         report.user_properties = properties(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
         outcome = _outcome(report)
@@ -424,6 +457,22 @@ class LedgerCollector:
             self.gathered.failures.append(verdict.failure(report.nodeid, _message(report)))
         if outcome == "skipped" and isinstance(report.longrepr, tuple):
             self.gathered.skips.add(str(report.longrepr[2]).removeprefix("Skipped: "))
+
+    def _show_progress(self, records: list[dict], finished: bool) -> None:
+        progress = self.progress
+        if progress is None:
+            return
+        completed = [r for r in records if progress.record(*ledger.key(r))]
+        progress.finished += finished
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        if self.config.getoption("replay_progress") == "bar":
+            reporter.rewrite(progress.bar(), erase=True)
+            if progress.finished == progress.tests:
+                reporter.ensure_newline()
+        elif progress.due() or completed:
+            reporter.write_line(progress.line())
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Write the run into a directory of its own; move `latest` to it only if the run completed."""
@@ -436,7 +485,8 @@ class LedgerCollector:
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
                 interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
                 self.run = root.new_run(self.config.getoption("replay_run_name"))
-                self.verdict = write_run(replay_session(self.config), self.gathered, self.run, interrupted)
+                self.verdict = write_run(replay_session(self.config), self.gathered, self.run, interrupted,
+                                         self.started)
                 if not interrupted:
                     root.publish(self.run)
         finally:
@@ -455,6 +505,17 @@ class LedgerCollector:
         terminalreporter.write_sep("=", "replaytests summary")
         for line in terminal_lines(replay_session(self.config), self.gathered, self.verdict, self.run):
             terminalreporter.write_line(line)
+
+
+def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
+    """(family, precision) -> the rows the plan gives it (None: the transplant panel, read from outcomes)."""
+    planned = {}
+    for name, family in FAMILIES.items():
+        rows = None if family.rows == "transplant" else len(replay.plan.family_rows(name))
+        for precision in ("bf16",) if family.bf16_only else replay.options.precisions:
+            if rows != 0 and precision in replay.options.precisions:
+                planned[(name, precision)] = rows
+    return planned
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -1,0 +1,336 @@
+"""The report in the paper's shape (docs/report.md): what report.md and report.html show, in order.
+
+The verdict; the headline table (one line per family and precision); one section per fidelity layer
+with its tables (the live matrix, the 2x2 crossing, the bridge, the ledger audit, the transplant and
+the replication as the paper's Tables 5 and 6); then (report.html) the plots; then the run details as
+a compact table, with every input folded away. Everything is rendered from report.json alone, so the
+three files cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from replaytests.families.registry import FAMILIES, LAYERS
+from replaytests.outputs import causal, ledger, verdict
+from replaytests.outputs.report import DIVERGENCES, SHAPES, get_path
+from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
+from replaytests.outputs.tables import markdown as md_table
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    text: str = ""  # what the section checks
+    tables: tuple[Table, ...] = ()
+    lines: tuple[str, ...] = ()  # findings in words, after the tables
+    folded: tuple[Table, ...] = ()  # the detail a reader opens on demand
+
+
+def title(report: dict) -> str:
+    name = get_path(report.get("meta") or {}, "contract", "name")
+    return "replaytests report" + (f": {name}" if name else "")
+
+
+def verdict_head(report: dict) -> tuple[str, list[str]]:
+    """The verdict's first line (PASS/FAIL and the test counts) and its other lines."""
+    if not report.get("verdict"):
+        return "Verdict not recorded", ["these records were collated from ledgers: no test outcomes"]
+    lines = verdict.lines(report["verdict"])
+    return lines[0].removeprefix("verdict: "), [line.strip() for line in lines[1:]]
+
+
+def sections(report: dict) -> list[Section]:
+    """The headline, then one section per fidelity layer, then families this version does not know."""
+    causal_tables = tuple(_causal_tables(report.get("causal") or {}))
+    out = [_headline(report), _replica(report), _token_identity(report), _fidelity(report),
+           Section(*LAYERS["causal"], causal_tables,
+                   () if causal_tables else ("Not in this run: the transplant runs on the BF16 crossing's divergent "
+                                             "rows, the replication on a later checkpoint (--replication-model).",))]
+    unknown = [f for f in report["families"] if f not in SHAPES and f not in FAMILIES]
+    if unknown:
+        out.append(Section("Other families", "Families this version of replaytests does not know: every pair.",
+                           tuple(_pairs_table(f, report["families"][f]) for f in unknown)))
+    return out
+
+
+# ---- the headline ----
+
+HEADLINE_NOTE = ("k/n over the rows that passed every fail-closed check; cache and divergence columns compare each "
+                 "family's headline pair (" + "; ".join(f"{name}: {' and '.join(f.headline)}"
+                                                         for name, f in FAMILIES.items()) + ").")
+
+
+def _headline(report: dict) -> Section:
+    headline = report.get("headline") or {}
+    tables = [Table("", tuple(headline.get("columns", ())),
+                    tuple(map(tuple, headline.get("rows", ()))), HEADLINE_NOTE)] if headline.get("rows") else []
+    if report["excluded"]:
+        fields = (*ledger.KEY_FIELDS, "reason")
+        tables.append(Table("Excluded rows (fail-closed checks; in no denominator)", fields,
+                            tuple(tuple(str(e.get(f, "")) for f in fields) for e in report["excluded"])))
+    return Section("Headline: every family and precision", tables=tuple(tables), lines=(summary_line(report),))
+
+
+def summary_line(report: dict) -> str:
+    stats, counts = report["statistics"], report["records"]
+    return (f"Records: {counts['total']} ({counts['ok']} ok, {counts['excluded']} excluded). "
+            f"Intervals: Wilson {100 * stats['level']:g}%; paired tests: exact McNemar; bootstrap: "
+            f"{stats['bootstrap_resamples']} resamples, seed {stats['bootstrap_seed']}.")
+
+
+# ---- layer 1: replica stability ----
+
+def _replica(report: dict) -> Section:
+    rows = []
+    for family, summary in report["families"].items():
+        replicas = SHAPES[family].replicas if family in SHAPES else ()
+        for precision, s in summary["precisions"].items():
+            rows += [(family, precision, pair, fmt_proportion(get_path(s, "pairs", pair, "bit_exact")))
+                     for pair in replicas if pair in s["pairs"]]
+    replication = (report.get("causal") or {}).get("replication")
+    if replication:
+        rows.append(("replication", "bf16", "both constructions", fmt_proportion(replication["replicas_exact"])))
+    table = Table("Replica pairs bit-exact (cache, logits and suffix)", ("family", "precision", "pair", "bit exact"),
+                  tuple(rows))
+    v = report.get("verdict") or {}
+    audit = [f"Ledger audit: baseline {v['baseline']}" if v.get("baseline") else
+             "Ledger audit: no baseline given (pass --baseline LEDGER)" if v else
+             "Ledger audit: not recorded (these records were collated from ledgers)"]
+    return Section(LAYERS["replica"][0], LAYERS["replica"][1], (table,) if rows else (),
+                   (*audit, *(f"Platform drift: {line}" for line in v.get("platform_drift", []))))
+
+
+# ---- layer 2: token identity ----
+
+def _token_identity(report: dict) -> Section:
+    rows = tuple((family, precision, str(s["rows"]), str(s["excluded"]), fmt_proportion(s.get("z_matches_bank")))
+                 for family, summary in report["families"].items() for precision, s in summary["precisions"].items())
+    table = Table("Records per family and precision", ("family", "precision", "rows", "excluded",
+                                                        "live z matches the bank"), rows,
+                  "The bank is frozen at one precision: live generation at another need not reach its z.")
+    return Section(*LAYERS["token_identity"], (table,))
+
+
+# ---- layer 3: live-state fidelity ----
+
+class Line(NamedTuple):
+    """One line of a headline table: its label, the cell of one precision's summary, the reduction key."""
+
+    label: str
+    cell: Callable[[dict, str], str]
+    reduction: str | None = None
+
+
+def _pair_cell(name: str, fmt: Callable = fmt_proportion, *path: str) -> Callable[[dict, str], str]:
+    return lambda s, pair: fmt(get_path(s, "pairs", pair, name, *path))
+
+
+def _rel_l2(s: dict, pair: str) -> str:
+    cells = [fmt_number(get_path(s, "pairs", pair, name, "median")) for name in ("k_rel_l2", "v_rel_l2")]
+    return "-" if cells == ["-", "-"] else " / ".join(cells)
+
+
+def fmt_paired(test: dict | None) -> str:
+    if test is None:
+        return "-"
+    d, m = test["difference"], test["mcnemar"]
+    if d["n"] == 0:
+        return "no paired rows"
+    return (f"{100 * d['diff']:+.1f} pp [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}], p = {m['p']:.3g}; "
+            f"{test['x']} only {m['b']}, {test['y']} only {m['c']} ({d['n']} rows)")
+
+
+def fmt_positions(spread: dict | None) -> str:
+    if spread is None:
+        return "-"
+    if spread["n"] == 0:
+        return "none diverge"
+    return f"{spread['median']:g} ({spread['min']:g}-{spread['max']:g}), n = {spread['n']}"
+
+
+HEADLINE_LINES = (
+    Line("rows ok / excluded", lambda s, pair: f"{s['ok']} / {s['excluded']}"),
+    Line("replicas exact (cache, logits, suffix)", lambda s, pair: fmt_proportion(s.get("replicas_exact"))),
+    Line("live z matches the bank", lambda s, pair: fmt_proportion(s.get("z_matches_bank"))),
+    Line("bit exact (cache, logits, suffix)", _pair_cell("bit_exact")),
+    Line("cache exact", _pair_cell("cache_exact")),
+    Line("logits exact", _pair_cell("logits_exact")),
+    Line("boundary argmax differs", _pair_cell("argmax_differs")),
+    Line("cache max |Δ| (max over rows)", _pair_cell("cache_max_abs", fmt_number, "max")),
+    Line("cache rel. L2, K / V (median over rows)", _rel_l2),
+    Line("logits max |Δ| (max over rows)", _pair_cell("logits_max_abs", fmt_number, "max")),
+    *(Line(name.replace("_", " "), _pair_cell(name), name) for name in DIVERGENCES),
+    Line("first divergence, median (range)", _pair_cell("first_divergence", fmt_positions)),
+)
+TABLE_NOTE = ("k/n = rate [Wilson 95% CI]; paired differences: percentile bootstrap 95% CI in percentage points, "
+              "exact McNemar p and the discordant rows.")
+
+
+def _accuracy_lines(first: str, second: str) -> list[Line]:
+    return [*(Line(f"accuracy {arm}", lambda s, pair, a=arm: fmt_proportion(get_path(s, "accuracy", "arms", a)))
+              for arm in (first, second)),
+            Line(f"accuracy {second} - {first}, paired", lambda s, pair: fmt_paired(s.get("accuracy")))]
+
+
+def _headline_table(family: str, pair: str, summary: dict) -> Table:
+    precisions = list(summary["precisions"])
+    reduction = get_path(summary, "reductions", pair, "metrics")
+    accuracy = SHAPES[family].accuracy
+    lines = [*HEADLINE_LINES, *(_accuracy_lines(*accuracy) if accuracy else ())]
+    rows = [(line.label, *(line.cell(summary["precisions"][p], pair) for p in precisions),
+             *((fmt_paired(reduction.get(line.reduction)) if line.reduction else "",) if reduction else ()))
+            for line in lines]
+    header = ("", *precisions, *(("BF16 → FP32 (paired rows)",) if reduction else ()))
+    name = FAMILIES[family].title if family in FAMILIES else family
+    return Table(f"{name}" + (f": {pair}" if len(SHAPES[family].headline) > 1 else ""), header,
+                 tuple(r for r in rows if any(c not in ("-", "") for c in r[1:])), TABLE_NOTE)
+
+
+PAIR_COLUMNS = ("precision", "pair", "rows", "cache exact", "logits exact", "suffix divergence", "answer divergence",
+                "correctness divergence", "cache max |Δ|", "first divergence")
+
+
+def _pairs_table(family: str, summary: dict) -> Table:
+    rows = tuple(
+        (precision, pair, str(s["rows"]), *(fmt_proportion(s.get(n)) for n in ("cache_exact", "logits_exact",
+                                                                                 *DIVERGENCES)),
+         fmt_number(get_path(s, "cache_max_abs", "max")), fmt_positions(s.get("first_divergence")))
+        for precision, p in summary["precisions"].items() for pair, s in p["pairs"].items())
+    return Table(f"{family}: every pair", PAIR_COLUMNS, rows)
+
+
+def _fidelity(report: dict) -> Section:
+    tables, folded = [], []
+    for family, summary in report["families"].items():
+        if family not in SHAPES:
+            continue
+        tables += [_headline_table(family, pair, summary) for pair in summary["headline_pairs"]]
+        pairs = {pair for p in summary["precisions"].values() for pair in p["pairs"]}
+        if pairs - set(summary["headline_pairs"]):
+            folded.append(_pairs_table(family, summary))
+    return Section(*LAYERS["fidelity"], tuple(tables), folded=tuple(folded))
+
+
+# ---- layer 4: causal state sufficiency ----
+
+def _causal_tables(summaries: dict) -> list[Table]:
+    out = []
+    if "transplant" in summaries:
+        t = summaries["transplant"]
+        rows = tuple((direction, fmt_proportion(t["full"][direction]["follows_donor"]),
+                      *(fmt_proportion(t["parts"][part][direction]["follows_donor"]) for part in sorted(t["parts"])),
+                      fmt_proportion(t["full"][direction]["control_third"]),
+                      ", ".join(f"{r}: {n}" for r, n in t["minimal_layers"][direction].items()) or "-")
+                     for direction in t["full"])
+        out.append(Table(f"{FAMILIES['transplant'].title}, BF16: {t['divergent']} divergent rows, {t['controls']} "
+                         "exact controls",
+                         ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
+                          "controls: third trajectory", "minimal layer ranges (rows)"), rows,
+                         "Divergent rows: incremental and prefill suffixes differ, first suffix tokens agree. "
+                         f"Validity control (each construction's cache in its own replica reproduces its "
+                         f"trajectory): {_validity(t.get('validity'))}."))
+        if t.get("not_testable"):
+            out.append(Table("Transplant: divergent rows not testable", ("row", "reason"),
+                             tuple((row, reason) for row, reason in t["not_testable"])))
+    if "replication" in summaries:
+        r = summaries["replication"]
+        rows = (("validity control", _validity(r.get("validity"))),
+                ("divergent rows", fmt_proportion(r["divergent"])),
+                ("not testable (first suffix tokens differ)", _not_testable(r["not_testable"])),
+                ("replicas exact", fmt_proportion(r["replicas_exact"])),
+                *((f"donor recovery {d}", fmt_proportion(v)) for d, v in r["donor_recovery"].items()),
+                *((f"controls: third trajectory {d}", fmt_proportion(v)) for d, v in r["control_third"].items()),
+                ("exact controls (registered minimum)", f"{r['exact_controls']} ({r['min_exact_controls']})"),
+                ("label", causal.replication_label(r)))
+        out.append(Table(f"{FAMILIES['replication'].title}, BF16", ("measure", "value"), rows))
+    return out
+
+
+def _validity(validity: dict | None) -> str:
+    if validity is None:
+        return "not recorded"
+    text = f"{fmt_proportion(validity['reproduced'])} rows reproduce"
+    if validity["invalid"]:
+        text += (f"; INVALID HERE on {', '.join(validity['invalid'])}: decoding is not a function of the cache values "
+                 "alone, no transplant outcome counts")
+    return text
+
+
+def _not_testable(rows: list | int) -> str:
+    if isinstance(rows, int):  # a summary written before the reasons were kept
+        return str(rows)
+    return "; ".join(f"{row}: {reason}" for row, reason in rows) or "0"
+
+
+# ---- the run details ----
+
+def _short(digest) -> str:
+    return f"sha256 {digest[:12]}…" if isinstance(digest, str) else "-"
+
+
+def details(report: dict) -> Table:
+    """The run in one compact table: what ran, on what, with which inputs, when."""
+    meta = report.get("meta") or {}
+    options, manifest, run = meta.get("options") or {}, meta.get("manifest") or {}, meta.get("run") or {}
+    contract = meta.get("contract") or {}
+    cpu = meta.get("cpu_isa") or {}
+    rows = [
+        ("contract", f"{contract['name']} ({_short(contract.get('sha256'))}, {contract.get('path')})"
+         if contract.get("name") else None),
+        ("platform", ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in meta["platform"].items())
+         if isinstance(meta.get("platform"), dict) else None),
+        ("cpu_isa", (f"{cpu.get('contract')}, " + ("applied" if cpu.get("applied") else "not applied")
+                     + (f" ({cpu['note']})" if cpu.get("note") else "")) if cpu else None),
+        ("bank", f"{options.get('bank', '-')} ({_short(manifest.get('bank_sha256'))})" if manifest else None),
+        ("model", f"{options.get('model', '-')} ({_short(manifest.get('model_sha256'))})" if manifest else None),
+        ("tokenizer", _short(manifest.get("tokenizer_sha256")) if manifest else None),
+        ("selection", ", ".join(f"--{name.replace('_', '-')} {options[name]}" for name in ("precision", "rows", "shard")
+                                if options.get(name)) or None),
+        ("run", ", ".join(f"{name} {run[name]}" for name in ("name", "started", "finished") if run.get(name))
+         + (f", {run['seconds']:.0f} s" if isinstance(run.get("seconds"), int | float) else "")
+         + (", INTERRUPTED" if run.get("interrupted") else "") if run else None),
+        *((name, value) for name, value in (meta.get("environment") or {}).items() if isinstance(value, str)),
+        ("ledgers", ", ".join(meta["ledgers"]) if meta.get("ledgers") else None),
+        ("runs", f"{len(meta['runs'])} runs with different inputs (see every input)" if meta.get("runs") else None),
+    ]
+    return Table("Run details", ("field", "value"), tuple((name, str(value)) for name, value in rows if value))
+
+
+# ---- report.md ----
+
+def _md_nested(value, indent: int = 0) -> list[str]:
+    pad = "  " * indent
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    lines = []
+    for name, item in items:
+        label = f"**{md_cell(str(name))}**: " if isinstance(value, dict) else ""
+        if isinstance(item, dict | list) and item:
+            lines += [f"{pad}- {label}".rstrip(), *_md_nested(item, indent + 1)]
+        else:
+            lines.append(f"{pad}- {label}{md_cell(str(item))}")
+    return lines
+
+
+def markdown(report: dict) -> str:
+    """report.md: the verdict, the headline, the layers, then the run details with every input folded."""
+    head, verdict_lines = verdict_head(report)
+    lines = [f"# {md_cell(title(report))}", "", f"## {md_cell(head)}", "",
+             *(f"- {md_cell(line)}" for line in verdict_lines), ""]
+    for number, section in enumerate(sections(report)):
+        lines += [f"## {f'{number}. ' if number else ''}{md_cell(section.title)}", ""]
+        lines += [section.text, ""] if section.text else []
+        for table in section.tables:
+            lines += md_table(table)
+        lines += [*(f"- {md_cell(line)}" for line in section.lines), ""] if section.lines else []
+        for table in section.folded:
+            lines += [f"<details><summary>{md_cell(table.title)}</summary>", "", *md_table(table, 0), "</details>", ""]
+    lines += ["## Plots", "", "report.html beside this file draws the per-layer drift, the first-divergence "
+              "positions and the divergence rates.", ""]
+    lines += md_table(details(report), 2)
+    meta = report.get("meta") or {}
+    lines += ["<details><summary>Every input</summary>", "", *(_md_nested(meta) or ["- (no run metadata given)"]),
+              "", "</details>", ""]
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""The report's renderers: report.md and report.html in the paper's order (the verdict and the headline
+first), the run details, and plots whose labels and axes stay readable (structure and geometry read
+from the SVG, not pixels). tools/screenshots.py shows the same pages in a browser."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_report import comparison, crossing, excluded, record
+
+from replaytests.families.registry import LAYERS
+from replaytests.outputs import plots, report_html, sections
+from replaytests.outputs.report import build_report
+from replaytests.outputs.stats import wilson
+
+FAILED_VERDICT = {"result": "fail", "tests": {"passed": 10, "failed": 1},
+                  "failures": [{"check": "test_incremental_vs_prefill_suffix[fp32-r7]",
+                                "message": "crossing row r7 (fp32): suffixes diverge at suffix index 3"}],
+                  "platform": "device_kind cpu, cpu_isa AVX2", "bank": "bank.jsonl, made on this platform",
+                  "baseline": "none", "platform_drift": [], "drift": []}
+META = {"verdict": FAILED_VERDICT, "contract": {"name": "cpu-tiny", "sha256": "d" * 64, "path": "c.yaml"},
+        "options": {"bank": "bank.jsonl", "model": "m", "precision": "both"},
+        "manifest": {"bank_sha256": "b" * 64, "model_sha256": "a" * 64},
+        "run": {"name": "night-7", "started": "2026-12-01T02:00:00+00:00", "finished": "2026-12-01T02:05:00+00:00",
+                "seconds": 300.0, "interrupted": False}}
+
+
+@pytest.fixture(scope="module")
+def report():
+    records = [crossing(f"r{i}", precision, suffix_equal=not (precision == "bf16" and i < 2), cache_exact=False,
+                        first_divergence=5 if precision == "bf16" and i < 2 else None, rel_l2=1e-3)
+               for i in range(6) for precision in ("bf16", "fp32")]
+    records += [record("bridge", "r0", p, {"live~incremental": comparison()}) for p in ("bf16", "fp32")]
+    records.append(excluded("crossing", "r9", "bf16", "physical batch rows differ"))
+    return build_report(records, META)
+
+
+def headings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("## ")]
+
+
+def test_markdown_puts_verdict_and_headline_first_then_the_layers_in_order(report):
+    text = sections.markdown(report)
+    found = headings(text)
+    layers = [title for title, _ in LAYERS.values()]
+    assert found[:2] == ["## FAIL (10 passed, 1 failed)", "## Headline: every family and precision"], found
+    assert found[2:6] == [f"## {n}. {title}" for n, title in enumerate(layers, start=1)], found
+    assert found[-2:] == ["## Plots", "## Run details"], found
+    first_screen = text[:text.index("## 1.")]
+    assert "FAILED test_incremental_vs_prefill_suffix[fp32-r7]: crossing row r7 (fp32)" in first_screen, \
+        "the failing row and its reason are not on the first screen"
+    assert "| crossing | bf16 | 7 | 1 | 6/6 | 0/6 | 2/6 | 0/6 | 0/6 |" in first_screen, first_screen
+    assert "| crossing | r9 | bf16 | physical batch rows differ |" in first_screen, "excluded rows not listed"
+
+
+def test_html_has_the_same_order_with_plots_before_the_run_details(report):
+    page = report_html.page(report)
+    found = re.findall(r"<h2>([^<]*)</h2>", page)
+    assert found[0].startswith("FAIL") and found[1] == "Headline: every family and precision", found
+    assert found[-2:] == ["Plots", "Run details"], found
+    assert '<section class="verdict fail">' in page, "the verdict box does not carry its result"
+    assert page.index("<svg") > page.index("4. Causal state sufficiency"), "plots come after the layers"
+
+
+def test_run_details_are_one_compact_table_and_every_input_is_folded(report):
+    table = dict(sections.details(report).rows)
+    assert table["contract"] == "cpu-tiny (sha256 dddddddddddd…, c.yaml)", table
+    assert table["run"] == ("name night-7, started 2026-12-01T02:00:00+00:00, finished 2026-12-01T02:05:00+00:00, "
+                            "300 s"), table
+    assert table["bank"] == "bank.jsonl (sha256 bbbbbbbbbbbb…)", table
+    text = sections.markdown(report)
+    assert text.index("<details><summary>Every input</summary>") > text.index("## Run details"), \
+        "the full inputs are not folded below the run details"
+
+
+def test_long_cells_may_wrap_and_short_ones_never(report):
+    page = report_html.page(report)
+    assert "td.long{white-space:normal" in page and "white-space:nowrap" in page
+    long_cells = re.findall(r"<td class=long>([^<]*)</td>", page)
+    assert long_cells and all(len(cell) > 48 for cell in long_cells), long_cells
+    assert not [c for c in re.findall(r"<td>([^<]*)</td>", page) if len(c) > 48], "a long cell that cannot wrap"
+
+
+def label_boxes(svg: str) -> list[tuple[float, float, float, str]]:
+    """(x_left, x_right, y, text) of every text element, from its anchor and the layout's character width."""
+    boxes = []
+    for x, y, anchor, rest, label in re.findall(
+            r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="(\w+)"([^>]*)>([^<]*)</text>', svg):
+        if "rotate" in rest:  # an axis title set vertically, beside the tick labels
+            continue
+        width = len(label) * plots.CHAR
+        left = {"start": float(x), "middle": float(x) - width / 2, "end": float(x) - width}[anchor]
+        boxes.append((left, left + width, float(y), label))
+    return boxes
+
+
+def overlaps(boxes) -> list[tuple[str, str]]:
+    return [(a[3], b[3]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if abs(a[2] - b[2]) < plots.FONT and a[0] < b[1] and b[0] < a[1]]
+
+
+LONG_LABELS = [(("batch bf16", "incremental_pair~incremental_singleton"), [(0, "suffix", wilson(0, 12).to_json())]),
+               (("crossing bf16",), [(0, "suffix", wilson(2, 48).to_json()), (1, "answer", wilson(0, 48).to_json())]),
+               *(((f"family{i} fp32",), [(0, "suffix", wilson(i, 12).to_json())]) for i in range(8))]
+
+
+@pytest.mark.parametrize("svg", [
+    pytest.param(plots.interval_plot("rates", LONG_LABELS, ["suffix", "answer"]), id="interval-plot"),
+    pytest.param(plots.histogram("one row", [7]), id="histogram-one-row"),
+    pytest.param(plots.drift_plot("drift", {("bf16", "K"): [0, 1e-3, 4e-3], ("bf16", "V"): [0, 9e-4, 3e-3],
+                                            ("fp32", "K"): [1e-7, 4e-7, 5e-7], ("fp32", "V"): [1e-7, 4e-7, 5e-7]}),
+                 id="drift-plot"),
+    pytest.param(plots.time_plot("history", [f"2026-12-{d:02d} 02:00" for d in range(1, 31)],
+                                 {"bf16 suffix": [wilson(d % 5, 48).to_json() for d in range(30)]}), id="time-plot"),
+])
+def test_no_two_labels_overlap(svg):
+    assert not overlaps(label_boxes(svg)), f"overlapping labels: {overlaps(label_boxes(svg))}"
+
+
+def test_histogram_of_one_row_has_an_axis_around_it():
+    svg = plots.histogram("one row", [7])
+    ticks = [label for _, _, _, label in label_boxes(svg) if label.isdigit()]
+    assert ticks[-1] == "10" and "1" in ticks, f"x ticks 0..10 and a count axis of 1: {ticks}"
+    bars = re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="([\d.]+)"', svg)
+    assert len(bars) == 1 and float(bars[0]) < 60, f"one narrow bar, not one filling the axis: {bars}"
+
+
+def test_series_differ_by_more_than_colour():
+    shapes = {shape for _, shape, _ in plots.SERIES}
+    dashes = {dash for _, _, dash in plots.SERIES}
+    assert len(shapes) == len(dashes) == len(plots.SERIES), "series must differ in marker and dash (greyscale)"
+
+
+def test_a_drift_plot_of_exact_layers_only_is_not_drawn():
+    assert plots.drift_plot("exact", {("bf16", "K"): [0.0, 0.0]}) is None
