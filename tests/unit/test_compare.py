@@ -56,7 +56,9 @@ def test_identical_runs_pass_with_a_verdict_table():
     assert result.passed, f"identical runs failed: {result.reasons}"
     lines = result.text().splitlines()
     assert (lines[0], lines[-1]) == ("PASS", "PASS"), (lines[0], lines[-1])
-    assert lines[2].split() == ["family", "precision", "measure", "rows", "baseline", "new", "p", "verdict"], lines[2]
+    assert re.split(r"\s{2,}", lines[2]) == ["family", "precision", "measure", "rows", "baseline [Wilson 95%]",
+                                            "new [Wilson 95%]", "p", "verdict"], lines[2]
+    assert any(" 4/4 [51.0, 100.0]% " in line for line in lines), "counts without their interval"
     verdicts = {line.split()[-1] for line in lines[3:-1]}
     assert verdicts == {"ok"}, f"verdicts of a passing comparison: {verdicts}"
 

@@ -35,11 +35,12 @@ from replaytests.outputs.report import (
     mcnemar_paired,
     read_run,
 )
+from replaytests.outputs.stats import wilson
 from replaytests.outputs.tables import Table, plain
 
 LEVEL = 0.05
 TRANSPLANT = "transplant"
-HEADER = ("family", "precision", "measure", "rows", "baseline", "new", "p", "verdict")
+HEADER = ("family", "precision", "measure", "rows", "baseline [Wilson 95%]", "new [Wilson 95%]", "p", "verdict")
 Group = tuple[str, str]  # (family, precision)
 
 
@@ -68,9 +69,15 @@ class Verdict:
     allowed: bool = False  # a failure that only informs (`allow_changes`)
 
     def cells(self) -> tuple[str, ...]:
-        counts = ["-" if c is None else f"{c[0]}/{c[1]}" for c in (self.baseline, self.new)]
+        counts = ["-" if c is None else _with_interval(*c) for c in (self.baseline, self.new)]
         verdict = "ok" if self.ok else "changed (allowed)" if self.allowed else "FAIL"
         return (*self.group, self.measure, str(self.rows), *counts, "-" if self.p is None else f"{self.p:.3g}", verdict)
+
+
+def _with_interval(k: int, n: int) -> str:
+    """`k/n [low, high]%`: the count with its Wilson 95% interval."""
+    w = wilson(k, n)
+    return f"{k}/{n} [{100 * w.ci_low:.1f}, {100 * w.ci_high:.1f}]%" if n else "0/0"
 
 
 EXAMPLES = 3  # reasons shown of each kind without --verbose
