@@ -1,4 +1,4 @@
-"""replaytests.inputs.bank: reading and validating frozen prefix banks and their manifests (SPEC §10)."""
+"""replaytests.inputs.bank: reading and validating frozen prefix banks and their manifests (docs/protocol.md §10)."""
 
 from __future__ import annotations
 

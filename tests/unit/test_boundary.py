@@ -1,4 +1,4 @@
-"""replaytests.engine.boundary: same-state and storage-isolation checks, and the cache digest (SPEC §3)."""
+"""replaytests.engine.boundary: same-state and storage-isolation checks, and the cache digest (docs/protocol.md §3)."""
 
 from __future__ import annotations
 

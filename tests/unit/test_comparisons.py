@@ -1,4 +1,4 @@
-"""replaytests.engine.comparisons: first divergence and the boundary metrics of SPEC §5 (eq. 2 in float64)."""
+"""replaytests.engine.comparisons: first divergence and the boundary metrics of protocol.md §5 (eq. 2 in float64)."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_boundary_logits(make_boundary, base_layers, b_logits, exact, argmax_equ
 
 
 def test_cache_exact_is_bitwise_signed_zero(make_boundary, layers_factory):
-    # SPEC §5: "cache exact: every layer's K and V bitwise equal". +0.0 and -0.0 have different bits
+    # docs/protocol.md §5: "cache exact: every layer's K and V bitwise equal". +0.0 and -0.0 have different bits
     # (and different cache digests), so they are not an exact cache.
     a_layers = layers_factory(n_layers=1, seq=3)
     a_layers[0][0][0, 0, 0, 0] = 0.0

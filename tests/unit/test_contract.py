@@ -1,4 +1,4 @@
-"""replaytests.inputs.contract: loading the YAML reproducibility contract (SPEC §9); every error one line."""
+"""replaytests.inputs.contract: loading the YAML reproducibility contract (protocol.md §9); every error one line."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_paper_contract_loads(repo):
     expected = ("paper-b200", "cuda", Caps(768, 512, 64), 2, {"bf16": True, "fp32": False},
                 False, True, False, False, "highest", "2.10.0+cu128", "10.0",
                 {"rows": 200, "prefix_len": {"min": 1025, "max": 5080}}, 24, 6, BOUNDARY_CHECKS, 1.0)
-    assert got == expected, f"paper-b200 contract (SPEC §9): got {got}, expected {expected}"
+    assert got == expected, f"paper-b200 contract (docs/protocol.md §9): got {got}, expected {expected}"
 
 
 def test_h200_contract_extends_the_paper(repo):

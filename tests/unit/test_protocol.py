@@ -1,4 +1,4 @@
-"""replaytests.engine.protocol: the visibility contract, the structural mask, the grammar cursor (SPEC §2)."""
+"""replaytests.engine.protocol: the visibility contract, the structural mask, the grammar cursor (protocol.md §2)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ CONTENT = 100  # an ordinary byte-level token of the tiny tokenizer
 PAST_TOKENIZER = 300  # an embedding row the tokenizer never produces (tokenizer 269 < vocab 320)
 VOCAB = 320
 
-# SPEC §2, written out independently of protocol.VISIBILITY: query role -> visible key roles.
+# docs/protocol.md §2, written out independently of protocol.VISIBILITY: query role -> visible key roles.
 SPEC_VISIBLE = {
     0: {0},
     1: {0, 1},
@@ -39,7 +39,7 @@ SEQUENCE_ROLES = [0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5]
 
 
 def expected_mask(roles: list[int], first_query: int, n_queries: int) -> torch.Tensor:
-    """The SPEC's mask by brute force: role visibility AND key position <= query position."""
+    """The mask of docs/protocol.md §2 by brute force: role visibility AND key position <= query position."""
     return torch.tensor([
         [roles[k] in SPEC_VISIBLE[roles[q]] and k <= q for k in range(len(roles))]
         for q in range(first_query, first_query + n_queries)
@@ -59,7 +59,7 @@ def test_visibility_table_row_matches_spec(query_role):
     visible = {k for k in range(6) if VISIBILITY[query_role, k]}
     assert visible == SPEC_VISIBLE[query_role], (
         f"VISIBILITY row for query role {ROLE_NAMES[query_role]}: sees roles {sorted(visible)}, "
-        f"SPEC §2 says {sorted(SPEC_VISIBLE[query_role])}"
+        f"docs/protocol.md §2 says {sorted(SPEC_VISIBLE[query_role])}"
     )
 
 
@@ -104,7 +104,7 @@ def test_full_mask_is_role_visibility_intersected_with_causality():
     mask = visibility_rows(roles, roles, 0)
     expected = expected_mask(SEQUENCE_ROLES, 0, len(SEQUENCE_ROLES))
     assert mask.shape == expected.shape, f"mask shape {tuple(mask.shape)}, expected {tuple(expected.shape)}"
-    assert torch.equal(mask, expected), f"mask differs from SPEC at (query, key) {mismatches(mask, expected)}"
+    assert torch.equal(mask, expected), f"mask differs from protocol.md §2 at (query, key) {mismatches(mask, expected)}"
 
 
 def test_no_key_after_the_query_is_ever_visible():

@@ -1,4 +1,4 @@
-"""The later checkpoint and the replication family (SPEC §7.6): byte-identical regeneration, the
+"""The later checkpoint and the replication family (docs/protocol.md §7.6): byte-identical regeneration, the
 outcome-blind panel, the strong-replication label, and one divergent row on the later checkpoint."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """replaytests.outputs.report: report.json from hand-built ledger records, its Markdown and HTML twins, collation
 of several ledgers, bad input, and `replaytests report`.
 
-The `paper` fixtures rebuild SPEC §12's counts as ledger records (200 rows, BF16 and FP32), so the
+The `paper` fixtures rebuild docs/protocol.md §12's counts as ledger records (200 rows, BF16 and FP32), so the
 report's tables can be checked against the paper's figures.
 """
 
@@ -57,7 +57,7 @@ def crossing(row: str, precision: str = "bf16", correct: dict | None = None, **h
         "incremental~prefill": comparison(**headline)}, correct)
 
 
-# SPEC §12: BF16 Table 4 drift (FP32 beside it); suffixes differ on 166 rows, answers on 49,
+# docs/protocol.md §12: BF16 Table 4 drift (FP32 beside it); suffixes differ on 166 rows, answers on 49,
 # correctness labels on 20 (9 first-arm-only correct, 11 second-arm-only); 84 rows both correct.
 DRIFT = {"bf16": {"max_abs": 4.409, "rel_l2": 0.01224, "logits_max_abs": 0.4375},
          "fp32": {"max_abs": 0.001857, "rel_l2": 4.270e-6, "logits_max_abs": 1.044e-4}}

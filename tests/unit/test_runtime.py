@@ -1,4 +1,4 @@
-"""replaytests.engine.runtime: numeric flags, the physical-batch forward call and its desync check (SPEC §2)."""
+"""replaytests.engine.runtime: numeric flags, the physical-batch forward call and its desync check (protocol.md §2)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_batch_desync_on_a_cache_tensor():
     pytest.param([0.0, 1.0], [-0.0, 1.0], False, id="signed-zero-fails"),
 ])
 def test_batch_check_is_bitwise(row0, row1, equal_bits):
-    # SPEC §2: the copies' logits must be *bitwise* equal.
+    # docs/protocol.md §2: the copies' logits must be *bitwise* equal.
     tensor = torch.tensor([row0, row1])
     bits = tensor.view(torch.int32)
     assert torch.equal(bits[0], bits[1]) is equal_bits, "fixture: bit patterns not as intended"

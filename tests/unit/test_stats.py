@@ -1,4 +1,4 @@
-"""replaytests.outputs.stats: reference tables (SPEC §12, Newcombe 1998, scipy) with explicit tolerances."""
+"""replaytests.outputs.stats: reference tables (docs/protocol.md §12, Newcombe 1998, scipy) with explicit tolerances."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class WilsonCase(NamedTuple):
     tol: float  # half a unit in the last published digit
 
 
-# SPEC §12 (the paper), percentages rounded to 0.1 pp (1.88% to 0.01 pp).
+# docs/protocol.md §12 (the paper), percentages rounded to 0.1 pp (1.88% to 0.01 pp).
 WILSON_PAPER = [
     WilsonCase("fp32-suffix-0/200-upper-1.88%", 0, 200, 0.0, 0.0188, 0.00005),
     WilsonCase("transplant-follows-donor-24/24", 24, 24, 0.862, 1.0, 0.0005),
@@ -118,7 +118,7 @@ class McNemarCase(NamedTuple):
     tol: float
 
 
-# SPEC §12: live/prefill correctness (9 live-only vs 11 prefill-only) and the BF16 -> FP32 reductions
+# docs/protocol.md §12: live/prefill correctness (9 live-only vs 11 prefill-only) and the BF16 -> FP32 reductions
 # (every discordant row diverges at BF16 only), p rounded to three significant digits.
 MCNEMAR_PAPER = [
     McNemarCase("live-vs-prefill-correct-9-vs-11", 9, 11, 0.824, 0.0005),
@@ -180,7 +180,7 @@ class BootstrapCase(NamedTuple):
     pinned: tuple[float, float]  # this implementation, seed 0, 10,000 resamples
 
 
-# SPEC §12. Reductions BF16 -> FP32: x = diverges at BF16, y = diverges at FP32 (0 on every row).
+# docs/protocol.md §12. Reductions BF16 -> FP32: x = diverges at BF16, y = diverges at FP32 (0 on every row).
 # Exp. 1 accuracy: x = prefill correct, y = live correct (11 prefill-only, 9 live-only, 95 and 93 correct).
 BOOTSTRAP_PAPER = [
     BootstrapCase("suffix-reduction-166/200", (166, 0, 0, 34), 0.83, (0.775, 0.880), (0.78, 0.88)),

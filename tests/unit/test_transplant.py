@@ -1,4 +1,4 @@
-"""replaytests.engine.transplant and the transplant family (SPEC §7.5): provenance refusals, transplant
+"""replaytests.engine.transplant and the transplant family (docs/protocol.md §7.5): provenance refusals, transplant
 mechanics, outcome classification, the minimal layer range, the panel, and one row of each role."""
 
 from __future__ import annotations

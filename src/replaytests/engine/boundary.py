@@ -1,4 +1,4 @@
-"""The boundary state (SPEC §3): everything a construction hands to the shared suffix decoder.
+"""The boundary state (docs/protocol.md §3): everything a construction hands to the shared suffix decoder.
 
 The boundary is the state after the single <|merge|> token was processed and before the first
 merge-content token is chosen. Constructions that claim to reach the same boundary must agree on

@@ -1,4 +1,4 @@
-"""Comparisons between two arms (SPEC §5), at the boundary and after it.
+"""Comparisons between two arms (docs/protocol.md §5), at the boundary and after it.
 
 Drift is eq. 2 of the paper, computed in float64: d_rel = ||A - B||_2 / max(||A||_2, ||B||_2),
 for K and V separately, per layer and over all layers concatenated.

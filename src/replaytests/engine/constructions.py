@@ -1,4 +1,4 @@
-"""The cache constructions (SPEC §3): how each arm reaches the boundary.
+"""The cache constructions (docs/protocol.md §3): how each arm reaches the boundary.
 
 | live        | ordinary greedy generation (decoder.live_boundary)              |
 | incremental | teacher forcing of z on the live schedule: prompt block, then 1/call |

@@ -1,4 +1,4 @@
-"""The multi-branch reasoning protocol (SPEC §2): blocks, roles, visibility and the structural mask.
+"""The multi-branch reasoning protocol (docs/protocol.md §2): blocks, roles, visibility and the structural mask.
 
 The flattened sequence has six ordered blocks, each opened and closed by a single-token delimiter.
 A block's index is also the role of every token in it (prompt 0, branches 1-3, merge 4, answer 5).

@@ -2,7 +2,7 @@
 
 Every forward call carries `batch` identical copies of the row (2 by default) with an explicit 4D
 visibility mask and explicit flat positions; after each call the copies' logits must be bitwise
-equal, or the run fails closed (SPEC §2).
+equal, or the run fails closed (docs/protocol.md §2).
 """
 
 from __future__ import annotations

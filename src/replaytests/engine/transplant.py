@@ -1,4 +1,4 @@
-"""Cache transplant (SPEC §7.5): a recipient boundary with a storage-isolated copy of a donor's K/V.
+"""Cache transplant (docs/protocol.md §7.5): a recipient boundary with a storage-isolated copy of a donor's K/V.
 
 The result keeps the recipient's tokens, roles, positions, padding and its own boundary logits; only
 the selected layers' K and/or V come from the donor (all layers, K and V, by default). Provenance is

@@ -1,4 +1,4 @@
-"""Problems, frozen prefix banks and their manifests (SPEC §10).
+"""Problems, frozen prefix banks and their manifests (docs/protocol.md §10).
 
 A bank is JSONL, one frozen boundary prefix z per row; its manifest records the bank's sha256,
 the model's, the tokenizer's and the contract it was frozen under.

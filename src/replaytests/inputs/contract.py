@@ -1,4 +1,4 @@
-"""Reproducibility contracts (SPEC §9): the promise a run is judged against, loaded from YAML.
+"""Reproducibility contracts (docs/protocol.md §9): the promise a run is judged against, loaded from YAML.
 
 SCHEMA below declares every key: its type, default and allowed values (docs/contract.md explains
 each). Loading merges the `extends:` chain, validates the merged mapping against SCHEMA, checks the

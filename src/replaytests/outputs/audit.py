@@ -1,4 +1,4 @@
-"""Ledger audit (SPEC §7.4): re-run every row of a saved ledger; every trajectory and fingerprint
+"""Ledger audit (docs/protocol.md §7.4): re-run every row of a saved ledger; every trajectory and fingerprint
 must reproduce. This is the gate for a runtime or checkpoint upgrade.
 
 A record is compared leaf by leaf (every scalar in its JSON tree), exactly: two leaves are equal

@@ -1,4 +1,4 @@
-"""Statistics for counts (SPEC §8): Wilson intervals, exact McNemar, seeded paired bootstrap.
+"""Statistics for counts (docs/protocol.md §8): Wilson intervals, exact McNemar, seeded paired bootstrap.
 
 Public functions return small frozen result objects whose `to_json()` is what report.json holds
 (docs/report.md). Rates and bounds are fractions in [0, 1]. With no data (n = 0) a rate, bound or
