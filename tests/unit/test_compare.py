@@ -209,6 +209,17 @@ def test_cli_compare_verbose_lists_every_reason(runs, capsys):
     assert len(reasons) == 13, f"12 changed rows and one rate change: {reasons}"
 
 
+def test_digests_of_another_manifest_schema_are_no_cause():
+    """A model digest defined differently (bank manifest schema 1 vs 2) is not a changed model."""
+    base = {"manifest": {"schema": "replaytests.bank-manifest/1", "bank_sha256": "b", "model": {"sha256": "old"}}}
+    new = {"manifest": {"schema": "replaytests.bank-manifest/2", "bank_sha256": "b", "model": {"sha256": "new"}}}
+    assert causes(base, new) == [], causes(base, new)
+    new["manifest"] |= {"schema": base["manifest"]["schema"], "bank_sha256": "c"}
+    found = causes(base, new)
+    assert len(found) == 2 and found[0].startswith("the input bank: ") and found[1].startswith("the input model: "), \
+        found
+
+
 def test_a_contract_that_moved_is_no_cause(tmp_path):
     run = {"contract": {"name": "c", "path": "/a/c.yaml", "sha256": "1" * 64}, "platform": {"software.torch": "2"}}
     assert causes(run, run | {"contract": run["contract"] | {"path": "/b/c.yaml"}}) == [], "a path alone is no cause"

@@ -236,9 +236,11 @@ def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
     if base_run.get("platform") != new_run.get("platform"):
         differences = platform_differences(base_run.get("platform"), new_run.get("platform") or {}, "baseline", "new")
         out.append("the platform: " + "; ".join(differences))
-    for name, path in MANIFEST_DIGESTS.items():
-        before, after = (get_path(run.get("manifest") or {}, *path) for run in (base_run, new_run))
-        if before != after and name != "contract_sha256":
+    manifests = [run.get("manifest") or {} for run in (base_run, new_run)]
+    same_schema = manifests[0].get("schema") == manifests[1].get("schema")  # model and tokenizer digests are
+    for name, path in MANIFEST_DIGESTS.items():                            # defined by the manifest's schema
+        before, after = (get_path(manifest, *path) for manifest in manifests)
+        if before != after and name != "contract_sha256" and (same_schema or name == "bank_sha256"):
             out.append(f"the input {name.removesuffix('_sha256')}: sha256 {str(before)[:12]}… (baseline) vs "
                        f"{str(after)[:12]}… (new)")
     before, after = ((run.get("contract") or {}).get("sha256") for run in (base_run, new_run))

@@ -472,6 +472,8 @@ class LedgerCollector:
             if progress.finished == progress.tests:
                 reporter.ensure_newline()
         elif progress.due() or completed:
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):  # after test letters (xdist
+                reporter.write("\n")  # leaves ensure_newline nothing to go by)
             reporter.write_line(progress.line())
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
