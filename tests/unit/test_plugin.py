@@ -14,6 +14,7 @@ from replaytests.inputs import cpu_isa
 from replaytests.inputs.cpu_isa import cpu_flags
 from replaytests.inputs.options import DEFAULT_CONTRACT as CONTRACT
 from replaytests.outputs import ledger
+from replaytests.suite.plugin import CONFORMANCE
 
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
 
@@ -195,6 +196,8 @@ def test_gpu_targets_skip_with_one_reason_without_cuda(pytester):
     assert len(reasons) == 1 and "runs on 'cuda' but CUDA is not available here" in reasons[0], (
         f"without -rs, the summary should name the one skip reason:\n{result.stdout.str()[-2000:]}")
     result.stdout.fnmatch_lines(["*replaytests: every selected test was skipped*"])
+    progress = [line for line in result.stdout.lines if re.search(r"test_\w+\.py s", line)]
+    assert len(progress) == len(list(CONFORMANCE.glob("test_*.py"))), f"one progress line per file: {progress}"
     assert "deselected" not in result.stdout.str().splitlines()[-1], "some GPU targets were not selected"
 
 

@@ -372,6 +372,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist and worker_group(callspec.params if callspec else {})
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
+        chosen = set(targets)
+        slots = [n for n, item in enumerate(items) if item in chosen]
+        for n, item in zip(slots, sorted(targets, key=lambda i: str(i.path)), strict=True):
+            items[n] = item
 
 
 @pytest.hookimpl(optionalhook=True)
