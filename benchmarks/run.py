@@ -29,8 +29,8 @@ import torch
 import transformers
 
 from replaytests.engine import constructions, hf_adapter
-from replaytests.engine.decoder import decode_suffix, suffix_room
-from replaytests.engine.protocol import MERGE, Caps, parse_prefix, prompt_block
+from replaytests.engine.decoder import DecodeState, decode_suffix, suffix_room
+from replaytests.engine.protocol import MERGE, Caps, Cursor, parse_prefix, prompt_block
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import ReplaytestsError
 from replaytests.families import crossing, skeleton
@@ -163,10 +163,11 @@ def load_runtime(model: Path, contract, precision: str, device: str | None, posi
 
 def prefix_cache(runtime: Runtime, row: BankRow):
     """The cache of z without its last token (<|merge|>), filled by the suite's own masked prefill."""
-    cache = runtime.new_cache()
-    roles = torch.tensor(row.roles, device=runtime.device)
-    runtime.forward(row.tokens[:-1], roles, 0, cache, "generate() prefix")
-    return cache
+    state = DecodeState(runtime, [], [], Cursor(), runtime.new_cache(), None, capacity=len(row.tokens))
+    for token in row.tokens[:-1]:
+        state.push(token)
+    state.feed(len(row.tokens) - 1, "generate() prefix")
+    return state.boundary("prefix").cache
 
 
 # ------------------------------------------------------------------------------------- the benchmarks

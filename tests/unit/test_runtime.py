@@ -10,7 +10,7 @@ import torch
 
 from replaytests.engine import constructions
 from replaytests.engine.protocol import visibility_rows
-from replaytests.engine.runtime import Runtime, apply_numeric_flags, check_batch_equal
+from replaytests.engine.runtime import Runtime, apply_numeric_flags, check_batch_equal, copies_differ
 from replaytests.errors import ConfigError, PhysicalBatchDesync
 from replaytests.inputs.contract import PrecisionFlags
 
@@ -66,6 +66,26 @@ def test_batch_check_is_bitwise(row0, row1, equal_bits):
     else:
         with pytest.raises(PhysicalBatchDesync, match=r"^physical-batch desync at live token 3 \(logits\): copy 1"):
             check_batch_equal(tensor, "live token 3 (logits)")
+
+
+def _calls(*pairs: tuple[list[float], list[float]], dtype=torch.float32) -> torch.Tensor:
+    """Logits of several calls, [calls, copies, vocab]."""
+    return torch.tensor([list(pair) for pair in pairs], dtype=dtype)
+
+
+@pytest.mark.parametrize(("logits", "differ"), [
+    pytest.param(_calls(([1.0, 2.0], [1.0, 2.0]), ([3.0, 4.0], [3.0, 4.0])), False, id="two-calls-equal"),
+    pytest.param(_calls(([1.0, 2.0], [1.0, 2.0]), ([3.0, 4.0], [3.0, 4.0 + 2.0**-21])), True, id="last-call-one-ulp"),
+    pytest.param(_calls(([0.0, 1.0], [-0.0, 1.0])), True, id="signed-zero"),
+    pytest.param(_calls(([float("nan"), 1.0], [float("nan"), 1.0])), False, id="same-nan-bits"),
+    pytest.param(_calls(([0.5, -1.0], [0.5, -1.0]), ([2.0, 2.0], [2.0, 2.5]), dtype=torch.bfloat16), True,
+                 id="bf16-second-call"),
+    pytest.param(torch.tensor([[[7, 8], [7, 8], [7, 9]]]), True, id="int-third-copy"),
+])
+def test_copies_differ_compares_every_call_bitwise(logits, differ):
+    # The decoder compares many calls' copies in one go: any copy of any call that differs in any bit.
+    assert bool(copies_differ(logits)) is differ, (
+        f"copies_differ({logits.tolist()}) is {bool(copies_differ(logits))}, expected {differ}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,13 +14,23 @@ import torch
 
 from replaytests.engine import hf_adapter
 from replaytests.engine.boundary import Boundary
-from replaytests.engine.protocol import ANSWER, MERGE, Caps, Cursor
-from replaytests.engine.runtime import Runtime
+from replaytests.engine.protocol import ANSWER, MERGE, Caps, Cursor, Visibility
+from replaytests.engine.runtime import Runtime, check_batch_equal, copies_differ
+
+CHUNK = 64  # calls whose copies are compared in one go; masked logit rows whose top two are taken in one go
 
 
 @dataclass
 class DecodeState:
-    """A sequence being extended: tokens and roles so far, the grammar cursor, cache and logits."""
+    """A sequence being extended: tokens and roles so far, the grammar cursor, cache and logits.
+
+    The tensors a forward call reads live in buffers sized once (`capacity` tokens), each with its
+    physical-batch view: token ids and the visibility columns (protocol.Visibility). Pushing a token
+    is Python only; a call writes what was pushed since the last one and reads views; a choice is
+    one masked copy and its argmax, whose id is the one device-to-host copy a step makes. The calls'
+    physical-batch copies are compared CHUNK calls at a time and always before the state is handed on
+    (`boundary`, `settle`): a desync anywhere still fails closed, naming its call.
+    """
 
     runtime: Runtime
     tokens: list[int]
@@ -31,40 +41,83 @@ class DecodeState:
     capacity: int
 
     def __post_init__(self) -> None:
-        self._roles = torch.zeros(self.capacity, dtype=torch.long, device=self.runtime.device)
-        self._roles[: len(self.roles)] = torch.tensor(self.roles, dtype=torch.long)
-        self._top2: list[torch.Tensor] = []  # each choice's two largest masked logits, in float32
+        device, batch = self.runtime.device, self.runtime.batch
+        self._ids = torch.zeros(self.capacity, dtype=torch.long, device=device)
+        self._ids[: len(self.tokens)] = torch.tensor(self.tokens, dtype=torch.long)
+        self._batched_ids = self._ids.expand(batch, -1)
+        self._visibility = Visibility(self.capacity, batch, device)
+        self._visibility.extend(self.roles)
+        self._unchecked: list[tuple[torch.Tensor, str]] = []  # (every copy's logits, step) not compared yet
+        self._choices = 0
+        self._masked = self._top2 = self._minus_inf = None  # allocated at the first choice
 
     def push(self, token: int) -> None:
         """Append a token (checked against the grammar) with the role it takes."""
         role = self.cursor.role_of_next()
         self.cursor.advance(token, self.runtime.grammar)
-        self._roles[len(self.tokens)] = role
         self.tokens.append(token)
         self.roles.append(role)
 
     def feed(self, count: int, step: str) -> None:
         """Run the model over the last `count` pushed tokens; keep the new logits."""
-        start = len(self.tokens) - count
-        self.logits = self.runtime.forward(self.tokens[start:], self._roles, start, self.cache, step)
+        if len(self._unchecked) == CHUNK:
+            self.settle()
+        start, end, written = len(self.tokens) - count, len(self.tokens), self._visibility.length
+        if end - written == 1:
+            self._ids[written] = self.tokens[written]
+        else:
+            self._ids[written:end] = torch.tensor(self.tokens[written:], dtype=torch.long)
+        self._visibility.extend(self.roles[written:])
+        batch_logits = self.runtime.forward(self._batched_ids[:, start:end],
+                                            self._visibility.mask(self.roles[start:], start), start, self.cache)
+        self._unchecked.append((batch_logits, step))
+        self.logits = batch_logits[0]
+
+    def settle(self) -> None:
+        """Fail closed unless every call so far gave bitwise-equal logits in every physical-batch copy
+        (one comparison and one host sync for all calls not compared yet)."""
+        if not self._unchecked:
+            return
+        if len(self._unchecked) == 1 or copies_differ(torch.stack([logits for logits, _ in self._unchecked])):
+            for logits, step in self._unchecked:
+                check_batch_equal(logits, f"{step} (logits)")  # raises at the first call that desynced
+        self._unchecked = []
 
     def choose(self) -> int:
-        """The greedy token under the structural mask; keep its top-2 masked logits for `margins`."""
-        eligible = self.runtime.grammar.eligible(self.cursor)
-        masked = self.logits.masked_fill(~eligible, float("-inf"))
-        self._top2.append(torch.topk(masked.float(), 2).values)
+        """The greedy token under the structural mask (the first maximal id); its masked logits are kept
+        for `margins`."""
+        if self._masked is None:
+            self._allocate()
+        masked = self._masked[self._choices % CHUNK]
+        torch.where(self.runtime.grammar.eligible(self.cursor), self.logits, self._minus_inf, out=masked)
+        self._choices += 1
+        if self._choices % CHUNK == 0:
+            self._take_top2()
         return int(masked.argmax())
+
+    def _allocate(self) -> None:
+        logits = self.logits
+        self._masked = logits.new_empty(CHUNK, len(logits))
+        self._minus_inf = logits.new_tensor(float("-inf"))
+        self._top2 = logits.new_empty(self.capacity - len(self.tokens), 2)
+
+    def _take_top2(self) -> None:
+        """The top two of the masked rows chosen since the last time, in one call."""
+        done = (self._choices - 1) // CHUNK * CHUNK
+        self._top2[done:self._choices] = torch.topk(self._masked[: self._choices - done], 2).values
 
     @property
     def margins(self) -> list[float]:
-        """Top-1 minus top-2 masked logit (float32) at each choice, computed once for all of them:
-        the decode loop keeps only the one device-to-host copy per step that the token needs."""
-        if not self._top2:
+        """Top-1 minus top-2 masked logit (float32) at each choice, computed once for all of them."""
+        if not self._choices:
             return []
-        top2 = torch.stack(self._top2)
+        if self._choices % CHUNK:
+            self._take_top2()
+        top2 = self._top2[: self._choices].float()
         return (top2[:, 0] - top2[:, 1]).tolist()
 
     def boundary(self, construction: str) -> Boundary:
+        self.settle()
         return Boundary(construction, list(self.tokens), list(self.roles), self.cache, self.logits)
 
 
@@ -107,6 +160,7 @@ def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
         if state.cursor.done:
             break
         state.feed(1, f"suffix token {len(state.tokens) - 1 - start}")
+    state.settle()
     suffix = state.tokens[start:]
     answer_ids = _answer_content(suffix, state.roles[start:], runtime)
     return Suffix(suffix, state.margins, runtime.tokenizer.decode(answer_ids))

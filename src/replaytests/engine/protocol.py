@@ -76,15 +76,51 @@ def _visibility_on(device: torch.device) -> torch.Tensor:
 def visibility_rows(query_roles: torch.Tensor, key_roles: torch.Tensor, first_query: int) -> torch.Tensor:
     """Bool mask [q, k]: role visibility intersected with causality (key position <= query position).
 
-    Queries sit at positions first_query .. first_query+q-1, keys at 0 .. k-1. A decode step passes
-    one query, so its cost is O(k), never an L x L mask.
+    Queries sit at positions first_query .. first_query+q-1, keys at 0 .. k-1. The reference form of
+    the mask: Visibility builds the same rows as the sequence grows, and the tests hold it to this.
     """
     visible = _visibility_on(key_roles.device)[query_roles][:, key_roles]
-    if len(query_roles) == 1 and len(key_roles) == first_query + 1:
-        return visible  # a decode step: its one query is the last key, so causality removes nothing
-    query_pos = torch.arange(first_query, first_query + len(query_roles), device=key_roles.device)
-    key_pos = torch.arange(len(key_roles), device=key_roles.device)
-    return visible & (key_pos[None, :] <= query_pos[:, None])
+    return visible & _causal(first_query, len(query_roles), len(key_roles), key_roles.device)
+
+
+def _causal(first_query: int, queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    """Bool [queries, keys]: key position <= query position, for queries at first_query.."""
+    query_pos = torch.arange(first_query, first_query + queries, device=device)
+    return torch.arange(keys, device=device)[None, :] <= query_pos[:, None]
+
+
+class Visibility:
+    """The 4D mask of every call, kept as the sequence grows: column k says which query roles see key k
+    (a column of VISIBILITY), so adding a token writes one column and a decode step's mask is a view of
+    one row, O(1) new work per token (never a rebuilt O(k) gather, never an L x L mask). Masks come out
+    as [batch, 1, q, k], every physical-batch copy the same row.
+    """
+
+    def __init__(self, capacity: int, batch: int, device: torch.device | str) -> None:
+        self._columns = VISIBILITY.t().contiguous().to(device)  # _columns[r]: the query roles that see role r
+        self._column_of = list(self._columns)  # the same rows as separate tensors: no indexing per token
+        self._seen_by = torch.zeros(len(BLOCKS), capacity, dtype=torch.bool, device=device)
+        self._batched = self._seen_by.expand(batch, 1, *self._seen_by.shape)
+        self.length = 0
+
+    def extend(self, roles: list[int]) -> None:
+        """Add keys with these roles at positions length, length + 1, ..."""
+        start, self.length = self.length, self.length + len(roles)
+        if len(roles) == 1:
+            self._seen_by[:, start] = self._column_of[roles[0]]
+        elif roles:
+            self._seen_by[:, start:self.length] = self._columns[torch.tensor(roles, device=self._columns.device)].t()
+
+    def mask(self, query_roles: list[int], first_query: int) -> torch.Tensor:
+        """Bool mask [batch, 1, q, k] for queries at first_query.., keys 0 .. first_query+q-1 (all added
+        already): role visibility intersected with causality, each copy's [q, k] as visibility_rows gives it."""
+        end = first_query + len(query_roles)
+        if len(query_roles) == 1:  # a decode step: its one query is the last key, so causality removes nothing
+            role = query_roles[0]
+            return self._batched[:, :, role:role + 1, :end]
+        roles = torch.tensor(query_roles, device=self._seen_by.device)
+        rows = self._seen_by[roles, :end] & _causal(first_query, len(query_roles), end, roles.device)
+        return rows.expand(self._batched.shape[0], 1, *rows.shape)
 
 
 class Grammar:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from replaytests.engine import hf_adapter
-from replaytests.engine.protocol import Delimiters, Grammar, visibility_rows
+from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, PhysicalBatchDesync
 from replaytests.inputs.contract import SDPA_BACKENDS, Contract, PrecisionFlags
 
@@ -123,6 +123,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self._forward = hf_adapter.Forward(self.model)
+        self._positions: torch.Tensor | None = None  # [batch, n] of 0, 1, 2, ...: each call's positions are a view
 
     def activate(self) -> None:
         """Re-apply this precision's flags (another precision's runtime may have changed them)."""
@@ -131,21 +132,17 @@ class Runtime:
     def new_cache(self):
         return self._forward.new_cache()
 
-    def forward(self, tokens: list[int], roles: torch.Tensor, start: int, cache, step: str) -> torch.Tensor:
-        """Process `tokens` at positions start.. (roles holds every role up to and including them).
-
-        Returns the logits of the last position for the logical row, after checking that every
-        copy in the physical batch produced bitwise-equal logits.
-        """
-        end = start + len(tokens)
-        mask = visibility_rows(roles[start:end], roles[:end], start)
-        mask = mask[None, None].expand(self.batch, 1, len(tokens), end)
-        ids = torch.tensor(tokens, device=self.device).expand(self.batch, -1)
-        positions = torch.arange(start, end, device=self.device).expand(self.batch, -1)
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, cache) -> torch.Tensor:
+        """Process the tokens `ids` [batch, q] at positions start.. under the 4D `mask` [batch, 1, q, k]
+        (protocol.Visibility), every copy the same row. Returns the last position's logits of every copy,
+        [batch, vocab], unchecked: the caller compares the copies (check_batch_equal, or copies_differ
+        where a host sync is not wanted) before it reads them, as DecodeState does for every call."""
+        end = start + ids.shape[1]
+        if self._positions is None or self._positions.shape[1] < end:
+            length = max(end, hf_adapter.max_positions(self.model))
+            self._positions = torch.arange(length, device=self.device).expand(self.batch, -1)
         with torch.inference_mode():
-            logits = self._forward(ids, mask, positions, cache)
-        check_batch_equal(logits, f"{step} (logits)")
-        return logits[0]
+            return self._forward(ids, mask, self._positions[:, start:end], cache)
 
 
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -156,10 +153,18 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     (torch.equal compares values, which is not what the protocol demands.)"""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if not a.is_floating_point():
-        return torch.equal(a, b)
-    as_int = _SAME_WIDTH_INT[a.element_size()]
-    return torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+    return torch.equal(_as_int(a), _as_int(b))
+
+
+def _as_int(tensor: torch.Tensor) -> torch.Tensor:
+    """The same bits as an integer tensor (floats compare bit for bit through it)."""
+    return tensor.contiguous().view(_SAME_WIDTH_INT[tensor.element_size()]) if tensor.is_floating_point() else tensor
+
+
+def copies_differ(tensor: torch.Tensor) -> torch.Tensor:
+    """Whether any copy along dim 1 (dim 0: calls) differs from its neighbour bitwise, as a 0-d bool
+    tensor on the tensor's device (wrapping integer a - b is 0 exactly when a == b)."""
+    return tensor.view(_SAME_WIDTH_INT[tensor.element_size()]).diff(dim=1).any()
 
 
 def check_batch_equal(tensor: torch.Tensor, where: str) -> None:
