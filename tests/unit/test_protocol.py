@@ -14,6 +14,7 @@ from replaytests.engine.protocol import (
     Cursor,
     Delimiters,
     Grammar,
+    Visibility,
     parse_prefix,
     visibility_rows,
 )
@@ -148,6 +149,27 @@ def test_chunk_of_queries_matches_those_rows(start, end):
     chunk = visibility_rows(roles[start:end], roles[:end], start)
     expected = expected_mask(SEQUENCE_ROLES[:end], start, end - start)
     assert torch.equal(chunk, expected), f"queries {start}..{end - 1}: differ at {mismatches(chunk, expected, start)}"
+
+
+@pytest.mark.parametrize("chunks", [
+    pytest.param([3] + [1] * (len(SEQUENCE_ROLES) - 3), id="prompt-block-then-one-per-call"),
+    pytest.param([len(SEQUENCE_ROLES)], id="one-call"),
+    pytest.param([5, 1, 7, 1, 5], id="mixed"),
+])
+def test_incremental_visibility_gives_the_reference_mask(chunks):
+    # Visibility writes one column per token and hands out views: each call's 4D mask must be, in every
+    # physical-batch copy, exactly visibility_rows for that call's queries.
+    roles, visibility, start = torch.tensor(SEQUENCE_ROLES), Visibility(len(SEQUENCE_ROLES) + 4, 2, "cpu"), 0
+    for size in chunks:
+        end = start + size
+        visibility.extend(SEQUENCE_ROLES[start:end])
+        mask = visibility.mask(SEQUENCE_ROLES[start:end], start)
+        expected = visibility_rows(roles[start:end], roles[:end], start)
+        assert mask.shape == (2, 1, size, end), f"call at {start}: mask shape {tuple(mask.shape)}"
+        for copy in range(2):
+            assert torch.equal(mask[copy, 0], expected), (
+                f"call at {start}, copy {copy}: differs at {mismatches(mask[copy, 0], expected, start)}")
+        start = end
 
 
 # ---------------------------------------------------------------------------------------------
