@@ -45,15 +45,18 @@ def prefill(runtime: Runtime, z: list[int]) -> Boundary:
 
 
 def live(runtime: Runtime, prompt_block: list[int], construction: str = "live") -> Boundary:
-    """Ordinary greedy generation from the prompt block; `live_replica` names a second generation."""
-    return dataclasses.replace(_checked(live_boundary(runtime, prompt_block)), construction=construction)
+    """Ordinary greedy generation from the prompt block; `live_replica` names a second generation.
+    Built once per runtime (engine.arms)."""
+    return runtime.arms.boundary(construction, prompt_block, lambda: dataclasses.replace(
+        _checked(live_boundary(runtime, prompt_block)), construction=construction))
 
 
 def build(runtime: Runtime, construction: str, z: list[int]) -> Boundary:
-    """A fresh, independent construction of z; `*_replica` names a second one."""
+    """A construction of z; `*_replica` names a second, independent one. Built once per runtime
+    (engine.arms): every family asking for the same construction of the same z gets the same arm."""
     base = construction.removesuffix("_replica")
-    boundary = {"incremental": incremental, "prefill": prefill}[base](runtime, z)
-    return dataclasses.replace(boundary, construction=construction)
+    return runtime.arms.boundary(construction, z, lambda: dataclasses.replace(
+        {"incremental": incremental, "prefill": prefill}[base](runtime, z), construction=construction))
 
 
 def _checked(boundary: Boundary) -> Boundary:

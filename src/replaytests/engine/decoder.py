@@ -8,6 +8,7 @@ boundary logits differ.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -164,6 +165,12 @@ def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
     suffix = state.tokens[start:]
     answer_ids = _answer_content(suffix, state.roles[start:], runtime)
     return Suffix(suffix, state.margins, runtime.tokenizer.decode(answer_ids))
+
+
+def suffix_of(runtime: Runtime, boundary: Boundary) -> Suffix:
+    """decode_suffix, once per boundary the runtime's arms hold (engine.arms); any other boundary, such
+    as a transplanted one, is decoded each time."""
+    return runtime.arms.suffix(boundary, functools.partial(decode_suffix, runtime))
 
 
 def _answer_content(suffix: list[int], roles: list[int], runtime: Runtime) -> list[int]:

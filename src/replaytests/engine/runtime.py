@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from replaytests.engine import hf_adapter
+from replaytests.engine.arms import Arms
 from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, PhysicalBatchDesync
 from replaytests.inputs.contract import SDPA_BACKENDS, Contract, PrecisionFlags
@@ -124,6 +125,7 @@ class Runtime:
     def __post_init__(self) -> None:
         self._forward = hf_adapter.Forward(self.model)
         self._positions: torch.Tensor | None = None  # [batch, n] of 0, 1, 2, ...: each call's positions are a view
+        self.arms = Arms()  # the boundaries (and suffixes) built with this runtime, shared by every family
 
     def activate(self) -> None:
         """Re-apply this precision's flags (another precision's runtime may have changed them)."""

@@ -11,7 +11,7 @@ import dataclasses
 
 from replaytests.engine import constructions, hf_adapter
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
-from replaytests.engine.decoder import decode_suffix
+from replaytests.engine.decoder import suffix_of
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import FailClosed
 from replaytests.families.registry import FAMILIES
@@ -38,7 +38,7 @@ def run(runtime: Runtime, row: BankRow) -> dict:
         check_storage_isolated(list(built.values()), where)
         views = {arm: logical_row(runtime, b) if runtimes[arm] is runtime else b for arm, b in built.items()}
         check_same_state(list(views.values()), where)
-        suffixes = {arm: decode_suffix(runtimes[arm], built[arm]) for arm in FAMILY.arms}
+        suffixes = {arm: suffix_of(runtimes[arm], built[arm]) for arm in FAMILY.arms}
     except FailClosed as exc:
         return excluded(base, exc)
     arms = {arm: arm_record(views[arm], suffixes[arm], row.expected_answer) for arm in FAMILY.arms}

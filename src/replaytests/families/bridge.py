@@ -1,4 +1,5 @@
-"""Bridge: a fresh live boundary per panel row, and the incremental cache of its tokens.
+"""Bridge: a live boundary per panel row (the live matrix's live arm), and the incremental cache of its
+tokens (the crossing's incremental arm where the live z is the bank row's).
 
 All layers, the boundary logits and the full suffix must be bit-exact.
 """
@@ -16,6 +17,6 @@ def run(runtime: Runtime, row: BankRow) -> dict:
     def build():
         live = constructions.live(runtime, constructions.prompt_of(row.tokens, runtime))
         yield live
-        yield constructions.incremental(runtime, live.tokens)
+        yield constructions.build(runtime, "incremental", live.tokens)
 
     return evaluate(runtime, row, FAMILIES["bridge"], build)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import compare_boundaries, compare_suffixes, first_divergence
-from replaytests.engine.decoder import Suffix, decode_suffix
+from replaytests.engine.decoder import Suffix, suffix_of
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import FailClosed
 from replaytests.families.registry import Family
@@ -81,7 +81,7 @@ def evaluate(runtime: Runtime, row: BankRow, family: Family, build: Callable[[],
         where = f"{family.name} row {row.id} ({runtime.precision})"
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
-        suffixes = {arm: decode_suffix(runtime, boundaries[arm]) for arm in arms}
+        suffixes = {arm: suffix_of(runtime, boundaries[arm]) for arm in arms}
     except FailClosed as exc:
         return excluded(base, exc)
     records = {arm: arm_record(boundaries[arm], suffixes[arm], row.expected_answer) for arm in arms}

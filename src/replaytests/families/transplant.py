@@ -1,7 +1,8 @@
 """Transplant, the fourth fidelity layer: does the boundary K/V cache carry the divergence?
 
-Rows come from a finished BF16 crossing (`panel`). Each is rebuilt (incremental and prefill, and a
-replica of each), checked against its crossing record (a contemporaneous baseline), then each
+Rows come from a finished BF16 crossing (`panel`). Each row's incremental and prefill, and a replica
+of each, are the crossing's own arms where this process still holds them (engine.arms), else rebuilt;
+either way they are checked against the crossing record (a contemporaneous baseline), then each
 recipient is given a storage-isolated copy of the donor's K/V — all layers, K and V — and continued
 by the shared decoder: the prefill recipient with the incremental donor's cache, and the other way
 round. Each direction either follows its donor's suffix, keeps its own, or produces a third trajectory.
@@ -29,7 +30,7 @@ from typing import NamedTuple
 from replaytests.engine import constructions
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.decoder import Suffix, decode_suffix
+from replaytests.engine.decoder import Suffix, decode_suffix, suffix_of
 from replaytests.engine.runtime import Runtime
 from replaytests.engine.transplant import PARTS, direction, transplant
 from replaytests.errors import FailClosed, NotContemporaneous, TransplantInvalid
@@ -137,7 +138,7 @@ class _Trial:
         boundaries = {c: constructions.build(runtime, c, row.tokens) for c in BUILT}
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
-        return cls(runtime, row, boundaries, {c: decode_suffix(runtime, b) for c, b in boundaries.items()})
+        return cls(runtime, row, boundaries, {c: suffix_of(runtime, b) for c, b in boundaries.items()})
 
     def attempt(self, recipient: str, donor: str, layers: range | None = None,
                 parts: tuple[str, ...] = PARTS) -> tuple[Boundary, Suffix, dict]:

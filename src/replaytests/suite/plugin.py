@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
+import tempfile
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +36,7 @@ from replaytests.inputs.options import (
     Options,
 )
 from replaytests.outputs import audit, ledger, rundir, verdict
+from replaytests.suite import scheduling
 from replaytests.suite.planner import ROW_FIXTURES, worker_group
 
 if TYPE_CHECKING:
@@ -52,6 +55,7 @@ session_key = pytest.StashKey["ReplaySession"]()
 pin_key = pytest.StashKey[cpu_isa.Pin]()
 root_key = pytest.StashKey[rundir.Root]()
 metrics_key = pytest.StashKey[list]()
+groups_key = pytest.StashKey[Path]()  # the controller's file of xdist groups (suite.scheduling)
 
 
 # Every option: its namespaced spelling (always registered), the short alias users know (registered only
@@ -168,6 +172,33 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     config.pluginmanager.register(LedgerCollector(config), "replaytests-ledger")
+    if (scheduling.loadgroup(config) and not hasattr(config, "workerinput")
+            and (selects_conformance(config) or user_gave_options(config))):
+        config.stash[groups_key] = Path(tempfile.mkdtemp(prefix="replaytests-groups-")) / "groups.json"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if groups_key in config.stash:
+        shutil.rmtree(config.stash[groups_key].parent, ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `--dist loadgroup` in a replay run: loadgroup that keeps each group on one worker on every
+    pytest (suite.scheduling)."""
+    path = config.stash.get(groups_key, None)
+    return None if path is None else scheduling.make_scheduler(config, log, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    path = node.config.stash.get(groups_key, None)
+    if path is not None:
+        node.workerinput[scheduling.GROUPS_KEY] = str(path)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    scheduling.publish(session)
 
 
 def selects_gpu(expression: str) -> bool:
@@ -351,9 +382,13 @@ def audit_params(replay: ReplaySession) -> list:
     return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
-    keep every test of one (row, precision) on one worker, so each record is computed once."""
+    keep every test of one (row, precision) on one worker, so each record is computed once. First
+    among the plugins: xdist's worker names each test's group from these marks in its own
+    pytest_collection_modifyitems, and marks added after it are never seen (every test is then its own
+    group, and workers compute the same records again)."""
     targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
         return

@@ -1,0 +1,179 @@
+"""Whole-audit benchmark (issue 16): where the time of a full audit goes, and how it scales with workers.
+
+    python benchmarks/audit.py                        # embedded default, every row: profile, 1 and 2 workers
+    python benchmarks/audit.py --workers 2            # the profile and one worker count
+    python benchmarks/audit.py --rows 4 --out /tmp/audit.json   # a small one, end to end
+
+Not a timed test: everything is measured in one run and written as JSON (with the machine's CPU
+capability) and Markdown under results/. Two parts:
+
+- **Profile** (in this process, one thread, as one worker computes): every record of the audit, family
+  by family and precision by precision in the registry's order, with the time of each, split into
+  phases (live generation, incremental and prefill constructions, suffix decoding, everything else:
+  transplants, comparisons, digests) and the arms built against those shared (engine.arms).
+- **Workers**: `replaytests audit --workers N` in a child process for each N, side by side in this one
+  run: wall time, the peak resident memory of its largest process, and the speed-up of N workers over
+  one. Every run's ledger is compared byte for byte with the first one's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+from replaytests.files import write_atomic, write_json_atomic
+from replaytests.inputs.options import REPO
+
+SCHEMA = "replaytests.benchmarks.audit/1"
+RESULTS = REPO / "benchmarks" / "results"
+PHASES = {"live": ("replaytests.engine.decoder", "live_boundary"),
+          "incremental": ("replaytests.engine.constructions", "incremental"),
+          "prefill": ("replaytests.engine.constructions", "prefill"),
+          "suffix": ("replaytests.engine.decoder", "decode_suffix")}
+
+
+@contextmanager
+def phase_timers(totals: collections.Counter, current: list[str]):
+    """Time every call of each phase function (as its callers look it up), charged to current[0]."""
+    import importlib
+
+    patched = []
+    for phase, (module_name, name) in PHASES.items():
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+
+        def timed(*args, _original=original, _phase=phase, **kwargs):
+            started = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                totals[(current[0], _phase)] += time.perf_counter() - started
+
+        for holder in _holders(name, original):
+            patched.append((holder, name, original))
+            setattr(holder, name, timed)
+    try:
+        yield
+    finally:
+        for holder, name, original in patched:
+            setattr(holder, name, original)
+
+
+def _holders(name: str, function) -> list:
+    """Every loaded replaytests module that holds `function` under `name` (imported by name or defined)."""
+    return [m for key, m in list(sys.modules.items())
+            if key.startswith("replaytests.") and getattr(m, name, None) is function]
+
+
+def profile(rows: str | None) -> dict:
+    """Every record of the audit in this process, timed by family, precision and phase."""
+    from replaytests.families.registry import FAMILIES
+    from replaytests.inputs.options import Options
+    from replaytests.suite.session import ReplaySession
+
+    session = ReplaySession.open(Options(rows=rows))
+    totals: collections.Counter = collections.Counter()
+    current = ["setup"]
+    families = []
+    started = time.perf_counter()
+    with phase_timers(totals, current):
+        for precision in session.options.precisions:
+            for name, family in FAMILIES.items():
+                if family.bf16_only and precision != "bf16":
+                    continue
+                current[0] = f"{name} {precision}"
+                begun = time.perf_counter()
+                records = [session.record(name, row, precision) for row in session.plan.family_rows(name)]
+                seconds = time.perf_counter() - begun
+                phases = {phase: round(totals[(current[0], phase)], 3) for phase in PHASES}
+                families.append({"family": name, "precision": precision, "rows": len(records),
+                                 "ok": sum(r["status"] == "ok" for r in records), "seconds": round(seconds, 3),
+                                 "phases": phases | {"other": round(seconds - sum(phases.values()), 3)}})
+    runtimes = session._runtimes.values()
+    return {"seconds": round(time.perf_counter() - started, 3), "families": families,
+            "arms": {"built": sum(r.arms.built for r in runtimes), "shared": sum(r.arms.reused for r in runtimes)},
+            "environment": _platform(session)}
+
+
+def _platform(session) -> dict:
+    env = session.environment
+    return {"cpu_model": env.get("cpu_model"), "cpu_isa": env.get("cpu_isa"), "torch": env.get("torch"),
+            "transformers": env.get("transformers"), "threads": env.get("cpu_threads")}
+
+
+def workers_run(count: str, rows: str | None, directory: Path) -> dict:
+    """`replaytests audit --workers N` in a child process: wall time, peak RSS, exit status, ledger."""
+    argv = [sys.executable, "-c", "import sys; from replaytests.cli import main; sys.exit(main())", "audit",
+            "--workers", count, "--report-dir", str(directory), "--run-name", f"workers-{count}"]
+    argv += ["--rows", rows] if rows else []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    started = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    ledger = directory / f"workers-{count}" / "ledger.jsonl"
+    return {"workers": count, "exit": proc.returncode, "wall_s": round(wall, 2),
+            "peak_rss_mib": round(peak / 1024, 1) if peak > before else None,
+            "ledger": ledger.read_text() if ledger.is_file() else None,
+            "tail": proc.stdout[-600:] if proc.returncode else ""}
+
+
+def markdown(result: dict) -> str:
+    env = result["profile"]["environment"]
+    lines = [f"Whole audit: embedded default on {env['cpu_model']} (cpu_isa {env['cpu_isa']}), torch {env['torch']}, "
+             f"transformers {env['transformers']}, rows {result['rows'] or 'all'}", "",
+             f"Profile, one process, one thread: {result['profile']['seconds']:.1f} s; arms built "
+             f"{result['profile']['arms']['built']}, shared {result['profile']['arms']['shared']}", "",
+             "| family | precision | rows | s | " + " | ".join(f"{p} s" for p in (*PHASES, "other")) + " |",
+             "|---|---|---|---|" + "---|" * (len(PHASES) + 1)]
+    for f in result["profile"]["families"]:
+        lines.append(f"| {f['family']} | {f['precision']} | {f['rows']} | {f['seconds']:.1f} | "
+                     + " | ".join(f"{f['phases'][p]:.1f}" for p in (*PHASES, "other")) + " |")
+    if result["workers"]:
+        lines += ["", "| workers | wall s | speed-up over 1 | peak RSS MiB (largest process) | exit "
+                      "| ledger as the first |", "|---|---|---|---|---|---|"]
+        one = next((w["wall_s"] for w in result["workers"] if w["workers"] == "1"), None)
+        for w in result["workers"]:
+            ratio = f"{one / w['wall_s']:.2f}x" if one else "-"
+            lines.append(f"| {w['workers']} | {w['wall_s']:.1f} | {ratio} | {w['peak_rss_mib'] or '-'} | {w['exit']} | "
+                         f"{'yes' if w['same_ledger'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default=None, help="bank rows (a count N or a slice A:B). Default: all")
+    parser.add_argument("--workers", default="1,2", help="worker counts to run side by side ('' for none). "
+                                                          "Default: %(default)s")
+    parser.add_argument("--out", type=Path, default=RESULTS / "cpu-tiny-qwen2-audit.json")
+    args = parser.parse_args(argv)
+    result = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "rows": args.rows,
+              "command": " ".join(["python", "benchmarks/audit.py", *(argv if argv is not None else sys.argv[1:])])}
+    result["profile"] = profile(args.rows)
+    print(f"profile: {result['profile']['seconds']:.1f} s", flush=True)
+    result["workers"] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for count in filter(None, args.workers.split(",")):
+            run = workers_run(count.strip(), args.rows, Path(scratch))
+            print(f"workers {count}: {run['wall_s']:.1f} s, exit {run['exit']}", flush=True)
+            result["workers"].append(run)
+    first = result["workers"][0]["ledger"] if result["workers"] else None
+    for run in result["workers"]:
+        run["same_ledger"] = run.pop("ledger") == first and first is not None
+    write_json_atomic(args.out, result)
+    text = markdown(result)
+    write_atomic(args.out.with_suffix(".md"), text)
+    print(text)
+    return 0 if all(r["exit"] == 0 and r["same_ledger"] for r in result["workers"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
