@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import resource
 import subprocess
 import sys
 import tempfile
@@ -100,36 +99,46 @@ def profile(rows: str | None) -> dict:
     runtimes = session._runtimes.values()
     return {"seconds": round(time.perf_counter() - started, 3), "families": families,
             "arms": {"built": sum(r.arms.built for r in runtimes), "shared": sum(r.arms.reused for r in runtimes)},
-            "environment": _platform(session)}
+            "platform": _platform(session)}
 
 
 def _platform(session) -> dict:
-    env = session.environment
-    return {"cpu_model": env.get("cpu_model"), "cpu_isa": env.get("cpu_isa"), "torch": env.get("torch"),
-            "transformers": env.get("transformers"), "threads": env.get("cpu_threads")}
+    """The run's platform (the kernels' level as pinned by the contract), the CPU and the best level it
+    could run (from its flags)."""
+    from replaytests.inputs import cpu_isa
+
+    flags = cpu_isa.cpu_flags() or set()
+    machine = [name for name, level in cpu_isa.LEVELS.items() if set(level.flags) <= flags]
+    return session.platform | {"hardware.cpu": session.environment["hardware"]["cpu"],
+                               "machine_cpu_isa": machine[-1] if machine else None}
+
+
+# Runs a command and then prints the peak RSS of its largest process (itself or any descendant it waited for).
+PEAK = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+        "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
 
 
 def workers_run(count: str, rows: str | None, directory: Path) -> dict:
     """`replaytests audit --workers N` in a child process: wall time, peak RSS, exit status, ledger."""
-    argv = [sys.executable, "-c", "import sys; from replaytests.cli import main; sys.exit(main())", "audit",
-            "--workers", count, "--report-dir", str(directory), "--run-name", f"workers-{count}"]
-    argv += ["--rows", rows] if rows else []
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    audit = [sys.executable, "-c", "import sys; from replaytests.cli import main; sys.exit(main())", "audit",
+             "--workers", count, "--report-dir", str(directory), "--run-name", f"workers-{count}"]
+    audit += ["--rows", rows] if rows else []
     started = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, "-c", PEAK, *audit], capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peak = next((int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("peak_rss_kib ")), None)
     ledger = directory / f"workers-{count}" / "ledger.jsonl"
     return {"workers": count, "exit": proc.returncode, "wall_s": round(wall, 2),
-            "peak_rss_mib": round(peak / 1024, 1) if peak > before else None,
+            "peak_rss_mib": round(peak / 1024, 1) if peak else None,
             "ledger": ledger.read_text() if ledger.is_file() else None,
             "tail": proc.stdout[-600:] if proc.returncode else ""}
 
 
 def markdown(result: dict) -> str:
-    env = result["profile"]["environment"]
-    lines = [f"Whole audit: embedded default on {env['cpu_model']} (cpu_isa {env['cpu_isa']}), torch {env['torch']}, "
-             f"transformers {env['transformers']}, rows {result['rows'] or 'all'}", "",
+    env = result["profile"]["platform"]
+    lines = [f"Whole audit: embedded default on {env['hardware.cpu']} (capable of {env['machine_cpu_isa']}, kernels "
+             f"pinned to {env['environment.cpu_isa']}), torch {env['software.torch']}, transformers "
+             f"{env['software.transformers']}, rows {result['rows'] or 'all'}; `{result['command']}`", "",
              f"Profile, one process, one thread: {result['profile']['seconds']:.1f} s; arms built "
              f"{result['profile']['arms']['built']}, shared {result['profile']['arms']['shared']}", "",
              "| family | precision | rows | s | " + " | ".join(f"{p} s" for p in (*PHASES, "other")) + " |",

@@ -57,16 +57,34 @@ def test_smoke_json_holds_environment_and_every_measurement(smoke_run):
     decodes = result["decode"]["fp32"]
     assert [d["prefix_len"] for d in decodes] == lengths, f"decode prefix lengths {[d['prefix_len'] for d in decodes]}"
     for d in decodes:
-        suite, generate = d["runs"]["suite"][0], d["runs"]["generate"][0]
-        assert suite["forward_calls"] == generate["forward_calls"] == d["steps"] > 0, (
-            f"prefix {d['prefix_len']}: suite {suite['forward_calls']} and generate() {generate['forward_calls']} "
-            f"forward calls, {d['steps']} steps")
+        suite, generate, bare = (d["runs"][side][0] for side in ("suite", "generate", "bare"))
+        assert suite["forward_calls"] == generate["forward_calls"] == bare["forward_calls"] == d["steps"] > 0, (
+            f"prefix {d['prefix_len']}: suite {suite['forward_calls']}, generate() {generate['forward_calls']} and "
+            f"bare loop {bare['forward_calls']} forward calls, {d['steps']} steps")
         assert 0 < d["summary"]["suite_outside_fraction"] < 1, f"outside fraction {d['summary']}"
     for row in result["rows"]["fp32"]:
         assert row["held_bytes"] >= 4 * row["cache_bytes_per_boundary"] > 0, (
             f"prefix {row['prefix_len']}: held {row['held_bytes']} bytes while the four arms' boundaries "
             f"({row['cache_bytes_per_boundary']} bytes each) are alive")
     assert set(result["fits"]["fp32"]) >= {"suite_outside_per_step_slope", "row_wall_slope", "row_held_bytes_slope"}
+
+
+@pytest.mark.slow  # spawns a whole (one-row) audit
+def test_audit_benchmark_profiles_every_family_and_times_a_worker_run(tmp_path):
+    out = tmp_path / "audit.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "audit.py"), "--rows", "1", "--workers", "1",
+                           "--out", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
+    assert proc.returncode == 0, f"benchmarks/audit.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    result = json.loads(out.read_text(encoding="utf-8"))
+    profiled = {(f["family"], f["precision"]) for f in result["profile"]["families"]}
+    assert {("crossing", "bf16"), ("crossing", "fp32"), ("batch", "fp32"), ("transplant", "bf16")} <= profiled, profiled
+    crossing = next(f for f in result["profile"]["families"] if f["family"] == "crossing")
+    assert crossing["phases"]["incremental"] > 0 and crossing["phases"]["suffix"] > 0, crossing
+    assert result["profile"]["arms"]["shared"] > 0, "no arm was shared between families"
+    platform = result["profile"]["platform"]
+    assert platform["environment.cpu_isa"] and platform["machine_cpu_isa"], f"CPU capability not recorded: {platform}"
+    (run,) = result["workers"]
+    assert run["exit"] == 0 and run["same_ledger"] and run["wall_s"] > 0, run
 
 
 @pytest.mark.parametrize(("argv", "message"), [

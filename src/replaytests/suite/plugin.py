@@ -385,10 +385,9 @@ def audit_params(replay: ReplaySession) -> list:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
-    keep every test of one (row, precision) on one worker, so each record is computed once. First
-    among the plugins: xdist's worker names each test's group from these marks in its own
-    pytest_collection_modifyitems, and marks added after it are never seen (every test is then its own
-    group, and workers compute the same records again)."""
+    keep every test of one (row, precision) on one worker, so each record is computed once (the marks
+    reach the scheduler through suite.scheduling; first among the plugins, so that before pytest 9.2
+    xdist's own node-id suffix, added in its pytest_collection_modifyitems, sees them too)."""
     targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
         return
