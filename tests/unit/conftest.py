@@ -93,6 +93,17 @@ def bf16_runtime(tiny_contract):
     return Runtime.load(MODEL_DIR, tiny_contract, "bf16")
 
 
+@pytest.fixture(autouse=True)
+def fresh_arms(request):
+    """Each test starts with no arm held (engine.arms): a test that perturbs the model builds its own arms,
+    never is handed those another test built with the runtime they share."""
+    from replaytests.engine.arms import Arms
+
+    for name in ("fp32_runtime", "bf16_runtime"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).arms = Arms()
+
+
 @pytest.fixture(scope="session")
 def bank_rows(bank_rows_json) -> list[BankRow]:
     return [BankRow(r["id"], r["tokens"], r["roles"], r["expected_answer"]) for r in bank_rows_json]

@@ -382,15 +382,16 @@ def audit_params(replay: ReplaySession) -> list:
     return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
     keep every test of one (row, precision) on one worker, so each record is computed once (the marks
-    reach the scheduler through suite.scheduling; first among the plugins, so that before pytest 9.2
-    xdist's own node-id suffix, added in its pytest_collection_modifyitems, sees them too)."""
+    reach xdist's scheduler through suite.scheduling). The marks go on before any other plugin looks
+    (`-m gpu` selects by them); the order of skipped targets is set after all of them (pytest's own
+    reordering by parameter would undo it)."""
     targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
-        return
+        return (yield)
     from replaytests.inputs import environment
 
     replay = replay_session(config)
@@ -406,10 +407,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = xdist and worker_group(callspec.params if callspec else {})
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    yield
     if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
         chosen = set(targets)
-        slots = [n for n, item in enumerate(items) if item in chosen]
-        for n, item in zip(slots, sorted(targets, key=lambda i: str(i.path)), strict=True):
+        slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
+        for n, item in zip(slots, sorted((items[n] for n in slots), key=lambda i: str(i.path)), strict=True):
             items[n] = item
 
 
