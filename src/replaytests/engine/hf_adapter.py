@@ -99,6 +99,16 @@ def max_positions(model) -> int:
     return int(model.config.max_position_embeddings)
 
 
+def sliding_window(config) -> int | None:
+    """The attention window some layer of the model applies (Mistral, Gemma 2/3, Qwen2 with
+    `use_sliding_window`), or None where every layer attends to the whole sequence."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window is None or (types is not None and "sliding_attention" not in types):
+        return None
+    return int(window)
+
+
 def _cache_kwarg(model) -> str:
     """transformers 5.24 names the cache argument `cache`; earlier 5.x releases `past_key_values`."""
     params = inspect.signature(model.forward).parameters

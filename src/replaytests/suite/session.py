@@ -76,6 +76,17 @@ def check_model(path: Path, contract: Contract, option: str) -> tuple[Grammar, o
     return grammar, config
 
 
+def check_window(path: Path, config, longest: int) -> None:
+    """A model whose layers attend through a sliding window shorter than the longest sequence a row
+    needs is refused: its cache would drop keys the visibility contract keeps visible, so no replay of
+    it means what the protocol says."""
+    window = hf_adapter.sliding_window(config)
+    if window is not None and window < longest:
+        raise ConfigError(f"{path}/config.json: sliding_window {window} is shorter than the longest sequence "
+                          f"this bank needs ({longest} tokens, prefix and suffix): the visibility contract "
+                          "cannot be expressed with it")
+
+
 @dataclass
 class ReplaySession:
     options: Options
@@ -101,9 +112,12 @@ class ReplaySession:
         grammar, config = check_model(options.model, contract, "--model")
         rows = read_bank(options.bank, grammar, config.max_position_embeddings, suffix_room(contract.caps))
         rows = select_rows(rows, options.rows)
+        longest = max(row.prefix_len for row in rows) + suffix_room(contract.caps)
+        check_window(options.model, config, longest)
         integrity = verify_inputs(options.bank, options.model, list(grammar.delims.all_ids), options.accept_changed)
         if options.later_model is not None:
-            check_model(options.later_model, contract, "--replication-model")
+            check_window(options.later_model, check_model(options.later_model, contract, "--replication-model")[1],
+                         longest)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
         return cls(options, contract, rows, integrity, baseline, pinned)
 
