@@ -79,6 +79,51 @@ def _print_run(run_dir: Path) -> None:
             print(f"report: {run_dir / name}")
 
 
+def _check_model(args: argparse.Namespace) -> int:
+    """The replay properties of a checkpoint on two short synthetic rows at each of the contract's
+    precisions, and what a crossing row would cost at the contract's bank lengths; exit 1 if any
+    judged property fails."""
+    contract, _ = _pin(args.contract)
+    from replaytests.engine import checks
+    from replaytests.engine.decoder import suffix_room
+    from replaytests.engine.runtime import Runtime
+    from replaytests.suite.session import check_model, check_window
+
+    _, config = check_model(args.model, contract, "--model")
+    lengths = contract.bank["prefix_len"]
+    check_window(args.model, config, lengths["max"] + suffix_room(contract.caps))
+    print(f"check-model: {args.model} ({'/'.join(getattr(config, 'architectures', None) or ['?'])}, "
+          f"{config.num_hidden_layers} layers) under contract {contract.name}; window: "
+          f"{hf_window(config)}")
+    failed = False
+    for precision in contract.precisions:
+        runtime = Runtime.load(args.model, contract, precision, args.device)
+        found: dict[str, checks.Check] = {}
+        cost = None
+        for seed in (0, 1):  # two short synthetic rows: a property holds only if it holds on both
+            results, cost = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed))
+            for check in results:
+                if check.name not in found or found[check.name].outcome == "ok":
+                    found[check.name] = check
+        for check in found.values():
+            failed |= check.outcome == "fail"
+            print(f"  {precision:5s} {check.name:16s} {check.outcome}{': ' + check.detail if check.detail else ''}")
+        if cost is not None:
+            estimates = [(n, *checks.row_estimate(cost, n, runtime)) for n in sorted(set(lengths.values()))]
+            print(f"  {precision:5s} a crossing row: " + "; ".join(
+                f"at {n} tokens about {s:.1f} s, {b / 2**20:.1f} MiB of boundary caches" for n, s, b in estimates))
+    print("verdict: FAIL (a property replay rests on does not hold; see above)" if failed else
+          "verdict: PASS (every judged property holds)")
+    return 1 if failed else 0
+
+
+def hf_window(config) -> str:
+    from replaytests.engine import hf_adapter
+
+    window = hf_adapter.sliding_window(config)
+    return "none (every layer sees the whole sequence)" if window is None else f"sliding, {window} tokens"
+
+
 def _report(args: argparse.Namespace) -> int:
     from replaytests.outputs.report import REPORT_FILES, collate, report_meta, write_report
     from replaytests.outputs.rundir import ledger_of
@@ -170,6 +215,12 @@ def parser() -> argparse.ArgumentParser:
     env.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     env.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
 
+    check = sub.add_parser("check-model", help="a short check of a checkpoint before a long audit: the replay "
+                                               "properties on two synthetic rows per precision, and a row's cost")
+    check.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory. Default: %(default)s")
+    check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
+    check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+
     report = sub.add_parser("report", help="collate ledgers (run directories, shards, workers) into "
                                            "report.json, report.md and report.html")
     report.add_argument("inputs", type=Path, nargs="+", metavar="DIR_OR_LEDGER",
@@ -214,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             return _freeze(args)
         if args.command == "env":
             return _env(args)
+        if args.command == "check-model":
+            return _check_model(args)
         if args.command == "report":
             return _report(args)
         if args.command == "compare":

@@ -1,32 +1,26 @@
-"""The replay engine on the decoder families users gate (issue 14, first part): tiny random models of
-each family, built in-process from transformers' own configurations (seeded), read with the embedded
-byte-level tokenizer and its 12 delimiters, checked for the properties replay rests on.
+"""The replay engine on the decoder families users gate (issue 14): tiny random models of each family,
+built in-process from transformers' own configurations (seeded), read with the embedded byte-level
+tokenizer and its 12 delimiters, held to every replay property of engine.checks (the properties
+`replaytests check-model` reports) on a seeded synthetic row.
 
-Each family is a two-layer model, wide enough for every kernel (hidden 64, 4 heads, 2 KV heads),
-run at FP32 under the embedded contract (one thread). Per family: the protocol's 4D mask is honoured
-(a key the visibility contract hides has no influence, a visible one has), the physical-batch copies
-stay bitwise equal, live and incremental are bit-exact (bridge), incremental and prefill give the
-same suffix at FP32, a self-transplant reproduces the construction's own trajectory, and no two arms
-share storage. A family where a property does not hold is marked with the reason (a strict xfail,
-so that a fix shows), or refused with one line where the suite can tell beforehand.
+Each family is a two-layer model, wide enough for every kernel (hidden 64, 4 heads, 2 KV heads), run
+at FP32 under the embedded contract (one thread). A family where a property does not hold is marked
+with the reason (a strict xfail, so that a fix shows), or refused with one line where the suite can
+tell beforehand.
 """
 
 from __future__ import annotations
 
-import functools
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from replaytests.engine import constructions, hf_adapter
-from replaytests.engine.arms import Arms
-from replaytests.engine.boundary import check_storage_isolated
-from replaytests.engine.decoder import decode_suffix
+from replaytests.engine import checks, hf_adapter
 from replaytests.engine.protocol import Grammar
 from replaytests.engine.runtime import Runtime
-from replaytests.engine.transplant import transplant
-from replaytests.errors import ConfigError, PhysicalBatchDesync
+from replaytests.errors import ConfigError
 from replaytests.suite.session import check_window
 
 VOCAB = 320  # the embedded tokenizer's ids, delimiters included
@@ -46,21 +40,10 @@ FAMILIES = {
 }
 # Families where a property does not hold on this CPU, and why (measured; strict: a fix turns them red).
 KNOWN = {
-    "qwen2_moe": (PhysicalBatchDesync, "qwen2_moe: the two physical-batch copies' logits differ in their last bits "
-                  "at FP32 (max |diff| about 1e-8 from the first decode steps; its expert dispatch is the likely "
-                  "cause); a conformance run excludes every row of it, fail-closed"),
+    "qwen2_moe": "qwen2_moe: the two physical-batch copies' logits differ in their last bits at FP32 (max |diff| "
+                 "about 1e-8 from the first decode steps; its expert dispatch is the likely cause): every row "
+                 "fails closed, so no other property can be checked",
 }
-
-
-def params():
-    out = []
-    for family in FAMILIES:
-        marks = []
-        if family in KNOWN:
-            raises, reason = KNOWN[family]
-            marks = [pytest.mark.xfail(raises=raises, reason=reason, strict=True)]
-        out.append(pytest.param(family, id=family, marks=marks))
-    return out
 
 
 def build_model(family: str, attention: str = "sdpa"):
@@ -73,102 +56,30 @@ def build_model(family: str, attention: str = "sdpa"):
     return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32).eval()
 
 
-class Lab:
-    """Each family's runtime and arms, built once for the module (on first use, inside a test, so that a
-    physical-batch desync is that test's outcome)."""
-
-    def __init__(self, contract, tokenizer, delims, z: list[int]) -> None:
-        self.contract, self.tokenizer, self.delims, self.z = contract, tokenizer, delims, z
-
-    @functools.cache  # noqa: B019 - one Lab per module
-    def runtime(self, family: str) -> Runtime:
-        contract = self.contract
-        grammar = Grammar(self.delims, contract.caps, VOCAB, len(self.tokenizer))
-        runtime = Runtime("fp32", contract.precisions["fp32"], contract.cpu_threads, build_model(family),
-                          self.tokenizer, grammar, torch.device("cpu"), contract.physical_batch)
-        runtime.activate()
-        runtime.arms = Arms(budget=0)  # every arm below is its own construction
-        return runtime
-
-    @functools.cache  # noqa: B019
-    def arms(self, family: str) -> dict:
-        """Every arm the properties read (a physical-batch desync raises here)."""
-        runtime = self.runtime(family)
-        runtime.activate()
-        boundaries = {"live": constructions.live(runtime, constructions.prompt_of(self.z, runtime))}
-        for name in ("incremental", "prefill", "prefill_replica"):
-            boundaries[name] = constructions.build(runtime, name, self.z)
-        boundaries["bridge_incremental"] = constructions.build(runtime, "incremental", boundaries["live"].tokens)
-        suffixes = {name: decode_suffix(runtime, b) for name, b in boundaries.items()}
-        moved = transplant(runtime, boundaries["prefill_replica"], boundaries["prefill"])
-        return {"boundaries": boundaries, "suffixes": suffixes, "self_transplant": decode_suffix(runtime, moved)}
-
-
 @pytest.fixture(scope="module")
-def lab(tiny_contract, tokenizer, delims, shortest_z) -> Lab:
-    return Lab(tiny_contract, tokenizer, delims, list(shortest_z))
+def checked(tiny_contract, tokenizer, delims):
+    """family -> property -> its Check, each family's runtime built and checked once for the module."""
+    grammar = Grammar(delims, tiny_contract.caps, VOCAB, len(tokenizer))
+    results: dict[str, dict[str, checks.Check]] = {}
+
+    def get(family: str) -> dict[str, checks.Check]:
+        if family not in results:
+            runtime = Runtime("fp32", tiny_contract.precisions["fp32"], tiny_contract.cpu_threads,
+                              build_model(family), tokenizer, grammar, torch.device("cpu"),
+                              tiny_contract.physical_batch)
+            found, _ = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed=0))
+            results[family] = {check.name: check for check in found}
+        return results[family]
+
+    return get
 
 
-@pytest.fixture
-def arms(request, lab):
-    return lambda: lab.arms(request.node.callspec.params["family"])
-
-
-def _branch_end(z: list[int], delims, branch: int) -> int:
-    return z.index(delims.closers[branch])
-
-
-@pytest.mark.parametrize("family", params())
-def test_mask_hides_exactly_what_the_visibility_contract_hides(family, arms, lab, delims, shortest_z):
-    # A branch-2 query may see the prompt but never branch 1: changing a branch-1 token must leave its
-    # logits bit for bit, changing a prompt token must not (the negative control: the change reaches the model).
-    arms()  # the family's copies stay equal (else this test is that family's known failure)
-    runtime = lab.runtime(family)
-    z = shortest_z[: _branch_end(shortest_z, delims, 2)]  # ends inside branch 2
-    hidden, seen = _branch_end(z, delims, 1) - 1, 1  # the last branch-1 content token; a prompt token
-
-    def last_logits(tokens):
-        return constructions._teacher_forced(runtime, tokens, [len(tokens)], "probe").logits
-
-    def changed(at):
-        return [t if i != at else (t + 1) % 250 for i, t in enumerate(z)]
-
-    reference = last_logits(z)
-    assert torch.equal(last_logits(changed(hidden)), reference), (
-        f"{family}: changing branch-1 token {hidden} changed a branch-2 query's logits (the mask is not honoured)")
-    assert not torch.equal(last_logits(changed(seen)), reference), (
-        f"{family}: changing prompt token {seen} left the logits unchanged (the probe does not reach the model)")
-
-
-@pytest.mark.parametrize("family", params())
-def test_bridge_live_equals_incremental_bitwise(family, arms):
-    built = arms()
-    live, incremental = built["boundaries"]["live"], built["boundaries"]["bridge_incremental"]
-    assert live.cache_digest() == incremental.cache_digest(), f"{family}: live and incremental caches differ"
-    assert live.logits_digest() == incremental.logits_digest(), f"{family}: live and incremental logits differ"
-    assert built["suffixes"]["live"].tokens == built["suffixes"]["bridge_incremental"].tokens, (
-        f"{family}: live and incremental suffixes differ")
-
-
-@pytest.mark.parametrize("family", params())
-def test_fp32_incremental_and_prefill_give_one_suffix(family, arms):
-    suffixes = arms()["suffixes"]
-    assert suffixes["incremental"].tokens == suffixes["prefill"].tokens, (
-        f"{family}: FP32 incremental and prefill suffixes differ: {suffixes['incremental'].tokens} vs "
-        f"{suffixes['prefill'].tokens}")
-
-
-@pytest.mark.parametrize("family", params())
-def test_self_transplant_reproduces_its_own_trajectory(family, arms):
-    built = arms()
-    assert built["self_transplant"].tokens == built["suffixes"]["prefill"].tokens, (
-        f"{family}: prefill's cache in its own replica took another trajectory: decoding is not a function of "
-        "the cache values alone")
-
-
-@pytest.mark.parametrize("family", params())
-def test_arms_share_no_storage(family, arms):
-    check_storage_isolated(list(arms()["boundaries"].values())[:4], family)
+@pytest.mark.parametrize("prop", checks.PROPERTIES)
+@pytest.mark.parametrize("family", [
+    pytest.param(f, marks=[pytest.mark.xfail(reason=KNOWN[f], strict=True)] if f in KNOWN else []) for f in FAMILIES])
+def test_family_holds_each_replay_property(family, prop, checked):
+    check = checked(family)[prop]
+    assert check.outcome == "ok", f"{family} at FP32: {prop} {check.outcome}: {check.detail}"
 
 
 def test_a_family_without_sdpa_is_refused_with_one_line(tmp_path):
@@ -194,3 +105,60 @@ def test_a_window_shorter_than_the_sequence_is_refused(family, window, refused):
             check_window(Path(family), config, 200)
     else:
         check_window(Path(family), config, 200)
+
+
+def test_the_mask_check_fails_a_model_that_ignores_the_mask(fp32_runtime, monkeypatch):
+    # The negative control of the checker itself: every call made with an all-visible mask (as a model
+    # that drops the 4D mask would compute) must fail the mask property.
+    class IgnoresTheMask:
+        def __init__(self, forward) -> None:
+            self.forward = forward
+
+        def new_cache(self):
+            return self.forward.new_cache()
+
+        def __call__(self, ids, mask, positions, cache):
+            causal = torch.ones_like(mask).tril(diagonal=mask.shape[-1] - mask.shape[-2])
+            return self.forward(ids, causal, positions, cache)
+
+    monkeypatch.setattr(fp32_runtime, "_forward", IgnoresTheMask(fp32_runtime._forward))
+    check = checks.check_mask(fp32_runtime, checks.synthetic_z(fp32_runtime, seed=0))
+    assert check.outcome == "fail" and "branch-1 token" in check.detail, check
+
+
+def test_check_model_passes_the_embedded_model(capsys):
+    from replaytests.cli import main
+
+    code = main(["check-model"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.rstrip().endswith("verdict: PASS (every judged property holds)"), out
+    for precision in ("bf16", "fp32"):
+        for prop in checks.PROPERTIES:
+            assert re.search(rf"^  {precision} +{prop} +ok$", out, re.MULTILINE), f"{precision} {prop} missing:\n{out}"
+        assert re.search(rf"^  {precision} +a crossing row: at 123 tokens about [0-9.]+ s, [0-9.]+ MiB", out,
+                         re.MULTILINE), out
+
+
+@pytest.mark.parametrize(("family", "extra", "message"), [
+    pytest.param("gemma2", {}, r"cannot load model: .*scaled_dot_product_attention", id="gemma2-no-sdpa"),
+    pytest.param("mistral", {"sliding_window": 64}, r"sliding_window 64 is shorter than the longest sequence",
+                 id="mistral-window-64"),
+])
+def test_check_model_refuses_with_one_line(family, extra, message, tmp_path, capsys, repo):
+    # A checkpoint directory of that family with the embedded tokenizer beside its weights.
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from replaytests.cli import main
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(family, **SHAPE, **{**FAMILIES.get(family, {}), **extra})
+    directory = tmp_path / family
+    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(directory)
+    tiny = repo / "fixtures" / "models" / "tiny-qwen2"
+    for name in hf_adapter.TOKENIZER_FILES:
+        if (tiny / name).is_file():
+            (directory / name).write_bytes((tiny / name).read_bytes())
+    capsys.readouterr()  # transformers' own progress output while saving
+    code = main(["check-model", "--model", str(directory)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and re.search(message, err), err

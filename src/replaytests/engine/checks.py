@@ -1,0 +1,162 @@
+"""The replay properties of a model, checked on short synthetic rows: what `replaytests check-model`
+reports before a long audit, and what the architecture matrix holds every decoder family to.
+
+On one runtime (one precision), from a seeded synthetic z (a prompt, three short branches, <|merge|>):
+
+| mask           | a key the visibility contract hides has no influence on a query; a visible one has   |
+| batch          | the physical-batch copies stay bitwise equal in every construction                    |
+| bridge         | live and incremental of the live z are bit-exact: cache, logits and suffix            |
+| suffix         | incremental and prefill give one suffix (judged at FP32; recorded at other precisions) |
+| self_transplant| prefill's cache copied into its own replica reproduces prefill's trajectory            |
+| storage        | no two arms share tensor storage                                                       |
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from replaytests.engine import constructions
+from replaytests.engine.arms import Arms
+from replaytests.engine.boundary import Boundary, check_storage_isolated
+from replaytests.engine.comparisons import first_divergence
+from replaytests.engine.decoder import DecodeState, decode_suffix, suffix_room
+from replaytests.engine.protocol import Cursor, parse_prefix
+from replaytests.engine.runtime import Runtime, bitwise_equal
+from replaytests.engine.transplant import transplant
+from replaytests.errors import FailClosed
+
+PROPERTIES = ("mask", "batch", "bridge", "suffix", "self_transplant", "storage")
+EXACT_PRECISIONS = ("fp32",)  # where incremental and prefill must give one suffix
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    precision: str
+    outcome: str  # "ok", "fail", "recorded" (a finding the protocol allows), "not run"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one synthetic row cost, to scale to a bank's lengths."""
+
+    call_s: float  # seconds per single-token forward call (incremental and decoding)
+    prefill_s_per_token: float
+    cache_bytes_per_token: float  # one boundary's K/V, physical batch included
+
+
+def synthetic_z(runtime: Runtime, seed: int, prompt: int = 8, branch: int = 6) -> list[int]:
+    """A valid boundary prefix: a prompt block of `prompt` content tokens, three branches of
+    min(branch, cap) content tokens each, then <|merge|>; content ids drawn with `seed`."""
+    grammar, delims = runtime.grammar, runtime.grammar.delims
+    content = [int(i) for i in grammar.content.nonzero().flatten()]
+    draw = random.Random(seed)
+    branch = min(branch, grammar.caps.branch)
+    z = [delims.openers[0], *draw.choices(content, k=prompt), delims.closers[0]]
+    for block in (1, 2, 3):
+        z += [delims.openers[block], *draw.choices(content, k=branch), delims.closers[block]]
+    z.append(delims.openers[4])
+    parse_prefix(z, grammar, "synthetic row")
+    return z
+
+
+def last_logits(runtime: Runtime, tokens: list[int]):
+    """The last position's logits of one prefill call over `tokens` (any prefix the grammar accepts)."""
+    state = DecodeState(runtime, [], [], Cursor(), runtime.new_cache(), None, capacity=len(tokens))
+    for token in tokens:
+        state.push(token)
+    state.feed(len(tokens), "probe")
+    return state.boundary("probe").logits
+
+
+def check_mask(runtime: Runtime, z: list[int]) -> Check:
+    """A branch-2 query sees the prompt, never branch 1: changing the last branch-1 token must leave its
+    logits bit for bit, changing a prompt token must not (the negative control: the probe reaches the model)."""
+    delims, name = runtime.grammar.delims, runtime.precision
+    tokens = z[: z.index(delims.closers[2])]  # ends inside branch 2
+    hidden, seen = tokens.index(delims.closers[1]) - 1, 1
+    content = [int(i) for i in runtime.grammar.content.nonzero().flatten()]
+
+    def changed(at: int) -> list[int]:
+        other = next(t for t in content if t != tokens[at])
+        return [other if i == at else t for i, t in enumerate(tokens)]
+
+    reference = last_logits(runtime, tokens)
+    if not bitwise_equal(last_logits(runtime, changed(hidden)), reference):
+        return Check("mask", name, "fail", f"changing branch-1 token {hidden} changed a branch-2 query's logits")
+    if bitwise_equal(last_logits(runtime, changed(seen)), reference):
+        return Check("mask", name, "fail", f"changing prompt token {seen} left the logits unchanged: the 4D mask "
+                                           "or the probe does not reach the model")
+    return Check("mask", name, "ok")
+
+
+def check_runtime(runtime: Runtime, z: list[int]) -> tuple[list[Check], Cost | None]:
+    """Every property on one runtime, and what the row cost; a property that could not run because an
+    earlier one failed closed is "not run"."""
+    name = runtime.precision
+    runtime.activate()
+    held, runtime.arms = runtime.arms, Arms(budget=0)  # every arm here is its own construction
+    try:
+        started = time.perf_counter()
+        incremental = constructions.build(runtime, "incremental", z)
+        incremental_s = time.perf_counter() - started
+        started = time.perf_counter()
+        prefill = constructions.build(runtime, "prefill", z)
+        prefill_s = time.perf_counter() - started
+        arms = {"incremental": incremental, "prefill": prefill,
+                "prefill_replica": constructions.build(runtime, "prefill_replica", z),
+                "live": constructions.live(runtime, constructions.prompt_of(z, runtime))}
+        arms["bridge"] = constructions.build(runtime, "incremental", arms["live"].tokens)
+        suffixes = {arm: decode_suffix(runtime, boundary) for arm, boundary in arms.items()}
+        moved = decode_suffix(runtime, transplant(runtime, arms["prefill_replica"], arms["prefill"]))
+        checks = [check_mask(runtime, z), Check("batch", name, "ok")]
+    except FailClosed as exc:
+        failed = Check("batch", name, "fail", f"{type(exc).__name__}: {exc}")
+        return [failed, *(Check(p, name, "not run") for p in PROPERTIES if p != "batch")], None
+    finally:
+        runtime.arms = held
+    checks.append(_bridge(arms["live"], arms["bridge"], suffixes["live"].tokens, suffixes["bridge"].tokens, name))
+    checks.append(_suffix(suffixes["incremental"].tokens, suffixes["prefill"].tokens, name))
+    own = suffixes["prefill"].tokens
+    checks.append(Check("self_transplant", name, "ok") if moved.tokens == own else Check(
+        "self_transplant", name, "fail", f"prefill's cache in its replica diverges at suffix index "
+                                         f"{first_divergence(moved.tokens, own)}"))
+    try:
+        check_storage_isolated([arms[a] for a in ("incremental", "prefill", "prefill_replica", "live")], name)
+        checks.append(Check("storage", name, "ok"))
+    except FailClosed as exc:
+        checks.append(Check("storage", name, "fail", str(exc)))
+    calls = len(z) - len(constructions.prompt_of(z, runtime)) + 1
+    cost = Cost(incremental_s / calls, prefill_s / len(z), _cache_bytes(prefill) / len(z))
+    return checks, cost
+
+
+def _bridge(live: Boundary, incremental: Boundary, live_suffix: list[int], suffix: list[int], name: str) -> Check:
+    differs = [what for what, same in (("cache", live.cache_digest() == incremental.cache_digest()),
+                                       ("boundary logits", live.logits_digest() == incremental.logits_digest()),
+                                       ("suffix", live_suffix == suffix)) if not same]
+    return Check("bridge", name, "fail", f"live and incremental differ in {', '.join(differs)}") if differs else \
+        Check("bridge", name, "ok")
+
+
+def _suffix(incremental: list[int], prefill: list[int], name: str) -> Check:
+    if incremental == prefill:
+        return Check("suffix", name, "ok")
+    at = f"incremental and prefill suffixes diverge at index {first_divergence(incremental, prefill)}"
+    return Check("suffix", name, "fail" if name in EXACT_PRECISIONS else "recorded", at)
+
+
+def _cache_bytes(boundary: Boundary) -> int:
+    return sum(t.nbytes for kv in boundary.layers for t in kv)
+
+
+def row_estimate(cost: Cost, prefix_len: int, runtime: Runtime) -> tuple[float, int]:
+    """Seconds and bytes of one crossing row at `prefix_len` tokens: two incremental constructions,
+    two prefills and four suffixes at the short row's per-call cost (an estimate: longer caches cost
+    more per call, a short row's first calls more than later ones), and four boundary caches held."""
+    suffix = suffix_room(runtime.grammar.caps)
+    seconds = 2 * prefix_len * cost.call_s + 2 * prefix_len * cost.prefill_s_per_token + 4 * suffix * cost.call_s
+    return seconds, int(4 * (prefix_len + suffix) * cost.cache_bytes_per_token)
