@@ -31,7 +31,7 @@ import transformers
 from replaytests.engine import constructions, hf_adapter
 from replaytests.engine.arms import Arms
 from replaytests.engine.decoder import DecodeState, decode_suffix, suffix_room
-from replaytests.engine.protocol import MERGE, Caps, Cursor, parse_prefix, prompt_block
+from replaytests.engine.protocol import MERGE, Caps, parse_prefix, prompt_block
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import ReplaytestsError
 from replaytests.families import crossing, skeleton
@@ -166,7 +166,7 @@ def load_runtime(model: Path, contract, precision: str, device: str | None, posi
 
 def prefix_cache(runtime: Runtime, row: BankRow):
     """The cache of z without its last token (<|merge|>), filled by the suite's own masked prefill."""
-    state = DecodeState(runtime, [], [], Cursor(), runtime.new_cache(), None, capacity=len(row.tokens))
+    state = DecodeState.empty(runtime, len(row.tokens))
     for token in row.tokens[:-1]:
         state.push(token)
     state.feed(len(row.tokens) - 1, "generate() prefix")

@@ -94,15 +94,16 @@ def _check_model(args: argparse.Namespace) -> int:
     check_window(args.model, config, lengths["max"] + suffix_room(contract.caps))
     print(f"check-model: {args.model} ({'/'.join(getattr(config, 'architectures', None) or ['?'])}, "
           f"{config.num_hidden_layers} layers) under contract {contract.name}; window: "
-          f"{hf_window(config)}")
+          f"{hf_window(config)}; cache: {contract.cache}")
     failed = False
     for precision in contract.precisions:
         runtime = Runtime.load(args.model, contract, precision, args.device)
         found: dict[str, checks.Check] = {}
         cost = None
         for seed in (0, 1):  # two short synthetic rows: a property holds only if it holds on both
-            results, cost = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed))
-            for check in results:
+            result = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed))
+            cost = result.cost
+            for check in result.checks:
                 if check.name not in found or found[check.name].outcome == "ok":
                     found[check.name] = check
         for check in found.values():

@@ -35,9 +35,11 @@ FAMILIES = {
     "gemma3_text": {"sliding_window": 4096}, "phi3": {"partial_rotary_factor": 0.5}, "olmo2": {}, "granite": {},
     "stablelm": {"partial_rotary_factor": 0.25}, "starcoder2": {}, "cohere": {},
     "mixtral": {"num_local_experts": 4, **MOE}, "phimoe": {"num_local_experts": 4, **MOE},
-    "olmoe": {"num_experts": 4, **MOE},
+    "olmoe": {"num_experts": 4, **MOE}, "gemma2": {"sliding_window": 4096},
     "qwen2_moe": {"num_experts": 4, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, **MOE},
 }
+# Families transformers runs with eager attention only (a contract then says environment.attention: eager).
+EAGER = ("gemma2",)
 # Families where a property does not hold on this CPU, and why (measured; strict: a fix turns them red).
 KNOWN = {
     "qwen2_moe": "qwen2_moe: the two physical-batch copies' logits differ in their last bits at FP32 (max |diff| "
@@ -58,28 +60,55 @@ def build_model(family: str, attention: str = "sdpa"):
 
 @pytest.fixture(scope="module")
 def checked(tiny_contract, tokenizer, delims):
-    """family -> property -> its Check, each family's runtime built and checked once for the module."""
+    """(family, cache class) -> its checks.Result, each built and checked once for the module."""
     grammar = Grammar(delims, tiny_contract.caps, VOCAB, len(tokenizer))
-    results: dict[str, dict[str, checks.Check]] = {}
+    results: dict[tuple[str, str], checks.Result] = {}
 
-    def get(family: str) -> dict[str, checks.Check]:
-        if family not in results:
+    def get(family: str, cache: str = "dynamic", attention: str | None = None) -> checks.Result:
+        attention = attention or ("eager" if family in EAGER else "sdpa")
+        if (family, cache, attention) not in results:
             runtime = Runtime("fp32", tiny_contract.precisions["fp32"], tiny_contract.cpu_threads,
-                              build_model(family), tokenizer, grammar, torch.device("cpu"),
-                              tiny_contract.physical_batch)
-            found, _ = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed=0))
-            results[family] = {check.name: check for check in found}
-        return results[family]
+                              build_model(family, attention), tokenizer, grammar, torch.device("cpu"),
+                              tiny_contract.physical_batch, cache)
+            results[family, cache, attention] = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed=0))
+        return results[family, cache, attention]
 
     return get
 
 
+def _family_params(families=FAMILIES):
+    return [pytest.param(f, marks=[pytest.mark.xfail(reason=KNOWN[f], strict=True)] if f in KNOWN else [])
+            for f in families]
+
+
 @pytest.mark.parametrize("prop", checks.PROPERTIES)
-@pytest.mark.parametrize("family", [
-    pytest.param(f, marks=[pytest.mark.xfail(reason=KNOWN[f], strict=True)] if f in KNOWN else []) for f in FAMILIES])
+@pytest.mark.parametrize("family", _family_params())
 def test_family_holds_each_replay_property(family, prop, checked):
-    check = checked(family)[prop]
+    check = {c.name: c for c in checked(family).checks}[prop]
     assert check.outcome == "ok", f"{family} at FP32: {prop} {check.outcome}: {check.detail}"
+
+
+@pytest.mark.parametrize("family", _family_params())
+def test_a_static_cache_keeps_every_property_and_the_fp32_trajectories(family, checked):
+    # The cache class a contract names (environment.cache): a preallocated cache attends over the model's
+    # whole context with the unused part hidden, so its K/V need not be bit-equal to the dynamic cache's;
+    # at FP32 every property must still hold and every construction must take the same trajectory.
+    static, dynamic = checked(family, "static"), checked(family)
+    failed = [f"{c.name} {c.outcome}: {c.detail}" for c in static.checks if c.outcome != "ok"]
+    assert not failed, f"{family} with a static cache: " + "; ".join(failed)
+    assert static.suffixes == dynamic.suffixes, (
+        f"{family}: the static cache changed FP32 suffixes: "
+        f"{ {arm: (dynamic.suffixes[arm], s) for arm, s in static.suffixes.items() if s != dynamic.suffixes[arm]} }")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral"])
+def test_eager_attention_keeps_every_property_and_the_fp32_trajectories(family, checked):
+    # Eager attention adds the mask to the scores: the adapter hands it the additive form (a bool mask
+    # there would hide nothing; the mask property caught exactly that).
+    eager, sdpa = checked(family, attention="eager"), checked(family)
+    failed = [f"{c.name} {c.outcome}: {c.detail}" for c in eager.checks if c.outcome != "ok"]
+    assert not failed, f"{family} with eager attention: " + "; ".join(failed)
+    assert eager.suffixes == sdpa.suffixes, f"{family}: eager attention changed FP32 suffixes"
 
 
 def test_a_family_without_sdpa_is_refused_with_one_line(tmp_path):
@@ -139,25 +168,49 @@ def test_check_model_passes_the_embedded_model(capsys):
                          re.MULTILINE), out
 
 
+def save_family(family: str, directory: Path, repo: Path, **extra) -> Path:
+    """A checkpoint directory of that family (seeded random weights) with the embedded tokenizer beside them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(family, **SHAPE, **{**FAMILIES.get(family, {}), **extra})
+    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(directory)
+    tiny = repo / "fixtures" / "models" / "tiny-qwen2"
+    for name in hf_adapter.TOKENIZER_FILES:
+        if (tiny / name).is_file():
+            (directory / name).write_bytes((tiny / name).read_bytes())
+    return directory
+
+
+@pytest.mark.slow  # saves and loads a checkpoint per family
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_check_model_on_a_random_checkpoint_of_each_family(family, tmp_path, capsys, repo):
+    from replaytests.cli import main
+
+    model = save_family(family, tmp_path / family, repo)
+    contract = tmp_path / "contract.yaml"
+    contract.write_text(f"schema: replaytests.contract/1\nextends: {repo / 'contracts' / 'cpu-tiny.yaml'}\n"
+                        f"name: tiny-{family}\nenvironment:\n  attention: "
+                        f"{'eager' if family in EAGER else 'sdpa'}\n")
+    capsys.readouterr()  # transformers' own progress output while saving
+    code = main(["check-model", "--model", str(model), "--contract", str(contract)])
+    out = capsys.readouterr().out
+    if family in KNOWN:  # the known failure is reported, and the verdict says so
+        assert code == 1 and re.search(r"^  fp32 +batch +fail: PhysicalBatchDesync", out, re.MULTILINE), out
+        assert out.rstrip().endswith("verdict: FAIL (a property replay rests on does not hold; see above)"), out
+    else:
+        assert code == 0 and out.rstrip().endswith("verdict: PASS (every judged property holds)"), out
+
+
 @pytest.mark.parametrize(("family", "extra", "message"), [
     pytest.param("gemma2", {}, r"cannot load model: .*scaled_dot_product_attention", id="gemma2-no-sdpa"),
     pytest.param("mistral", {"sliding_window": 64}, r"sliding_window 64 is shorter than the longest sequence",
                  id="mistral-window-64"),
 ])
 def test_check_model_refuses_with_one_line(family, extra, message, tmp_path, capsys, repo):
-    # A checkpoint directory of that family with the embedded tokenizer beside its weights.
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from replaytests.cli import main
 
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(family, **SHAPE, **{**FAMILIES.get(family, {}), **extra})
-    directory = tmp_path / family
-    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(directory)
-    tiny = repo / "fixtures" / "models" / "tiny-qwen2"
-    for name in hf_adapter.TOKENIZER_FILES:
-        if (tiny / name).is_file():
-            (directory / name).write_bytes((tiny / name).read_bytes())
+    directory = save_family(family, tmp_path / family, repo, **extra)
     capsys.readouterr()  # transformers' own progress output while saving
     code = main(["check-model", "--model", str(directory)])
     err = capsys.readouterr().err.strip()

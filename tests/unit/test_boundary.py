@@ -185,7 +185,9 @@ def test_fake_cache_matches_a_real_dynamic_cache(make_boundary, layers_factory, 
     """The unit tests' FakeCache exposes what a transformers DynamicCache does, with the same results."""
     config = hf_adapter.load_config(repo / "fixtures" / "models" / "tiny-qwen2")
     layers = layers_factory(n_layers=config.num_hidden_layers, seq=5, seed=11)
-    real = hf_adapter.cache_from_layers(types.SimpleNamespace(config=config), layers)
+    from transformers import DynamicCache
+
+    real = hf_adapter.cache_from_layers(types.SimpleNamespace(config=config), layers, like=DynamicCache())
     fake_boundary = make_boundary("fake", layers)
     real_boundary = make_boundary("real", layers)
     real_boundary.cache = real

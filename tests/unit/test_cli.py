@@ -102,6 +102,7 @@ def test_frozen_manifest_records_the_bank_sha256(frozen):
     assert (manifest["rows"], manifest["bank"], manifest["precision"]) == (2, "two.jsonl", "bf16"), (
         f"manifest rows/bank/precision {(manifest['rows'], manifest['bank'], manifest['precision'])}"
     )
+    assert manifest["contract"]["cache"] == "dynamic", f"manifest contract {manifest['contract']}"
     assert check_manifest(out) == manifest, "check_manifest refuses a freshly frozen bank"
 
 

@@ -28,6 +28,7 @@ READERS = {
     "extends": contract._resolve,
     "description": artifacts.run_metadata,
     "environment.attention": runtime.Runtime.load,
+    "environment.cache": runtime.Runtime.load,
     "environment.cpu_isa": session.ReplaySession.open,
     "precisions": runtime.Runtime.load,
     "precisions.<precision>.dtype": runtime.Runtime.load,

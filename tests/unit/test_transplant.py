@@ -148,14 +148,14 @@ def test_transplant_copies_exactly_the_selected_tensors(bf16_runtime, pair, laye
 
 def test_result_aliasing_the_donor_is_refused(bf16_runtime, pair, monkeypatch, fake_cache):
     # An adapter that hands back the donor's tensors instead of copies.
-    monkeypatch.setattr(hf_adapter, "cache_from_layers", lambda model, layers: fake_cache(layers))
+    monkeypatch.setattr(hf_adapter, "cache_from_layers", lambda model, layers, like: fake_cache(layers))
     with pytest.raises(StorageAliasing, match=r"^transplant prefill<-incremental \(prefill<-incremental\): "
                                               r"prefill<-incremental shares tensor storage with incremental"):
         transplant(bf16_runtime, pair["prefill"], pair["incremental"])
 
 
 def test_result_that_is_not_a_bit_copy_is_refused(bf16_runtime, pair, monkeypatch, fake_cache):
-    def lossy(model, layers):
+    def lossy(model, layers, like):
         (k, v), *rest = layers
         return fake_cache([(k.clone().add_(0.5), v.clone()), *((a.clone(), b.clone()) for a, b in rest)])
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 BLOCKS = ("prompt", "cot_1", "cot_2", "cot_3", "merge", "answer")
 PROMPT, MERGE, ANSWER = 0, 4, 5
 DELIMITER_NAMES = tuple(f"<|{prefix}{block}|>" for block in BLOCKS for prefix in ("", "/"))
+# The K/V cache classes a contract may name (environment.cache), as engine/hf_adapter.py builds them.
+CACHES = ("dynamic", "static", "offloaded")
 
 
 @dataclass(frozen=True)

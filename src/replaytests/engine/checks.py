@@ -22,7 +22,7 @@ from replaytests.engine.arms import Arms
 from replaytests.engine.boundary import Boundary, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.decoder import DecodeState, decode_suffix, suffix_room
-from replaytests.engine.protocol import Cursor, parse_prefix
+from replaytests.engine.protocol import parse_prefix
 from replaytests.engine.runtime import Runtime, bitwise_equal
 from replaytests.engine.transplant import transplant
 from replaytests.errors import FailClosed
@@ -48,6 +48,13 @@ class Cost:
     cache_bytes_per_token: float  # one boundary's K/V, physical batch included
 
 
+@dataclass(frozen=True)
+class Result:
+    checks: list[Check]
+    cost: Cost | None  # None where the constructions failed closed
+    suffixes: dict[str, list[int]]  # each construction's suffix (incremental, prefill, live, ...)
+
+
 def synthetic_z(runtime: Runtime, seed: int, prompt: int = 8, branch: int = 6) -> list[int]:
     """A valid boundary prefix: a prompt block of `prompt` content tokens, three branches of
     min(branch, cap) content tokens each, then <|merge|>; content ids drawn with `seed`."""
@@ -65,7 +72,7 @@ def synthetic_z(runtime: Runtime, seed: int, prompt: int = 8, branch: int = 6) -
 
 def last_logits(runtime: Runtime, tokens: list[int]):
     """The last position's logits of one prefill call over `tokens` (any prefix the grammar accepts)."""
-    state = DecodeState(runtime, [], [], Cursor(), runtime.new_cache(), None, capacity=len(tokens))
+    state = DecodeState.empty(runtime, len(tokens))
     for token in tokens:
         state.push(token)
     state.feed(len(tokens), "probe")
@@ -93,9 +100,9 @@ def check_mask(runtime: Runtime, z: list[int]) -> Check:
     return Check("mask", name, "ok")
 
 
-def check_runtime(runtime: Runtime, z: list[int]) -> tuple[list[Check], Cost | None]:
-    """Every property on one runtime, and what the row cost; a property that could not run because an
-    earlier one failed closed is "not run"."""
+def check_runtime(runtime: Runtime, z: list[int]) -> Result:
+    """Every property on one runtime, what the row cost and the suffixes; a property that could not run
+    because an earlier one failed closed is "not run"."""
     name = runtime.precision
     runtime.activate()
     held, runtime.arms = runtime.arms, Arms(budget=0)  # every arm here is its own construction
@@ -115,7 +122,7 @@ def check_runtime(runtime: Runtime, z: list[int]) -> tuple[list[Check], Cost | N
         checks = [check_mask(runtime, z), Check("batch", name, "ok")]
     except FailClosed as exc:
         failed = Check("batch", name, "fail", f"{type(exc).__name__}: {exc}")
-        return [failed, *(Check(p, name, "not run") for p in PROPERTIES if p != "batch")], None
+        return Result([failed, *(Check(p, name, "not run") for p in PROPERTIES if p != "batch")], None, {})
     finally:
         runtime.arms = held
     checks.append(_bridge(arms["live"], arms["bridge"], suffixes["live"].tokens, suffixes["bridge"].tokens, name))
@@ -131,7 +138,7 @@ def check_runtime(runtime: Runtime, z: list[int]) -> tuple[list[Check], Cost | N
         checks.append(Check("storage", name, "fail", str(exc)))
     calls = len(z) - len(constructions.prompt_of(z, runtime)) + 1
     cost = Cost(incremental_s / calls, prefill_s / len(z), _cache_bytes(prefill) / len(z))
-    return checks, cost
+    return Result(checks, cost, {arm: suffix.tokens for arm, suffix in suffixes.items()})
 
 
 def _bridge(live: Boundary, incremental: Boundary, live_suffix: list[int], suffix: list[int], name: str) -> Check:

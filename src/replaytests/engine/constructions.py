@@ -12,15 +12,13 @@ import dataclasses
 
 from replaytests.engine.boundary import Boundary
 from replaytests.engine.decoder import DecodeState, live_boundary, suffix_room
-from replaytests.engine.protocol import Cursor
 from replaytests.engine.runtime import Runtime, check_batch_equal
 
 __all__ = ["build", "incremental", "live", "prefill", "prompt_of"]
 
 
 def _teacher_forced(runtime: Runtime, z: list[int], chunks: list[int], construction: str) -> Boundary:
-    state = DecodeState(runtime, [], [], Cursor(), runtime.new_cache(), None,
-                        capacity=len(z) + suffix_room(runtime.grammar.caps))
+    state = DecodeState.empty(runtime, len(z) + suffix_room(runtime.grammar.caps))
     consumed = 0
     for size in chunks:
         for token in z[consumed: consumed + size]:

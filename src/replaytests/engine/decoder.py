@@ -52,6 +52,11 @@ class DecodeState:
         self._choices = 0
         self._masked = self._top2 = self._minus_inf = None  # allocated at the first choice
 
+    @classmethod
+    def empty(cls, runtime: Runtime, capacity: int) -> DecodeState:
+        """A sequence with no token yet (room for `capacity`), on a new cache."""
+        return cls(runtime, [], [], Cursor(), runtime.new_cache(), None, capacity)
+
     def push(self, token: int) -> None:
         """Append a token (checked against the grammar) with the role it takes."""
         role = self.cursor.role_of_next()
@@ -131,8 +136,7 @@ def live_boundary(runtime: Runtime, prompt_block: list[int]) -> Boundary:
     """Ordinary generation: the prompt block in one call, then one greedy token per call,
     until the call that consumes <|merge|>."""
     caps = runtime.grammar.caps
-    state = DecodeState(runtime, [], [], Cursor(), runtime.new_cache(), None,
-                        capacity=len(prompt_block) + 3 * (caps.branch + 2) + 1 + suffix_room(caps))
+    state = DecodeState.empty(runtime, len(prompt_block) + 3 * (caps.branch + 2) + 1 + suffix_room(caps))
     for token in prompt_block:
         state.push(token)
     state.feed(len(prompt_block), "live prompt block")

@@ -115,20 +115,53 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def new_cache(model, kind: str):
+    """An empty cache of the class a contract names (blocks.CACHES): `dynamic` grows by concatenation,
+    `offloaded` is dynamic with layers kept on the CPU between uses (CUDA only), `static` is
+    preallocated for the model's whole context. Every static cache of a model has that one capacity:
+    attention runs over the whole capacity (the hidden part masked), so constructions whose capacities
+    differed would compute differently (measured: live and incremental then stop being bit-exact)."""
+    from transformers import DynamicCache, StaticCache
+
+    if kind == "static":
+        return StaticCache(config=model.config, max_cache_len=max_positions(model))
+    return DynamicCache(config=model.config, offloading=kind == "offloaded")
+
+
+def cache_kind(cache) -> tuple[str, int]:
+    """The class of a cache as new_cache names it, and its capacity (0 where it grows)."""
+    from transformers import StaticCache
+
+    if isinstance(cache, StaticCache):
+        return "static", int(cache.get_max_length())
+    return ("offloaded" if getattr(cache, "offloading", False) else "dynamic"), 0
+
+
 class Forward:
     """Calls a causal LM with an explicit 4D mask, explicit positions and a caller-owned cache."""
 
-    def __init__(self, model) -> None:
-        self.model = model
+    def __init__(self, model, cache: str = "dynamic") -> None:
+        self.model, self.cache = model, cache
         self._cache_arg = _cache_kwarg(model)
+        # SDPA reads a bool mask as "may attend"; eager attention adds the mask to the scores, so a bool
+        # mask there would add 0 or 1 and hide nothing (found by engine.checks' mask property): it gets
+        # the additive form, 0 where visible and the dtype's lowest value where hidden.
+        self._additive = attention_implementation(model) != "sdpa"
 
     def new_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+        return new_cache(self.model, self.cache)
 
     def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """Return the last position's logits [batch, vocab]; the cache grows in place."""
+        """Return the last position's logits [batch, vocab]; the cache grows in place. A preallocated
+        (static) cache attends over its whole capacity: the mask's keys are extended to it, hidden."""
+        _, capacity = cache_kind(cache)
+        if capacity > mask.shape[-1]:
+            padded = mask.new_zeros(*mask.shape[:-1], capacity)
+            padded[..., : mask.shape[-1]] = mask
+            mask = padded
+        if self._additive:
+            dtype = self.model.dtype
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions,
             use_cache=True, logits_to_keep=1, **{self._cache_arg: cache},
@@ -137,22 +170,23 @@ class Forward:
 
 
 def cache_layers(cache) -> list[KV]:
-    """Every layer's (K, V), each [batch, kv_heads, seq, head_dim], as the cache holds them."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    """Every layer's (K, V), each [batch, kv_heads, seq, head_dim], over the positions filled so far (a
+    static cache's buffers hold its whole capacity)."""
+    length = cache_seq_length(cache)
+    return [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers]
 
 
-def cache_from_layers(model, layers: list[KV]):
-    """A new cache whose tensors are storage-isolated copies of `layers`."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
+def cache_from_layers(model, layers: list[KV], like):
+    """A new cache of the same class and capacity as `like` whose tensors are storage-isolated copies
+    of `layers`."""
+    cache = new_cache(model, cache_kind(like)[0])
     for index, (keys, values) in enumerate(layers):
         cache.update(keys.clone(), values.clone(), index)
     return cache
 
 
 def clone_cache(model, cache):
-    return cache_from_layers(model, cache_layers(cache))
+    return cache_from_layers(model, cache_layers(cache), like=cache)
 
 
 def cache_seq_length(cache) -> int:

@@ -100,6 +100,7 @@ class Runtime:
     grammar: Grammar
     device: torch.device
     batch: int = 2
+    cache: str = "dynamic"  # the K/V cache class (blocks.CACHES)
 
     @classmethod
     def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None,
@@ -113,6 +114,9 @@ class Runtime:
         device = device or contract.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"{contract.path}: environment.device is {device!r} but CUDA is not available here")
+        if contract.cache == "offloaded" and not device.startswith("cuda"):
+            raise ConfigError(f"{contract.path}: environment.cache offloaded keeps layers on the CPU between uses "
+                              f"of a CUDA device; the device here is {device!r}")
         apply_numeric_flags(flags, contract.cpu_threads)
         tokenizer = hf_adapter.load_tokenizer(model_dir)
         model = hf_adapter.load_model(model_dir, flags.dtype, device, contract.attention)
@@ -120,10 +124,10 @@ class Runtime:
         grammar = Grammar(delims, contract.caps, hf_adapter.vocab_size(model), len(tokenizer),
                           contract.banned_tokens, device)
         return cls(precision, flags, contract.cpu_threads, model, tokenizer, grammar,
-                   torch.device(device), batch or contract.physical_batch)
+                   torch.device(device), batch or contract.physical_batch, contract.cache)
 
     def __post_init__(self) -> None:
-        self._forward = hf_adapter.Forward(self.model)
+        self._forward = hf_adapter.Forward(self.model, self.cache)
         self._positions: torch.Tensor | None = None  # [batch, n] of 0, 1, 2, ...: each call's positions are a view
         self.arms = Arms()  # the boundaries (and suffixes) built with this runtime, shared by every family
 
@@ -132,6 +136,7 @@ class Runtime:
         apply_numeric_flags(self.flags, self.threads)
 
     def new_cache(self):
+        """An empty cache of the contract's class (environment.cache)."""
         return self._forward.new_cache()
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, cache) -> torch.Tensor:

@@ -93,7 +93,8 @@ def transplant(runtime: Runtime, recipient: Boundary, donor: Boundary, layers: S
               for p, part in enumerate(PARTS))
         for index in range(len(recipient.layers))
     ]
+    cache = hf_adapter.cache_from_layers(runtime.model, mixed, like=recipient.cache)
     result = Boundary(_label(recipient, donor, chosen, parts), list(recipient.tokens), list(recipient.roles),
-                      hf_adapter.cache_from_layers(runtime.model, mixed), recipient.logits.clone())
+                      cache, recipient.logits.clone())
     _check_result(result, recipient, donor, chosen, parts, f"{where} ({result.construction})")
     return result

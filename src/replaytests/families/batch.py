@@ -24,7 +24,7 @@ FAMILY = FAMILIES["batch"]
 def logical_row(runtime: Runtime, boundary: Boundary) -> Boundary:
     """The first copy of a physical batch as a storage-isolated singleton boundary."""
     layers = [(keys[:1], values[:1]) for keys, values in boundary.layers]
-    return dataclasses.replace(boundary, cache=hf_adapter.cache_from_layers(runtime.model, layers))
+    return dataclasses.replace(boundary, cache=hf_adapter.cache_from_layers(runtime.model, layers, like=boundary.cache))
 
 
 def run(runtime: Runtime, row: BankRow) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from replaytests.engine.blocks import DELIMITER_NAMES, Caps
+from replaytests.engine.blocks import CACHES, DELIMITER_NAMES, Caps
 from replaytests.errors import ConfigError, short
 from replaytests.files import read_text, sha256_json
 from replaytests.inputs.cpu_isa import LEVELS
@@ -101,6 +101,7 @@ SCHEMA = Section({
         "cpu_threads": Value(int, low=1, high=MAX_DEVICES),
         "cpu_isa": _pin(choices=tuple(LEVELS)),
         "attention": Value(str, default="sdpa", choices=("sdpa", "eager")),
+        "cache": Value(str, default="dynamic", choices=CACHES),
         "inference_mode": Value(str, default="eager", choices=("eager",),
                                 expect="eager (forward calls run op by op under torch.inference_mode)"),
         "compile": Value(bool, default=False, choices=(False,), expect="false (the engine never uses torch.compile)"),
@@ -198,6 +199,7 @@ class Contract:
     panels = property(lambda self: self.settings["panels"])
     gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"]))
     cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
+    cache = property(lambda self: self.settings["environment"]["cache"])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])
 

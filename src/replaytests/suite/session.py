@@ -160,9 +160,12 @@ class ReplaySession:
         return platforms.platform_differences((run or {}).get("platform"), self.platform, "baseline")
 
     def refreezes(self, precision: str) -> bool:
-        """Whether live generation at this precision re-freezes the bank: the bank's precision and caps."""
+        """Whether live generation at this precision re-freezes the bank: the bank's precision, caps and
+        K/V cache class (a manifest written before the class was recorded was frozen with dynamic caches;
+        the class alone changes BF16 trajectories)."""
         frozen = self.manifest["contract"]
-        return precision == self.manifest["precision"] and frozen["caps"] == vars(self.contract.caps)
+        return (precision == self.manifest["precision"] and frozen["caps"] == vars(self.contract.caps)
+                and frozen.get("cache", "dynamic") == self.contract.cache)
 
     def judge_against_bank(self, problem: str | None) -> Judgement:
         """A token-identity check against the frozen bank (`problem`: what differs, None if nothing)."""
