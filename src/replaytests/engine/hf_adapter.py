@@ -154,7 +154,7 @@ class Forward:
     def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """Return the last position's logits [batch, vocab]; the cache grows in place. A preallocated
         (static) cache attends over its whole capacity: the mask's keys are extended to it, hidden."""
-        _, capacity = cache_kind(cache)
+        capacity = cache_kind(cache)[1] if self.cache == "static" else 0
         if capacity > mask.shape[-1]:
             padded = mask.new_zeros(*mask.shape[:-1], capacity)
             padded[..., : mask.shape[-1]] = mask
