@@ -94,7 +94,7 @@ def _check_model(args: argparse.Namespace) -> int:
     check_window(args.model, config, lengths["max"] + suffix_room(contract.caps))
     print(f"check-model: {args.model} ({'/'.join(getattr(config, 'architectures', None) or ['?'])}, "
           f"{config.num_hidden_layers} layers) under contract {contract.name}; window: "
-          f"{hf_window(config)}; cache: {contract.cache}")
+          f"{_window(config)}; cache: {contract.cache}")
     failed = False
     for precision in contract.precisions:
         runtime = Runtime.load(args.model, contract, precision, args.device)
@@ -118,7 +118,7 @@ def _check_model(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def hf_window(config) -> str:
+def _window(config) -> str:
     from replaytests.engine import hf_adapter
 
     window = hf_adapter.sliding_window(config)

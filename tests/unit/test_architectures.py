@@ -48,13 +48,14 @@ KNOWN = {
 }
 
 
-def build_model(family: str, attention: str = "sdpa"):
+def build_model(family: str, attention: str = "sdpa", **extra):
+    """The family's tiny model, seeded; `extra` overrides its configuration."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     torch.manual_seed(0)
-    config = AutoConfig.for_model(family, **SHAPE, **FAMILIES.get(family, {}))
+    config = AutoConfig.for_model(family, **SHAPE, **{**FAMILIES.get(family, {}), **extra})
     return AutoModelForCausalLM.from_config(config, attn_implementation=attention, dtype=torch.float32).eval()
 
 
@@ -170,11 +171,7 @@ def test_check_model_passes_the_embedded_model(capsys):
 
 def save_family(family: str, directory: Path, repo: Path, **extra) -> Path:
     """A checkpoint directory of that family (seeded random weights) with the embedded tokenizer beside them."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(family, **SHAPE, **{**FAMILIES.get(family, {}), **extra})
-    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(directory)
+    build_model(family, "eager", **extra).save_pretrained(directory)
     tiny = repo / "fixtures" / "models" / "tiny-qwen2"
     for name in hf_adapter.TOKENIZER_FILES:
         if (tiny / name).is_file():

@@ -61,7 +61,7 @@ def synthetic_z(runtime: Runtime, seed: int, prompt: int = 8, branch: int = 6) -
     """A valid boundary prefix: a prompt block of `prompt` content tokens, three branches of
     min(branch, cap) content tokens each, then <|merge|>; content ids drawn with `seed`."""
     grammar, delims = runtime.grammar, runtime.grammar.delims
-    content = [int(i) for i in grammar.content.nonzero().flatten()]
+    content = _content_ids(runtime)
     draw = random.Random(seed)
     branch = min(branch, grammar.caps.branch)
     z = [delims.openers[0], *draw.choices(content, k=prompt), delims.closers[0]]
@@ -70,6 +70,10 @@ def synthetic_z(runtime: Runtime, seed: int, prompt: int = 8, branch: int = 6) -
     z.append(delims.openers[4])
     parse_prefix(z, grammar, "synthetic row")
     return z
+
+
+def _content_ids(runtime: Runtime) -> list[int]:
+    return [int(i) for i in runtime.grammar.content.nonzero().flatten()]
 
 
 def last_logits(runtime: Runtime, tokens: list[int]):
@@ -87,7 +91,7 @@ def check_mask(runtime: Runtime, z: list[int]) -> Check:
     delims, name = runtime.grammar.delims, runtime.precision
     tokens = z[: z.index(delims.closers[2])]  # ends inside branch 2
     hidden, seen = tokens.index(delims.closers[1]) - 1, 1
-    content = [int(i) for i in runtime.grammar.content.nonzero().flatten()]
+    content = _content_ids(runtime)
 
     def changed(at: int) -> list[int]:
         other = next(t for t in content if t != tokens[at])

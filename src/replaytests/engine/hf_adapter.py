@@ -128,13 +128,13 @@ def new_cache(model, kind: str):
     return DynamicCache(config=model.config, offloading=kind == "offloaded")
 
 
-def cache_kind(cache) -> tuple[str, int]:
-    """The class of a cache as new_cache names it, and its capacity (0 where it grows)."""
+def cache_kind(cache) -> str:
+    """The class of a cache as new_cache names it."""
     from transformers import StaticCache
 
     if isinstance(cache, StaticCache):
-        return "static", int(cache.get_max_length())
-    return ("offloaded" if getattr(cache, "offloading", False) else "dynamic"), 0
+        return "static"
+    return "offloaded" if getattr(cache, "offloading", False) else "dynamic"
 
 
 class Forward:
@@ -154,7 +154,7 @@ class Forward:
     def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """Return the last position's logits [batch, vocab]; the cache grows in place. A preallocated
         (static) cache attends over its whole capacity: the mask's keys are extended to it, hidden."""
-        capacity = cache_kind(cache)[1] if self.cache == "static" else 0
+        capacity = int(cache.get_max_length()) if self.cache == "static" else 0
         if capacity > mask.shape[-1]:
             padded = mask.new_zeros(*mask.shape[:-1], capacity)
             padded[..., : mask.shape[-1]] = mask
@@ -179,7 +179,7 @@ def cache_layers(cache) -> list[KV]:
 def cache_from_layers(model, layers: list[KV], like):
     """A new cache of the same class and capacity as `like` whose tensors are storage-isolated copies
     of `layers`."""
-    cache = new_cache(model, cache_kind(like)[0])
+    cache = new_cache(model, cache_kind(like))
     for index, (keys, values) in enumerate(layers):
         cache.update(keys.clone(), values.clone(), index)
     return cache

@@ -171,7 +171,7 @@ def _as_int(tensor: torch.Tensor) -> torch.Tensor:
 def copies_differ(tensor: torch.Tensor) -> torch.Tensor:
     """Whether any copy along dim 1 (dim 0: calls) differs from its neighbour bitwise, as a 0-d bool
     tensor on the tensor's device (wrapping integer a - b is 0 exactly when a == b)."""
-    return tensor.view(_SAME_WIDTH_INT[tensor.element_size()]).diff(dim=1).any()
+    return _as_int(tensor).diff(dim=1).any()
 
 
 def check_batch_equal(tensor: torch.Tensor, where: str) -> None:

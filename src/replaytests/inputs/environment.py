@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from replaytests.engine import hf_adapter, runtime
-from replaytests.inputs import cpu_isa
+from replaytests.inputs import cpu_isa, platforms
 from replaytests.inputs.contract import Contract, show
 from replaytests.inputs.integrity import Integrity
 
@@ -85,7 +85,7 @@ def _differences(wanted: dict, actual: dict, path: str):
 
 def describe(contract: Contract, env: dict) -> list[str]:
     """The environment beside the contract, one line per captured field, then one line per drift."""
-    rows = [(path, _lookup(contract.settings, path), value) for path, value in _leaves(env, "")]
+    rows = [(path, platforms.lookup(contract.settings, path), value) for path, value in _leaves(env, "")]
     width = max(len(path) for path, _, _ in rows)
     lines = [f"contract {contract.name} ({contract.path}), sha256 {contract.digest[:12]}…",
              f"{'field':<{width}}  {'contract':<24}  actual"]
@@ -107,14 +107,6 @@ def _leaves(tree: dict, path: str):
             yield from _leaves(value, where)
         else:
             yield where, value
-
-
-def _lookup(tree: dict, path: str):
-    for key in path.split("."):
-        if not isinstance(tree, dict) or key not in tree:
-            return None
-        tree = tree[key]
-    return tree
 
 
 def _numeric_flags(contract: Contract) -> tuple[int, dict]:

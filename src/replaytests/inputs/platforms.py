@@ -14,7 +14,8 @@ PLATFORM = {"cpu": ("hardware.device_kind", "environment.cpu_isa", "environment.
                      "software.transformers", "software.cuda")}
 
 
-def _lookup(tree: dict, path: str):
+def lookup(tree: dict, path: str):
+    """The value at a dotted path of nested dicts, or None where the path is absent."""
     for key in path.split("."):
         if not isinstance(tree, dict) or key not in tree:
             return None
@@ -25,7 +26,7 @@ def _lookup(tree: dict, path: str):
 def platform_of(env: dict) -> dict:
     """The platform of a captured environment: its PLATFORM fields, keyed by their dotted paths."""
     kind = env["hardware"]["device_kind"] or env["environment"]["device"].split(":")[0]
-    return {path: _lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
+    return {path: lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
 
 
 def platform_differences(recorded: dict | None, here: dict, artifact: str, here_name: str = "here") -> list[str]:
