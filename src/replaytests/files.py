@@ -24,7 +24,7 @@ def sha256_json(value: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _umask() -> int:
+def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -34,7 +34,7 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # the mode open() would give, not mkstemp's private 0600
+        os.chmod(tmp, 0o666 & ~umask())  # the mode open() would give, not mkstemp's private 0600
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -17,6 +17,7 @@ from replaytests.engine.hf_adapter import TOKENIZER_FILES
 from replaytests.engine.protocol import Grammar, parse_prefix
 from replaytests.errors import BankError, ConfigError, short
 from replaytests.files import jsonl_objects, read_text, sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
+from replaytests.inputs import models
 from replaytests.inputs.contract import Contract
 
 BANK_SCHEMA = "replaytests.bank/1"
@@ -147,7 +148,8 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
         "bank_sha256": sha256_file(path),
         "rows": len(rows),
         "prefix_len": {"min": min(r.prefix_len for r in rows), "max": max(r.prefix_len for r in rows)},
-        "model": {"path": os.path.relpath(model_dir, path.parent), **model_digest(model_dir)},
+        "model": {"path": models.label(model_dir) or os.path.relpath(model_dir, path.parent),
+                  **model_digest(model_dir)},
         "tokenizer": tokenizer_digest(model_dir, list(grammar.delims.all_ids)),
         "contract": {"name": contract.name, "sha256": contract.digest, "caps": vars(contract.caps),
                      "cache": contract.cache},

@@ -25,8 +25,34 @@ DEFAULT_LATER_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2-later"
 DEFAULT_BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
 DEFAULT_REPORT_DIR = Path("reports")  # a report root: one directory per run, `latest` the last one completed
 GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
+SMOLLM2_BANK = REPO / "fixtures" / "banks" / "smollm2.jsonl"
+SMOLLM2_CONTRACT = REPO / "contracts" / "cpu-smollm2.yaml"
 ACCEPT_OPTION = "--accept-changed"
 OVERRIDES = ("bank", "model", "tokenizer")  # inputs whose change since the bank was frozen can be accepted
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed bank with its contract, and what goes with them: the committed baseline ledger and
+    the later checkpoint replication runs on (a name prepared by `replaytests models prepare`, or a path)."""
+    bank: Path
+    contract: Path
+    baseline: Path
+    later: Path | str
+
+    def later_model(self) -> Path | None:
+        if isinstance(self.later, Path):
+            return self.later
+        from replaytests.inputs import models
+
+        return models.prepared(self.later)
+
+
+COMMITTED = (
+    Committed(DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_BASELINE, DEFAULT_LATER_MODEL),
+    Committed(SMOLLM2_BANK, SMOLLM2_CONTRACT, REPO / "fixtures" / "ledgers" / "cpu-smollm2" / "ledger.jsonl",
+              "smollm2-later"),
+)
 
 
 @dataclass(frozen=True)
@@ -46,22 +72,33 @@ class Options:
     run_name: str | None = None
 
     @property
-    def embedded_default(self) -> bool:
-        return (self.model, self.bank, self.contract) == (DEFAULT_MODEL, DEFAULT_BANK, DEFAULT_CONTRACT)
+    def committed(self) -> Committed | None:
+        """The committed input set this run's bank and contract are (the embedded default, SmolLM2)."""
+        key = (self.bank.resolve(), self.contract.resolve())
+        return next((c for c in COMMITTED if (c.bank, c.contract) == key), None)
 
     @property
     def baseline_ledger(self) -> Path | None:
-        """--baseline (a ledger, or a run directory holding ledger.jsonl), or for the embedded
-        default inputs the committed baseline ledger."""
+        """--baseline (a ledger, or a run directory holding ledger.jsonl), or for a committed bank and
+        contract their committed baseline ledger."""
         if self.baseline is not None:
             return ledger_of(self.baseline)
-        return DEFAULT_BASELINE if self.embedded_default and DEFAULT_BASELINE.is_file() else None
+        committed = self.committed
+        return committed.baseline if committed and committed.baseline.is_file() else None
 
     @property
     def later_model(self) -> Path | None:
-        """The checkpoint replication runs on: --replication-model, or for the embedded default its
-        derived later checkpoint."""
-        return self.replication_model or (DEFAULT_LATER_MODEL if self.embedded_default else None)
+        """The checkpoint replication runs on: --replication-model, or for a committed bank and contract
+        their later checkpoint (a prepared one only once `replaytests models prepare` made it)."""
+        return self.replication_model or (self.committed.later_model() if self.committed else None)
+
+    @property
+    def why_no_later_model(self) -> str:
+        committed = self.committed
+        if committed and isinstance(committed.later, str):
+            return (f"the later checkpoint {committed.later} is not prepared here: run `replaytests models prepare "
+                    f"{committed.later}` (or pass --replication-model CKPT)")
+        return "no later checkpoint: pass --replication-model CKPT"
 
     @property
     def precisions(self) -> tuple[str, ...]:

@@ -365,7 +365,7 @@ def row_params(replay: ReplaySession, family: str) -> list:
     if skipped := bf16_only(replay, family):
         return skipped
     if family == "replication" and not replay.options.later_model:
-        return _skipped("no-later-model", "no later checkpoint: pass --replication-model CKPT")
+        return _skipped("no-later-model", replay.options.why_no_later_model)
     rows = replay.plan.family_rows(family)
     if not rows:  # a shard can hold none of a panel's rows: not an error
         return _skipped("no-rows", f"shard {replay.options.shard} holds none of the {family} family's rows")
