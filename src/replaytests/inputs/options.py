@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replaytests.errors import ConfigError, short
+from replaytests.inputs import models
 from replaytests.inputs.contract import PRECISIONS
 from replaytests.outputs.rundir import ledger_of
 
@@ -41,11 +42,7 @@ class Committed:
     later: Path | str
 
     def later_model(self) -> Path | None:
-        if isinstance(self.later, Path):
-            return self.later
-        from replaytests.inputs import models
-
-        return models.prepared(self.later)
+        return self.later if isinstance(self.later, Path) else models.prepared(self.later)
 
 
 COMMITTED = (
