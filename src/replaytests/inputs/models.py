@@ -208,9 +208,14 @@ def _check(spec: Model, work: Path) -> None:
     differing = sorted(name for name in spec.files.keys() | actual.keys() if actual.get(name) != spec.files.get(name))
     if differing:
         versions = ", ".join(f"{pkg} {_version(pkg)}" for pkg in ("transformers", "gguf", "torch"))
+        kernels = ""
+        if spec.training:
+            from replaytests.inputs import cpu_isa
+
+            kernels = f" and {cpu_isa.in_force()} kernels (recorded: {spec.training.cpu_isa})"
         raise ConfigError(f"models prepare {spec.name}: the prepared files differ from the recorded digests "
-                          f"({', '.join(differing)}) with {versions}; they were recorded with transformers "
-                          f"5.24.0, gguf 0.19.0 and torch 2.13.0 ({INSTALL})")
+                          f"({', '.join(differing)}) with {versions}{kernels}; they were recorded with "
+                          f"transformers 5.24.0, gguf 0.19.0 and torch 2.13.0 ({INSTALL})")
 
 
 def _version(package: str) -> str:
