@@ -63,6 +63,19 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
     return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.partition(":")[2].split()}
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name (the first `model name` line), or the processor platform.processor() names
+    where the machine does not list one. Part of a CPU platform: the same dispatch level still runs
+    other kernels on another CPU (MKL's FP32 GEMM changed every FP32 digest between an AMD EPYC and an
+    Intel Xeon, both pinned to AVX2)."""
+    try:
+        with cpuinfo.open(encoding="utf-8", errors="replace") as lines:
+            names = [line.partition(":")[2].strip() for line in lines if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or None
+
+
 def _inherited() -> bool:
     """Whether the dispatch variables are exactly what replaytests set in a parent process."""
     level = LEVELS.get(os.environ.get(MARK, ""))

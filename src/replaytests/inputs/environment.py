@@ -144,7 +144,7 @@ def _hardware(device: str) -> dict:
     kind = device.split(":")[0]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     hardware = {"device_kind": kind, "gpu_name": None, "compute_capability": None, "gpus": gpus,
-                "driver": None, "tensor_parallel": 1, "cpu": _cpu_model(),
+                "driver": None, "tensor_parallel": 1, "cpu": cpu_isa.cpu_model(),
                 # The vector ISA torch's CPU kernels dispatch to (e.g. AVX2, AVX512): it decides CPU numerics.
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 "onednn_max_cpu_isa": os.environ.get(cpu_isa.ONEDNN)}
@@ -157,15 +157,6 @@ def _hardware(device: str) -> dict:
     return hardware | {"gpu_name": torch.cuda.get_device_name(index),
                        "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(index)),
                        "driver": _nvidia_driver()}
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            names = [line.partition(":")[2].strip() for line in cpuinfo if line.startswith("model name")]
-    except OSError:
-        return platform.processor() or None
-    return names[0] if names else platform.processor() or None
 
 
 def _nvidia_driver() -> str | None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from replaytests.inputs.contract import show
 
-PLATFORM = {"cpu": ("hardware.device_kind", "environment.cpu_isa", "environment.cpu_threads", "software.torch",
-                    "software.transformers"),
+PLATFORM = {"cpu": ("hardware.device_kind", "hardware.cpu", "environment.cpu_isa", "environment.cpu_threads",
+                    "software.torch", "software.transformers"),
             "cuda": ("hardware.device_kind", "hardware.gpu_name", "hardware.compute_capability", "software.torch",
                      "software.transformers", "software.cuda")}
 
