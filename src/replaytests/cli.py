@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.errors import ConfigError, ReplaytestsError
-from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, REPO
+from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
 
 def _pin(contract_path: Path):
@@ -53,13 +53,21 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
         "--replay-progress", "lines"]
     # The run's directory is named here, so that its verdict and reports can be printed afterwards.
     args.run_name = args.run_name or f"{datetime.now(UTC):%Y%m%d-%H%M%S}-audit-{secrets.token_hex(3)}"
-    for name in ("model", "bank", "contract", "precision", "rows", "device", "report_dir", "run_name"):
-        value = getattr(args, name)
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+    for field, settings in OPTIONS.items():
+        value = getattr(args, field)
+        if settings.get("action") == "store_true":
+            argv += [_flag(field)] if value else []
+        elif settings.get("action") == "append":
+            argv += [part for item in value or () for part in (_flag(field), item)]
+        elif value is not None:
+            argv += [_flag(field), str(value)]
     code = subprocess.run(argv + extra, check=False).returncode
     _print_run((args.report_dir or DEFAULT_REPORT_DIR) / args.run_name)
     return code
+
+
+def _flag(field: str) -> str:
+    return f"--{field.replace('_', '-')}"
 
 
 def _print_run(run_dir: Path) -> None:
@@ -219,13 +227,9 @@ def parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="run the conformance suite and print its summary table; "
                                          "arguments after -- go to pytest")
-    for name in ("model", "bank", "contract", "report-dir"):
-        audit.add_argument(f"--{name}", type=Path, default=None, help="see pytest --help (default: embedded)")
-    audit.add_argument("--precision", choices=("bf16", "fp32", "both"), default=None)
-    audit.add_argument("--rows", default=None, help="a count N or a slice A:B of bank rows")
-    audit.add_argument("--device", default=None)
-    audit.add_argument("--run-name", default=None, help="the run directory's name under --report-dir "
-                                                         "(default: its time, 'audit' and a short id)")
+    for field, settings in OPTIONS.items():  # every run option, as pytest takes it (forwarded only when given)
+        audit.add_argument(_flag(field), dest=field, **{**settings, "default": None,
+                                                         "help": settings["help"].partition(". Default")[0]})
     audit.add_argument("--workers", default="auto",
                        help="pytest-xdist worker processes ('auto': one per core; 1: in-process). Default: %(default)s")
 

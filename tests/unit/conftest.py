@@ -7,6 +7,8 @@ on the tokenizer, the config or hand-built tensors.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,3 +218,24 @@ def unit_caps() -> Caps:
 @pytest.fixture(scope="session")
 def banned() -> tuple[int, ...]:
     return BANNED
+
+
+ROWS = ("--rows", "2", "--precision", "fp32")
+
+
+def conformance_run(directory, *args):
+    """The conformance suite in a child process (as a user starts it): its outcome and its run directory
+    (`latest` under the report root)."""
+    root = directory / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider",
+         "--report-dir", str(root), *ROWS, *args],
+        cwd=directory, capture_output=True, text=True, check=False,
+    )
+    return proc, root / "latest"
+
+
+@pytest.fixture(scope="session")
+def two_row_run(tmp_path_factory):
+    """Two FP32 rows through every family, in one process."""
+    return conformance_run(tmp_path_factory.mktemp("run"), "-p", "no:xdist")

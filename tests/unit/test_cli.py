@@ -12,7 +12,7 @@ import pytest
 from replaytests.cli import main
 from replaytests.engine.decoder import suffix_room
 from replaytests.files import sha256_file
-from replaytests.inputs.bank import check_manifest, manifest_path, read_bank
+from replaytests.inputs.bank import manifest_path, read_bank
 
 PROBLEMS = [
     {"id": "p-1", "prompt": "What is 2 + 3?", "expected_answer": "5"},
@@ -103,7 +103,6 @@ def test_frozen_manifest_records_the_bank_sha256(frozen):
         f"manifest rows/bank/precision {(manifest['rows'], manifest['bank'], manifest['precision'])}"
     )
     assert manifest["contract"]["cache"] == "dynamic", f"manifest contract {manifest['contract']}"
-    assert check_manifest(out) == manifest, "check_manifest refuses a freshly frozen bank"
 
 
 def test_frozen_manifest_records_its_platform(frozen, tiny_contract):

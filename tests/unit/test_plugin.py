@@ -3,13 +3,12 @@
 import json
 import platform
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import ROWS, conformance_run
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.cpu_isa import cpu_flags
 from replaytests.inputs.options import DEFAULT_CONTRACT as CONTRACT
@@ -19,25 +18,6 @@ from replaytests.suite.plugin import CONFORMANCE
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
 
 
-ROWS = ("--rows", "2", "--precision", "fp32")
-
-
-def conformance_run(directory, *args):
-    """The conformance suite in a child process (as a user starts it): its outcome and its run directory
-    (`latest` under the report root)."""
-    root = directory / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider",
-         "--report-dir", str(root), *ROWS, *args],
-        cwd=directory, capture_output=True, text=True, check=False,
-    )
-    return proc, root / "latest"
-
-
-@pytest.fixture(scope="module")
-def two_row_run(tmp_path_factory):
-    """Two FP32 rows through every family, in one process."""
-    return conformance_run(tmp_path_factory.mktemp("run"), "-p", "no:xdist")
 
 
 @pytest.mark.slow  # spawns a whole run

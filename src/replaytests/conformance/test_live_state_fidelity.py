@@ -27,5 +27,5 @@ def test_live_vs_prefill_suffix(record, replay, live_row, precision):
 
 
 @pytest.mark.parametrize("pair", [pytest.param(p, id=p.partition("_")[0]) for p in FAMILIES["batch"].headline])
-def test_batch_pair_vs_singleton_suffix(record, replay, panel_row, precision, pair):
-    judge(replay.contract.gates.divergence(ok(record("batch", panel_row, precision)), pair))
+def test_batch_pair_vs_singleton_suffix(record, replay, batch_row, precision, pair):
+    judge(replay.contract.gates.divergence(ok(record("batch", batch_row, precision)), pair))

@@ -24,8 +24,8 @@ def test_crossing_arms_consume_bank_row(record, bank_row, precision):
     _check_consumes_bank_row(record("crossing", bank_row, precision), bank_row)
 
 
-def test_batch_arms_consume_bank_row(record, panel_row, precision):
-    _check_consumes_bank_row(record("batch", panel_row, precision), panel_row)
+def test_batch_arms_consume_bank_row(record, batch_row, precision):
+    _check_consumes_bank_row(record("batch", batch_row, precision), batch_row)
 
 
 def test_bank_made_on_this_platform(replay):

@@ -21,29 +21,35 @@ class Boundary:
     construction: str
     tokens: list[int]
     roles: list[int]
-    cache: object
-    logits: torch.Tensor  # [vocab], the logical row of the call that consumed <|merge|>
+    cache: object | None  # the K/V cache; None where the backend exposes no K/V tensors
+    logits: torch.Tensor  # [vocab], the logical row of the call that consumed <|merge|> (or its top-k logprobs)
+    state: object = None  # what a backend without K/V keeps to continue from here (opaque to the families)
 
     @property
     def layers(self) -> list[hf_adapter.KV]:
-        return hf_adapter.cache_layers(self.cache)
+        """Every layer's (K, V); empty where the backend exposes no K/V tensors."""
+        return [] if self.cache is None else hf_adapter.cache_layers(self.cache)
+
+    @property
+    def has_kv(self) -> bool:
+        return self.cache is not None
 
     def metadata(self) -> dict:
         """Everything about the state that two constructions must share, except the values."""
-        first_k, _ = self.layers[0]
+        layers = self.layers
         return {
             "tokens": self.tokens,
             "roles": self.roles,
             "positions": [0, len(self.tokens) - 1],
             "padding": 0,
-            "cache_seq_length": hf_adapter.cache_seq_length(self.cache),
-            "layers": len(self.layers),
+            "cache_seq_length": hf_adapter.cache_seq_length(self.cache) if layers else None,
+            "layers": len(layers),
             "tensors": [
                 (tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device))
-                for kv in self.layers for t in kv
+                for kv in layers for t in kv
             ],
             "logits": (tuple(self.logits.shape), str(self.logits.dtype)),
-            "device": str(first_k.device),
+            "device": str(layers[0][0].device if layers else self.logits.device),
         }
 
     def storages(self) -> set[int]:
@@ -58,7 +64,10 @@ class Boundary:
                     return f"layer {index} {part}"
         return "logits"
 
-    def cache_digest(self) -> str:
+    def cache_digest(self) -> str | None:
+        """sha256 over every layer's K and V bytes; None where the backend exposes no K/V."""
+        if not self.has_kv:
+            return None
         digest = hashlib.sha256()
         for keys, values in self.layers:
             for tensor in (keys, values):

@@ -87,6 +87,12 @@ def load_model(path: Path, dtype: str, device: str, attention: str = "sdpa"):
     return model
 
 
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
 def attention_implementation(model) -> str:
     return model.config._attn_implementation
 

@@ -57,12 +57,6 @@ class Delimiters:
     def all_ids(self) -> tuple[int, ...]:
         return self.openers + self.closers
 
-    def block_of(self, token: int) -> int | None:
-        for block in range(len(BLOCKS)):
-            if token in (self.openers[block], self.closers[block]):
-                return block
-        return None
-
 
 def prompt_block(delims: Delimiters, content: list[int]) -> list[int]:
     return [delims.openers[PROMPT], *content, delims.closers[PROMPT]]

@@ -1,4 +1,5 @@
-"""The model runtime: numeric flags, one model per precision, and the physical-batch forward call.
+"""The Hugging Face backend (engine.backend): numeric flags, one model per precision, the physical-batch
+forward call, and the constructions, suffix decoder and transplant served through it.
 
 Every forward call carries `batch` identical copies of the row (2 by default) with an explicit 4D
 visibility mask and explicit flat positions; after each call the copies' logits must be bitwise
@@ -8,16 +9,23 @@ equal, or the run fails closed (docs/protocol.md §2).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from replaytests.engine import hf_adapter
 from replaytests.engine.arms import Arms
+from replaytests.engine.backend import CAPABILITIES
 from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, PhysicalBatchDesync
 from replaytests.inputs.contract import SDPA_BACKENDS, Contract, PrecisionFlags
+
+if TYPE_CHECKING:
+    from replaytests.engine.boundary import Boundary
+    from replaytests.engine.decoder import Suffix
 
 _SDP = {"math": "math", "flash": "flash", "efficient": "mem_efficient", "cudnn": "cudnn"}  # torch's names
 
@@ -90,7 +98,11 @@ def apply_numeric_flags(flags: PrecisionFlags, threads: int) -> dict:
 
 @dataclass
 class Runtime:
-    """One model at one precision, with the protocol's grammar and the physical-batch forward."""
+    """One model at one precision, with the protocol's grammar and the physical-batch forward: the Hugging
+    Face backend, which has every capability (one forward call with an explicit 4D mask, K/V in hand)."""
+
+    name: ClassVar[str] = "hf"
+    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
 
     precision: str
     flags: PrecisionFlags
@@ -138,6 +150,37 @@ class Runtime:
     def new_cache(self):
         """An empty cache of the contract's class (environment.cache)."""
         return self._forward.new_cache()
+
+    # The Backend protocol (engine.backend); the modules that do the work import this one.
+    def build(self, construction: str, z: list[int]) -> Boundary:
+        from replaytests.engine import constructions
+
+        return constructions.build(self, construction, z)
+
+    def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
+        from replaytests.engine import constructions
+
+        return constructions.live(self, prompt_block, construction)
+
+    def suffix(self, boundary: Boundary) -> Suffix:
+        from replaytests.engine.decoder import suffix_of
+
+        return suffix_of(self, boundary)
+
+    def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
+                   parts: Sequence[str] = ("k", "v")) -> Boundary:
+        from replaytests.engine.transplant import transplant
+
+        return transplant(self, recipient, donor, layers, parts)
+
+    def with_batch(self, batch: int) -> Runtime:
+        """The same model with another physical batch (its own arms: a boundary depends on the batch)."""
+        return replace(self, batch=batch)
+
+    def first_copy(self, boundary: Boundary) -> Boundary:
+        """The first copy of a physical batch as a storage-isolated singleton boundary."""
+        layers = [(keys[:1], values[:1]) for keys, values in boundary.layers]
+        return replace(boundary, cache=hf_adapter.cache_from_layers(self.model, layers, like=boundary.cache))
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, cache) -> torch.Tensor:
         """Process the tokens `ids` [batch, q] at positions start.. under the 4D `mask` [batch, 1, q, k]

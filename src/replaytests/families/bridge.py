@@ -7,16 +7,16 @@ All layers, the boundary logits and the full suffix must be bit-exact.
 from __future__ import annotations
 
 from replaytests.engine import constructions
-from replaytests.engine.runtime import Runtime
+from replaytests.engine.backend import Backend
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
 
 
-def run(runtime: Runtime, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> dict:
     def build():
-        live = constructions.live(runtime, constructions.prompt_of(row.tokens, runtime))
+        live = runtime.live(constructions.prompt_of(row.tokens, runtime))
         yield live
-        yield constructions.build(runtime, "incremental", live.tokens)
+        yield runtime.build("incremental", live.tokens)
 
     return evaluate(runtime, row, FAMILIES["bridge"], build)

@@ -5,8 +5,7 @@ Run once per precision; every cell consumes the same integer tokens, roles, posi
 
 from __future__ import annotations
 
-from replaytests.engine import constructions
-from replaytests.engine.runtime import Runtime
+from replaytests.engine.backend import Backend
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
@@ -14,7 +13,7 @@ from replaytests.inputs.bank import BankRow
 FAMILY = FAMILIES["crossing"]
 
 
-def run(runtime: Runtime, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> dict:
     """The ledger record of one row at the runtime's precision."""
     return evaluate(runtime, row, FAMILY,
-                    lambda: (constructions.build(runtime, arm, row.tokens) for arm in FAMILY.arms))
+                    lambda: (runtime.build(arm, row.tokens) for arm in FAMILY.arms))

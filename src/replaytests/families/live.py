@@ -7,20 +7,20 @@ of the live z, and a second prefill. Every arm is continued by the shared suffix
 from __future__ import annotations
 
 from replaytests.engine import constructions
-from replaytests.engine.runtime import Runtime
+from replaytests.engine.backend import Backend
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
 
 
-def run(runtime: Runtime, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> dict:
     prompt_block = constructions.prompt_of(row.tokens, runtime)
 
     def build():
-        live = constructions.live(runtime, prompt_block)
+        live = runtime.live(prompt_block)
         yield live
-        yield constructions.live(runtime, prompt_block, "live_replica")
-        yield constructions.build(runtime, "prefill", live.tokens)
-        yield constructions.build(runtime, "prefill_replica", live.tokens)
+        yield runtime.live(prompt_block, "live_replica")
+        yield runtime.build("prefill", live.tokens)
+        yield runtime.build("prefill_replica", live.tokens)
 
     return evaluate(runtime, row, FAMILIES["live"], build)

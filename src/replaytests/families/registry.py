@@ -56,6 +56,8 @@ class Family:
     reductions: bool = False  # report: BF16 -> FP32 reductions of its headline divergences
     headline_table: bool = True  # report: the paper's headline table (the causal families have their own)
     title: str = ""  # as a report names it
+    requires: tuple[str, ...] = ()  # the backend capabilities it needs (engine.backend.CAPABILITIES)
+    reads: tuple[str, ...] = ()  # the families whose finished records (same row and precision) it reads
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -85,15 +87,18 @@ FAMILIES = {family.name: family for family in (
            ("replica", "token_identity", "fidelity"), accuracy=("incremental", "prefill"), reductions=True,
            title="Fixed-prefix crossing (2x2: construction x precision)"),
     Family("bridge", ("live", "incremental"), (("live", "incremental"),), ("live~incremental",), "bridge",
-           ("fidelity",), title="Bridge: a fresh live boundary vs the incremental cache of its tokens"),
+           ("fidelity",), title="Bridge: a fresh live boundary vs the incremental cache of its tokens",
+           requires=("kv_tensors",)),
     Family("batch", tuple(f"{c}_{size}" for c in _BATCH for size in ("pair", "singleton")),
            tuple((f"{c}_pair", f"{c}_singleton") for c in _BATCH),
            tuple(f"{c}_pair~{c}_singleton" for c in _BATCH), "bridge", ("token_identity", "fidelity"),
-           title="Batch composition: duplicated pair vs singleton"),
+           title="Batch composition: duplicated pair vs singleton", requires=("batch_size", "state_copy")),
     Family("transplant", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (("incremental", "prefill"), *_TRANSPLANT_PAIRS), (CROSS,), "transplant", ("causal",), bf16_only=True,
-           headline_table=False, title="Transplant (Table 5)"),
+           headline_table=False, title="Transplant (Table 5)", requires=("kv_tensors", "state_copy"),
+           reads=("crossing",)),
     Family("replication", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (*_CROSSING_PAIRS, *_TRANSPLANT_PAIRS), (CROSS,), "replication", ("causal",), bf16_only=True,
-           headline_table=False, title="Replication on a later checkpoint (Table 6)"),
+           headline_table=False, title="Replication on a later checkpoint (Table 6)",
+           requires=("kv_tensors", "state_copy")),
 )}

@@ -11,9 +11,8 @@ recovery and no third trajectory).
 
 from __future__ import annotations
 
-from replaytests.engine import constructions
-from replaytests.engine.runtime import Runtime
-from replaytests.engine.transplant import direction, transplant
+from replaytests.engine.backend import Backend
+from replaytests.engine.blocks import direction
 from replaytests.errors import TransplantInvalid
 from replaytests.families.registry import DIRECTIONS, FAMILIES, REPLICA_DIRECTIONS
 from replaytests.families.skeleton import evaluate, excluded, record_base
@@ -24,14 +23,14 @@ FAMILY = FAMILIES["replication"]
 CROSSING_ARMS = FAMILIES["crossing"].arms
 
 
-def run(runtime: Runtime, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> dict:
     def build():
         built = {}
         for arm in CROSSING_ARMS:
-            built[arm] = constructions.build(runtime, arm, row.tokens)
+            built[arm] = runtime.build(arm, row.tokens)
             yield built[arm]
         for recipient, donor in (*DIRECTIONS, *REPLICA_DIRECTIONS):
-            yield transplant(runtime, built[recipient], built[donor])
+            yield runtime.transplant(built[recipient], built[donor])
 
     record = evaluate(runtime, row, FAMILY, build)
     if record["status"] != "ok":

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from replaytests.engine.backend import Backend
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import compare_boundaries, compare_suffixes, first_divergence
-from replaytests.engine.decoder import Suffix, suffix_of
-from replaytests.engine.runtime import Runtime
+from replaytests.engine.decoder import Suffix
 from replaytests.errors import FailClosed
 from replaytests.families.registry import Family
 from replaytests.files import sha256_json
@@ -54,7 +54,7 @@ def compare_arms(pairs, boundaries: dict[str, Boundary], suffixes: dict[str, Suf
     }
 
 
-def record_base(family: str, row: BankRow, runtime: Runtime) -> dict:
+def record_base(family: str, row: BankRow, runtime: Backend) -> dict:
     return {"schema": ledger.SCHEMA, "family": family, "row": row.id, "precision": runtime.precision,
             "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
 
@@ -67,13 +67,12 @@ def excluded(base: dict, exc: FailClosed) -> dict:
     return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {message}"}
 
 
-def evaluate(runtime: Runtime, row: BankRow, family: Family, build: Callable[[], Iterable[Boundary]],
-             arms: tuple[str, ...] | None = None) -> dict:
-    """Build each arm's boundary (in `arms` order, by default the family's), check they reached one
+def evaluate(runtime: Backend, row: BankRow, family: Family, build: Callable[[], Iterable[Boundary]]) -> dict:
+    """Build each arm's boundary (in the family's arm order), check they reached one
     state with no shared storage, continue each with the shared decoder and compare the family's
     pairs. A fail-closed check anywhere excludes the row. Families whose first arm is live record the
     live z's length and where it first differs from the bank's."""
-    arms = arms or family.arms
+    arms = family.arms
     base = record_base(family.name, row, runtime)
     runtime.activate()
     try:
@@ -81,7 +80,7 @@ def evaluate(runtime: Runtime, row: BankRow, family: Family, build: Callable[[],
         where = f"{family.name} row {row.id} ({runtime.precision})"
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
-        suffixes = {arm: suffix_of(runtime, boundaries[arm]) for arm in arms}
+        suffixes = {arm: runtime.suffix(boundaries[arm]) for arm in arms}
     except FailClosed as exc:
         return excluded(base, exc)
     records = {arm: arm_record(boundaries[arm], suffixes[arm], row.expected_answer) for arm in arms}

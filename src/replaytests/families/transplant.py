@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from replaytests.engine import constructions
+from replaytests.engine.backend import Backend
+from replaytests.engine.blocks import direction
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.decoder import Suffix, decode_suffix, suffix_of
-from replaytests.engine.runtime import Runtime
-from replaytests.engine.transplant import PARTS, direction, transplant
+from replaytests.engine.decoder import Suffix
+from replaytests.engine.transplant import PARTS
 from replaytests.errors import FailClosed, NotContemporaneous, TransplantInvalid
 from replaytests.families.panels import spaced
 from replaytests.families.registry import (
@@ -127,23 +127,23 @@ def minimal_range(follows: Callable[[int, int], bool], n_layers: int) -> tuple[l
 class _Trial:
     """A row's own incremental and prefill boundaries and suffixes, and transplants between them."""
 
-    runtime: Runtime
+    runtime: Backend
     row: BankRow
     boundaries: dict[str, Boundary]
     suffixes: dict[str, Suffix]
 
     @classmethod
-    def build(cls, runtime: Runtime, row: BankRow) -> _Trial:
+    def build(cls, runtime: Backend, row: BankRow) -> _Trial:
         where = f"{FAMILY.name} row {row.id} ({runtime.precision})"
-        boundaries = {c: constructions.build(runtime, c, row.tokens) for c in BUILT}
+        boundaries = {c: runtime.build(c, row.tokens) for c in BUILT}
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
-        return cls(runtime, row, boundaries, {c: suffix_of(runtime, b) for c, b in boundaries.items()})
+        return cls(runtime, row, boundaries, {c: runtime.suffix(b) for c, b in boundaries.items()})
 
     def attempt(self, recipient: str, donor: str, layers: range | None = None,
                 parts: tuple[str, ...] = PARTS) -> tuple[Boundary, Suffix, dict]:
-        moved = transplant(self.runtime, self.boundaries[recipient], self.boundaries[donor], layers, parts)
-        suffix = decode_suffix(self.runtime, moved)
+        moved = self.runtime.transplant(self.boundaries[recipient], self.boundaries[donor], layers, parts)
+        suffix = self.runtime.suffix(moved)
         return moved, suffix, outcome(suffix.tokens, self.suffixes[donor].tokens, self.suffixes[recipient].tokens)
 
     def arm_records(self) -> dict[str, dict]:
@@ -188,7 +188,7 @@ def check_valid(comparisons: dict, where: str) -> None:
                 f"boundary logits {'bit-equal' if metrics['logits_exact'] else 'different'})")
 
 
-def run(runtime: Runtime, row: BankRow, crossing_record: dict, role: str) -> dict:
+def run(runtime: Backend, row: BankRow, crossing_record: dict, role: str) -> dict:
     """The ledger record of one panel row (`role` "divergent" or "control") at the runtime's precision."""
     if role not in ROLES:
         raise ValueError(f"transplant role must be one of {ROLES}, got {role!r}")

@@ -196,11 +196,3 @@ def changed_since_frozen(where: Path, what: str, field: str, actual: str, record
             f"the {noun} changed since {since} was frozen")
 
 
-def check_manifest(bank: Path) -> dict:
-    """The bank's manifest, after checking the bank file still has the sha256 it records."""
-    manifest = read_manifest(bank)
-    recorded, actual = manifest.get("bank_sha256"), sha256_file(bank)
-    if recorded != actual:
-        raise ConfigError(changed_since_frozen(bank, "bank sha256", "bank_sha256", f"{actual[:12]}…",
-                                               f"{str(recorded)[:12]}…", "bank"))
-    return manifest

@@ -125,10 +125,8 @@ def _numeric_flags(contract: Contract) -> tuple[int, dict]:
 
 
 def _software() -> dict:
-    import transformers
-
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "cuda": torch.version.cuda,
+            "transformers": hf_adapter.transformers_version(), "cuda": torch.version.cuda,
             "cudnn": _cudnn_version(torch.backends.cudnn.version())}
 
 

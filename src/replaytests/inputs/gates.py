@@ -42,8 +42,14 @@ def where(record: dict) -> str:
 
 
 def inexact(metrics: dict) -> list[str]:
-    """The bit-exactness fields (cache, logits, suffix) that are not true for one comparison."""
-    return [name for name in BIT_EXACT if metrics.get(name) is not True]
+    """The bit-exactness fields (cache, logits, suffix) that are not true for one comparison. A cache
+    the backend does not expose is recorded as null (not measured): it is not counted either way."""
+    return [name for name in BIT_EXACT if metrics.get(name) is not True and not unmeasured(metrics, name)]
+
+
+def unmeasured(metrics: dict, name: str = "cache_exact") -> bool:
+    """Whether a comparison records its caches as not measured (a backend without K/V tensors)."""
+    return name == "cache_exact" and name in metrics and metrics[name] is None
 
 
 def bit_exact(metrics: dict) -> bool:
@@ -63,7 +69,7 @@ def replicas_exact(record: dict) -> bool:
 def differences(metrics: dict, pair: str) -> list[str]:
     """One phrase per quantity of a pair that is not bit-exact, with its size or index."""
     out = []
-    if not metrics["cache_exact"]:
+    if metrics["cache_exact"] is False:
         out.append(f"{pair} caches differ (K rel L2 {metrics['k_rel_l2']:.3g}, max |dK| {metrics['k_max_abs']:.3g}; "
                    f"V rel L2 {metrics['v_rel_l2']:.3g}, max |dV| {metrics['v_max_abs']:.3g})")
     if not metrics["logits_exact"]:
@@ -130,7 +136,8 @@ class Gates:
         margins = metrics["margins_at_divergence"]
         detail = (f"{where(record)}: {a} and {b} suffixes diverge at suffix index {metrics['first_divergence']} "
                   f"(top-1 minus top-2 margins {margins[0]:.3g} / {margins[1]:.3g}); answers "
-                  f"{'equal' if metrics['answer_equal'] else 'differ'}; boundary K rel L2 {metrics['k_rel_l2']:.3g}")
+                  f"{'equal' if metrics['answer_equal'] else 'differ'}; boundary K rel L2 "
+                  f"{'not measured' if unmeasured(metrics) else format(metrics['k_rel_l2'], '.3g')}")
         family, precision = record["family"], record["precision"]
         if self.suffix_divergence_allowed[family][precision]:
             return Judgement("recorded", f"divergence recorded, allowed by the contract: {detail}")

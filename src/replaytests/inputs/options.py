@@ -6,12 +6,13 @@ instruction set torch dispatches to), and by the CLI.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replaytests.errors import ConfigError, short
-from replaytests.inputs import models
+from replaytests.inputs import cpu_isa, models
 from replaytests.inputs.contract import PRECISIONS
 from replaytests.outputs.rundir import ledger_of
 
@@ -23,7 +24,7 @@ DEFAULT_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2"
 DEFAULT_BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
 DEFAULT_CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"
 DEFAULT_LATER_MODEL = REPO / "fixtures" / "models" / "tiny-qwen2-later"
-DEFAULT_BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
+DEFAULT_BASELINE = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"  # the reference platform's
 DEFAULT_REPORT_DIR = Path("reports")  # a report root: one directory per run, `latest` the last one completed
 GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
 SMOLLM2_BANK = REPO / "fixtures" / "banks" / "smollm2.jsonl"
@@ -34,22 +35,77 @@ OVERRIDES = ("bank", "model", "tokenizer")  # inputs whose change since the bank
 
 @dataclass(frozen=True)
 class Committed:
-    """A committed bank with its contract, and what goes with them: the committed baseline ledger and
+    """A committed bank with its contract, and what goes with them: the committed baseline ledgers, one
+    per platform they were made on (the first is the reference, the others are keyed by their CPU), and
     the later checkpoint replication runs on (a name prepared by `replaytests models prepare`, or a path)."""
     bank: Path
     contract: Path
-    baseline: Path
+    baselines: tuple[Path, ...]
     later: Path | str
 
     def later_model(self) -> Path | None:
         return self.later if isinstance(self.later, Path) else models.prepared(self.later)
 
+    @property
+    def baseline(self) -> Path:
+        """The baseline made on this machine's CPU (its run.json's `hardware.cpu`), else the reference
+        one (a check against it here is then platform drift, reported as such)."""
+        here = cpu_isa.cpu_model()
+        return next((path for path in self.baselines if _made_on(path) == here), self.baselines[0])
 
+
+def _made_on(baseline: Path) -> str | None:
+    """The CPU a committed baseline was made on, as its run.json's platform records it."""
+    try:
+        return json.loads((baseline.parent / "run.json").read_text(encoding="utf-8"))["platform"]["hardware.cpu"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+LEDGERS = REPO / "fixtures" / "ledgers"
 COMMITTED = (
-    Committed(DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_BASELINE, DEFAULT_LATER_MODEL),
-    Committed(SMOLLM2_BANK, SMOLLM2_CONTRACT, REPO / "fixtures" / "ledgers" / "cpu-smollm2" / "ledger.jsonl",
-              "smollm2-later"),
+    Committed(DEFAULT_BANK, DEFAULT_CONTRACT, (DEFAULT_BASELINE, LEDGERS / "cpu-tiny-xeon" / "ledger.jsonl"),
+              DEFAULT_LATER_MODEL),
+    Committed(SMOLLM2_BANK, SMOLLM2_CONTRACT, (LEDGERS / "cpu-smollm2" / "ledger.jsonl",), "smollm2-later"),
 )
+
+
+# Every option of a run, declared once: the pytest plugin registers each under its namespaced spelling
+# (--replay-<field>, always) and its short alias (--<field>, where no other plugin took it), and
+# `replaytests audit` takes and forwards each. The value lands in the Options field of the same name.
+OPTIONS = {
+    "model": dict(type=Path, default=DEFAULT_MODEL,
+                  help="local Hugging Face model directory. Default: the embedded tiny Qwen2"),
+    "bank": dict(type=Path, default=DEFAULT_BANK,
+                 help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s"),
+    "contract": dict(type=Path, default=None, help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, "
+                                                   f"or under -m gpu {GPU_CONTRACT}"),
+    "precision": dict(choices=("bf16", "fp32", "both"), default="both",
+                      help="precision(s) to audit. Default: %(default)r"),
+    "rows": dict(default=None, help="a count N or a slice A:B of bank rows, for quick runs"),
+    "device": dict(default=None, help="torch device; default: the contract's environment.device"),
+    "report_dir": dict(type=Path, default=DEFAULT_REPORT_DIR,
+                       help="report root: each run writes its own directory there (ledger, run.json, reports) "
+                            "and `latest` points to the last one completed. Default: %(default)s"),
+    "run_name": dict(default=None,
+                     help="the run directory's name under the report root. Default: its UTC start time and an id"),
+    "baseline": dict(type=Path, default=None,
+                     help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
+                          "reproduce exactly. Default: the committed baseline, for the embedded default inputs"),
+    "shard": dict(default=None,
+                  help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)"),
+    "replication_model": dict(type=Path, default=None,
+                              help="a later checkpoint to replicate the transplant on, with the same bank. "
+                                   "Default: fixtures/models/tiny-qwen2-later, for the embedded default inputs"),
+    "strict_contract": dict(action="store_true",
+                            help="fail the run when the environment differs from the contract in any field it "
+                                 "names, or from the platform the bank or the baseline was made on"),
+    "backend": dict(default="hf", help="the runtime under test: hf (Hugging Face transformers), or module:Class for "
+                                      "a backend of your own (docs/architecture.md). Default: %(default)s"),
+    "accept_changed": dict(action="append", choices=OVERRIDES, default=None,
+                           help="use a bank, model or tokenizer that changed since the bank was frozen (recorded "
+                                "in the report); repeatable"),
+}
 
 
 @dataclass(frozen=True)
@@ -67,10 +123,14 @@ class Options:
     strict_contract: bool = False
     replication_model: Path | None = None
     run_name: str | None = None
+    backend: str = "hf"
 
     @property
     def committed(self) -> Committed | None:
-        """The committed input set this run's bank and contract are (the embedded default, SmolLM2)."""
+        """The committed input set this run's bank and contract are (the embedded default, SmolLM2), on the
+        Hugging Face backend its baselines were made with (another backend names its own --baseline)."""
+        if self.backend != "hf":
+            return None
         key = (self.bank.resolve(), self.contract.resolve())
         return next((c for c in COMMITTED if (c.bank, c.contract) == key), None)
 

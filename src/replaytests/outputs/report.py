@@ -171,9 +171,10 @@ def _family(records: list[dict], shape: Shape) -> dict:
 
 
 # What every comparison and arm of an ok record holds (docs/ledger.md), and the pair each family is read by.
-COMPARISON_FIELDS = {"cache_exact": bool, "logits_exact": bool, "suffix_equal": bool, "answer_equal": bool,
-                     "correct_equal": bool}
-ARM_FIELDS = {"suffix": list, "answer": str, "cache_digest": str, "logits_digest": str}
+# A cache field is null where the backend exposes no K/V tensors (not measured).
+COMPARISON_FIELDS = {"cache_exact": (bool, type(None)), "logits_exact": bool, "suffix_equal": bool,
+                     "answer_equal": bool, "correct_equal": bool}
+ARM_FIELDS = {"suffix": list, "answer": str, "cache_digest": (str, type(None)), "logits_digest": str}
 CROSS_PAIR = "incremental~prefill"  # the transplant and replication records' crossing
 
 
@@ -195,7 +196,8 @@ def _problem(record: dict) -> str | None:
         if not isinstance(value, dict) or not value:
             return f"ledger record {where}: field {name!r} must be a non-empty object, got {short(value)}"
         for key, item in value.items():
-            bad = [f for f, kind in fields.items() if not isinstance(item, dict) or not isinstance(item.get(f), kind)]
+            bad = [f for f, kind in fields.items() if not isinstance(item, dict) or f not in item
+                   or not isinstance(item[f], kind)]
             if bad:
                 return f"ledger record {where}: {name}.{key} lacks {bad[0]!r} (or it has the wrong type)"
     family = record["family"]

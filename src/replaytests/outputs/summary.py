@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from replaytests.families.registry import FAMILIES
-from replaytests.inputs.gates import Gates, replicas_exact
+from replaytests.inputs.gates import Gates, replicas_exact, unmeasured
 from replaytests.outputs import causal, verdict
 from replaytests.outputs.tables import Table, fmt_proportion, plain
 
@@ -33,9 +33,10 @@ def _row(family: str, precision: str, records: list[dict]) -> list[str]:
         return lambda r: not every(field, known.headline)(r)
 
     replicas = _count(ok, replicas_exact) if known.replicas else "-"
+    measured = not any(unmeasured(r["comparisons"][p]) for r in ok for p in known.headline)
     return [
         family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
-        _count(ok, every("cache_exact", known.headline)),
+        _count(ok, every("cache_exact", known.headline)) if measured else "not measured",
         _count(ok, some_not("suffix_equal")),
         _count(ok, some_not("answer_equal")),
         _count(ok, some_not("correct_equal")),

@@ -18,9 +18,14 @@ if TYPE_CHECKING:
     from replaytests.inputs.bank import BankRow
 
 # The conformance tests' row fixtures, and the family whose rows each takes.
-ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "transplant_row": "transplant",
-                "replication_row": "replication"}
+ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
+                "transplant_row": "transplant", "replication_row": "replication"}
 CROSSING_GROUP = "bf16-crossing"
+# Families whose records another family reads across rows (the transplant panel is drawn from the whole
+# BF16 crossing), with their readers: one worker computes them all.
+READ_TOGETHER = frozenset(name for f in FAMILIES.values() if f.reads for name in (f.name, *f.reads))
+_GROUPED = tuple(fixture for fixture, family in ROW_FIXTURES.items() if family in READ_TOGETHER) + tuple(
+    f"{family}_family" for family in READ_TOGETHER)
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class Plan:
     rows: list[BankRow]  # the selected rows (--rows)
     panels: dict  # the contract's panels
     options: Options
+    unsupported: frozenset[str] = frozenset()  # families the backend cannot serve (they run on no row)
 
     @property
     def sharded_rows(self) -> list[BankRow]:
@@ -44,7 +50,7 @@ class Plan:
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share
         (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
-        if FAMILIES[family].rows == "replication" and not self.options.later_model:
+        if family in self.unsupported or (FAMILIES[family].rows == "replication" and not self.options.later_model):
             return []
         size = self.panel_size(family)
         rows = self.rows if size is None else spaced(self.rows, size)
@@ -59,14 +65,13 @@ class Plan:
 
 def worker_group(params: dict) -> str | None:
     """The xdist group of a test from its parameters: the (precision, row) it reads, except that the
-    whole BF16 crossing and the transplant share one group (the transplant panel is chosen from the
-    whole BF16 crossing, so that worker computes it anyway)."""
+    BF16 records of families read together (READ_TOGETHER: the whole BF16 crossing and the transplant
+    chosen from it) share one group, so that one worker computes them."""
     baseline = params.get("baseline_record")
     baseline = baseline if isinstance(baseline, dict) else {}
     precision = params.get("precision") or baseline.get("precision") or "bf16"
-    if precision == "bf16" and (params.get("bank_row") or params.get("transplant_row")
-                                or params.get("transplant_family")
-                                or baseline.get("family") in ("crossing", "transplant")):
+    if precision == "bf16" and (any(params.get(name) for name in _GROUPED)
+                                or baseline.get("family") in READ_TOGETHER):
         return CROSSING_GROUP
     row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
     return row and f"{precision}-{row}"

@@ -27,11 +27,9 @@ from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import (
-    DEFAULT_BANK,
     DEFAULT_CONTRACT,
-    DEFAULT_MODEL,
     GPU_CONTRACT,
-    OVERRIDES,
+    OPTIONS,
     REPO,
     Options,
 )
@@ -58,40 +56,6 @@ metrics_key = pytest.StashKey[list]()
 groups_key = pytest.StashKey[Path]()  # the controller's file of xdist groups (suite.scheduling)
 
 
-# Every option: its namespaced spelling (always registered), the short alias users know (registered only
-# where no other plugin or conftest has taken it) and its argparse settings. The value lands in
-# config.option.replay_<field> for the Options field of the same name.
-OPTIONS = {
-    "model": dict(type=Path, default=DEFAULT_MODEL,
-                  help="local Hugging Face model directory. Default: the embedded tiny Qwen2"),
-    "bank": dict(type=Path, default=DEFAULT_BANK,
-                 help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s"),
-    "contract": dict(type=Path, default=None, help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, "
-                                                   f"or under -m gpu {GPU_CONTRACT}"),
-    "precision": dict(choices=("bf16", "fp32", "both"), default="both",
-                      help="precision(s) to audit. Default: %(default)r"),
-    "rows": dict(default=None, help="a count N or a slice A:B of bank rows, for quick runs"),
-    "device": dict(default=None, help="torch device; default: the contract's environment.device"),
-    "report_dir": dict(type=Path, default=DEFAULT_OPTIONS["report_dir"],
-                       help="report root: each run writes its own directory there (ledger, run.json, reports) "
-                            "and `latest` points to the last one completed. Default: %(default)s"),
-    "run_name": dict(default=None,
-                     help="the run directory's name under the report root. Default: its UTC start time and an id"),
-    "baseline": dict(type=Path, default=None,
-                     help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
-                          "reproduce exactly. Default: the committed baseline, for the embedded default inputs"),
-    "shard": dict(default=None,
-                  help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)"),
-    "replication_model": dict(type=Path, default=None,
-                              help="a later checkpoint to replicate the transplant on, with the same bank. "
-                                   "Default: fixtures/models/tiny-qwen2-later, for the embedded default inputs"),
-    "strict_contract": dict(action="store_true",
-                            help="fail the run when the environment differs from the contract in any field it "
-                                 "names, or from the platform the bank or the baseline was made on"),
-    "accept_changed": dict(action="append", choices=OVERRIDES, default=None,
-                           help="use a bank, model or tokenizer that changed since the bank was frozen (recorded "
-                                "in the report); repeatable"),
-}
 GROUP = ("replaytests", "replay conformance (replaytests)")
 
 
@@ -343,7 +307,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if name in fixtures:
             metafunc.parametrize(name, row_params(replay, family), scope="session")
     if "transplant_family" in fixtures:
-        metafunc.parametrize("transplant_family", bf16_only(replay, "transplant") or ["bf16"])
+        metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["bf16"])
     if "baseline_record" in fixtures:
         metafunc.parametrize("baseline_record", audit_params(replay))
 
@@ -361,8 +325,16 @@ def bf16_only(replay: ReplaySession, family: str) -> list:
     return []
 
 
+def unavailable(replay: ReplaySession, family: str) -> list:
+    """The skipped parameter of a family the backend cannot serve, or BF16-only under a --precision
+    without BF16; else empty."""
+    if reason := replay.unavailable(family):
+        return _skipped("unsupported", reason)
+    return bf16_only(replay, family)
+
+
 def row_params(replay: ReplaySession, family: str) -> list:
-    if skipped := bf16_only(replay, family):
+    if skipped := unavailable(replay, family):
         return skipped
     if family == "replication" and not replay.options.later_model:
         return _skipped("no-later-model", replay.options.why_no_later_model)
@@ -554,6 +526,8 @@ def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
     """(family, precision) -> the rows the plan gives it (None: the transplant panel, read from outcomes)."""
     planned = {}
     for name, family in FAMILIES.items():
+        if name in replay.plan.unsupported:
+            continue
         rows = None if family.rows == "transplant" else len(replay.plan.family_rows(name))
         for precision in ("bf16",) if family.bf16_only else replay.options.precisions:
             if rows != 0 and precision in replay.options.precisions:

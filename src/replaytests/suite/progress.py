@@ -48,9 +48,6 @@ class Progress:
         rows.add(row)
         return len(rows) == self.planned.get((family, precision))
 
-    def test_finished(self) -> None:
-        self.finished += 1
-
     def eta(self) -> float | None:
         """Seconds left, from the rate of finished tests so far (None before the first)."""
         if not self.finished or not self.tests:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
-from replaytests.engine import hf_adapter
+from replaytests.engine import backend, hf_adapter
 from replaytests.engine.decoder import suffix_room
 from replaytests.engine.protocol import Delimiters, Grammar
-from replaytests.engine.runtime import Runtime
 from replaytests.errors import ConfigError, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
@@ -95,7 +94,8 @@ class ReplaySession:
     integrity: Integrity
     baseline: list[dict]
     pinned: cpu_isa.Pin
-    _runtimes: dict[tuple[Path, str], Runtime] = field(default_factory=dict)
+    backend: type  # the backend class (engine.backend.resolve)
+    _runtimes: dict[tuple[Path, str], backend.Backend] = field(default_factory=dict)
     _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     _attached: set[tuple[str, str, str]] = field(default_factory=set)
 
@@ -107,6 +107,7 @@ class ReplaySession:
         options.precisions  # noqa: B018 - validates the option
         parse_shard(options.shard)
         check_device(options.device)
+        backend_class = backend.resolve(options.backend)
         contract = load_contract(options.contract)
         pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
         grammar, config = check_model(options.model, contract, "--model")
@@ -119,7 +120,7 @@ class ReplaySession:
             check_window(options.later_model, check_model(options.later_model, contract, "--replication-model")[1],
                          longest)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
-        return cls(options, contract, rows, integrity, baseline, pinned)
+        return cls(options, contract, rows, integrity, baseline, pinned, backend_class)
 
     @property
     def manifest(self) -> dict:
@@ -181,11 +182,15 @@ class ReplaySession:
     def device(self) -> str:
         return pinned_device(self.options.device or self.contract.device, os.environ.get("PYTEST_XDIST_WORKER"))
 
-    def runtime(self, precision: str, model: Path | None = None) -> Runtime:
+    def runtime(self, precision: str, model: Path | None = None) -> backend.Backend:
         key = (model or self.options.model, precision)
         if key not in self._runtimes:
-            self._runtimes[key] = Runtime.load(key[0], self.contract, precision, self.device)
+            self._runtimes[key] = self.backend.load(key[0], self.contract, precision, self.device)
         return self._runtimes[key]
+
+    def unavailable(self, family: str) -> str | None:
+        """Why the backend cannot serve a family (the capabilities it lacks), or None where it can."""
+        return backend.missing(self.backend.capabilities, FAMILIES[family].requires, self.backend.name)
 
     def row(self, row_id: str) -> BankRow:
         for row in self.rows:
@@ -196,13 +201,15 @@ class ReplaySession:
     @functools.cached_property
     def plan(self) -> Plan:
         """Which rows each family runs on, and which baseline records this run recomputes."""
-        return Plan(self.rows, self.contract.panels, self.options)
+        return Plan(self.rows, self.contract.panels, self.options,
+                    frozenset(family for family in FAMILIES if self.unavailable(family)))
 
     @functools.cached_property
     def transplant_panel(self) -> transplant.Panel:
         """The transplant panel, from the finished BF16 crossing of every selected row (computing
         those crossing records not computed yet)."""
-        crossing = [self.record("crossing", row, "bf16") for row in self.rows]
+        (source,) = FAMILIES["transplant"].reads
+        crossing = [self.record(source, row, "bf16") for row in self.rows]
         sizes = self.contract.panels["transplant"]
         return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
 
@@ -228,11 +235,14 @@ class ReplaySession:
         return fresh
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
+        if reason := self.unavailable(family):
+            raise backend.Unsupported(f"{family}: {reason}")
+        spec = FAMILIES[family]
         if family == "transplant":
             role = self.transplant_role(row)
             if role not in ROLES:  # not in this run's panel: no record
                 return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
-            crossing = self.record("crossing", row, precision)
-            return transplant.run(self.runtime(precision), row, crossing, role)
-        model = self.options.later_model if FAMILIES[family].rows == "replication" else None
-        return FAMILIES[family].run(self.runtime(precision, model), row)
+            (read,) = (self.record(name, row, precision) for name in spec.reads)
+            return transplant.run(self.runtime(precision), row, read, role)
+        model = self.options.later_model if spec.rows == "replication" else None
+        return spec.run(self.runtime(precision, model), row)

@@ -1,0 +1,101 @@
+"""The runtime under test, as the families see it: a Backend and the capabilities it declares.
+
+A family asks its backend for boundaries (`build`, `live`), continues them (`suffix`) and, where the
+runtime exposes K/V tensors, moves caches between them (`transplant`); it never touches the runtime's
+own objects. Each backend declares what it can do in `capabilities`; a family declares what it needs
+(families.registry), and a family whose needs a backend lacks is skipped with the reason `missing`
+gives, never faked. Hugging Face transformers is the first backend (engine.runtime, engine.hf_adapter).
+
+No torch here: the plugin reads the capability names before any model work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from replaytests.errors import ConfigError, ReplaytestsError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from replaytests.engine.boundary import Boundary
+    from replaytests.engine.decoder import Suffix
+    from replaytests.engine.protocol import Grammar
+
+# Every capability a backend may declare, and what a family that needs it reads from the runtime.
+CAPABILITIES = {
+    "kv_tensors": "every layer's K and V at the boundary (cache digests, drift, bit-exact caches)",
+    "state_copy": "a boundary's K/V copied, storage-isolated, into another construction (transplant, batch views)",
+    "role_visibility": "the protocol's six-role visibility passed as a 4D mask on every forward call",
+    "structural_mask": "the structural logits mask applied to every greedy choice",
+    "physical_batch": "every forward call carries duplicate copies of the row, compared bitwise",
+    "batch_size": "the same row run as a singleton and as the duplicated pair",
+    "full_logits": "the boundary's whole logit row (else top-k logprobs only)",
+}
+
+
+class Unsupported(ReplaytestsError):
+    """An operation the backend cannot serve: it lacks the capability named in the message."""
+
+
+def missing(capabilities: frozenset[str], required: Sequence[str], backend: str) -> str | None:
+    """The one-line reason a family needing `required` cannot run on a backend, or None if it can."""
+    if lacking := [name for name in required if name not in capabilities]:
+        return f"backend {backend} lacks {', '.join(lacking)} ({'; '.join(CAPABILITIES[n] for n in lacking)})"
+    return None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One model at one precision on one runtime."""
+
+    name: str
+    precision: str
+    capabilities: frozenset[str]
+    grammar: Grammar  # the protocol's delimiters, caps and structural mask, resolved for this model
+
+    def activate(self) -> None:
+        """Re-apply this precision's numeric settings (another backend may have changed them)."""
+
+    def build(self, construction: str, z: list[int]) -> Boundary:
+        """`incremental` or `prefill` (or a `*_replica` of one) of the prefix z, ending at <|merge|>."""
+
+    def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
+        """Greedy generation from the prompt block until it has consumed <|merge|>."""
+
+    def suffix(self, boundary: Boundary) -> Suffix:
+        """The shared suffix decoder, from a boundary through <|/answer|>."""
+
+    def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
+                   parts: Sequence[str] = ("k", "v")) -> Boundary:
+        """The recipient's boundary with the selected layers' K and/or V copied from the donor; Unsupported
+        where the backend has no `state_copy`."""
+
+    def with_batch(self, batch: int) -> Backend:
+        """The same model and precision with another physical batch; Unsupported without `batch_size`."""
+
+    def first_copy(self, boundary: Boundary) -> Boundary:
+        """The first copy of a physical batch as a storage-isolated singleton boundary (`batch_size`)."""
+
+
+BUILT_IN = {"hf": "replaytests.engine.runtime:Runtime"}  # name -> module:class
+
+
+def resolve(spec: str) -> type:
+    """The backend class `spec` names: a built-in name (BUILT_IN) or `module:Class` (importable here),
+    a class with `name`, `capabilities` and `load(model_dir, contract, precision, device)`."""
+    import importlib
+
+    target = BUILT_IN.get(spec, spec)
+    module_name, colon, attr = target.partition(":")
+    if not colon or not module_name or not attr:
+        raise ConfigError(f"--backend {spec!r}: expected one of {', '.join(BUILT_IN)} or module:Class")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--backend {spec!r}: cannot import {target}: {exc}") from None
+    absent = [a for a in ("name", "capabilities", "load") if not hasattr(found, a)]
+    if absent or not isinstance(found.capabilities, frozenset) or found.capabilities - CAPABILITIES.keys():
+        raise ConfigError(f"--backend {spec!r}: {target} is not a backend class (expected name, capabilities "
+                          f"from {', '.join(CAPABILITIES)}, and load)")
+    return found

@@ -1,0 +1,104 @@
+"""The runtime seam (engine.backend): backends declare capabilities, families declare requirements, and
+a family a backend cannot serve is skipped with the capability it lacks. A second backend
+(tests/unit/backends/logprobs_only.py: top-k logprobs, no K/V) runs the crossing through the plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replaytests.engine.backend import BUILT_IN, CAPABILITIES, Backend, missing, resolve
+from replaytests.errors import ConfigError
+from replaytests.families.registry import FAMILIES
+
+BACKENDS = Path(__file__).parent / "backends"
+TOY = "logprobs_only:LogprobsOnly"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES), ids=str)
+def test_every_family_requires_known_capabilities_and_reads_known_families(family):
+    spec = FAMILIES[family]
+    assert set(spec.requires) <= set(CAPABILITIES), f"{family} requires unknown capabilities"
+    assert set(spec.reads) <= set(FAMILIES) - {family}, f"{family} reads unknown families {spec.reads}"
+
+
+def test_the_hugging_face_backend_has_every_capability_and_the_protocol(bf16_runtime):
+    cls = resolve("hf")
+    assert cls.capabilities == frozenset(CAPABILITIES), sorted(CAPABILITIES.keys() - cls.capabilities)
+    assert isinstance(bf16_runtime, Backend), "Runtime does not satisfy engine.backend.Backend"
+    assert list(BUILT_IN) == ["hf"]
+
+
+def test_missing_names_each_capability_and_what_it_gives():
+    reason = missing(frozenset({"kv_tensors"}), ("kv_tensors", "state_copy"), "toy")
+    assert reason == f"backend toy lacks state_copy ({CAPABILITIES['state_copy']})", reason
+    assert missing(frozenset(CAPABILITIES), tuple(CAPABILITIES), "hf") is None
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    pytest.param("vllm", "expected one of hf or module:Class", id="unknown-name"),
+    pytest.param("no_such_module:X", "cannot import no_such_module:X", id="no-module"),
+    pytest.param("replaytests.engine.backend:Nothing", "cannot import", id="no-attribute"),
+    pytest.param("replaytests.engine.backend:Unsupported", "is not a backend class", id="not-a-backend"),
+])
+def test_a_bad_backend_is_one_line(spec, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        resolve(spec)
+    assert "\n" not in str(caught.value) and spec in str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """Two FP32 rows of every family on the logprobs-only backend, in a child process."""
+    root = tmp_path_factory.mktemp("toy")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (str(BACKENDS), os.environ.get("PYTHONPATH"))))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
+         "no:xdist", "-rs", "--backend", TOY, "--rows", "2", "--precision", "fp32", "--report-dir", str(root),
+         "--run-name", "toy"], cwd=root, env=env, capture_output=True, text=True, check=False)
+    return proc, root / "toy"
+
+
+@pytest.mark.slow  # spawns a whole run
+def test_a_backend_without_kv_runs_the_crossing(toy_run):
+    proc, run = toy_run
+    assert proc.returncode == 0, f"the logprobs-only run failed:\n{proc.stdout[-3000:]}"
+    records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    crossing = [r for r in records if r["family"] == "crossing"]
+    assert [(r["row"], r["status"]) for r in crossing] == [("tiny-000", "ok"), ("tiny-001", "ok")], crossing
+    for record in crossing:
+        cross = record["comparisons"]["incremental~prefill"]
+        assert cross["cache_exact"] is None and cross["k_rel_l2"] is None, f"{record['row']}: a cache was measured"
+        assert all(arm["cache_digest"] is None for arm in record["arms"].values()), record["row"]
+        assert isinstance(cross["logits_exact"], bool) and isinstance(cross["suffix_equal"], bool), cross
+
+
+@pytest.mark.slow
+def test_a_backend_without_kv_gets_the_hugging_face_suffixes(toy_run, two_row_run):
+    """The seam changes what is seen at the boundary, not the trajectory: the toy decodes through the
+    Hugging Face model, so its suffixes are the Hugging Face run's, arm by arm."""
+    _, toy = toy_run
+    _, hf = two_row_run
+
+    def suffixes(run: Path) -> dict:
+        lines = (run / "ledger.jsonl").read_text().splitlines()
+        return {(r["row"], arm): a["suffix"] for r in map(json.loads, lines) if r["family"] == "crossing"
+                for arm, a in r["arms"].items()}
+
+    assert suffixes(toy) == suffixes(hf) and suffixes(toy), "the logprobs-only suffixes differ from Hugging Face's"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["transplant", "replication", "bridge", "batch"])
+def test_a_backend_without_kv_skips_what_needs_it_with_the_reason(toy_run, family):
+    proc, run = toy_run
+    records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r["family"] == family], f"{family} records from a backend without K/V"
+    reason = missing(frozenset({"role_visibility", "structural_mask", "physical_batch"}), FAMILIES[family].requires,
+                     "logprobs-only")
+    assert reason and reason in proc.stdout, f"no skip naming {reason!r}:\n{proc.stdout[-3000:]}"
