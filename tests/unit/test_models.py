@@ -137,3 +137,16 @@ def test_cli_lists_and_refuses_in_one_line(cache):
     refused = subprocess.run([*run, "prepare", "nope"], capture_output=True, text=True, check=False)
     assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
     assert "unknown model 'nope'" in refused.stderr
+
+
+@pytest.mark.parametrize("cpu", ["AMD EPYC", "Intel(R) Xeon(R) Processor", "Some Other CPU"])
+def test_a_committed_input_set_takes_the_baseline_made_on_this_cpu(monkeypatch, cpu):
+    """One baseline per CPU it was made on (its run.json's hardware.cpu); another CPU gets the first."""
+    from replaytests.inputs import cpu_isa
+
+    committed = COMMITTED[0]
+    made = {json.loads((path.parent / "run.json").read_text())["platform"]["hardware.cpu"]: path
+            for path in committed.baselines}
+    assert len(made) == len(committed.baselines), f"two baselines made on one CPU: {made}"
+    monkeypatch.setattr(cpu_isa, "cpu_model", lambda: cpu)
+    assert committed.baseline == made.get(cpu, committed.baselines[0]), f"{cpu}: {committed.baseline}"
