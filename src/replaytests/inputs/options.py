@@ -100,6 +100,10 @@ OPTIONS = {
     "strict_contract": dict(action="store_true",
                             help="fail the run when the environment differs from the contract in any field it "
                                  "names, or from the platform the bank or the baseline was made on"),
+    "panel_from": dict(type=Path, action="append", default=None,
+                       help="finished crossing ledgers (or run directories, e.g. the shards of a first phase) the "
+                            "transplant panel and each transplant row's crossing record are read from, instead of "
+                            "this run computing the whole BF16 crossing; repeatable (docs/architecture.md)"),
     "backend": dict(default="hf", help="the runtime under test: hf (Hugging Face transformers), or module:Class for "
                                       "a backend of your own (docs/architecture.md). Default: %(default)s"),
     "accept_changed": dict(action="append", choices=OVERRIDES, default=None,
@@ -124,6 +128,7 @@ class Options:
     replication_model: Path | None = None
     run_name: str | None = None
     backend: str = "hf"
+    panel_from: tuple[Path, ...] = ()
 
     @property
     def committed(self) -> Committed | None:

@@ -10,6 +10,9 @@ replication records; version 1 ledgers are still read.
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +41,31 @@ def merge(records: list[dict]) -> list[dict]:
 
 def write_ledger(path: Path, records: list[dict]) -> None:
     write_jsonl_atomic(path, merge(records))
+
+
+def append_record(path: Path, record: dict) -> None:
+    """Append one record to a run's records file as one line, as soon as it is computed: several
+    processes (xdist workers) append to one file, each line written whole under an exclusive lock and
+    flushed to disk, so a run that is stopped keeps every record it finished."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_appended(path: Path) -> list[dict]:
+    """The records appended to a records file so far (none if it is absent); a last line cut short by a
+    process that died while writing it is not a record, and is left out."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    whole = text[: text.rfind("\n") + 1]
+    return parse_versioned_jsonl(path, whole, READABLE, LedgerError)
 
 
 def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...], error: type[Exception],

@@ -24,6 +24,7 @@ MARKER = ".replaytests-root"
 LOCK = ".lock"
 LATEST = "latest"
 LEDGER = "ledger.jsonl"
+RECORDS = "records.jsonl"  # a run's records as they are computed; the ledger once the run has ended
 
 
 def _inside(path: Path, directory: Path) -> bool:

@@ -20,14 +20,15 @@ from replaytests.suite.session import ReplaySession
 class Gathered:
     """What the test reports brought back (from this process or from xdist workers)."""
 
-    records: list[dict] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)  # the run's records (read from its directory at the end)
+    facts: list[dict] = field(default_factory=list)  # the key facts of each record a test read (plugin.facts)
     audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
     outcomes: dict[str, int] = field(default_factory=dict)  # pytest outcome -> count
     failures: list[dict] = field(default_factory=list)  # verdict.failure of each failing test
     skips: set[str] = field(default_factory=set)  # the distinct skip reasons
 
     def add(self, properties: list[tuple[str, str]], record_property: str, audit_property: str) -> None:
-        self.records += [json.loads(v) for n, v in properties if n == record_property]
+        self.facts += [json.loads(v) for n, v in properties if n == record_property]
         self.audits += [json.loads(v) for n, v in properties if n == audit_property]
 
     def count(self, outcome: str) -> None:
@@ -37,19 +38,16 @@ class Gathered:
 def properties(user_properties: list[tuple[str, object]], record_property: str,
                audit_property: str) -> list[tuple[str, object]]:
     """A test's properties as a JUnit XML or JSON report carries them: each record it read as its key,
-    status and, per headline pair, the first divergence and the decision margins there; an audit as
-    the leaves that changed. Properties of other plugins are kept as they are."""
+    status and, per headline pair, the first divergence and the decision margins there (facts); an audit
+    as the leaves that changed. Properties of other plugins are kept as they are."""
     out = []
     for name, value in user_properties:
         if name == record_property:
-            record = json.loads(value)
-            key = f"replaytests.{record['family']}.{record['row']}.{record['precision']}"
-            out.append((f"{key}.status", record["status"]))
-            for pair in FAMILIES.get(record["family"], FAMILIES["crossing"]).headline:
-                metrics = record.get("comparisons", {}).get(pair)
-                if metrics:
-                    out += [(f"{key}.{pair}.first_divergence", metrics["first_divergence"]),
-                            (f"{key}.{pair}.margins_at_divergence", metrics["margins_at_divergence"])]
+            fact = json.loads(value)
+            key = "replaytests." + ".".join(fact["key"])
+            out.append((f"{key}.status", fact["status"]))
+            for pair, (first, margins) in fact["headline"].items():
+                out += [(f"{key}.{pair}.first_divergence", first), (f"{key}.{pair}.margins_at_divergence", margins)]
         elif name == audit_property:
             audit = json.loads(value)
             out.append((f"replaytests.audit.{'.'.join(audit['key'])}", f"{audit['changes']} of {audit['leaves']} "
@@ -57,6 +55,16 @@ def properties(user_properties: list[tuple[str, object]], record_property: str,
         else:
             out.append((name, value))
     return out
+
+
+def facts(record: dict) -> dict:
+    """What a test's report says of a record it read: its key and status and, per headline pair, the first
+    divergence and the margins there (the record itself reaches the ledger from the run's records)."""
+    pairs = FAMILIES.get(record["family"], FAMILIES["crossing"]).headline
+    comparisons = record.get("comparisons", {})
+    return {"key": list(ledger.key(record)), "status": record["status"],
+            "headline": {pair: [comparisons[pair]["first_divergence"], comparisons[pair]["margins_at_divergence"]]
+                         for pair in pairs if pair in comparisons}}
 
 
 def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool, started: datetime) -> dict:
@@ -132,8 +140,7 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
     return {
         "schema": report.RUN_SCHEMA,
         **({"verdict": outcome} if outcome else {}),
-        "options": {name: str(value) if isinstance(value, Path) else sorted(value) if isinstance(value, frozenset)
-                    else value for name, value in vars(replay.options).items()},
+        "options": {name: _json_option(value) for name, value in vars(replay.options).items()},
         "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,
                      "description": contract.settings["description"]},
         "panels": contract.panels,
@@ -146,6 +153,14 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
         # Only when the transplant ran: its panel, and the divergent rows it could not test.
         **({"transplant_panel": replay.transplant_panel._asdict()} if "transplant_panel" in vars(replay) else {}),
     }
+
+
+def _json_option(value: object) -> object:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, frozenset):
+        return sorted(value)
+    return [str(v) for v in value] if isinstance(value, tuple) else value
 
 
 def header_fields(replay: ReplaySession) -> dict[str, str]:

@@ -63,14 +63,25 @@ class Plan:
         return [record for record in baseline if ledger.key(record) in wanted]
 
 
-def worker_group(params: dict) -> str | None:
-    """The xdist group of a test from its parameters: the (precision, row) it reads, except that the
-    BF16 records of families read together (READ_TOGETHER: the whole BF16 crossing and the transplant
-    chosen from it) share one group, so that one worker computes them."""
+def reads_across_rows(params: dict) -> bool:
+    """Whether a test reads a family that reads other rows' records (the transplant: its panel is drawn
+    from the whole BF16 crossing)."""
+    baseline = params.get("baseline_record")
+    readers = {name for name, family in FAMILIES.items() if family.reads}
+    return (any(params.get(name) for name, family in ROW_FIXTURES.items() if family in readers)
+            or any(params.get(f"{name}_family") for name in readers)
+            or (isinstance(baseline, dict) and baseline.get("family") in readers))
+
+
+def worker_group(params: dict, together: bool = True) -> str | None:
+    """The xdist group of a test from its parameters: the (precision, row) it reads, except that, where
+    `together` (the run computes a family that reads across rows itself), the BF16 records of families
+    read together (READ_TOGETHER: the whole BF16 crossing and the transplant chosen from it) share one
+    group, so that one worker computes them."""
     baseline = params.get("baseline_record")
     baseline = baseline if isinstance(baseline, dict) else {}
     precision = params.get("precision") or baseline.get("precision") or "bf16"
-    if precision == "bf16" and (any(params.get(name) for name in _GROUPED)
+    if together and precision == "bf16" and (any(params.get(name) for name in _GROUPED)
                                 or baseline.get("family") in READ_TOGETHER):
         return CROSSING_GROUP
     row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)

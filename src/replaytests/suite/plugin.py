@@ -35,7 +35,7 @@ from replaytests.inputs.options import (
 )
 from replaytests.outputs import audit, ledger, rundir, verdict
 from replaytests.suite import scheduling
-from replaytests.suite.planner import ROW_FIXTURES, worker_group
+from replaytests.suite.planner import ROW_FIXTURES, reads_across_rows, worker_group
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
@@ -52,6 +52,9 @@ DEFAULT_OPTIONS = vars(Options())
 session_key = pytest.StashKey["ReplaySession"]()
 pin_key = pytest.StashKey[cpu_isa.Pin]()
 root_key = pytest.StashKey[rundir.Root]()
+RECORDS = rundir.RECORDS
+run_key = pytest.StashKey[Path]()  # the run's directory, made when the run starts (the controller's)
+RECORDS_KEY = "replaytests_records"  # workerinput: the run's records file, which every worker appends to
 metrics_key = pytest.StashKey[list]()
 groups_key = pytest.StashKey[Path]()  # the controller's file of xdist groups (suite.scheduling)
 
@@ -159,6 +162,9 @@ def pytest_configure_node(node) -> None:
     path = node.config.stash.get(groups_key, None)
     if path is not None:
         node.workerinput[scheduling.GROUPS_KEY] = str(path)
+    run = node.config.stash.get(run_key, None)
+    if run is not None:
+        node.workerinput[RECORDS_KEY] = str(run / RECORDS)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -183,6 +189,7 @@ def selects_gpu(expression: str) -> bool:
 def options(config: pytest.Config) -> Options:
     values = {name: config.getoption(f"replay_{name}") for name in DEFAULT_OPTIONS}
     values["accept_changed"] = frozenset(values["accept_changed"] or ())
+    values["panel_from"] = tuple(values["panel_from"] or ())
     values["contract"] = contract_path(values["contract"], config.getoption("markexpr", "") or "")
     return Options(**values)
 
@@ -196,6 +203,8 @@ def replay_session(config: pytest.Config) -> ReplaySession:
             config.stash[session_key] = ReplaySession.open(options(config), config.stash.get(pin_key, None))
         except ReplaytestsError as exc:
             raise pytest.UsageError(str(exc)) from None
+        if RECORDS_KEY in getattr(config, "workerinput", {}):
+            config.stash[session_key].sink = Path(config.workerinput[RECORDS_KEY])
     return config.stash[session_key]
 
 
@@ -216,7 +225,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
                                 f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
     if not hasattr(session.config, "workerinput"):
-        session.config.stash[root_key] = open_root(replay, session.config)
+        root = session.config.stash[root_key] = open_root(replay, session.config)
+        if selects_conformance(session.config):  # records reach the run's directory as they are computed
+            run = session.config.stash[run_key] = root.new_run(replay.options.run_name)
+            replay.sink = run / RECORDS
         if not session.config.pluginmanager.hasplugin("dsession"):  # under xdist, xdist handles Ctrl-C itself
             stop_gracefully_on_interrupt(session)
 
@@ -267,13 +279,14 @@ def replay(request: pytest.FixtureRequest) -> ReplaySession:
 
 @pytest.fixture
 def record(replay: ReplaySession, request: pytest.FixtureRequest):
-    """record(family, row, precision) -> the ledger record, attached to this test's report once."""
+    """record(family, row, precision) -> the ledger record (the session computes it and appends it to the
+    run's records); its key facts ride on this test's report (progress, JUnit XML properties)."""
     from replaytests.outputs import summary
+    from replaytests.suite.artifacts import facts
 
     def get(family: str, row, precision: str) -> dict:
         result = replay.record(family, row, precision)
-        if replay.attach(result):
-            request.node.user_properties.append((RECORD_PROPERTY, json.dumps(result)))
+        request.node.user_properties.append((RECORD_PROPERTY, json.dumps(facts(result))))
         request.node.stash.setdefault(metrics_key, []).append(summary.metrics(result))
         return result
 
@@ -351,16 +364,20 @@ def audit_params(replay: ReplaySession) -> list:
     if not records:
         return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
                                       f"({replay.options.baseline_ledger})")
-    return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
+    # The audit of a family's record belongs to that family's layers too: `-m "not causal"` (a first phase)
+    # leaves the transplant's audits to the phase that computes the transplant (`-m causal --panel-from`).
+    return [pytest.param(r, id="-".join(ledger.key(r)), marks=[getattr(pytest.mark, layer)
+                                                              for layer in FAMILIES[r["family"]].layers])
+            for r in records]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
     keep every test of one (row, precision) on one worker, so each record is computed once (the marks
-    reach xdist's scheduler through suite.scheduling). The marks go on before any other plugin looks
-    (`-m gpu` selects by them); the order of skipped targets is set after all of them (pytest's own
-    reordering by parameter would undo it)."""
+    reach xdist's scheduler through suite.scheduling). The device marks go on before any other plugin
+    looks (`-m gpu` selects by them); the worker groups and the order of skipped targets after all of
+    them (the groups follow the final selection; pytest's own reordering by parameter would undo the order)."""
     targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
         return (yield)
@@ -369,22 +386,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     replay = replay_session(config)
     on_cuda = replay.device.startswith("cuda")
     no_cuda = environment.needs_cuda(replay.contract, replay.device)
-    xdist = config.pluginmanager.hasplugin("xdist")
     for item in targets:
         if on_cuda:
             item.add_marker(pytest.mark.gpu)
         if no_cuda:
             item.add_marker(pytest.mark.skip(reason=no_cuda), append=False)
-        callspec = getattr(item, "callspec", None)
-        group = xdist and worker_group(callspec.params if callspec else {})
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
     yield
+    if config.pluginmanager.hasplugin("xdist"):
+        kept = set(items)
+        group_by_row(replay, [item for item in targets if item in kept])
     if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
         chosen = set(targets)
         slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
         for n, item in zip(slots, sorted((items[n] for n in slots), key=lambda i: str(i.path)), strict=True):
             items[n] = item
+
+
+def group_by_row(replay: ReplaySession, selected: list[pytest.Item]) -> None:
+    """The xdist group of each selected target (planner.worker_group), from the final selection: the BF16
+    crossing is kept on one worker only where a selected test reads across rows and --panel-from does
+    not hand it the crossing (so `-m "not causal"` spreads the crossing over the workers)."""
+    params = [getattr(getattr(item, "callspec", None), "params", {}) for item in selected]
+    together = not replay.options.panel_from and any(map(reads_across_rows, params))
+    for item, values in zip(selected, params, strict=True):
+        if group := worker_group(values, together):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -456,9 +482,9 @@ class LedgerCollector:
 
         self.gathered = self.gathered or Gathered()
         if report.when == "call":
-            before = len(self.gathered.records)
+            before = len(self.gathered.facts)
             self.gathered.add(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
-            self._show_progress(self.gathered.records[before:], finished=False)
+            self._show_progress(self.gathered.facts[before:], finished=False)
         elif report.when == "teardown":
             self._show_progress([], finished=True)
         # The records rode here as JSON; a JUnit XML or JSON report gets their key facts instead.
@@ -475,7 +501,7 @@ class LedgerCollector:
         progress = self.progress
         if progress is None:
             return
-        completed = [r for r in records if progress.record(*ledger.key(r))]
+        completed = [r for r in records if progress.record(*r["key"])]
         progress.finished += finished
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -490,20 +516,25 @@ class LedgerCollector:
             reporter.write_line(progress.line())
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Write the run into a directory of its own; move `latest` to it only if the run completed."""
-        root = self.config.stash.get(root_key, None)
+        """Write the run's directory from the records appended to it; move `latest` to it only if the run
+        completed. A run that computed no record leaves no directory."""
+        root, run = self.config.stash.get(root_key, None), self.config.stash.get(run_key, None)
         try:
-            if self.gathered and self.gathered.records and root is not None:
+            records = ledger.merge(ledger.read_appended(run / RECORDS)) if run is not None else []
+            if records and self.gathered:
                 from replaytests.suite.artifacts import write_run
 
-                self.gathered.records = ledger.merge(self.gathered.records)
+                self.gathered.records = records
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
                 interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
-                self.run = root.new_run(self.config.getoption("replay_run_name"))
-                self.verdict = write_run(replay_session(self.config), self.gathered, self.run, interrupted,
-                                         self.started)
+                self.run = run
+                self.verdict = write_run(replay_session(self.config), self.gathered, run, interrupted, self.started)
+                (run / RECORDS).unlink()  # every one of them is in the ledger now
                 if not interrupted:
-                    root.publish(self.run)
+                    root.publish(run)
+            elif run is not None and not records:
+                (run / RECORDS).unlink(missing_ok=True)
+                run.rmdir()
         finally:
             if root is not None:
                 root.release()

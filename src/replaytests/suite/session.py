@@ -27,7 +27,7 @@ from replaytests.inputs.gates import PASS, Judgement, artifact
 from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
-from replaytests.outputs.report import read_run
+from replaytests.outputs.report import collate, get_path, read_run
 from replaytests.suite.planner import Plan
 
 
@@ -86,6 +86,30 @@ def check_window(path: Path, config, longest: int) -> None:
                           "cannot be expressed with it")
 
 
+def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity) -> dict[str, dict]:
+    """The finished BF16 crossing records of every selected row, from the --panel-from ledgers: made from
+    this run's bank and model, by runs that were not interrupted, covering every selected row (a panel
+    drawn from part of the rows would not be this run's panel)."""
+    where = "--panel-from " + " ".join(map(str, paths))
+    for path in paths:
+        run = read_run(path) or {}
+        if get_path(run, "run", "interrupted"):
+            raise ConfigError(f"{where}: {path} is an interrupted run; a panel is drawn from a finished crossing only")
+        for name, (field_path, actual) in {"bank": (("manifest", "bank_sha256"), integrity.actual.get("bank")),
+                                           "model": (("manifest", "model", "sha256"), integrity.actual.get("model"))
+                                           }.items():
+            recorded = get_path(run, *field_path)
+            if recorded is not None and actual is not None and recorded != actual:
+                raise ConfigError(f"{where}: {path} was run on another {name} (sha256 {recorded[:12]}…, this run's "
+                                  f"{actual[:12]}…)")
+    records = {r["row"]: r for r in collate(list(paths)) if (r["family"], r["precision"]) == ("crossing", "bf16")}
+    if missing := [row.id for row in rows if records.get(row.id, {}).get("status") != "ok"]:
+        raise ConfigError(f"{where}: no finished BF16 crossing record of {len(missing)} selected row(s) "
+                          f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the crossing of "
+                          "every selected row first")
+    return {row.id: records[row.id] for row in rows}
+
+
 @dataclass
 class ReplaySession:
     options: Options
@@ -97,7 +121,8 @@ class ReplaySession:
     backend: type  # the backend class (engine.backend.resolve)
     _runtimes: dict[tuple[Path, str], backend.Backend] = field(default_factory=dict)
     _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
-    _attached: set[tuple[str, str, str]] = field(default_factory=set)
+    sink: Path | None = None  # the run's records file: every record computed here is appended to it at once
+    panel_source: dict[str, dict] | None = None  # --panel-from: row -> its finished BF16 crossing record
 
     @classmethod
     def open(cls, options: Options, pinned: cpu_isa.Pin | None = None) -> ReplaySession:
@@ -120,7 +145,9 @@ class ReplaySession:
             check_window(options.later_model, check_model(options.later_model, contract, "--replication-model")[1],
                          longest)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
-        return cls(options, contract, rows, integrity, baseline, pinned, backend_class)
+        session = cls(options, contract, rows, integrity, baseline, pinned, backend_class)
+        session.panel_source = read_panel_source(options.panel_from, rows, integrity) if options.panel_from else None
+        return session
 
     @property
     def manifest(self) -> dict:
@@ -209,7 +236,7 @@ class ReplaySession:
         """The transplant panel, from the finished BF16 crossing of every selected row (computing
         those crossing records not computed yet)."""
         (source,) = FAMILIES["transplant"].reads
-        crossing = [self.record(source, row, "bf16") for row in self.rows]
+        crossing = [self.read(source, row, "bf16") for row in self.rows]
         sizes = self.contract.panels["transplant"]
         return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
 
@@ -221,18 +248,21 @@ class ReplaySession:
         return roles.get(row.id)
 
     def record(self, family: str, row: BankRow, precision: str) -> dict:
-        """The (family, row, precision) record, computed at most once per process."""
+        """The (family, row, precision) record, computed at most once per process and appended to the
+        run's records as soon as it is (whichever test asked for it first: what reaches the ledger does
+        not depend on which tests were selected)."""
         key = (family, row.id, precision)
         if key not in self._records:
-            self._records[key] = self._compute(family, row, precision)
+            self._records[key] = result = self._compute(family, row, precision)
+            if self.sink is not None and result["status"] in ("ok", "excluded"):
+                ledger.append_record(self.sink, result)
         return self._records[key]
 
-    def attach(self, record: dict) -> bool:
-        """Whether this record still has to ride on a test report to reach the ledger (once each)."""
-        key = ledger.key(record)
-        fresh = key not in self._attached and record["status"] in ("ok", "excluded")
-        self._attached.add(key)
-        return fresh
+    def read(self, family: str, row: BankRow, precision: str) -> dict:
+        """A record another family reads: from --panel-from where given (a finished crossing), else computed."""
+        if self.panel_source is not None and (family, precision) == ("crossing", "bf16"):
+            return self.panel_source[row.id]
+        return self.record(family, row, precision)
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
         if reason := self.unavailable(family):
@@ -242,7 +272,7 @@ class ReplaySession:
             role = self.transplant_role(row)
             if role not in ROLES:  # not in this run's panel: no record
                 return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
-            (read,) = (self.record(name, row, precision) for name in spec.reads)
+            (read,) = (self.read(name, row, precision) for name in spec.reads)
             return transplant.run(self.runtime(precision), row, read, role)
         model = self.options.later_model if spec.rows == "replication" else None
         return spec.run(self.runtime(precision, model), row)

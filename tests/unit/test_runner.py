@@ -1,0 +1,85 @@
+"""Records are owned by the run, not carried by the tests that read them: each record reaches the run's
+directory as it is computed, a test selection never changes the records, and a sharded run in two
+phases (the crossing first, then the transplant from the merged crossing: --panel-from) writes the
+ledger one run writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replaytests.outputs import ledger
+from replaytests.outputs.report import collate
+
+ROWS = ("--rows", "6", "--precision", "bf16", "-p", "no:xdist", "-p", "no:cacheprovider")
+
+
+def run(root: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS,
+                           "--report-dir", str(root), "--run-name", name, *args],
+                          cwd=root.parent, capture_output=True, text=True, check=False)
+    return proc, root / name
+
+
+def records(run_dir: Path) -> dict[tuple, dict]:
+    return {ledger.key(r): r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    proc, run_dir = run(tmp_path_factory.mktemp("whole") / "r", "whole")
+    assert proc.returncode == 0, f"the whole run failed:\n{proc.stdout[-3000:]}"
+    return run_dir
+
+
+@pytest.mark.slow
+def test_a_selection_of_the_transplant_writes_the_same_transplant_records(whole, tmp_path):
+    proc, run_dir = run(tmp_path / "r", "k", "-k", "transplant")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    got, full = records(run_dir), records(whole)
+    transplants = {k: r for k, r in full.items() if k[0] == "transplant"}
+    assert transplants, "the whole run has no transplant record: nothing to compare"
+    assert {k: r for k, r in got.items() if k[0] == "transplant"} == transplants, "transplant records differ"
+    crossing = {k for k in got if k[0] == "crossing"}
+    assert crossing == {k for k in full if k[0] == "crossing"}, "the crossing the panel was drawn from is missing"
+    assert all(got[k] == full[k] for k in crossing), "a crossing record differs from the whole run's"
+
+
+@pytest.mark.slow
+def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
+    root = tmp_path / "r"
+    phase1 = [run(root, f"p1-{i}", "--shard", f"{i}/2", "-m", "not causal") for i in (1, 2)]
+    assert all(proc.returncode == 0 for proc, _ in phase1), [proc.stdout[-2000:] for proc, _ in phase1]
+    assert not any(k[0] in ("transplant", "replication") for _, d in phase1 for k in records(d)), \
+        "the first phase computed a causal family"
+    sources = [arg for _, d in phase1 for arg in ("--panel-from", str(d))]
+    phase2 = [run(root, f"p2-{i}", "--shard", f"{i}/2", "-m", "causal", *sources) for i in (1, 2)]
+    assert all(proc.returncode == 0 for proc, _ in phase2), [proc.stdout[-2000:] for proc, _ in phase2]
+    assert not any(k[0] == "crossing" for _, d in phase2 for k in records(d)), \
+        "the second phase computed crossing records again"
+    merged = {ledger.key(r): r for r in collate([d for _, d in (*phase1, *phase2)])}
+    assert merged == records(whole), (f"the two phases differ from one run in "
+                                      f"{sorted(set(merged) ^ set(records(whole)))} or in their values")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "message"), [
+    pytest.param("missing-rows", "no finished BF16 crossing record of", id="missing-rows"),
+    pytest.param("interrupted", "is an interrupted run", id="interrupted"),
+])
+def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_path, case, message):
+    source = tmp_path / "source"
+    source.mkdir()
+    kept = [r for r in ledger.read_ledger(whole / "ledger.jsonl") if case != "missing-rows" or r["row"] != "tiny-003"]
+    ledger.write_ledger(source / "ledger.jsonl", kept)
+    meta = json.loads((whole / "run.json").read_text())
+    meta["run"]["interrupted"] = case == "interrupted"
+    (source / "run.json").write_text(json.dumps(meta))
+    proc, _ = run(tmp_path / "r", "x", "-m", "causal", "--panel-from", str(source))
+    assert proc.returncode == 4, f"expected a usage error, got {proc.returncode}:\n{proc.stdout[-2000:]}"
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line or "error" in line]
+    assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
