@@ -252,3 +252,19 @@ def test_cli_compare_level_must_be_a_fraction(runs, level, capsys):
         main(["compare", str(runs[0]), str(runs[1]), "--level", level])
     assert stop.value.code == 2, f"--level {level}: exit {stop.value.code}"
     assert "argument --level" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("follows", "thirds", "outcomes"), [
+    pytest.param({"p<-i": (2, 2)}, {"p<-i": (0, 8)}, ["pass"], id="met"),
+    pytest.param({"p<-i": (0, 0)}, {"p<-i": (0, 8)}, ["recorded"], id="no-divergent-row-not-established"),
+    pytest.param({"p<-i": (2, 2)}, {"p<-i": (0, 0)}, ["recorded"], id="no-control-not-established"),
+    pytest.param({"p<-i": (1, 2)}, {"p<-i": (0, 0)}, ["fail", "recorded"], id="below-gate-and-no-control"),
+])
+def test_a_transplant_gate_on_no_rows_is_not_established(follows, thirds, outcomes):
+    """0/0 is no evidence: the gate says "not established", never "met"."""
+    from replaytests.outputs.summary import gate_text
+
+    judged = default_gates().transplant_family(follows, thirds)
+    assert [j.outcome for j in judged] == outcomes, judged
+    text = gate_text(judged)
+    assert text.startswith({"pass": "met", "recorded": "not established"}.get(outcomes[0], "NOT MET")), text

@@ -170,14 +170,21 @@ class Gates:
                           thirds: dict[str, tuple[int, int]]) -> list[Judgement]:
         """Per direction: the share of divergent rows whose recipient follows its donor (k, n) against
         gates.transplant.donor_recovery, and the controls with a third trajectory against
-        gates.transplant.controls_third_trajectory."""
+        gates.transplant.controls_third_trajectory. A direction with no testable divergent row (or no
+        control) establishes nothing: it is recorded as not established, never as met."""
         out = []
         for name, (k, n) in follows.items():
-            if n and k / n < self.donor_recovery:
+            if not n:
+                out.append(Judgement("recorded", f"{name}: donor recovery not established (0 testable divergent "
+                                                 "rows)"))
+            elif k / n < self.donor_recovery:
                 out.append(Judgement("fail", f"{name}: follows donor {k}/{n} divergent rows, below the donor "
                                              f"recovery gate {self.donor_recovery:g}"))
         for name, (k, n) in thirds.items():
-            if k > self.controls_third_trajectory:
+            if not n:
+                out.append(Judgement("recorded", f"{name}: controls' third trajectory not established (0 control "
+                                                 "rows)"))
+            elif k > self.controls_third_trajectory:
                 out.append(Judgement("fail", f"{name}: third trajectory {k}/{n} control rows, above the gate "
                                              f"{self.controls_third_trajectory}"))
         return out or [PASS]

@@ -106,7 +106,10 @@ def validity_text(validity: dict) -> str:
 
 def gate_text(judgements: list) -> str:
     failed = [j.message for j in judgements if j.failed]
-    return "met" if not failed else "NOT MET: " + "; ".join(failed)
+    unsettled = [j.message for j in judgements if j.outcome == "recorded"]
+    if failed:
+        return "NOT MET: " + "; ".join(failed + unsettled)
+    return "not established: " + "; ".join(unsettled) if unsettled else "met"
 
 
 def metrics(record: dict) -> dict:
