@@ -34,7 +34,7 @@ from replaytests.engine.decoder import DecodeState, decode_suffix, suffix_room
 from replaytests.engine.protocol import MERGE, Caps, parse_prefix, prompt_block
 from replaytests.engine.runtime import Runtime
 from replaytests.errors import ReplaytestsError
-from replaytests.families import crossing, skeleton
+from replaytests.families import crossing
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
@@ -301,18 +301,18 @@ def memory_probe(runtime: Runtime):
     seen = {"held_bytes": 0, "cache_bytes_per_boundary": 0}
     gc.collect()
     baseline = live_tensor_bytes(runtime.device)
-    original = skeleton.suffix_of
+    original = runtime.suffix  # what the families call to decode each arm (engine.backend)
 
-    def probed(rt: Runtime, boundary):
+    def probed(boundary):
         seen["held_bytes"] = max(seen["held_bytes"], live_tensor_bytes(runtime.device) - baseline)
         seen["cache_bytes_per_boundary"] = cache_bytes(boundary)
-        return original(rt, boundary)
+        return original(boundary)
 
-    skeleton.suffix_of = probed
+    runtime.suffix = probed
     try:
         yield seen
     finally:
-        skeleton.suffix_of = original
+        del runtime.suffix
         gc.collect()
         seen["after_row_bytes"] = live_tensor_bytes(runtime.device) - baseline
 

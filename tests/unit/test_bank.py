@@ -6,13 +6,15 @@ import copy
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
 from replaytests.engine.decoder import suffix_room
 from replaytests.errors import BankError, ConfigError
 from replaytests.files import sha256_file
-from replaytests.inputs.bank import check_manifest, manifest_path, read_bank
+from replaytests.inputs.bank import manifest_path, read_bank
+from replaytests.inputs.integrity import verify_inputs
 
 MAX_POSITIONS = 1024  # the tiny model's max_position_embeddings
 
@@ -238,7 +240,16 @@ def test_non_utf8_bank_is_a_bank_error(tmp_path, tiny_grammar, room):
 
 
 # ---------------------------------------------------------------------------------------------
-# check_manifest
+# the manifest as a run checks it (integrity.verify_inputs: the bank first, before any model hashing)
+
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED_MANIFEST = REPO / "fixtures" / "banks" / "tiny.manifest.json"
+DELIMITER_IDS = json.loads(COMMITTED_MANIFEST.read_text())["tokenizer"]["delimiter_ids"]
+
+
+def check_manifest(bank: Path) -> dict:
+    return verify_inputs(bank, REPO / "fixtures" / "models" / "tiny-qwen2", DELIMITER_IDS).manifest
 
 
 @pytest.fixture
@@ -265,7 +276,7 @@ def test_manifest_refuses_a_bank_edited_by_one_byte(bank_copy, where):
     recorded = json.loads(manifest_path(bank_copy).read_text())["bank_sha256"]
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(bank_copy))}: bank sha256 {sha256_file(bank_copy)[:12]}… "
                                           rf"differs from manifest field 'bank_sha256' {recorded[:12]}…; "
-                                          r"the bank changed since it was frozen$"):
+                                          r"the bank changed since it was frozen; refused"):
         check_manifest(bank_copy)
 
 

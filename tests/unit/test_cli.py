@@ -112,7 +112,7 @@ def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
 
     platform = json.loads(manifest_path(frozen[1]).read_text(encoding="utf-8"))["platform"]
     assert platform == platform_of(capture(tiny_contract)), f"manifest platform {platform}"
-    assert set(platform) == {"hardware.device_kind", "environment.cpu_isa", "environment.cpu_threads",
+    assert set(platform) == {"hardware.device_kind", "hardware.cpu", "environment.cpu_isa", "environment.cpu_threads",
                              "software.torch", "software.transformers"}, sorted(platform)
 
 

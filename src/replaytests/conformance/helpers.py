@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from replaytests.families.registry import ROLES
 from replaytests.inputs.gates import Judgement
 
 
@@ -13,6 +14,20 @@ def ok(record: dict) -> dict:
         pytest.fail(f"{record['family']} row {record['row']} ({record['precision']}) excluded: {record['reason']}",
                     pytrace=False)
     return record
+
+
+def audit_against_baseline(audit_record, replay, baseline_record: dict) -> None:
+    """Every leaf of a saved record reproduced by this run (gates.audit.reproduce); a transplant record of
+    a row outside this run's panel is skipped."""
+    family, row, precision = (baseline_record[k] for k in ("family", "row", "precision"))
+    if family == "transplant" and replay.transplant_role(replay.row(row)) not in ROLES:
+        pytest.skip("not in this run's transplant panel (drawn from the selected rows' BF16 crossing, "
+                    "whose records are audited)")
+    result = audit_record(baseline_record)
+    problem = None if result.reproduced else (
+        f"{family} row {row} ({precision}): {len(result.changes)} of {result.leaves} leaves differ from the "
+        f"baseline; first: {result.changes[0]}")
+    judge(replay.judge_against_baseline(problem))
 
 
 def judge(*judgements: Judgement) -> None:

@@ -11,7 +11,7 @@ transplants are recorded in the ledger and report; they are findings, not gates.
 
 import pytest
 
-from replaytests.conformance.helpers import judge, ok
+from replaytests.conformance.helpers import audit_against_baseline, judge, ok
 from replaytests.families.registry import CROSS, VALIDITY_PAIRS
 from replaytests.inputs.gates import replica_pairs
 from replaytests.outputs import causal
@@ -66,3 +66,8 @@ def test_replication_on_later_checkpoint(record, replay, replication_row):
     if not cross["suffix_equal"] and (reason := causal.not_testable_reason(cross)):
         pytest.skip(f"divergent, not testable: {reason}")
     judge(replay.contract.gates.transplant_row(result, "control" if cross["suffix_equal"] else "divergent"))
+
+
+def test_causal_baseline_record_reproduces(audit_record, replay, causal_baseline_record):
+    """The ledger audit (test_replica_stability) of the transplant's and the replication's records."""
+    audit_against_baseline(audit_record, replay, causal_baseline_record)

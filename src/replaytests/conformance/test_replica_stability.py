@@ -3,8 +3,8 @@
 
 import pytest
 
-from replaytests.conformance.helpers import judge, ok
-from replaytests.families.registry import FAMILIES, ROLES
+from replaytests.conformance.helpers import audit_against_baseline, judge, ok
+from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import same_platform
 
 pytestmark = pytest.mark.replica
@@ -33,13 +33,6 @@ def test_baseline_made_on_this_platform(replay):
 
 def test_baseline_record_reproduces(audit_record, replay, baseline_record):
     """Ledger audit: every leaf of the saved record — trajectories, answers, cache and logits digests,
-    every metric — is reproduced exactly by this run (gates.audit.reproduce)."""
-    family, row, precision = (baseline_record[k] for k in ("family", "row", "precision"))
-    if family == "transplant" and replay.transplant_role(replay.row(row)) not in ROLES:
-        pytest.skip("not in this run's transplant panel (drawn from the selected rows' BF16 crossing, "
-                    "whose records are audited)")
-    result = audit_record(baseline_record)
-    problem = None if result.reproduced else (
-        f"{family} row {row} ({precision}): {len(result.changes)} of {result.leaves} leaves differ from the "
-        f"baseline; first: {result.changes[0]}")
-    judge(replay.judge_against_baseline(problem))
+    every metric — is reproduced exactly by this run (gates.audit.reproduce). The causal families'
+    records are audited in their own layer (test_causal_sufficiency)."""
+    audit_against_baseline(audit_record, replay, baseline_record)

@@ -20,12 +20,8 @@ if TYPE_CHECKING:
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
                 "transplant_row": "transplant", "replication_row": "replication"}
-CROSSING_GROUP = "bf16-crossing"
-# Families whose records another family reads across rows (the transplant panel is drawn from the whole
-# BF16 crossing), with their readers: one worker computes them all.
-READ_TOGETHER = frozenset(name for f in FAMILIES.values() if f.reads for name in (f.name, *f.reads))
-_GROUPED = tuple(fixture for fixture, family in ROW_FIXTURES.items() if family in READ_TOGETHER) + tuple(
-    f"{family}_family" for family in READ_TOGETHER)
+READERS_GROUP = "bf16-readers"  # the tests of a family that reads across rows (the transplant), on one worker
+READERS = frozenset(name for name, family in FAMILIES.items() if family.reads)
 
 
 @dataclass(frozen=True)
@@ -66,23 +62,22 @@ class Plan:
 def reads_across_rows(params: dict) -> bool:
     """Whether a test reads a family that reads other rows' records (the transplant: its panel is drawn
     from the whole BF16 crossing)."""
-    baseline = params.get("baseline_record")
-    readers = {name for name, family in FAMILIES.items() if family.reads}
-    return (any(params.get(name) for name, family in ROW_FIXTURES.items() if family in readers)
-            or any(params.get(f"{name}_family") for name in readers)
-            or (isinstance(baseline, dict) and baseline.get("family") in readers))
+    baseline = params.get("baseline_record") or params.get("causal_baseline_record")
+    return (any(params.get(name) for name, family in ROW_FIXTURES.items() if family in READERS)
+            or any(params.get(f"{name}_family") for name in READERS)
+            or (isinstance(baseline, dict) and baseline.get("family") in READERS))
 
 
 def worker_group(params: dict, together: bool = True) -> str | None:
     """The xdist group of a test from its parameters: the (precision, row) it reads, except that, where
-    `together` (the run computes a family that reads across rows itself), the BF16 records of families
-    read together (READ_TOGETHER: the whole BF16 crossing and the transplant chosen from it) share one
-    group, so that one worker computes them."""
-    baseline = params.get("baseline_record")
+    `together` (the run draws the transplant panel from its own crossing), the tests of a family that
+    reads across rows share one group, so that one worker draws the panel once. The rows they read
+    (the BF16 crossing) keep their own groups: any worker computes them, and the readers' worker reads
+    those already finished from the run's records (session.read)."""
+    baseline = params.get("baseline_record") or params.get("causal_baseline_record")
     baseline = baseline if isinstance(baseline, dict) else {}
     precision = params.get("precision") or baseline.get("precision") or "bf16"
-    if together and precision == "bf16" and (any(params.get(name) for name in _GROUPED)
-                                or baseline.get("family") in READ_TOGETHER):
-        return CROSSING_GROUP
+    if together and reads_across_rows(params):
+        return READERS_GROUP
     row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
     return row and f"{precision}-{row}"

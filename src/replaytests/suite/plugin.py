@@ -321,8 +321,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(name, row_params(replay, family), scope="session")
     if "transplant_family" in fixtures:
         metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["bf16"])
-    if "baseline_record" in fixtures:
-        metafunc.parametrize("baseline_record", audit_params(replay))
+    for name, causal in (("baseline_record", False), ("causal_baseline_record", True)):
+        if name in fixtures:
+            metafunc.parametrize(name, audit_params(replay, causal))
 
 
 
@@ -357,18 +358,16 @@ def row_params(replay: ReplaySession, family: str) -> list:
     return [pytest.param(row, id=row.id) for row in rows]
 
 
-def audit_params(replay: ReplaySession) -> list:
+def audit_params(replay: ReplaySession, causal: bool) -> list:
+    """The baseline records this run audits: those of the causal families (audited in the causal layer,
+    so that `-m "not causal"` then `-m causal --panel-from` splits a run in two phases), or the others."""
     if not replay.options.baseline_ledger:
         return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
-    records = replay.plan.audited(replay.baseline)
+    records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r["family"]].layers) == causal]
     if not records:
         return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
                                       f"({replay.options.baseline_ledger})")
-    # The audit of a family's record belongs to that family's layers too: `-m "not causal"` (a first phase)
-    # leaves the transplant's audits to the phase that computes the transplant (`-m causal --panel-from`).
-    return [pytest.param(r, id="-".join(ledger.key(r)), marks=[getattr(pytest.mark, layer)
-                                                              for layer in FAMILIES[r["family"]].layers])
-            for r in records]
+    return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -394,7 +393,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     if config.pluginmanager.hasplugin("xdist"):
         kept = set(items)
-        group_by_row(replay, [item for item in targets if item in kept])
+        group_by_row(replay, items, [item for item in targets if item in kept])
     if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
         chosen = set(targets)
         slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
@@ -402,15 +401,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[n] = item
 
 
-def group_by_row(replay: ReplaySession, selected: list[pytest.Item]) -> None:
-    """The xdist group of each selected target (planner.worker_group), from the final selection: the BF16
-    crossing is kept on one worker only where a selected test reads across rows and --panel-from does
-    not hand it the crossing (so `-m "not causal"` spreads the crossing over the workers)."""
+def group_by_row(replay: ReplaySession, items: list[pytest.Item], selected: list[pytest.Item]) -> None:
+    """The xdist group of each selected target (planner.worker_group), and the tests that read across rows
+    (the transplant) moved after all others: xdist hands out groups in collection order, so the readers'
+    worker starts when the crossing is spread over every worker and mostly finished, and reads those
+    records instead of computing the whole crossing itself."""
     params = [getattr(getattr(item, "callspec", None), "params", {}) for item in selected]
-    together = not replay.options.panel_from and any(map(reads_across_rows, params))
+    together = not replay.options.panel_from
     for item, values in zip(selected, params, strict=True):
         if group := worker_group(values, together):
             item.add_marker(pytest.mark.xdist_group(group))
+    readers = {item for item, values in zip(selected, params, strict=True) if reads_across_rows(values)}
+    items[:] = [item for item in items if item not in readers] + [item for item in items if item in readers]
 
 
 @pytest.hookimpl(optionalhook=True)

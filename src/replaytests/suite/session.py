@@ -259,9 +259,15 @@ class ReplaySession:
         return self._records[key]
 
     def read(self, family: str, row: BankRow, precision: str) -> dict:
-        """A record another family reads: from --panel-from where given (a finished crossing), else computed."""
+        """A record another family reads: from --panel-from where given (a finished crossing); else one
+        another process of this run has already appended to the run's records (an xdist worker that
+        computed that row); else computed here."""
         if self.panel_source is not None and (family, precision) == ("crossing", "bf16"):
             return self.panel_source[row.id]
+        key = (family, row.id, precision)
+        if key not in self._records and self.sink is not None:
+            self._records |= {k: r for r in ledger.read_appended(self.sink)
+                              if (k := ledger.key(r)) not in self._records}
         return self.record(family, row, precision)
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
