@@ -236,6 +236,7 @@ class ReplaySession:
         """The transplant panel, from the finished BF16 crossing of every selected row (computing
         those crossing records not computed yet)."""
         (source,) = FAMILIES["transplant"].reads
+        self.adopt_finished()
         crossing = [self.read(source, row, "bf16") for row in self.rows]
         sizes = self.contract.panels["transplant"]
         return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
@@ -259,16 +260,18 @@ class ReplaySession:
         return self._records[key]
 
     def read(self, family: str, row: BankRow, precision: str) -> dict:
-        """A record another family reads: from --panel-from where given (a finished crossing); else one
-        another process of this run has already appended to the run's records (an xdist worker that
-        computed that row); else computed here."""
+        """A record another family reads: from --panel-from where given (a finished crossing), else this
+        run's (computed here, or adopted from another worker: adopt_finished)."""
         if self.panel_source is not None and (family, precision) == ("crossing", "bf16"):
             return self.panel_source[row.id]
-        key = (family, row.id, precision)
-        if key not in self._records and self.sink is not None:
-            self._records |= {k: r for r in ledger.read_appended(self.sink)
-                              if (k := ledger.key(r)) not in self._records}
         return self.record(family, row, precision)
+
+    def adopt_finished(self) -> None:
+        """Take the records other processes of this run (xdist workers) have appended so far, so that a
+        family reading across rows computes only those not finished anywhere yet."""
+        if self.sink is not None:
+            finished = ledger.read_appended(self.sink)
+            self._records |= {k: r for r in finished if (k := ledger.key(r)) not in self._records}
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
         if reason := self.unavailable(family):
