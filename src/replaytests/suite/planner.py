@@ -20,8 +20,11 @@ if TYPE_CHECKING:
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
                 "transplant_row": "transplant", "replication_row": "replication"}
-READERS_GROUP = "bf16-readers"  # the tests of a family that reads across rows (the transplant), on one worker
+CROSSING_GROUP = "bf16-crossing"
 READERS = frozenset(name for name, family in FAMILIES.items() if family.reads)
+# Families whose records another family reads across rows, with their readers: one worker computes them all
+# (measured: handing the transplant its crossing from other workers instead made it wait at the end, slower).
+READ_TOGETHER = frozenset(name for name in READERS for name in (name, *FAMILIES[name].reads))
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,15 @@ def reads_across_rows(params: dict) -> bool:
 
 def worker_group(params: dict, together: bool = True) -> str | None:
     """The xdist group of a test from its parameters: the (precision, row) it reads, except that, where
-    `together` (the run draws the transplant panel from its own crossing), the tests of a family that
-    reads across rows share one group, so that one worker draws the panel once. The rows they read
-    (the BF16 crossing) keep their own groups: any worker computes them, and the readers' worker reads
-    those already finished from the run's records (session.read)."""
+    `together` (the run draws the transplant panel from its own crossing and selects a test that reads
+    across rows), the BF16 tests of the families read together (READ_TOGETHER: the whole BF16 crossing
+    and the transplant drawn from it) share one group, so that one worker computes them."""
     baseline = params.get("baseline_record") or params.get("causal_baseline_record")
     baseline = baseline if isinstance(baseline, dict) else {}
     precision = params.get("precision") or baseline.get("precision") or "bf16"
-    if together and reads_across_rows(params):
-        return READERS_GROUP
+    grouped = reads_across_rows(params) or any(params.get(name) for name, family in ROW_FIXTURES.items()
+                                                 if family in READ_TOGETHER) or baseline.get("family") in READ_TOGETHER
+    if together and precision == "bf16" and grouped:
+        return CROSSING_GROUP
     row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
     return row and f"{precision}-{row}"

@@ -393,7 +393,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     if config.pluginmanager.hasplugin("xdist"):
         kept = set(items)
-        group_by_row(replay, items, [item for item in targets if item in kept])
+        group_by_row(replay, [item for item in targets if item in kept])
     if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
         chosen = set(targets)
         slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
@@ -401,18 +401,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[n] = item
 
 
-def group_by_row(replay: ReplaySession, items: list[pytest.Item], selected: list[pytest.Item]) -> None:
-    """The xdist group of each selected target (planner.worker_group), and the tests that read across rows
-    (the transplant) moved after all others: xdist hands out groups in collection order, so the readers'
-    worker starts when the crossing is spread over every worker and mostly finished, and reads those
-    records instead of computing the whole crossing itself."""
+def group_by_row(replay: ReplaySession, selected: list[pytest.Item]) -> None:
+    """The xdist group of each selected target (planner.worker_group), from the final selection: the BF16
+    crossing is kept on one worker only where a selected test reads across rows and --panel-from does
+    not hand it the crossing (so `-m "not causal"` spreads the crossing over the workers)."""
     params = [getattr(getattr(item, "callspec", None), "params", {}) for item in selected]
-    together = not replay.options.panel_from
+    together = not replay.options.panel_from and any(map(reads_across_rows, params))
     for item, values in zip(selected, params, strict=True):
         if group := worker_group(values, together):
             item.add_marker(pytest.mark.xdist_group(group))
-    readers = {item for item, values in zip(selected, params, strict=True) if reads_across_rows(values)}
-    items[:] = [item for item in items if item not in readers] + [item for item in items if item in readers]
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -28,16 +28,9 @@ def make_scheduler(config: pytest.Config, log, path: Path):
     from xdist.scheduler import LoadGroupScheduling
 
     class RowGroupScheduling(LoadGroupScheduling):
-        """loadgroup, with the groups the workers wrote (read once, when the collections are complete),
-        handed out in collection order: the plugin puts the tests that read across rows (the transplant)
-        last, so that their worker finds the crossing spread over the workers and mostly done. (xdist's
-        default hands the largest group out first, which would start the transplant's at once.)"""
+        """loadgroup, with the groups the workers wrote (read once, when the collections are complete)."""
 
         _groups: dict[str, str] | None = None
-
-        def schedule(self) -> None:
-            self.config.option.loadscopereorder = False
-            super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
             if self._groups is None:
