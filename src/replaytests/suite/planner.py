@@ -24,7 +24,7 @@ CROSSING_GROUP = "bf16-crossing"
 READERS = frozenset(name for name, family in FAMILIES.items() if family.reads)
 # Families whose records another family reads across rows, with their readers: one worker computes them all
 # (measured: handing the transplant its crossing from other workers instead made it wait at the end, slower).
-READ_TOGETHER = frozenset(name for name in READERS for name in (name, *FAMILIES[name].reads))
+READ_TOGETHER = frozenset(name for reader in READERS for name in (reader, *FAMILIES[reader].reads))
 
 
 @dataclass(frozen=True)
