@@ -236,7 +236,6 @@ class ReplaySession:
         """The transplant panel, from the finished BF16 crossing of every selected row (computing
         those crossing records not computed yet)."""
         (source,) = FAMILIES["transplant"].reads
-        self.adopt_finished()
         crossing = [self.read(source, row, "bf16") for row in self.rows]
         sizes = self.contract.panels["transplant"]
         return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
@@ -261,17 +260,10 @@ class ReplaySession:
 
     def read(self, family: str, row: BankRow, precision: str) -> dict:
         """A record another family reads: from --panel-from where given (a finished crossing), else this
-        run's (computed here, or adopted from another worker: adopt_finished)."""
+        run's own."""
         if self.panel_source is not None and (family, precision) == ("crossing", "bf16"):
             return self.panel_source[row.id]
         return self.record(family, row, precision)
-
-    def adopt_finished(self) -> None:
-        """Take the records other processes of this run (xdist workers) have appended so far, so that a
-        family reading across rows computes only those not finished anywhere yet."""
-        if self.sink is not None:
-            finished = ledger.read_appended(self.sink)
-            self._records |= {k: r for r in finished if (k := ledger.key(r)) not in self._records}
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
         if reason := self.unavailable(family):
