@@ -33,10 +33,10 @@ from replaytests.inputs.options import REPO
 
 SCHEMA = "replaytests.benchmarks.audit/1"
 RESULTS = REPO / "benchmarks" / "results"
-PHASES = {"live": ("replaytests.engine.decoder", "live_boundary"),
-          "incremental": ("replaytests.engine.constructions", "incremental"),
-          "prefill": ("replaytests.engine.constructions", "prefill"),
-          "suffix": ("replaytests.engine.decoder", "decode_suffix")}
+PHASES = {"live": ("replaytests.engine.hf.decoder", "live_boundary"),
+          "incremental": ("replaytests.engine.hf.constructions", "incremental"),
+          "prefill": ("replaytests.engine.hf.constructions", "prefill"),
+          "suffix": ("replaytests.engine.hf.decoder", "decode_suffix")}
 
 
 @contextmanager

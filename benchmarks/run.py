@@ -28,18 +28,19 @@ from pathlib import Path
 import torch
 import transformers
 
-from replaytests.engine import constructions, hf_adapter
 from replaytests.engine.arms import Arms
-from replaytests.engine.decoder import DecodeState, decode_suffix, suffix_room
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import constructions
+from replaytests.engine.hf.decoder import DecodeState, decode_suffix
+from replaytests.engine.hf.environment import capture
+from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import MERGE, Caps, parse_prefix, prompt_block
-from replaytests.engine.runtime import Runtime
 from replaytests.errors import ReplaytestsError
 from replaytests.families import crossing
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.contract import PRECISIONS, load_contract
-from replaytests.inputs.environment import capture
 from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
 
 SCHEMA = "replaytests.benchmarks/1"
@@ -363,7 +364,7 @@ def loglog_slope(xs: list[float], ys: list[float]) -> float | None:
 def run_benchmarks(args: argparse.Namespace) -> dict:
     contract = dataclasses.replace(load_contract(args.contract), caps=args.caps)
     cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})")
-    positions = max(args.lengths + args.row_lengths) + suffix_room(args.caps)
+    positions = max(args.lengths + args.row_lengths) + args.caps.suffix_room()
     results: dict = {"decode": {}, "rows": {}}
     environment = None
     for precision in args.precision:

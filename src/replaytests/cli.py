@@ -32,7 +32,7 @@ def _pin(contract_path: Path):
 def _freeze(args: argparse.Namespace) -> int:
     _check_writable(args.out, "--out")
     _pin(args.contract)
-    from replaytests.inputs.freeze import freeze
+    from replaytests.engine.hf.freeze import freeze
 
     rows = freeze(args.model, args.problems, args.contract, args.out)
     print(f"froze {len(rows)} rows into {args.out} (prefix lengths "
@@ -92,14 +92,13 @@ def _check_model(args: argparse.Namespace) -> int:
     precisions, and what a crossing row would cost at the contract's bank lengths; exit 1 if any
     judged property fails."""
     contract, _ = _pin(args.contract)
-    from replaytests.engine import checks
-    from replaytests.engine.decoder import suffix_room
-    from replaytests.engine.runtime import Runtime
+    from replaytests.engine.hf import checks
+    from replaytests.engine.hf.runtime import Runtime
     from replaytests.suite.session import check_model, check_window
 
     _, config = check_model(args.model, contract, "--model")
     lengths = contract.bank["prefix_len"]
-    check_window(args.model, config, lengths["max"] + suffix_room(contract.caps))
+    check_window(args.model, config, lengths["max"] + contract.caps.suffix_room())
     print(f"check-model: {args.model} ({'/'.join(getattr(config, 'architectures', None) or ['?'])}, "
           f"{config.num_hidden_layers} layers) under contract {contract.name}; window: "
           f"{_window(config)}; cache: {contract.cache}")
@@ -127,7 +126,7 @@ def _check_model(args: argparse.Namespace) -> int:
 
 
 def _window(config) -> str:
-    from replaytests.engine import hf_adapter
+    from replaytests.engine.hf import adapter as hf_adapter
 
     window = hf_adapter.sliding_window(config)
     return "none (every layer sees the whole sequence)" if window is None else f"sliding, {window} tokens"
@@ -188,7 +187,7 @@ def _level(text: str) -> float:
 
 def _env(args: argparse.Namespace) -> int:
     contract, pinned = _pin(args.contract)
-    from replaytests.inputs.environment import capture, describe
+    from replaytests.engine.hf.environment import capture, describe
 
     how = "applied" if pinned.applied else f"not applied: {pinned.note}"
     print(f"cpu_isa: contract pins {pinned.level} ({how})" if pinned.level else f"cpu_isa: {pinned.note}")

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaytests.engine import constructions
 from replaytests.engine.boundary import Boundary
-from replaytests.engine.decoder import decode_suffix
-from replaytests.engine.hf_adapter import load_tokenizer
+from replaytests.engine.hf import constructions
+from replaytests.engine.hf.adapter import load_tokenizer
+from replaytests.engine.hf.decoder import decode_suffix
+from replaytests.engine.hf.environment import Drift
 from replaytests.engine.protocol import DELIMITER_NAMES, Caps, Delimiters, Grammar
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.contract import Contract, load_contract
-from replaytests.inputs.environment import Drift
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "fixtures" / "models" / "tiny-qwen2"
@@ -82,7 +82,7 @@ def shortest_z(bank_rows_json) -> list[int]:
 @pytest.fixture(scope="session")
 def fp32_runtime(tiny_contract):
     """The tiny model at FP32, loaded once for the whole unit session."""
-    from replaytests.engine.runtime import Runtime
+    from replaytests.engine.hf.runtime import Runtime
 
     return Runtime.load(MODEL_DIR, tiny_contract, "fp32")
 
@@ -90,7 +90,7 @@ def fp32_runtime(tiny_contract):
 @pytest.fixture(scope="session")
 def bf16_runtime(tiny_contract):
     """The tiny model at BF16, loaded once for the whole unit session."""
-    from replaytests.engine.runtime import Runtime
+    from replaytests.engine.hf.runtime import Runtime
 
     return Runtime.load(MODEL_DIR, tiny_contract, "bf16")
 
@@ -160,7 +160,7 @@ def tok(delims):
     return lambda spec: token_of(delims, spec)
 
 
-# A stand-in for a Hugging Face cache: exactly what hf_adapter.cache_layers / cache_seq_length read.
+# A stand-in for a Hugging Face cache: exactly what boundary.cache_layers / cache_seq_length read.
 @dataclass
 class FakeLayer:
     keys: torch.Tensor

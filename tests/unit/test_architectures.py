@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaytests.engine import checks, hf_adapter
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import checks
+from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import Grammar
-from replaytests.engine.runtime import Runtime
 from replaytests.errors import ConfigError
 from replaytests.suite.session import check_window
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.engine.decoder import suffix_room
 from replaytests.errors import BankError, ConfigError
 from replaytests.files import sha256_file
 from replaytests.inputs.bank import manifest_path, read_bank
@@ -21,7 +20,7 @@ MAX_POSITIONS = 1024  # the tiny model's max_position_embeddings
 
 @pytest.fixture
 def room(tiny_contract) -> int:
-    return suffix_room(tiny_contract.caps)
+    return tiny_contract.caps.suffix_room()
 
 
 @pytest.fixture

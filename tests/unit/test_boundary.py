@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
-from replaytests.engine import hf_adapter
-from replaytests.engine.boundary import check_same_state, check_storage_isolated
+from replaytests.engine.boundary import cache_seq_length, check_same_state, check_storage_isolated
+from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.errors import BoundaryMismatch, StorageAliasing
 
 
@@ -191,7 +191,7 @@ def test_fake_cache_matches_a_real_dynamic_cache(make_boundary, layers_factory, 
     fake_boundary = make_boundary("fake", layers)
     real_boundary = make_boundary("real", layers)
     real_boundary.cache = real
-    assert hf_adapter.cache_seq_length(real) == 5, f"real cache seq length {hf_adapter.cache_seq_length(real)}"
+    assert cache_seq_length(real) == 5, f"real cache seq length {cache_seq_length(real)}"
     assert real_boundary.metadata() == fake_boundary.metadata(), (
         f"metadata differs: real {real_boundary.metadata()} vs fake {fake_boundary.metadata()}"
     )

@@ -10,7 +10,6 @@ import re
 import pytest
 
 from replaytests.cli import main
-from replaytests.engine.decoder import suffix_room
 from replaytests.files import sha256_file
 from replaytests.inputs.bank import manifest_path, read_bank
 
@@ -85,7 +84,7 @@ def test_freeze_exits_zero_and_reports(frozen):
 
 def test_frozen_rows_parse_under_the_grammar(frozen, tiny_grammar, tiny_contract):
     out = frozen[1]
-    rows = read_bank(out, tiny_grammar, 1024, suffix_room(tiny_contract.caps))
+    rows = read_bank(out, tiny_grammar, 1024, tiny_contract.caps.suffix_room())
     got = [(r.id, r.expected_answer) for r in rows]
     expected = [(p["id"], p["expected_answer"]) for p in PROBLEMS]
     assert got == expected, f"frozen rows (id, expected_answer) {got}, expected {expected}"
@@ -107,7 +106,7 @@ def test_frozen_manifest_records_the_bank_sha256(frozen):
 
 def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
     """The bank's live boundaries hold platform-specific numbers: the manifest says where they were made."""
-    from replaytests.inputs.environment import capture
+    from replaytests.engine.hf.environment import capture
     from replaytests.inputs.platforms import platform_of
 
     platform = json.loads(manifest_path(frozen[1]).read_text(encoding="utf-8"))["platform"]

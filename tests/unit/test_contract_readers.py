@@ -14,10 +14,10 @@ import re
 import pytest
 from test_contract import schema_paths
 
-from replaytests.engine import runtime
-from replaytests.engine.blocks import Caps
+from replaytests.engine.hf import environment, runtime
 from replaytests.engine.protocol import Delimiters
-from replaytests.inputs import contract, environment, gates
+from replaytests.inputs import contract, gates
+from replaytests.inputs.blocks import Caps
 from replaytests.inputs.contract import PRECISIONS, SCHEMA, Value
 from replaytests.inputs.options import Options
 from replaytests.suite import artifacts, planner, session

@@ -1,4 +1,4 @@
-"""replaytests.inputs.environment and runtime's numeric flags: capture, drift against the contract, the CUDA
+"""replaytests.engine.hf.environment and runtime's numeric flags: capture, drift against the contract, the CUDA
 skip reason, flags read back, and `replaytests env`."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from replaytests.cli import main
-from replaytests.engine import runtime
+from replaytests.engine.hf import runtime
+from replaytests.engine.hf.environment import Drift, _cudnn_version, capture, describe, drift, needs_cuda
 from replaytests.errors import ConfigError
 from replaytests.inputs.contract import PrecisionFlags, load_contract
-from replaytests.inputs.environment import Drift, _cudnn_version, capture, describe, drift, needs_cuda
 from replaytests.inputs.integrity import Integrity
 
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks behaviour on a machine without CUDA")

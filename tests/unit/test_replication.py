@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from conftest import find_row
-from replaytests.engine.runtime import Runtime
+from replaytests.engine.hf.runtime import Runtime
 from replaytests.families import replication
 from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES, TRANSPLANTS, VALIDITY_PAIRS

@@ -1,4 +1,4 @@
-"""replaytests.engine.runtime: numeric flags, the physical-batch forward call and its desync check (protocol.md §2)."""
+"""engine.hf.runtime: numeric flags, the physical-batch forward call and its desync check (protocol.md §2)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 
-from replaytests.engine import constructions
+from replaytests.engine.hf import constructions
+from replaytests.engine.hf.runtime import Runtime, apply_numeric_flags, check_batch_equal, copies_differ
 from replaytests.engine.protocol import visibility_rows
-from replaytests.engine.runtime import Runtime, apply_numeric_flags, check_batch_equal, copies_differ
 from replaytests.errors import ConfigError, PhysicalBatchDesync
 from replaytests.inputs.contract import PrecisionFlags
 

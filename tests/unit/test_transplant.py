@@ -1,4 +1,4 @@
-"""replaytests.engine.transplant and the transplant family (docs/protocol.md §7.5): provenance refusals, transplant
+"""replaytests.engine.hf.transplant and the transplant family (docs/protocol.md §7.5): provenance refusals, transplant
 mechanics, outcome classification, the minimal layer range, the panel, and one row of each role."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ import random
 import pytest
 import torch
 
-from replaytests.engine import hf_adapter
-from replaytests.engine.runtime import bitwise_equal
-from replaytests.engine.transplant import PARTS, transplant
+from replaytests.engine.boundary import bitwise_equal
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf.transplant import transplant
 from replaytests.errors import StorageAliasing, TransplantInvalid, TransplantRefused
 from replaytests.families import crossing
 from replaytests.families import transplant as family
 from replaytests.families.registry import DIRECTIONS, TRANSPLANTS, VALIDITY_PAIRS
+from replaytests.inputs.blocks import PARTS
 from replaytests.outputs import causal
 
 # ---------------------------------------------------------------------------------------------
@@ -109,7 +110,7 @@ def test_transplant_checks_the_selection(make_boundary, layers, selection, messa
 def pair(bf16_runtime, bank_rows):
     """Incremental and prefill boundaries of the shortest row whose BF16 caches differ on this platform
     (where every layer's K and V were equal, a transplant could not tell donor from recipient)."""
-    from replaytests.engine import constructions
+    from replaytests.engine.hf import constructions
 
     for row in sorted(bank_rows, key=lambda r: (r.prefix_len, r.id)):
         built = {c: constructions.build(bf16_runtime, c, row.tokens) for c in ("incremental", "prefill")}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from replaytests.engine.boundary import Boundary
 
 if TYPE_CHECKING:
-    from replaytests.engine.decoder import Suffix
+    from replaytests.engine.boundary import Suffix
 
 BUDGET_BYTES = 512 * 2**20  # K/V and logits held per runtime (the embedded default's BF16 crossing: about 200 MiB)
 

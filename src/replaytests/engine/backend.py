@@ -4,7 +4,7 @@ A family asks its backend for boundaries (`build`, `live`), continues them (`suf
 runtime exposes K/V tensors, moves caches between them (`transplant`); it never touches the runtime's
 own objects. Each backend declares what it can do in `capabilities`; a family declares what it needs
 (families.registry), and a family whose needs a backend lacks is skipped with the reason `missing`
-gives, never faked. Hugging Face transformers is the first backend (engine.runtime, engine.hf_adapter).
+gives, never faked. Hugging Face transformers is the first backend (engine/hf/).
 
 No torch here: the plugin reads the capability names before any model work.
 """
@@ -18,8 +18,7 @@ from replaytests.errors import ConfigError, ReplaytestsError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from replaytests.engine.boundary import Boundary
-    from replaytests.engine.decoder import Suffix
+    from replaytests.engine.boundary import Boundary, Suffix
     from replaytests.engine.protocol import Grammar
 
 # Every capability a backend may declare, and what a family that needs it reads from the runtime.
@@ -78,7 +77,7 @@ class Backend(Protocol):
         """The first copy of a physical batch as a storage-isolated singleton boundary (`batch_size`)."""
 
 
-BUILT_IN = {"hf": "replaytests.engine.runtime:Runtime"}  # name -> module:class
+BUILT_IN = {"hf": "replaytests.engine.hf.runtime:Runtime"}  # name -> module:class
 
 
 def resolve(spec: str) -> type:

@@ -12,8 +12,20 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests.engine import hf_adapter
 from replaytests.errors import BoundaryMismatch, StorageAliasing, short
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+def cache_layers(cache) -> list[KV]:
+    """Every layer's (K, V), each [batch, kv_heads, seq, head_dim], over the positions filled so far (a
+    static cache's buffers hold its whole capacity)."""
+    length = cache_seq_length(cache)
+    return [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers]
+
+
+def cache_seq_length(cache) -> int:
+    return int(cache.get_seq_length())
 
 
 @dataclass
@@ -21,14 +33,16 @@ class Boundary:
     construction: str
     tokens: list[int]
     roles: list[int]
-    cache: object | None  # the K/V cache; None where the backend exposes no K/V tensors
+    # The K/V cache, None where the backend exposes no K/V tensors. It has transformers' Cache interface
+    # (`layers[i].keys` and `.values`, `get_seq_length()`), which another backend's K/V can wrap.
+    cache: object | None
     logits: torch.Tensor  # [vocab], the logical row of the call that consumed <|merge|> (or its top-k logprobs)
     state: object = None  # what a backend without K/V keeps to continue from here (opaque to the families)
 
     @property
-    def layers(self) -> list[hf_adapter.KV]:
+    def layers(self) -> list[KV]:
         """Every layer's (K, V); empty where the backend exposes no K/V tensors."""
-        return [] if self.cache is None else hf_adapter.cache_layers(self.cache)
+        return [] if self.cache is None else cache_layers(self.cache)
 
     @property
     def has_kv(self) -> bool:
@@ -42,7 +56,7 @@ class Boundary:
             "roles": self.roles,
             "positions": [0, len(self.tokens) - 1],
             "padding": 0,
-            "cache_seq_length": hf_adapter.cache_seq_length(self.cache) if layers else None,
+            "cache_seq_length": cache_seq_length(self.cache) if layers else None,
             "layers": len(layers),
             "tensors": [
                 (tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device))
@@ -76,6 +90,29 @@ class Boundary:
 
     def logits_digest(self) -> str:
         return hashlib.sha256(_tensor_bytes(self.logits)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Suffix:
+    tokens: list[int]
+    margins: list[float]  # top-1 minus top-2 masked logit at each choice
+    answer: str
+
+
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit: -0.0 differs from +0.0, and a NaN equals the same NaN bits.
+    (torch.equal compares values, which is not what the protocol demands.)"""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(as_int(a), as_int(b))
+
+
+def as_int(tensor: torch.Tensor) -> torch.Tensor:
+    """The same bits as an integer tensor (floats compare bit for bit through it)."""
+    return tensor.contiguous().view(_SAME_WIDTH_INT[tensor.element_size()]) if tensor.is_floating_point() else tensor
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:

@@ -10,9 +10,7 @@ import math
 
 import torch
 
-from replaytests.engine.boundary import Boundary
-from replaytests.engine.decoder import Suffix
-from replaytests.engine.runtime import bitwise_equal
+from replaytests.engine.boundary import Boundary, Suffix, bitwise_equal
 
 
 def _drift(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests.engine.blocks import ANSWER, BLOCKS, DELIMITER_NAMES, MERGE, PROMPT, Caps
 from replaytests.errors import BankError, ConfigError
+from replaytests.inputs.blocks import ANSWER, BLOCKS, DELIMITER_NAMES, MERGE, PROMPT, Caps
 
 # VISIBILITY[query_role][key_role]: answer tokens never see branch tokens.
 VISIBILITY = torch.tensor(
@@ -60,6 +60,11 @@ class Delimiters:
 
 def prompt_block(delims: Delimiters, content: list[int]) -> list[int]:
     return [delims.openers[PROMPT], *content, delims.closers[PROMPT]]
+
+
+def prompt_of(z: list[int], delims: Delimiters) -> list[int]:
+    """The prompt block that opens z, through its closing delimiter."""
+    return z[: z.index(delims.closers[PROMPT]) + 1]
 
 
 @functools.cache
@@ -142,6 +147,10 @@ class Grammar:
             self._closer_only.append(self._onehot(vocab_size, delims.closers[block], device))
             self._opener_only.append(self._onehot(vocab_size, delims.openers[block], device))
             self._content_or_closer.append((content | self._closer_only[-1].cpu()).to(device))
+
+    def parse(self, tokens: list[int], where: str) -> list[int]:
+        """The roles of a boundary prefix z checked against this grammar (parse_prefix)."""
+        return parse_prefix(tokens, self, where)
 
     @staticmethod
     def _onehot(size: int, index: int, device) -> torch.Tensor:

@@ -6,8 +6,8 @@ All layers, the boundary logits and the full suffix must be bit-exact.
 
 from __future__ import annotations
 
-from replaytests.engine import constructions
 from replaytests.engine.backend import Backend
+from replaytests.engine.protocol import prompt_of
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
@@ -15,7 +15,7 @@ from replaytests.inputs.bank import BankRow
 
 def run(runtime: Backend, row: BankRow) -> dict:
     def build():
-        live = runtime.live(constructions.prompt_of(row.tokens, runtime))
+        live = runtime.live(prompt_of(row.tokens, runtime.grammar.delims))
         yield live
         yield runtime.build("incremental", live.tokens)
 

@@ -6,15 +6,15 @@ of the live z, and a second prefill. Every arm is continued by the shared suffix
 
 from __future__ import annotations
 
-from replaytests.engine import constructions
 from replaytests.engine.backend import Backend
+from replaytests.engine.protocol import prompt_of
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
 
 
 def run(runtime: Backend, row: BankRow) -> dict:
-    prompt_block = constructions.prompt_of(row.tokens, runtime)
+    prompt_block = prompt_of(row.tokens, runtime.grammar.delims)
 
     def build():
         live = runtime.live(prompt_block)

@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from replaytests.engine.blocks import direction
+from replaytests.inputs.blocks import direction
 
 CROSS = "incremental~prefill"  # the crossing pair, also the transplant's and the replication's headline
 # The transplant: (recipient, donor) in each direction, and the validity control (each construction's

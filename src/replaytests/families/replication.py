@@ -12,12 +12,12 @@ recovery and no third trajectory).
 from __future__ import annotations
 
 from replaytests.engine.backend import Backend
-from replaytests.engine.blocks import direction
 from replaytests.errors import TransplantInvalid
 from replaytests.families.registry import DIRECTIONS, FAMILIES, REPLICA_DIRECTIONS
 from replaytests.families.skeleton import evaluate, excluded, record_base
 from replaytests.families.transplant import check_valid, outcome
 from replaytests.inputs.bank import BankRow
+from replaytests.inputs.blocks import direction
 
 FAMILY = FAMILIES["replication"]
 CROSSING_ARMS = FAMILIES["crossing"].arms

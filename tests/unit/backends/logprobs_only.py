@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 
 from replaytests.engine.backend import Unsupported
-from replaytests.engine.boundary import Boundary
-from replaytests.engine.decoder import Suffix
-from replaytests.engine.runtime import Runtime
+from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.hf.runtime import Runtime
 
 TOP_K = 5
 

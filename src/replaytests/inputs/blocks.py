@@ -12,7 +12,7 @@ from dataclasses import dataclass
 BLOCKS = ("prompt", "cot_1", "cot_2", "cot_3", "merge", "answer")
 PROMPT, MERGE, ANSWER = 0, 4, 5
 DELIMITER_NAMES = tuple(f"<|{prefix}{block}|>" for block in BLOCKS for prefix in ("", "/"))
-# The K/V cache classes a contract may name (environment.cache), as engine/hf_adapter.py builds them.
+# The K/V cache classes a contract may name (environment.cache), as the HF adapter builds them.
 CACHES = ("dynamic", "static", "offloaded")
 
 
@@ -26,6 +26,13 @@ class Caps:
 
     def of(self, block: int) -> int:
         return (0, self.branch, self.branch, self.branch, self.merge, self.answer)[block]
+
+    def suffix_room(self) -> int:
+        """Tokens the suffix can add after the boundary: merge content, 3 delimiters, answer content."""
+        return self.merge + self.answer + 3
+
+
+PARTS = ("k", "v")  # what a transplant can move: the keys, the values, or both
 
 
 def direction(recipient: str, donor: str) -> str:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replaytests.engine import constructions, hf_adapter
-from replaytests.engine.decoder import suffix_room
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import constructions, environment
+from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import prompt_block
-from replaytests.engine.runtime import Runtime
 from replaytests.errors import BankError
-from replaytests.inputs import environment, platforms
+from replaytests.inputs import platforms
 from replaytests.inputs.bank import BankRow, read_problems, write_bank
 from replaytests.inputs.contract import load_contract
 
@@ -26,7 +26,7 @@ def freeze(model_dir: Path, problems_path: Path, contract_path: Path, out: Path)
     problems = read_problems(problems_path)
     runtime = Runtime.load(model_dir, contract, PRECISION)
     caps = contract.caps
-    longest = hf_adapter.max_positions(runtime.model) - 3 * (caps.branch + 2) - 1 - suffix_room(caps)
+    longest = hf_adapter.max_positions(runtime.model) - 3 * (caps.branch + 2) - 1 - caps.suffix_room()
     rows = []
     for problem in problems:
         content = runtime.tokenizer.encode(problem.prompt, add_special_tokens=False)

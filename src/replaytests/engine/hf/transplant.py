@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from replaytests.engine import hf_adapter
-from replaytests.engine.blocks import direction
-from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
-from replaytests.engine.runtime import Runtime, bitwise_equal
+from replaytests.engine.boundary import Boundary, bitwise_equal, check_same_state, check_storage_isolated
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf.runtime import Runtime
 from replaytests.errors import TransplantRefused, short
+from replaytests.inputs.blocks import PARTS, direction
 
 __all__ = ["CONSTRUCTIONS", "PARTS", "check_provenance", "direction", "transplant"]
 
 CONSTRUCTIONS = ("live", "incremental", "prefill")
-PARTS = ("k", "v")
 TENSOR_FIELDS = ("shape", "stride", "dtype", "device")  # the order of Boundary.metadata()["tensors"] entries
 
 

@@ -13,13 +13,17 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from replaytests.engine import hf_adapter, runtime
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import runtime
 from replaytests.inputs import cpu_isa, platforms
 from replaytests.inputs.contract import Contract, show
-from replaytests.inputs.integrity import Integrity
+
+if TYPE_CHECKING:
+    from replaytests.inputs.integrity import Integrity
 
 
 @dataclass(frozen=True)

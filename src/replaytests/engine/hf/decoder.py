@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests.engine import hf_adapter
-from replaytests.engine.boundary import Boundary
-from replaytests.engine.protocol import ANSWER, MERGE, Caps, Cursor, Visibility
-from replaytests.engine.runtime import Runtime, check_batch_equal, copies_differ
+from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf.runtime import Runtime, check_batch_equal, copies_differ
+from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Visibility
 
 CHUNK = 64  # calls whose copies are compared in one go; masked logit rows whose top two are taken in one go
 
@@ -127,16 +127,11 @@ class DecodeState:
         return Boundary(construction, list(self.tokens), list(self.roles), self.cache, self.logits)
 
 
-def suffix_room(caps: Caps) -> int:
-    """Tokens the suffix can add after the boundary: merge content, 3 delimiters, answer content."""
-    return caps.merge + caps.answer + 3
-
-
 def live_boundary(runtime: Runtime, prompt_block: list[int]) -> Boundary:
     """Ordinary generation: the prompt block in one call, then one greedy token per call,
     until the call that consumes <|merge|>."""
     caps = runtime.grammar.caps
-    state = DecodeState.empty(runtime, len(prompt_block) + 3 * (caps.branch + 2) + 1 + suffix_room(caps))
+    state = DecodeState.empty(runtime, len(prompt_block) + 3 * (caps.branch + 2) + 1 + caps.suffix_room())
     for token in prompt_block:
         state.push(token)
     state.feed(len(prompt_block), "live prompt block")
@@ -146,19 +141,12 @@ def live_boundary(runtime: Runtime, prompt_block: list[int]) -> Boundary:
     return state.boundary("live")
 
 
-@dataclass(frozen=True)
-class Suffix:
-    tokens: list[int]
-    margins: list[float]  # top-1 minus top-2 masked logit at each choice
-    answer: str
-
-
 def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
     """Continue from a boundary (on a copy of its cache) through <|/answer|>."""
     cursor = Cursor(block=MERGE, open=True, count=0)
     state = DecodeState(runtime, list(boundary.tokens), list(boundary.roles), cursor,
                         hf_adapter.clone_cache(runtime.model, boundary.cache), boundary.logits,
-                        capacity=len(boundary.tokens) + suffix_room(runtime.grammar.caps))
+                        capacity=len(boundary.tokens) + runtime.grammar.caps.suffix_room())
     start = len(state.tokens)
     while True:
         state.push(state.choose())

@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 
 from replaytests.engine.boundary import Boundary
-from replaytests.engine.decoder import DecodeState, live_boundary, suffix_room
-from replaytests.engine.runtime import Runtime, check_batch_equal
+from replaytests.engine.hf.decoder import DecodeState, live_boundary
+from replaytests.engine.hf.runtime import Runtime, check_batch_equal
+from replaytests.engine.protocol import prompt_of
 
-__all__ = ["build", "incremental", "live", "prefill", "prompt_of"]
+__all__ = ["build", "incremental", "live", "prefill"]
 
 
 def _teacher_forced(runtime: Runtime, z: list[int], chunks: list[int], construction: str) -> Boundary:
-    state = DecodeState.empty(runtime, len(z) + suffix_room(runtime.grammar.caps))
+    state = DecodeState.empty(runtime, len(z) + runtime.grammar.caps.suffix_room())
     consumed = 0
     for size in chunks:
         for token in z[consumed: consumed + size]:
@@ -28,13 +29,8 @@ def _teacher_forced(runtime: Runtime, z: list[int], chunks: list[int], construct
     return _checked(state.boundary(construction))
 
 
-def prompt_of(z: list[int], runtime: Runtime) -> list[int]:
-    """The prompt block that opens z, through its closing delimiter."""
-    return z[: z.index(runtime.grammar.delims.closers[0]) + 1]
-
-
 def incremental(runtime: Runtime, z: list[int]) -> Boundary:
-    prompt_len = len(prompt_of(z, runtime))
+    prompt_len = len(prompt_of(z, runtime.grammar.delims))
     return _teacher_forced(runtime, z, [prompt_len] + [1] * (len(z) - prompt_len), "incremental")
 
 

@@ -17,14 +17,14 @@ import random
 import time
 from dataclasses import dataclass
 
-from replaytests.engine import constructions
 from replaytests.engine.arms import Arms
-from replaytests.engine.boundary import Boundary, check_storage_isolated
+from replaytests.engine.boundary import Boundary, bitwise_equal, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.decoder import DecodeState, decode_suffix, suffix_room
-from replaytests.engine.protocol import parse_prefix
-from replaytests.engine.runtime import Runtime, bitwise_equal
-from replaytests.engine.transplant import transplant
+from replaytests.engine.hf import constructions
+from replaytests.engine.hf.decoder import DecodeState, decode_suffix
+from replaytests.engine.hf.runtime import Runtime
+from replaytests.engine.hf.transplant import transplant
+from replaytests.engine.protocol import parse_prefix, prompt_of
 from replaytests.errors import FailClosed
 
 PROPERTIES = ("mask", "batch", "bridge", "suffix", "self_transplant", "storage")
@@ -121,7 +121,7 @@ def check_runtime(runtime: Runtime, z: list[int]) -> Result:
         prefill_s = time.perf_counter() - started
         arms = {"incremental": incremental, "prefill": prefill,
                 "prefill_replica": constructions.build(runtime, "prefill_replica", z),
-                "live": constructions.live(runtime, constructions.prompt_of(z, runtime))}
+                "live": constructions.live(runtime, prompt_of(z, runtime.grammar.delims))}
         arms["bridge"] = constructions.build(runtime, "incremental", arms["live"].tokens)
         suffixes = {arm: decode_suffix(runtime, boundary) for arm, boundary in arms.items()}
         moved = decode_suffix(runtime, transplant(runtime, arms["prefill_replica"], arms["prefill"]))
@@ -143,7 +143,7 @@ def check_runtime(runtime: Runtime, z: list[int]) -> Result:
         checks.append(Check("storage", name, "ok"))
     except FailClosed as exc:
         checks.append(Check("storage", name, "fail", str(exc)))
-    calls = len(z) - len(constructions.prompt_of(z, runtime)) + 1
+    calls = len(z) - len(prompt_of(z, runtime.grammar.delims)) + 1
     cost = Cost(incremental_s / calls, prefill_s / len(z), _cache_bytes(prefill) / len(z))
     return Result(checks, cost, {arm: suffix.tokens for arm, suffix in suffixes.items()})
 
@@ -171,6 +171,6 @@ def row_estimate(cost: Cost, prefix_len: int, runtime: Runtime) -> tuple[float, 
     """Seconds and bytes of one crossing row at `prefix_len` tokens: two incremental constructions,
     two prefills and four suffixes at the short row's per-call cost (an estimate: longer caches cost
     more per call, a short row's first calls more than later ones), and four boundary caches held."""
-    suffix = suffix_room(runtime.grammar.caps)
+    suffix = runtime.grammar.caps.suffix_room()
     seconds = 2 * prefix_len * cost.call_s + 2 * prefix_len * cost.prefill_s_per_token + 4 * suffix * cost.call_s
     return seconds, int(4 * (prefix_len + suffix) * cost.cache_bytes_per_token)

@@ -12,15 +12,12 @@ from pathlib import Path
 
 import torch
 
+from replaytests.engine.boundary import KV, cache_layers
 from replaytests.errors import ConfigError
+from replaytests.inputs.models import TOKENIZER_FILES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-KV = tuple[torch.Tensor, torch.Tensor]
 
-
-# Files that hold a tokenizer (any one of the first four is one); all of them enter the tokenizer digest.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json",
-                   "special_tokens_map.json", "added_tokens.json", "merges.txt", "chat_template.jinja")
 
 
 def check_model_dir(path: Path) -> None:
@@ -175,13 +172,6 @@ class Forward:
         return out.logits[:, -1, :]
 
 
-def cache_layers(cache) -> list[KV]:
-    """Every layer's (K, V), each [batch, kv_heads, seq, head_dim], over the positions filled so far (a
-    static cache's buffers hold its whole capacity)."""
-    length = cache_seq_length(cache)
-    return [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers]
-
-
 def cache_from_layers(model, layers: list[KV], like):
     """A new cache of the same class and capacity as `like` whose tensors are storage-isolated copies
     of `layers`."""
@@ -195,10 +185,6 @@ def clone_cache(model, cache):
     return cache_from_layers(model, cache_layers(cache), like=cache)
 
 
-def cache_seq_length(cache) -> int:
-    return int(cache.get_seq_length())
-
-
 def load_config(path: Path):
     """The model's config alone (no weights): enough to validate a bank before any model work."""
     from transformers import AutoConfig
@@ -209,59 +195,3 @@ def load_config(path: Path):
             return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}/config.json: cannot load config: {str(exc).splitlines()[0]}") from None
-
-
-def convert_gguf(directory: Path, gguf_name: str, out: Path) -> None:
-    """A GGUF checkpoint dequantized by transformers' own GGUF loader and written to `out` as a Hugging
-    Face directory: bf16 safetensors, config and tokenizer (needs the `gguf` and `accelerate` packages)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with _quiet():
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=gguf_name, dtype=torch.bfloat16,
-                                                     local_files_only=True)
-        # The weights are already dequantized; save_pretrained refuses while the GGUF marker stays.
-        model.hf_quantizer = None
-        model.config.__dict__.pop("quantization_config", None)
-        model.save_pretrained(str(out))
-        tokenizer.save_pretrained(str(out))
-
-
-def continue_training(src: Path, out: Path, texts: list[str], *, block: int, batch: int, steps: int,
-                      lr: float, seed: int) -> list[float]:
-    """A short continued-training run: `texts` tokenized and packed into `block`-token sequences, `steps`
-    AdamW steps of `batch` sequences each in FP32 (data order seeded), weights written back as bf16 with
-    the source's tensor names. Returns the loss of each step."""
-    import random
-
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    torch.manual_seed(seed)
-    torch.set_num_threads(1)  # one reduction order: the bytes depend on the seed and the kernels alone
-    tokenizer = load_tokenizer(src)
-    model = load_model(src, "float32", "cpu")
-    model.train()
-    stream = [t for text in texts for t in tokenizer.encode(text, add_special_tokens=False)]
-    blocks = [stream[i:i + block] for i in range(0, len(stream) - block + 1, block)]
-    if len(blocks) < batch:
-        raise ConfigError(f"continued training: {len(stream)} tokens make {len(blocks)} blocks of {block}, "
-                          f"fewer than one batch of {batch}")
-    order = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
-    for _ in range(steps):
-        ids = torch.tensor(order.sample(blocks, batch))
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    weights = sorted(src.glob("*.safetensors"))
-    params = dict(model.named_parameters())
-    for path in weights:
-        with safe_open(str(path), "pt") as handle:
-            names = sorted(handle.keys())
-        save_file({name: params[name].detach().to(torch.bfloat16).contiguous() for name in names},
-                  str(out / path.name), metadata={"format": "pt"})
-    return losses

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from replaytests.engine import hf_adapter
 from replaytests.engine.arms import Arms
 from replaytests.engine.backend import CAPABILITIES
+from replaytests.engine.boundary import as_int, bitwise_equal
+from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, PhysicalBatchDesync
 from replaytests.inputs.contract import SDPA_BACKENDS, Contract, PrecisionFlags
 
 if TYPE_CHECKING:
-    from replaytests.engine.boundary import Boundary
-    from replaytests.engine.decoder import Suffix
+    from replaytests.engine.boundary import Boundary, Suffix
 
 _SDP = {"math": "math", "flash": "flash", "efficient": "mem_efficient", "cudnn": "cudnn"}  # torch's names
 
@@ -153,23 +153,23 @@ class Runtime:
 
     # The Backend protocol (engine.backend); the modules that do the work import this one.
     def build(self, construction: str, z: list[int]) -> Boundary:
-        from replaytests.engine import constructions
+        from replaytests.engine.hf import constructions
 
         return constructions.build(self, construction, z)
 
     def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
-        from replaytests.engine import constructions
+        from replaytests.engine.hf import constructions
 
         return constructions.live(self, prompt_block, construction)
 
     def suffix(self, boundary: Boundary) -> Suffix:
-        from replaytests.engine.decoder import suffix_of
+        from replaytests.engine.hf.decoder import suffix_of
 
         return suffix_of(self, boundary)
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
-        from replaytests.engine.transplant import transplant
+        from replaytests.engine.hf.transplant import transplant
 
         return transplant(self, recipient, donor, layers, parts)
 
@@ -195,26 +195,10 @@ class Runtime:
             return self._forward(ids, mask, self._positions[:, start:end], cache)
 
 
-_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit for bit: -0.0 differs from +0.0, and a NaN equals the same NaN bits.
-    (torch.equal compares values, which is not what the protocol demands.)"""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return torch.equal(_as_int(a), _as_int(b))
-
-
-def _as_int(tensor: torch.Tensor) -> torch.Tensor:
-    """The same bits as an integer tensor (floats compare bit for bit through it)."""
-    return tensor.contiguous().view(_SAME_WIDTH_INT[tensor.element_size()]) if tensor.is_floating_point() else tensor
-
-
 def copies_differ(tensor: torch.Tensor) -> torch.Tensor:
     """Whether any copy along dim 1 (dim 0: calls) differs from its neighbour bitwise, as a 0-d bool
     tensor on the tensor's device (wrapping integer a - b is 0 exactly when a == b)."""
-    return _as_int(tensor).diff(dim=1).any()
+    return as_int(tensor).diff(dim=1).any()
 
 
 def check_batch_equal(tensor: torch.Tensor, where: str) -> None:

@@ -1,0 +1,81 @@
+"""Model preparation (docs/models.md): what `replaytests models prepare` runs to write a Hugging Face
+directory, a GGUF checkpoint dequantized or a short continued-training run. It writes checkpoints and
+tests nothing; the runtime under test loads what it wrote through its backend (engine/hf).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from replaytests.errors import ConfigError
+
+
+@contextlib.contextmanager
+def _quiet():
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def convert_gguf(directory: Path, gguf_name: str, out: Path) -> None:
+    """A GGUF checkpoint dequantized by transformers' own GGUF loader and written to `out` as a Hugging
+    Face directory: bf16 safetensors, config and tokenizer (needs the `gguf` and `accelerate` packages)."""
+    with _quiet():
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=gguf_name, dtype=torch.bfloat16,
+                                                     local_files_only=True)
+        # The weights are already dequantized; save_pretrained refuses while the GGUF marker stays.
+        model.hf_quantizer = None
+        model.config.__dict__.pop("quantization_config", None)
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+
+
+def continue_training(src: Path, out: Path, texts: list[str], *, block: int, batch: int, steps: int,
+                      lr: float, seed: int) -> list[float]:
+    """A short continued-training run: `texts` tokenized and packed into `block`-token sequences, `steps`
+    AdamW steps of `batch` sequences each in FP32 (data order seeded), weights written back as bf16 with
+    the source's tensor names. Returns the loss of each step."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)  # one reduction order: the bytes depend on the seed and the kernels alone
+    with _quiet():
+        tokenizer = AutoTokenizer.from_pretrained(str(src), local_files_only=True, trust_remote_code=False)
+        # SDPA attention, as the runtime under test loads it (engine/hf/adapter.py): the bytes depend on it.
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, attn_implementation="sdpa",
+                                                     local_files_only=True, trust_remote_code=False,
+                                                     use_safetensors=True)
+    model.train()
+    stream = [t for text in texts for t in tokenizer.encode(text, add_special_tokens=False)]
+    blocks = [stream[i:i + block] for i in range(0, len(stream) - block + 1, block)]
+    if len(blocks) < batch:
+        raise ConfigError(f"continued training: {len(stream)} tokens make {len(blocks)} blocks of {block}, "
+                          f"fewer than one batch of {batch}")
+    order = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for _ in range(steps):
+        ids = torch.tensor(order.sample(blocks, batch))
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    weights = sorted(src.glob("*.safetensors"))
+    params = dict(model.named_parameters())
+    for path in weights:
+        with safe_open(str(path), "pt") as handle:
+            names = sorted(handle.keys())
+        save_file({name: params[name].detach().to(torch.bfloat16).contiguous() for name in names},
+                  str(out / path.name), metadata={"format": "pt"})
+    return losses
