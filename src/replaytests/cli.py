@@ -162,7 +162,8 @@ def _check_writable(path: Path, option: str) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from replaytests.outputs.compare import compare_paths
 
-    result = compare_paths(args.baseline, args.new, args.level, args.contract, args.allow_changes)
+    result = compare_paths(args.baseline, args.new, args.level, args.contract, args.allow_changes, args.across_inputs,
+                           args.accept_interrupted)
     print(result.text(args.verbose))
     return 0 if result.passed else 1
 
@@ -171,7 +172,7 @@ def _history(args: argparse.Namespace) -> int:
     from replaytests.outputs import history
 
     if args.action == "append":
-        entry = history.append(args.source, args.into, args.label, args.date)
+        entry = history.append(args.source, args.into, args.label, args.date, args.accept_interrupted)
         print(f"appended {entry['ledger']} ({entry['date']}) to {args.into}")
     else:
         print(history.show(args.history, args.html))
@@ -261,6 +262,10 @@ def parser() -> argparse.ArgumentParser:
                          help="contract whose gates.transplant applies. Default: the contract defaults")
     compare.add_argument("--allow-changes", action="store_true",
                          help="a deliberate runtime or hardware change: changed records are noted, not failed")
+    compare.add_argument("--across-inputs", action="store_true",
+                         help="compare runs made on other banks, models or tokenizers (refused otherwise)")
+    compare.add_argument("--accept-interrupted", action="store_true",
+                         help="compare an interrupted run (refused otherwise: it holds only what it finished)")
     compare.add_argument("--verbose", action="store_true", help="every reason, not a few of each kind")
 
     history = sub.add_parser("history", help="nightly history: one line per run, shown as a table and a plot")
@@ -270,6 +275,8 @@ def parser() -> argparse.ArgumentParser:
     append.add_argument("--into", type=Path, required=True, metavar="HISTORY", help="history JSONL (created if absent)")
     append.add_argument("--label", default=None, help="a name for the run, e.g. a commit or a runtime version")
     append.add_argument("--date", default=None, help="ISO 8601 date of the run. Default: now (UTC)")
+    append.add_argument("--accept-interrupted", action="store_true",
+                        help="append an interrupted run (refused otherwise: it is not a whole night)")
     show = actions.add_parser("show", help="print the history as a table; --html also writes a page with plots")
     show.add_argument("history", type=Path, metavar="HISTORY", help="history JSONL")
     show.add_argument("--html", type=Path, default=None, metavar="OUT", help="write an HTML page with plots here")

@@ -37,6 +37,11 @@ class FailClosed(ReplaytestsError):
     """A check that stops a row from contributing numbers."""
 
 
+class NonFinite(FailClosed):
+    """A logit or a K/V value is NaN or infinite: no comparison of such numbers means anything (two NaN
+    runs are bitwise equal), so the row contributes none."""
+
+
 class PhysicalBatchDesync(FailClosed):
     """The two duplicate rows of the physical batch produced different outputs."""
 

@@ -115,6 +115,45 @@ class Case(NamedTuple):
     args: Callable[[Workspace], list[str]]  # options after the command
     line: str  # a regex the single error line must match
     command: str = "pytest"  # or a `replaytests` subcommand
+    env: dict[str, str] | None = None  # environment variables the case sets
+
+
+def _poison(value: float, name: str = "model.norm.weight") -> Callable[[Path], None]:
+    """A model edit: one weight tensor's first values set to `value` (NaN, inf)."""
+    def edit(path: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(path / "model.safetensors")
+        weights[name].view(-1)[:3] = value
+        save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return edit
+
+
+def _drop_tensor(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(path / "model.safetensors")
+    del weights["model.norm.weight"]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def _interrupted(ws: Workspace, source: Path | None = None) -> Path:
+    """A copy of a finished run (the committed tiny baseline) whose run.json says it was interrupted."""
+    run = ws.root / "interrupted"
+    run.mkdir(exist_ok=True)
+    source = source or DEFAULT_BASELINE_DIR
+    shutil.copy(source / "ledger.jsonl", run / "ledger.jsonl")
+    meta = json.loads((source / "run.json").read_text())
+    meta["run"] = (meta.get("run") or {}) | {"interrupted": True}
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
+def _rows_only(ws: Workspace, name: str, row: str) -> Path:
+    """A bare ledger (no run.json) holding the committed baseline's records of one row."""
+    lines = [line for line in (DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()
+             if json.loads(line)["row"] == row]
+    return ws.write(f"{name}/ledger.jsonl", "\n".join(lines) + "\n")
 
 
 PYTEST = {
@@ -205,6 +244,29 @@ PYTEST = {
     "baseline-missing": Case(lambda w: ["--baseline", str(w.root / "none.jsonl")], r"none\.jsonl: cannot read ledger"),
     "baseline-malformed": Case(lambda w: ["--baseline", str(w.write("base.jsonl", '{"schema": 1}\n'))],
                                r"base\.jsonl:1: field 'schema' is 1, expected"),
+    # what would pass having checked nothing, or checked the wrong thing
+    "model-nan-weights": Case(lambda w: ["--model", str(w.model_with("m", _poison(float("nan"))))],
+                              r"m/model\.safetensors: tensor 'model\.norm\.weight' holds 3 NaN and 0 infinite values"),
+    "model-inf-weights": Case(lambda w: ["--model", str(w.model_with("m", _poison(float("inf"))))],
+                              r"m/model\.safetensors: tensor 'model\.norm\.weight' holds 0 NaN and 3 infinite"),
+    "aten-capability-unknown": Case(lambda w: [], r"ATEN_CPU_CAPABILITY='banana' in the environment: torch would "
+                                                  r"ignore it", env={"ATEN_CPU_CAPABILITY": "banana"}),
+    "aten-capability-uppercase": Case(lambda w: [], r"ATEN_CPU_CAPABILITY='AVX2' in the environment",
+                                      env={"ATEN_CPU_CAPABILITY": "AVX2"}),
+    "onednn-isa-unknown": Case(lambda w: [], r"ONEDNN_MAX_CPU_ISA='avx9' in the environment: .* expected one of "
+                                             r"DEFAULT", env={"ONEDNN_MAX_CPU_ISA": "avx9"}),
+    "baseline-other-bank": Case(lambda w: ["--baseline", str(REPO / "fixtures" / "ledgers" / "cpu-smollm2")],
+                                r"--baseline .*cpu-smollm2/ledger\.jsonl: none of its \d+ records is one this run "
+                                r"computes \(its rows smollm2-000, .*; this run.s tiny-000, .*\): nothing would be "
+                                r"audited"),
+    "baseline-other-rows": Case(lambda w: ["--baseline", str(_rows_only(w, "b", "tiny-000")), "--rows", "1:2"],
+                                r"--baseline .*b/ledger\.jsonl: none of its \d+ records is one this run computes "
+                                r"\(its rows tiny-000; this run's tiny-001, precision both\)"),
+    "baseline-interrupted": Case(lambda w: ["--baseline", str(_interrupted(w))],
+                                 r"--baseline .*interrupted/ledger\.jsonl: an interrupted run .*pass "
+                                 r"--accept-interrupted"),
+    "shard-empty": Case(lambda w: ["--rows", "1", "--shard", "2/2"],
+                        r"--shard 2/2: this shard holds none of the 1 selected row\(s\)"),
     "strict-with-drift": Case(lambda w: ["--contract", str(w.contract_with("software: {torch: '0.0.1'}\n")),
                                          "--strict-contract"],
                               r"--strict-contract: the environment differs from contract bad in \d+ field\(s\)"),
@@ -236,6 +298,28 @@ COMMANDS = {
                                                                 r"already; pass --out DIR", "report"),
     "report-empty-ledger": Case(lambda w: [str(w.write("e/ledger.jsonl", ""))], r"ledger\.jsonl: empty ledger",
                                 "report"),
+    "compare-unrelated-runs": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(REPO / "fixtures/ledgers/cpu-smollm2")],
+                                   r"the runs were made on other inputs \(the input bank: .*--across-inputs",
+                                   "compare"),
+    "compare-unrelated-across-inputs": Case(
+        lambda w: [str(DEFAULT_BASELINE_DIR), str(REPO / "fixtures/ledgers/cpu-smollm2"), "--across-inputs"],
+        r"no \(family, row, precision\) record in common \(baseline rows tiny-000, .*; new rows smollm2-000, .*"
+        r"nothing to compare", "compare"),
+    "compare-disjoint-rows": Case(lambda w: [str(_rows_only(w, "a", "tiny-000")), str(_rows_only(w, "b", "tiny-001"))],
+                                  r"no \(family, row, precision\) record in common", "compare"),
+    "compare-interrupted-new": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_interrupted(w))],
+                                    r"interrupted \(new\) is an interrupted run .*--accept-interrupted", "compare"),
+    "compare-interrupted-baseline": Case(lambda w: [str(_interrupted(w)), str(DEFAULT_BASELINE_DIR)],
+                                         r"interrupted \(baseline\) is an interrupted run", "compare"),
+    "history-interrupted-night": Case(lambda w: ["append", str(_interrupted(w)), "--into", str(w.root / "h.jsonl")],
+                                      r"interrupted: an interrupted run .*not a night of the history", "history"),
+    "check-model-nan-weights": Case(lambda w: ["--model", str(w.model_with("m", _poison(float("nan"))))],
+                                    r"m/model\.safetensors: tensor 'model\.norm\.weight' holds 3 NaN", "check-model"),
+    "check-model-deleted-tensor": Case(lambda w: ["--model", str(w.model_with("m", _drop_tensor))],
+                                       r"/m: 1 weight tensor\(s\) missing from the checkpoint .*: model\.norm\.weight",
+                                       "check-model"),
+    "env-aten-capability-unknown": Case(lambda w: [], r"ATEN_CPU_CAPABILITY='banana' in the environment", "env",
+                                        env={"ATEN_CPU_CAPABILITY": "banana"}),
     "env-contract-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
                                r"bad\.yaml: environment\.cpu_threads: expected an integer from 1 to 1024", "env"),
 }
@@ -272,7 +356,9 @@ def protected(ws: Workspace) -> tuple[Path, ...]:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=name) for name, c in PYTEST.items()])
-def test_bad_pytest_input_is_one_line_and_loses_nothing(pytester, ws, case):
+def test_bad_pytest_input_is_one_line_and_loses_nothing(pytester, ws, case, monkeypatch):
+    for name, value in (case.env or {}).items():
+        monkeypatch.setenv(name, value)
     args = case.args(ws)
     before = digests(*protected(ws))
     result = pytester.runpytest("--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", *args)
@@ -286,7 +372,9 @@ def test_bad_pytest_input_is_one_line_and_loses_nothing(pytester, ws, case):
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=name) for name, c in COMMANDS.items()])
-def test_bad_command_input_is_one_line_and_loses_nothing(ws, case):
+def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
+    for name, value in (case.env or {}).items():
+        monkeypatch.setenv(name, value)
     args = [case.command, *case.args(ws)]
     before = digests(*protected(ws))
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:

@@ -9,7 +9,7 @@ import torch
 
 from replaytests.engine.boundary import cache_seq_length, check_same_state, check_storage_isolated
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.errors import BoundaryMismatch, StorageAliasing
+from replaytests.errors import BoundaryMismatch, NonFinite, StorageAliasing
 
 
 def clone_layers(layers):
@@ -198,3 +198,29 @@ def test_fake_cache_matches_a_real_dynamic_cache(make_boundary, layers_factory, 
     assert real_boundary.cache_digest() == fake_boundary.cache_digest(), "digest differs real vs fake cache"
     check_storage_isolated([fake_boundary, real_boundary], "cache_from_layers copies")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# finite values (a NaN equals the same NaN bitwise: two poisoned runs would "agree")
+
+
+@pytest.mark.parametrize("where, value, name", [
+    pytest.param("k", float("nan"), "layer 1 K", id="nan-in-K"),
+    pytest.param("v", float("inf"), "layer 1 V", id="inf-in-V"),
+    pytest.param("logits", float("-inf"), "logits", id="minus-inf-in-logits"),
+])
+def test_a_non_finite_boundary_fails_closed_naming_the_tensor(make_boundary, layers, where, value, name):
+    poisoned, logits = clone_layers(layers), torch.linspace(-1.0, 1.0, 16)
+    target = logits if where == "logits" else poisoned[1][0 if where == "k" else 1]
+    target.view(-1)[3] = value
+    arms = [make_boundary("incremental", layers), make_boundary("prefill", poisoned, logits=logits)]
+    with pytest.raises(NonFinite, match=rf"row r1 \(fp32\): prefill boundary {name} holds"):
+        check_same_state(arms, "row r1 (fp32)")
+
+
+def test_the_same_nan_in_every_arm_still_fails_closed(make_boundary, layers):
+    poisoned = clone_layers(layers)
+    poisoned[0][0].fill_(float("nan"))
+    arms = [make_boundary("incremental", poisoned), make_boundary("prefill", clone_layers(poisoned))]
+    with pytest.raises(NonFinite, match=r"incremental boundary layer 0 K holds \d+ NaN"):
+        check_same_state(arms, "row r1 (bf16)")

@@ -11,7 +11,7 @@ import torch
 from replaytests.engine.hf import constructions
 from replaytests.engine.hf.runtime import Runtime, apply_numeric_flags, check_batch_equal, copies_differ
 from replaytests.engine.protocol import visibility_rows
-from replaytests.errors import ConfigError, PhysicalBatchDesync
+from replaytests.errors import ConfigError, NonFinite, PhysicalBatchDesync
 from replaytests.inputs.contract import PrecisionFlags
 
 DESYNC = r"^physical-batch desync at {where}: copy {copy} differs from copy 0, max \|diff\| {diff}$"
@@ -205,6 +205,32 @@ def test_a_desynced_boundary_cache_fails_closed(fp32_runtime, shortest_z, monkey
     with pytest.raises(PhysicalBatchDesync, match=DESYNC.format(
             where=re.escape("prefill boundary cache layer 2 K"), copy=1, diff=r"\S+")):
         constructions.prefill(fp32_runtime, shortest_z)
+
+
+class Poison(Perturb):
+    """Both copies of the call starting at `at` get the same non-finite logit: bitwise equal, yet unusable."""
+
+    def __call__(self, ids, mask, positions, cache):
+        logits = self.real(ids, mask, positions, cache)
+        if int(positions[0, 0]) == self.at:
+            logits = logits.clone()
+            logits[:, 17] = self.amount
+        return logits
+
+
+@pytest.mark.parametrize(("construction", "at", "value", "where", "counts"), [
+    pytest.param("prefill", 0, float("nan"), "prefill call at position 0 (logits)", "2 NaN and 0 infinite",
+                 id="prefill-nan"),
+    pytest.param("incremental", 60, float("inf"), "incremental call at position 60 (logits)", "0 NaN and 2 infinite",
+                 id="incremental-inf"),
+    pytest.param("live", 25, float("nan"), "live token 25 (logits)", "2 NaN and 0 infinite", id="live-nan"),
+])
+def test_non_finite_logits_in_every_copy_fail_closed_naming_the_call(fp32_runtime, shortest_z, monkeypatch,
+                                                                     construction, at, value, where, counts):
+    monkeypatch.setattr(fp32_runtime, "_forward", Poison(fp32_runtime._forward, at=at, amount=value))
+    arg = prompt_block_of(shortest_z, fp32_runtime) if construction == "live" else shortest_z
+    with pytest.raises(NonFinite, match=re.escape(where) + f": {counts} values of \\d+"):
+        getattr(constructions, construction)(fp32_runtime, arg)
 
 
 def test_every_call_gets_the_4d_mask_explicit_positions_and_two_copies(fp32_runtime, shortest_z, monkeypatch):

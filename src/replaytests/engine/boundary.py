@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replaytests.errors import BoundaryMismatch, StorageAliasing, short
+from replaytests.errors import BoundaryMismatch, NonFinite, StorageAliasing, short
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
@@ -121,8 +121,20 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     return header + raw
 
 
+def check_finite(boundary: Boundary, where: str) -> None:
+    """Fail closed, naming the tensor, where a boundary's K/V or logits hold a NaN or an infinity."""
+    tensors = [(f"layer {index} {part}", tensor) for index, kv in enumerate(boundary.layers)
+               for part, tensor in zip("KV", kv, strict=True)] + [("logits", boundary.logits)]
+    if not bool(torch.stack([torch.isfinite(t).all() for _, t in tensors]).all()):  # one host sync
+        name, tensor = next((n, t) for n, t in tensors if not bool(torch.isfinite(t).all()))
+        raise NonFinite(f"{where}: {boundary.construction} boundary {name} holds {int(torch.isnan(tensor).sum())} "
+                        f"NaN and {int(torch.isinf(tensor).sum())} infinite values of {tensor.numel()}")
+
+
 def check_same_state(arms: list[Boundary], where: str) -> None:
-    """Fail closed unless every arm reached the same boundary up to the K/V and logit values."""
+    """Fail closed unless every arm reached the same boundary up to the K/V and logit values, all finite."""
+    for arm in arms:
+        check_finite(arm, where)
     reference = arms[0].metadata()
     for arm in arms[1:]:
         other = arm.metadata()

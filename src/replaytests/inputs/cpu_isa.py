@@ -38,6 +38,12 @@ LEVELS = {
     "AVX512": Level("avx512", "AVX512_CORE", ("avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"), True),
 }
 X86 = ("x86_64", "amd64")
+# The values torch and oneDNN read (torch compares ATEN_CPU_CAPABILITY case-sensitively and ignores any
+# other value with a warning, dispatching by the machine instead: a typo would silently drop the pin).
+ATEN_VALUES = ("default", "avx2", "avx512", "vsx", "zvector", "sve128", "sve256", "sve512")
+ONEDNN_VALUES = ("DEFAULT", "ALL", "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                 "AVX512_CORE_VNNI", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX",
+                 "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16")
 
 
 @dataclass(frozen=True)
@@ -87,11 +93,23 @@ def _clear() -> None:
         os.environ.pop(name, None)
 
 
+def check_variables(environ: dict[str, str] | None = None) -> None:
+    """A ConfigError, one line, for a dispatch variable torch or oneDNN would not understand: they would
+    ignore it and dispatch by the machine, and the run would pass on kernels nobody chose."""
+    environ = os.environ if environ is None else environ
+    for name, values in ((ATEN, ATEN_VALUES), (ONEDNN, ONEDNN_VALUES)):
+        if name in environ and environ[name] not in values:
+            raise ConfigError(f"{name}={environ[name]!r} in the environment: torch would ignore it and dispatch by "
+                              f"the machine; expected one of {', '.join(values)} (or unset it)")
+
+
 def pin(level: str | None, flags: set[str] | None = None, machine: str | None = None) -> Pin:
     """Set the dispatch variables for `level` (a key of LEVELS; None: not pinned) unless the user set
-    them or this CPU cannot run that level. Call it before torch dispatches its first kernel."""
+    them or this CPU cannot run that level. Call it before torch dispatches its first kernel. A value
+    the user set that torch would not understand is refused (check_variables)."""
     if _inherited():
         _clear()
+    check_variables()
     user = {name: os.environ[name] for name in (ATEN, ONEDNN) if name in os.environ}
     if level is None:
         return Pin(None, False, "the contract does not pin the CPU instruction set")

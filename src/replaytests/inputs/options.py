@@ -106,6 +106,9 @@ OPTIONS = {
                             "this run computing the whole BF16 crossing; repeatable (docs/architecture.md)"),
     "backend": dict(default="hf", help="the runtime under test: hf (Hugging Face transformers), or module:Class for "
                                       "a backend of your own (docs/architecture.md). Default: %(default)s"),
+    "accept_interrupted": dict(action="store_true",
+                               help="use an interrupted run as the --baseline or a --panel-from source (refused "
+                                    "otherwise: it holds only what it finished)"),
     "accept_changed": dict(action="append", choices=OVERRIDES, default=None,
                            help="use a bank, model or tokenizer that changed since the bank was frozen (recorded "
                                 "in the report); repeatable"),
@@ -125,6 +128,7 @@ class Options:
     shard: str | None = None
     accept_changed: frozenset[str] = frozenset()
     strict_contract: bool = False
+    accept_interrupted: bool = False
     replication_model: Path | None = None
     run_name: str | None = None
     backend: str = "hf"

@@ -20,12 +20,15 @@ from replaytests.errors import ConfigError
 
 @contextlib.contextmanager
 def _quiet():
-    level = hf_logging.get_verbosity()
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights: 100%" on stderr, around an error line of ours
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def convert_gguf(directory: Path, gguf_name: str, out: Path) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replaytests.errors import ConfigError
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import BRIDGE_PAIR, Gates, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences
@@ -273,9 +274,35 @@ def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: 
 
 
 def compare_paths(baseline: Path, new: Path, level: float = LEVEL, contract: Path | None = None,
-                  allow_changes: bool = False) -> Comparison:
+                  allow_changes: bool = False, across_inputs: bool = False,
+                  accept_interrupted: bool = False) -> Comparison:
     """compare() on two ledgers (files, run directories or report roots), with the causes their
-    run.json files give."""
-    out = compare(collate([baseline]), collate([new]), level, gates_of(contract), allow_changes)
-    out.causes = causes(read_run(baseline), read_run(new))
+    run.json files give. Refused (check_comparable) where the comparison would have nothing to say."""
+    base_records, new_records = collate([baseline]), collate([new])
+    base_run, new_run = read_run(baseline), read_run(new)
+    check_comparable({"baseline": (baseline, base_records, base_run), "new": (new, new_records, new_run)},
+                     across_inputs, accept_interrupted)
+    out = compare(base_records, new_records, level, gates_of(contract), allow_changes)
+    out.causes = causes(base_run, new_run)
     return out
+
+
+def check_comparable(sides: dict[str, tuple[Path, list[dict], dict | None]], across_inputs: bool,
+                     accept_interrupted: bool) -> None:
+    """A ConfigError, one line, where a comparison could only pass vacuously or mislead: a side that is an
+    interrupted run (unless accept_interrupted), runs made on other inputs (bank, model or tokenizer
+    digests; unless across_inputs), or no (family, row, precision) record in common."""
+    for name, (path, _, run) in sides.items():
+        if get_path(run or {}, "run", "interrupted") and not accept_interrupted:
+            raise ConfigError(f"compare: {path} ({name}) is an interrupted run (it holds only what it finished); "
+                              "pass --accept-interrupted to compare it anyway")
+    (base_path, base, base_run), (new_path, new, new_run) = sides.values()
+    inputs = [c for c in causes(base_run, new_run) if c.startswith("the input ")]
+    if inputs and not across_inputs:
+        raise ConfigError(f"compare {base_path} {new_path}: the runs were made on other inputs ({'; '.join(inputs)});"
+                          " pass --across-inputs to compare them anyway")
+    if not {ledger.key(r) for r in base} & {ledger.key(r) for r in new}:
+        rows = [sorted({r["row"] for r in records}) for records in (base, new)]
+        shown = [", ".join(r[:2]) + (", ..." if len(r) > 2 else "") for r in rows]
+        raise ConfigError(f"compare {base_path} {new_path}: no (family, row, precision) record in common (baseline "
+                          f"rows {shown[0]}; new rows {shown[1]}): nothing to compare")

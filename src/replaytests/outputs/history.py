@@ -119,8 +119,14 @@ def read_history(path: Path) -> list[dict]:
     return sorted(entries, key=lambda e: e["date"])
 
 
-def append(source: Path, into: Path, label: str | None = None, date: str | None = None) -> dict:
-    """Add one run to the history (created if missing), atomically; the same ledger twice is refused."""
+def append(source: Path, into: Path, label: str | None = None, date: str | None = None,
+           accept_interrupted: bool = False) -> dict:
+    """Add one run to the history (created if missing), atomically; the same ledger twice is refused, and
+    an interrupted run unless accept_interrupted."""
+    run = report.read_run(source) or {}
+    if (run.get("run") or {}).get("interrupted") and not accept_interrupted:
+        raise HistoryError(f"{source}: an interrupted run (it holds only what it finished), not a night of the "
+                           "history; pass --accept-interrupted to append it anyway")
     text = read_text(into, "history", HistoryError) if Path(into).exists() else ""
     new = entry(source, label, date)
     if same := next((e for e in _parse(into, text) if e["ledger_sha256"] == new["ledger_sha256"]), None):

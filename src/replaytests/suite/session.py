@@ -22,7 +22,7 @@ from replaytests.errors import ConfigError, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.inputs import cpu_isa, platforms
-from replaytests.inputs.bank import BankRow, read_bank
+from replaytests.inputs.bank import BankRow, model_digest, read_bank
 from replaytests.inputs.contract import Contract, load_contract
 from replaytests.inputs.gates import PASS, Judgement, artifact
 from replaytests.inputs.integrity import Integrity, verify_inputs
@@ -87,15 +87,17 @@ def check_window(path: Path, config, longest: int) -> None:
                           "cannot be expressed with it")
 
 
-def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity) -> dict[str, dict]:
+def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity,
+                      accept_interrupted: bool = False) -> dict[str, dict]:
     """The finished BF16 crossing records of every selected row, from the --panel-from ledgers: made from
     this run's bank and model, by runs that were not interrupted, covering every selected row (a panel
     drawn from part of the rows would not be this run's panel)."""
     where = "--panel-from " + " ".join(map(str, paths))
     for path in paths:
         run = read_run(path) or {}
-        if get_path(run, "run", "interrupted"):
-            raise ConfigError(f"{where}: {path} is an interrupted run; a panel is drawn from a finished crossing only")
+        if get_path(run, "run", "interrupted") and not accept_interrupted:
+            raise ConfigError(f"{where}: {path} is an interrupted run; a panel is drawn from a finished crossing only "
+                              "(--accept-interrupted to use what it finished)")
         for name, (field_path, actual) in {"bank": (("manifest", "bank_sha256"), integrity.actual.get("bank")),
                                            "model": (("manifest", "model", "sha256"), integrity.actual.get("model"))
                                            }.items():
@@ -111,6 +113,10 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
     return {row.id: records[row.id] for row in rows}
 
 
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
 @dataclass
 class ReplaySession:
     options: Options
@@ -123,6 +129,7 @@ class ReplaySession:
     _runtimes: dict[tuple[Path, str], backend.Backend] = field(default_factory=dict)
     _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     sink: Path | None = None  # the run's records file: every record computed here is appended to it at once
+    verified: dict[Path, str] = field(default_factory=dict)  # model directory -> its sha256 when the run opened
     panel_source: dict[str, dict] | None = None  # --panel-from: row -> its finished BF16 crossing record
 
     @classmethod
@@ -147,8 +154,30 @@ class ReplaySession:
                          longest)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
         session = cls(options, contract, rows, integrity, baseline, pinned, backend_class)
-        session.panel_source = read_panel_source(options.panel_from, rows, integrity) if options.panel_from else None
+        session.verified = {options.model: integrity.actual["model"]} | (
+            {options.later_model: model_digest(options.later_model)["sha256"]} if options.later_model else {})
+        session.panel_source = (read_panel_source(options.panel_from, rows, integrity, options.accept_interrupted)
+                                if options.panel_from else None)
+        if not session.plan.sharded_rows:
+            raise ConfigError(f"--shard {options.shard}: this shard holds none of the {len(rows)} selected row(s); "
+                              "use fewer shards (an empty shard would pass having checked nothing)")
+        if options.baseline_ledger is not None:
+            session.check_baseline()
         return session
+
+    def check_baseline(self) -> None:
+        """A baseline is a finished run (unless --accept-interrupted) with at least one record this run
+        recomputes: an audit against nothing would pass having checked nothing."""
+        path = self.options.baseline_ledger
+        if get_path(read_run(path) or {}, "run", "interrupted") and not self.options.accept_interrupted:
+            raise ConfigError(f"--baseline {path}: an interrupted run (it holds only what it finished); pass "
+                              "--accept-interrupted to audit against it anyway")
+        if not self.plan.audited(self.baseline):
+            theirs = sorted({r["row"] for r in self.baseline})
+            ours = [r.id for r in self.plan.sharded_rows]
+            raise ConfigError(f"--baseline {path}: none of its {len(self.baseline)} records is one this run computes "
+                              f"(its rows {_some(theirs)}; this run's {_some(ours)}, precision "
+                              f"{self.options.precision}): nothing would be audited")
 
     @property
     def manifest(self) -> dict:
@@ -213,8 +242,19 @@ class ReplaySession:
     def runtime(self, precision: str, model: Path | None = None) -> backend.Backend:
         key = (model or self.options.model, precision)
         if key not in self._runtimes:
-            self._runtimes[key] = self.backend.load(key[0], self.contract, precision, self.device)
+            loaded = self.backend.load(key[0], self.contract, precision, self.device)
+            self._check_unchanged(key[0])
+            self._runtimes[key] = loaded
         return self._runtimes[key]
+
+    def _check_unchanged(self, model: Path) -> None:
+        """The model's files after a load are those verified when the run opened: a model swapped
+        mid-run is refused, never mixed with the first under the first's digest (the HF backend copies
+        the weights out of the files' memory maps while it loads, so what runs is what was read)."""
+        now, then = model_digest(model)["sha256"], self.verified.get(model)
+        if then is not None and now != then:
+            raise ConfigError(f"{model}: the model's files changed during this run (sha256 {then[:12]}… when it "
+                              f"started, {now[:12]}… after loading); refused: one run never mixes two models")
 
     def unavailable(self, family: str) -> str | None:
         """Why the backend cannot serve a family (the capabilities it lacks), or None where it can."""

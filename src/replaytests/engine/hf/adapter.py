@@ -30,16 +30,31 @@ def check_model_dir(path: Path) -> None:
 
 
 def check_weights(path: Path) -> None:
-    """Every weight file is a whole safetensors file: its header parses and covers the file (a truncated
-    or foreign file is refused here, before any model work, not in every test that loads it)."""
+    """Every weight file is a whole safetensors file whose tensors are all finite: its header parses and
+    covers the file, and no floating-point tensor holds a NaN or an infinity (a truncated, foreign or
+    poisoned file is refused here, before any model work, not in every test that loads it)."""
     from safetensors import SafetensorError, safe_open
 
     for weights in sorted(path.glob("*.safetensors")):
         try:
             with safe_open(str(weights), "pt") as handle:
-                handle.keys()
+                named = ((name, handle.get_tensor(name)) for name in handle.keys())  # noqa: SIM118 - not a dict
+                if found := non_finite(named):
+                    raise ConfigError(f"{weights}: tensor {found}; a checkpoint with non-finite weights cannot be "
+                                      "replayed")
         except (SafetensorError, OSError) as exc:
             raise ConfigError(f"{weights}: not a readable safetensors file: {str(exc).splitlines()[0]}") from None
+
+
+def non_finite(named) -> str | None:
+    """'NAME holds N NaN and M infinite values of T' for the first floating-point tensor of (name, tensor)
+    pairs that is not all finite, else None."""
+    for name, tensor in named:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            nan = int(torch.isnan(tensor).sum())
+            return (f"{name!r} holds {nan} NaN and {int(torch.isinf(tensor).sum())} infinite values of "
+                    f"{tensor.numel()}")
+    return None
 
 
 @contextlib.contextmanager
@@ -48,12 +63,15 @@ def _quiet():
     line of ours, naming the file and field; the checks here say what matters)."""
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
+    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights: 100%" on stderr, around an error line of ours
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 def load_tokenizer(path: Path):
@@ -74,13 +92,28 @@ def load_model(path: Path, dtype: str, device: str, attention: str = "sdpa"):
 
     check_model_dir(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=DTYPES[dtype], attn_implementation=attention,
-            local_files_only=True, trust_remote_code=False, use_safetensors=True,
-        )
+        with _quiet():  # transformers' load report goes to stderr only; what it says is checked below
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=DTYPES[dtype], attn_implementation=attention, output_loading_info=True,
+                local_files_only=True, trust_remote_code=False, use_safetensors=True,
+            )
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot load model: {str(exc).splitlines()[0]}") from None
+    for kind, what in (("missing_keys", "missing from the checkpoint (transformers would initialize them at "
+                                        "random)"), ("unexpected_keys", "not used by the model"),
+                       ("mismatched_keys", "of another shape than the model's")):
+        if names := sorted(str(n) for n in info.get(kind) or ()):
+            raise ConfigError(f"{path}: {len(names)} weight tensor(s) {what}: {', '.join(names[:5])}"
+                              f"{', ...' if len(names) > 5 else ''}")
     model.to(device).eval()
+    if torch.device(device).type == "cpu":
+        # Copied out of the files' memory maps: what runs is what was read (and verified) at load time,
+        # whatever later happens to the files.
+        for tensor in (*model.parameters(), *model.buffers()):
+            tensor.data = tensor.data.clone()
+    if found := non_finite(model.named_parameters()):
+        raise ConfigError(f"{path}: weight {found} as loaded at {dtype}; a model with non-finite weights cannot be "
+                          "replayed")
     return model
 
 

@@ -17,6 +17,7 @@ from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf.runtime import Runtime, check_batch_equal, copies_differ
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Visibility
+from replaytests.errors import NonFinite
 
 CHUNK = 64  # calls whose copies are compared in one go; masked logit rows whose top two are taken in one go
 
@@ -80,12 +81,16 @@ class DecodeState:
         self.logits = batch_logits[0]
 
     def settle(self) -> None:
-        """Fail closed unless every call so far gave bitwise-equal logits in every physical-batch copy
-        (one comparison and one host sync for all calls not compared yet)."""
+        """Fail closed unless every call so far gave finite logits, bitwise equal in every physical-batch
+        copy (one comparison and one host sync for all calls not compared yet)."""
         if not self._unchecked:
             return
-        if len(self._unchecked) == 1 or copies_differ(torch.stack([logits for logits, _ in self._unchecked])):
+        stacked = torch.stack([logits for logits, _ in self._unchecked])
+        if bool(copies_differ(stacked) | ~torch.isfinite(stacked).all()):  # one host sync for both checks
             for logits, step in self._unchecked:
+                if not bool(torch.isfinite(logits).all()):
+                    raise NonFinite(f"{step} (logits): {int(torch.isnan(logits).sum())} NaN and "
+                                    f"{int(torch.isinf(logits).sum())} infinite values of {logits.numel()}")
                 check_batch_equal(logits, f"{step} (logits)")  # raises at the first call that desynced
         self._unchecked = []
 
