@@ -68,3 +68,64 @@ def test_live_generation_refreezes_only_the_bank_s_own_setting(precision, contra
     # cache alone changes BF16 live trajectories (README, Architectures), so no re-freeze is expected.
     replay = ReplaySession.open(Options(contract=repo / "contracts" / contract))
     assert replay.refreezes(precision) is refreezes, f"refreezes({precision}) under {contract}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The weights that run are the weights verified when the run opened
+
+
+def _copy_inputs(tmp_path):
+    import shutil
+
+    from replaytests.inputs.bank import manifest_path
+    from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_MODEL
+
+    model, bank = tmp_path / "model", tmp_path / "bank.jsonl"
+    shutil.copytree(DEFAULT_MODEL, model)
+    shutil.copy(DEFAULT_BANK, bank)
+    shutil.copy(manifest_path(DEFAULT_BANK), manifest_path(bank))
+    return model, bank
+
+
+def _rewrite_weights(model, scale: float) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(model / "model.safetensors")
+    weights["model.norm.weight"].mul_(scale)
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("how", ["renamed-over", "rewritten-in-place"])
+def test_weights_swapped_after_the_run_opened_are_refused_at_load(tmp_path, how):
+    model, bank = _copy_inputs(tmp_path)
+    replay = ReplaySession.open(Options(model=model, bank=bank, rows="1", baseline=None))
+    if how == "renamed-over":
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes())
+        _rewrite_weights(other, 1.5)
+        (other / "model.safetensors").rename(model / "model.safetensors")
+    else:
+        _rewrite_weights(model, 1.5)
+    with pytest.raises(ConfigError, match=r"/model: the model's files changed during this run \(sha256 \w{12}… when "
+                                          r"it started, \w{12}… after loading\); refused"):
+        replay.runtime("fp32")
+
+
+def test_a_loaded_model_does_not_change_when_its_file_does(tmp_path):
+    # The weights are copied out of the file's memory map at load: bytes overwritten in place later
+    # (cp over the file) do not change the numbers of the model already running. Loaded at the file's
+    # own dtype (bf16), where a map would otherwise be used as it is.
+    from replaytests.engine.hf import adapter
+
+    model, _ = _copy_inputs(tmp_path)
+    loaded = adapter.load_model(model, "bfloat16", "cpu")
+    before = {name: p.detach().clone() for name, p in loaded.named_parameters()}
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    data[header:] = bytes(b ^ 0xFF for b in data[header:])
+    with weights.open("r+b") as handle:  # the same inode, rewritten: what a map sees
+        handle.write(data)
+    changed = [name for name, p in loaded.named_parameters() if not torch.equal(p, before[name])]
+    assert not changed, f"parameters {changed[:3]} changed with the file after the model was loaded"
