@@ -9,8 +9,11 @@ instruction set is pinned.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -61,9 +64,36 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
             argv += [part for item in value or () for part in (_flag(field), item)]
         elif value is not None:
             argv += [_flag(field), str(value)]
-    code = subprocess.run(argv + extra, check=False).returncode
+    code = run_child(argv + extra)
     _print_run((args.report_dir or DEFAULT_REPORT_DIR) / args.run_name)
     return code
+
+
+def run_child(argv: list[str]) -> int:
+    """Run the child pytest and wait for it, whatever signal comes. The child has a process group of its
+    own, so that a Ctrl-C at the terminal (SIGINT to this group) or a SIGTERM to this process (CI, timeout)
+    reaches it exactly once, forwarded from here: the child then stops after its running test, keeps what
+    it finished (marked interrupted; `latest` not moved) and exits 2; a second signal stops it at once.
+    Where this process dies anyway (SIGKILL), Linux sends the child SIGTERM: no orphan keeps the lock."""
+    child = subprocess.Popen(argv, start_new_session=True, preexec_fn=_terminate_with_parent)
+
+    def forward(signum, frame) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _terminate_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the parent dies (Linux prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
 def _flag(field: str) -> str:

@@ -231,6 +231,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             replay.sink = run / RECORDS
         if not session.config.pluginmanager.hasplugin("dsession"):  # under xdist, xdist handles Ctrl-C itself
             stop_gracefully_on_interrupt(session)
+        if not hasattr(session.config, "workerinput"):
+            terminate_like_interrupt()
 
 
 def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
@@ -245,6 +247,23 @@ def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
         signal.signal(signal.SIGINT, previous)
 
     signal.signal(signal.SIGINT, interrupt)
+
+
+def terminate_like_interrupt() -> None:
+    """SIGTERM (what CI runners and `timeout` send first) does what Ctrl-C does now: the first stops
+    the run gracefully, its finished records written and marked interrupted (under xdist, pytest's own
+    KeyboardInterrupt path, which stops the workers); SIGKILL remains for a stop at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def terminate(signum, frame) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def open_root(replay: ReplaySession, config: pytest.Config) -> rundir.Root:

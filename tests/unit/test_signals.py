@@ -1,0 +1,72 @@
+"""Stopping a run from outside, as a terminal (Ctrl-C) or a CI runner (SIGTERM) does: the audit forwards
+the signal to its child pytest once, waits for it, and the run keeps every record it finished, marked
+interrupted, with `latest` not moved and no process left behind. Real subprocesses, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replaytests.outputs.rundir import LATEST, RECORDS
+
+INTERRUPTED = int(pytest.ExitCode.INTERRUPTED)
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _processes_naming(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to prove no process is left")
+@pytest.mark.parametrize(("workers", "how"), [
+    pytest.param("2", "sigterm-to-audit", id="sigterm-xdist"),
+    pytest.param("1", "ctrl-c-to-group", id="ctrl-c-one-process"),
+])
+def test_a_stopped_audit_keeps_what_it_finished(tmp_path, workers, how):
+    root, name = tmp_path / "reports", f"stopped-{workers}-{os.getpid()}"
+    argv = [str(Path(sys.executable).with_name("replaytests")), "audit", "--rows", "4", "--precision", "fp32",
+            "--workers", workers, "--report-dir", str(root), "--run-name", name]
+    audit = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env=os.environ | {"CI": "1"})
+    records = root / name / RECORDS
+    try:
+        _wait_for(lambda: records.is_file() and records.read_text().count("\n") >= 1, 240, "a first record")
+        if how == "sigterm-to-audit":
+            audit.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(audit.pid, signal.SIGINT)  # the terminal's Ctrl-C: the audit's whole process group
+        out, _ = audit.communicate(timeout=240)
+    finally:
+        if audit.poll() is None:
+            audit.kill()
+    text = out.decode(errors="replace")
+    assert audit.returncode == INTERRUPTED, f"exit {audit.returncode}, expected {INTERRUPTED}:\n{text[-3000:]}"
+    assert "Traceback" not in text, f"a traceback reached the user:\n{text[-3000:]}"
+    run = json.loads((root / name / "run.json").read_text())
+    assert run["run"]["interrupted"] is True, f"run.json does not say interrupted: {run['run']}"
+    kept = (root / name / "ledger.jsonl").read_text().splitlines()
+    assert kept, "the interrupted run's ledger holds no record: the finished records were lost"
+    assert not (root / LATEST).exists(), "latest was moved to an interrupted run"
+    assert "verdict: INTERRUPTED" in text, f"the audit's closing verdict is missing:\n{text[-2000:]}"
+    _wait_for(lambda: not _processes_naming(name), 30, f"the processes of run {name} to end")
