@@ -260,7 +260,7 @@ def parser() -> argparse.ArgumentParser:
     for field, settings in OPTIONS.items():  # every run option, as pytest takes it (forwarded only when given)
         audit.add_argument(_flag(field), dest=field, **{**settings, "default": None,
                                                          "help": settings["help"].partition(". Default")[0]})
-    audit.add_argument("--workers", default="auto",
+    audit.add_argument("--workers", default="auto", type=_workers,
                        help="pytest-xdist worker processes ('auto': one per core; 1: in-process). Default: %(default)s")
 
     env = sub.add_parser("env", help="print this machine's environment beside a contract, "
@@ -319,6 +319,12 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _workers(text: str) -> str:
+    if text == "auto" or (text.isascii() and text.isdigit() and 1 <= int(text) <= 1024):
+        return text
+    raise argparse.ArgumentTypeError(f"expected 'auto' or a count of worker processes from 1 to 1024, got {text!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra: list[str] = []
@@ -344,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     except ReplaytestsError as exc:
         print(f"replaytests: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `replaytests compare ... | head -1`: the reader left; end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,9 +54,21 @@ def write_json_atomic(path: Path, value: object, sort_keys: bool = True) -> None
     write_atomic(path, json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
 
 
-def read_text(path: Path, what: str, error: type[Exception]) -> str:
-    """A UTF-8 text file; a file that cannot be read is `error`, one line naming it."""
+MAX_INPUT = 256 << 20  # bytes: a contract, bank, manifest, ledger or history larger than this is not one
+
+
+def read_text(path: Path, what: str, error: type[Exception], limit: int = MAX_INPUT) -> str:
+    """A UTF-8 text file, a regular one of at most `limit` bytes (a FIFO would block for ever, a device
+    or a huge sparse file would fill the memory); anything else is `error`, one line naming it."""
     try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
+            raise error(f"{path}: cannot read {what}: {kind}, not a regular file")
+        if info.st_size > limit:
+            raise error(f"{path}: cannot read {what}: {info.st_size} bytes, more than the {limit >> 20} MiB an "
+                        f"input may be")
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
@@ -74,6 +87,8 @@ def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[i
             value = json.loads(line)
         except json.JSONDecodeError as exc:
             raise error(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise error(f"{path}:{number}: JSON nested too deeply") from None
         if not isinstance(value, dict):
             raise error(f"{path}:{number}: expected a JSON object per line, got {type(value).__name__}")
         objects.append((number, value))

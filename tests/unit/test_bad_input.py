@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -149,6 +150,36 @@ def _interrupted(ws: Workspace, source: Path | None = None) -> Path:
     return run
 
 
+def _fifo(ws: Workspace, name: str) -> Path:
+    path = ws.root / name
+    os.mkfifo(path)
+    return path
+
+
+def _sparse(ws: Workspace, name: str) -> Path:
+    path = ws.root / name
+    with path.open("wb") as handle:
+        handle.truncate(2 << 30)  # 2 GiB of nothing, on no disk
+    return path
+
+
+def _extends_chain(ws: Workspace, length: int) -> Path:
+    """contract 0 extends 1 extends ... extends the default contract: `length` links."""
+    for n in range(length, -1, -1):
+        parent = f"c{n + 1}.yaml" if n < length else str(DEFAULT_CONTRACT)
+        ws.write(f"c{n}.yaml", f"extends: {parent}\n")
+    return ws.root / "c0.yaml"
+
+
+def _root_with(ws: Workspace, make: Callable[[Path], None]) -> Path:
+    """A report root (marked) where `make` put something in the way."""
+    root = ws.root / "root"
+    root.mkdir()
+    (root / ".replaytests-root").touch()
+    make(root)
+    return root
+
+
 def _rows_only(ws: Workspace, name: str, row: str) -> Path:
     """A bare ledger (no run.json) holding the committed baseline's records of one row."""
     lines = [line for line in (DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()
@@ -166,8 +197,13 @@ PYTEST = {
     "shard-zero": Case(lambda w: ["--shard", "0/2"], r"--shard: expected i/N with 1 <= i <= N"),
     "shard-past-count": Case(lambda w: ["--shard", "3/2"], r"--shard: expected i/N with 1 <= i <= N"),
     "shard-words": Case(lambda w: ["--shard", "a/b"], r"--shard: expected i/N"),
+    "rows-superscript": Case(lambda w: ["--rows", "\u00b2"], r"--rows: expected a count N or a slice A:B"),
+    "rows-arabic-indic": Case(lambda w: ["--rows", "\u0663:\u0665"], r"--rows: expected a count N or a slice"),
+    "rows-huge": Case(lambda w: ["--rows", "9" * 40], r"--rows: expected a count N or a slice A:B"),
+    "shard-superscript": Case(lambda w: ["--shard", "\u00b2/3"], r"--shard: expected i/N with 1 <= i <= N"),
     # devices
     "device-nonsense": Case(lambda w: ["--device", "nonsense"], r"--device 'nonsense': expected cpu, cuda, cuda:N"),
+    "device-mps-absent": Case(lambda w: ["--device", "mps"], r"--device mps: this machine has no MPS device"),
     "device-cpu-index": Case(lambda w: ["--device", "cpu:3"], r"--device cpu:3: expected cpu, cuda, cuda:N or mps"),
     # contracts
     "contract-missing": Case(lambda w: ["--contract", str(w.root / "none.yaml")], r"none\.yaml: cannot read contract"),
@@ -178,6 +214,16 @@ PYTEST = {
     "contract-alias-bomb": Case(contract(ALIAS_BOMB), r"bad\.yaml: description: expected str, got list \[\[.{0,120}$"),
     "contract-threads-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
                                    r"bad\.yaml: environment\.cpu_threads: expected an integer from 1 to 1024"),
+    "contract-fifo": Case(lambda w: ["--contract", str(_fifo(w, "c.yaml"))],
+                          r"c\.yaml: cannot read contract: a FIFO, not a regular file"),
+    "contract-device": Case(lambda w: ["--contract", "/dev/zero"], r"/dev/zero: cannot read contract: a device"),
+    "contract-directory": Case(lambda w: ["--contract", str(w.root)], r"cannot read contract: a directory"),
+    "contract-sparse-huge": Case(lambda w: ["--contract", str(_sparse(w, "big.yaml"))],
+                                 r"big\.yaml: cannot read contract: \d+ bytes, more than the 256 MiB"),
+    "contract-deep-yaml": Case(contract("description: " + "[" * 5000 + "]" * 5000 + "\n"),
+                               r"bad\.yaml: malformed YAML: nested too deeply"),
+    "contract-extends-chain": Case(lambda w: ["--contract", str(_extends_chain(w, 40))],
+                                   r"c0\.yaml: extends chain longer than 32 contracts"),
     "contract-unknown-key": Case(contract("cpas: {branch: 4}\n"), r"bad\.yaml: unknown field 'cpas'; did you mean"),
     "contract-cpu-isa": Case(contract("environment: {cpu_isa: AVX-512}\n"),
                              r"bad\.yaml: environment\.cpu_isa: expected DEFAULT, AVX2 or AVX512"),
@@ -193,6 +239,9 @@ PYTEST = {
     "bank-missing": Case(lambda w: ["--bank", str(w.root / "none.jsonl")], r"none\.jsonl: cannot read bank: No such"),
     "bank-row-grammar": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r["tokens"].pop()))],
                              r"edited/tiny\.jsonl:1 \(row tiny-000\): field 'tokens' must end with the single "),
+    "bank-fifo": Case(lambda w: ["--bank", str(_fifo(w, "b.jsonl"))], r"b\.jsonl: cannot read bank: a FIFO"),
+    "bank-deep-json": Case(lambda w: ["--bank", str(w.write("deep/tiny.jsonl", "[" * 100000 + "]" * 100000 + "\n"))],
+                           r"deep/tiny\.jsonl:1: JSON nested too deeply"),
     "bank-row-type": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(tokens="123")))],
                           r"edited/tiny\.jsonl:1 \(row tiny-000\): field 'tokens' has type str, expected list"),
     "bank-changed": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(expected_answer="x")))],
@@ -237,6 +286,16 @@ PYTEST = {
                                     r"--report-dir .*g\.txt/sub: cannot write there"),
     "report-dir-foreign": Case(lambda w: ["--report-dir", str(w.write("mine/notes.txt", "keep").parent)],
                                r"--report-dir .*mine: a non-empty directory that is not a replaytests report root"),
+    "report-dir-name-too-long": Case(lambda w: ["--report-dir", str(w.root / ("r" * 300))],
+                                     r"--report-dir .*: cannot use it: File name too long"),
+    "lock-a-link": Case(lambda w: ["--report-dir", str(_root_with(w, lambda r: (r / ".lock").symlink_to(
+        w.write("precious.txt", "keep me")))), "--rows", "1"], r"cannot lock .*/\.lock: a link, not a lock file"),
+    "latest-a-file": Case(lambda w: ["--report-dir", str(_root_with(w, lambda r: (r / "latest").write_text("x"))),
+                                     "--rows", "1"], r"root/latest is not a link replaytests made \(a file\)"),
+    "latest-dangling": Case(lambda w: ["--report-dir", str(_root_with(w, lambda r: (r / "latest").symlink_to(
+        "gone"))), "--rows", "1"], r"root/latest points at 'gone', not at a run directory here"),
+    "run-name-dangling-link": Case(lambda w: ["--report-dir", str(_root_with(w, lambda r: (r / "x").symlink_to(
+        w.root / "nowhere"))), "--run-name", "x"], r"--run-name x: .*root/x exists already"),
     "run-name-latest": Case(lambda w: ["--run-name", "latest"], r"--run-name 'latest': expected letters, digits"),
     "run-name-taken": Case(lambda w: ["--report-dir", str(_root_with_run(w, "x")), "--run-name", "x"],
                            r"--run-name x: .*/r/x exists already"),
@@ -347,8 +406,9 @@ def _reported(ws: Workspace) -> Path:
 
 
 def digests(*directories: Path) -> dict[str, str]:
+    # Not the lock (a run writes it) nor a sparse file of gigabytes (a case's own input, never written).
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for d in directories for p in sorted(d.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+            if p.is_file() and p.name != ".lock" and p.stat().st_size < 1 << 26}
 
 
 def protected(ws: Workspace) -> tuple[Path, ...]:
@@ -388,4 +448,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 78, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 96, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

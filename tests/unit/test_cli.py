@@ -140,3 +140,14 @@ def test_freeze_leaves_no_temporary_files(frozen):
     out = frozen[1]
     names = sorted(p.name for p in out.parent.iterdir())
     assert names == ["two.jsonl", "two.manifest.json"], f"files beside the frozen bank: {names}"
+
+
+@pytest.mark.parametrize("value", ["banana", "0", "-2", "\u00b2", "99999"])
+def test_audit_workers_is_checked_and_named_as_given(capsys, value):
+    # Before: any value went on to pytest-xdist, whose error named -n, an option the user never typed.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", "--workers", value])
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage lines
+    assert exit_info.value.code == 2, f"exit {exit_info.value.code} for --workers {value!r}"
+    assert line.endswith(f"argument --workers: expected 'auto' or a count of worker processes from 1 to 1024, "
+                         f"got {value!r}"), line

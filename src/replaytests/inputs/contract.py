@@ -348,6 +348,8 @@ def _read_yaml(path: Path) -> object:
     text = read_text(path, "contract", ConfigError)
     try:
         return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only, never objects
+    except RecursionError:
+        raise ConfigError(f"{path}: malformed YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
@@ -358,6 +360,9 @@ def _merge(base: dict, child: dict) -> dict:
     """Mappings merge key by key (the child wins); anything else, lists included, is replaced."""
     return base | {key: _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict)
                    else value for key, value in child.items()}
+
+
+MAX_EXTENDS = 32  # contracts in one extends chain
 
 
 def _resolve(path: Path, chain: tuple[Path, ...] = ()) -> dict:
@@ -372,6 +377,8 @@ def _resolve(path: Path, chain: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: extends: expected str (a contract path relative to this file), "
                           f"got {type(base).__name__} {base!r}")
     chain, target = (*chain, path), path.parent / base
+    if len(chain) > MAX_EXTENDS:
+        raise ConfigError(f"{chain[0]}: extends chain longer than {MAX_EXTENDS} contracts (at {path.name})")
     if target.resolve() in {link.resolve() for link in chain}:
         raise ConfigError(f"{chain[0]}: extends cycle: {' -> '.join(link.name for link in (*chain, target))}")
     if not target.is_file():

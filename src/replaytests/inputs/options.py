@@ -175,6 +175,11 @@ class Options:
         return (self.precision,)
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only (str.isdigit also holds for '²', which int() refuses), at most 9 of them."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
+
+
 def select_rows(rows: list[BankRow], spec: str | None) -> list[BankRow]:
     """`--rows N` keeps the first N rows (N >= 1); `--rows A:B` rows A to B-1 (0 <= A < B, A omitted: 0,
     B omitted: the end). A selection that holds no row is an error."""
@@ -182,7 +187,7 @@ def select_rows(rows: list[BankRow], spec: str | None) -> list[BankRow]:
         return rows
     start, colon, stop = spec.partition(":")
     bounds = [part.strip() for part in ((start, stop) if colon else ("", start))]
-    if not all(part.isdigit() or (part == "" and (colon or i == 0)) for i, part in enumerate(bounds)):
+    if not all(_digits(part) or (part == "" and (colon or i == 0)) for i, part in enumerate(bounds)):
         raise ConfigError(f"--rows: expected a count N or a slice A:B of non-negative integers, got {short(spec)}")
     low, high = (int(part) if part else None for part in bounds)
     if (not colon and high == 0) or (colon and low is not None and high is not None and low >= high):
@@ -198,7 +203,7 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
     if spec is None:
         return 1, 1
     index, _, count = spec.partition("/")
-    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+    if not (_digits(index) and _digits(count) and 1 <= int(index) <= int(count)):
         raise ConfigError(f"--shard: expected i/N with 1 <= i <= N (e.g. 2/4), got {short(spec)}")
     return int(index), int(count)
 

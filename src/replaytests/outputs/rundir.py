@@ -11,6 +11,7 @@ the operating system even if the process dies) stops a second concurrent run at 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -33,7 +34,15 @@ def _inside(path: Path, directory: Path) -> bool:
 
 def check_root(root: Path, inputs: dict[str, Path]) -> None:
     """Refuse, with one line, a report root that is or holds an input (or lies inside a model
-    directory), that is a file, or that is a non-empty directory replaytests did not make a root."""
+    directory), that is a file, that is a non-empty directory replaytests did not make a root, or that
+    cannot be looked at (a name too long, no permission)."""
+    try:
+        _check_root(root, inputs)
+    except OSError as exc:
+        raise ConfigError(f"--report-dir {short(str(root))}: cannot use it: {exc.strerror or exc}") from None
+
+
+def _check_root(root: Path, inputs: dict[str, Path]) -> None:
     where = Path(root).resolve()
     for name, path in inputs.items():
         path = Path(path).resolve()
@@ -58,7 +67,7 @@ def check_name(root: Path, name: str | None) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name) or name == LATEST:
         raise ConfigError(f"--run-name {short(name)}: expected letters, digits, '.', '_' or '-' (up to 100, not "
                           f"starting with a dot or dash, not '{LATEST}')")
-    if (Path(root) / name).exists():
+    if os.path.lexists(Path(root) / name):  # a dangling link there too
         raise ConfigError(f"--run-name {name}: {Path(root) / name} exists already; runs never write over each other")
 
 
@@ -77,10 +86,12 @@ class Root:
     def lock(self) -> None:
         """Hold the root for this run; a root another run holds is one line (the lock is released when
         the holding process ends, however it ends)."""
-        try:
-            self._lock = open(self.path / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held until the run ends
+        try:  # never through a link: whatever it points at would be overwritten with our pid
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            self._lock = open(fd, "a+", encoding="utf-8")  # noqa: SIM115 - held until the run ends
         except OSError as exc:
-            raise ConfigError(f"--report-dir {self.path}: cannot write there: {exc.strerror or exc}") from None
+            why = "a link, not a lock file" if exc.errno == errno.ELOOP else exc.strerror or exc
+            raise ConfigError(f"--report-dir {self.path}: cannot lock {self.path / LOCK}: {why}") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -99,6 +110,20 @@ class Root:
         run.mkdir()
         return run
 
+    def check_latest(self) -> None:
+        """`latest` is absent or a link replaytests made (to a run directory here); anything else is one
+        line, before any model work (a file there would be overwritten, a dangling link misread)."""
+        latest = self.path / LATEST
+        if not latest.is_symlink():
+            if latest.exists():
+                raise ConfigError(f"--report-dir {self.path}: {latest} is not a link replaytests made (a "
+                                  f"{'directory' if latest.is_dir() else 'file'}); move it away")
+            return
+        target = os.readlink(latest)
+        if "/" in target or not (self.path / target).is_dir():
+            raise ConfigError(f"--report-dir {self.path}: {latest} points at {target!r}, not at a run directory "
+                              "here; remove the link")
+
     def publish(self, run: Path) -> None:
         """Point `latest` at a completed run (atomically: a reader sees the old or the new run)."""
         temporary = self.path / f".{LATEST}.{os.getpid()}"
@@ -116,6 +141,7 @@ def ledger_of(path: Path) -> Path:
     """The ledger a path names: a ledger file, a run directory holding one, or a report root (its
     latest completed run)."""
     path = Path(path)
-    if path.is_dir() and not (path / LEDGER).exists() and (path / LATEST / LEDGER).exists():
+    if path.is_dir() and not (path / LEDGER).exists() and (
+            (path / LATEST / LEDGER).exists() or (path / LATEST).is_symlink()):  # a dangling latest: named so
         return path / LATEST / LEDGER
     return path / LEDGER if path.is_dir() else path

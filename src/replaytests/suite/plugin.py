@@ -275,6 +275,7 @@ def open_root(replay: ReplaySession, config: pytest.Config) -> rundir.Root:
         root = rundir.Root(replay.options.report_dir)
         if selects_conformance(config):
             root.lock()
+            root.check_latest()
         return root
     except ReplaytestsError as exc:
         raise pytest.UsageError(str(exc)) from None

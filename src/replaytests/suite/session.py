@@ -53,6 +53,8 @@ def check_device(device: str | None) -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if parsed.type == "cuda" and gpus and (parsed.index or 0) >= gpus:
         raise ConfigError(f"--device {device}: this machine has {gpus} CUDA device(s), cuda:0 to cuda:{gpus - 1}")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: this machine has no MPS device (Apple silicon, a torch built for it)")
 
 
 def check_model(path: Path, contract: Contract, option: str) -> tuple[Grammar, object]:
