@@ -14,6 +14,7 @@ import contextlib
 import json
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from datetime import UTC, datetime
@@ -53,6 +54,7 @@ session_key = pytest.StashKey["ReplaySession"]()
 pin_key = pytest.StashKey[cpu_isa.Pin]()
 root_key = pytest.StashKey[rundir.Root]()
 RECORDS = rundir.RECORDS
+WRITE_FAILED = 6  # the exit status of a run whose final files could not be written (docs/ci.md)
 run_key = pytest.StashKey[Path]()  # the run's directory, made when the run starts (the controller's)
 RECORDS_KEY = "replaytests_records"  # workerinput: the run's records file, which every worker appends to
 metrics_key = pytest.StashKey[list]()
@@ -547,7 +549,12 @@ class LedgerCollector:
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
                 interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
                 self.run = run
-                self.verdict = write_run(replay_session(self.config), self.gathered, run, interrupted, self.started)
+                try:
+                    self.verdict = write_run(replay_session(self.config), self.gathered, run, interrupted,
+                                             self.started)
+                except (OSError, ReplaytestsError) as exc:  # a full disk, a quota: the records stay appended
+                    self.write_failed(session, run, exc)
+                    return
                 (run / RECORDS).unlink()  # every one of them is in the ledger now
                 if not interrupted:
                     root.publish(run)
@@ -557,6 +564,15 @@ class LedgerCollector:
         finally:
             if root is not None:
                 root.release()
+
+    def write_failed(self, session: pytest.Session, run: Path, exc: OSError | ReplaytestsError) -> None:
+        """One line, exit WRITE_FAILED (not "a check failed"); `latest` not moved; the records finished
+        are in RUN/records.jsonl (one JSON record per line)."""
+        kept = len(ledger.read_appended(run / RECORDS))
+        why = exc.strerror or exc if isinstance(exc, OSError) else str(exc).rpartition(": ")[2]
+        sys.stderr.write(f"ERROR: cannot write the run's files in {run}: {why}; its {kept} "
+                         f"records are kept in {run / RECORDS} (latest not moved)\n")
+        session.exitstatus = WRITE_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.gathered and set(self.gathered.outcomes) == {"skipped"}:  # say why nothing ran
