@@ -33,11 +33,18 @@ def _pin(contract_path: Path):
 
 
 def _freeze(args: argparse.Namespace) -> int:
+    from replaytests.inputs.bank import manifest_path
+
     _check_writable(args.out, "--out")
+    _check_writable(manifest_path(args.out), "--out (its manifest)")
     _pin(args.contract)
     from replaytests.engine.hf.freeze import freeze
 
-    rows = freeze(args.model, args.problems, args.contract, args.out)
+    try:
+        rows = freeze(args.model, args.problems, args.contract, args.out)
+    except OSError as exc:
+        raise ConfigError(f"--out {args.out}: cannot write the bank and its manifest: {exc.strerror or exc} (the "
+                          "bank there, if any, is unchanged)") from None
     print(f"froze {len(rows)} rows into {args.out} (prefix lengths "
           f"{min(r.prefix_len for r in rows)}-{max(r.prefix_len for r in rows)})")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -32,17 +33,33 @@ def umask() -> int:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    write_set({path: text})
+
+
+def write_set(files: dict[Path, str]) -> None:
+    """Write several files as one: every one to a temporary file beside it first (flushed to disk), and
+    only once all of them are written, each renamed over its path. A failure while writing (a full
+    disk) leaves every existing file as it was. A path that is a link is written through to its target
+    (the link stays a link)."""
+    temporaries: dict[Path, str] = {}
     try:
-        os.chmod(tmp, 0o666 & ~umask())  # the mode open() would give, not mkstemp's private 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        for path, text in files.items():
+            path = Path(os.path.realpath(path))
+            if path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(path))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            temporaries[path] = tmp
+            os.chmod(tmp, 0o666 & ~umask())  # the mode open() would give, not mkstemp's private 0600
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        for path, tmp in temporaries.items():
+            os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp in temporaries.values():
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

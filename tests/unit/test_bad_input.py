@@ -263,6 +263,18 @@ PYTEST = {
     "model-small-vocab": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(p, vocab_size=100))),
                                          "--accept-changed", "model"],
                               r"m/config\.json: vocab_size 100 does not hold the delimiter ids \[257"),
+    "model-config-a-list": Case(lambda w: ["--model", str(w.model_with("m", lambda p: (p / "config.json").write_text(
+        "[" + (p / "config.json").read_text() + "]")))], r"m/config\.json: cannot load config: "),
+    "model-vocab-words": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(p, vocab_size="big")))],
+                              r"m/config\.json: cannot load config: .*vocab_size"),
+    "model-hidden-indivisible": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(
+        p, hidden_size=250, head_dim=None)))], r"m/config\.json: hidden_size 250 is not a multiple of num_attention"),
+    "model-no-layers": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(
+        p, num_hidden_layers=0, layer_types=[])))], r"m/config\.json: num_hidden_layers is 0; expected a positive"),
+    "model-negative-hidden": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(p, hidden_size=-64)))],
+                                  r"m/config\.json: hidden_size is -64; expected a positive integer"),
+    "model-heads-indivisible": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(
+        p, num_attention_heads=3)))], r"m/config\.json: num_attention_heads 3 is not a multiple of num_key_value"),
     "model-config-changed": Case(lambda w: ["--model", str(w.model_with("m", lambda p: _config(p, rope_theta=5.0)))],
                                  r"/m: model sha256 .* the model changed since the bank was frozen \(config\.json "
                                  r"changed\); refused \(pass --accept-changed=model"),
@@ -351,6 +363,9 @@ COMMANDS = {
                              r"h\.jsonl:1: field 'date' is not an ISO 8601 date", "history"),
     "freeze-out-a-directory": Case(lambda w: ["--out", str(w.root)], r"--out .*: is a directory; expected a file",
                                    "freeze"),
+    "freeze-manifest-a-directory": Case(lambda w: ["--out", str(w.write("f/b.manifest.json/x", "") and
+                                                                 w.write("f/b.jsonl", "an earlier bank\n"))],
+                                        r"--out \(its manifest\) .*f/b\.manifest\.json: is a directory", "freeze"),
     "freeze-out-under-a-file": Case(lambda w: ["--out", str(w.write("o.txt", "x") / "b.jsonl")],
                                     r"--out .*o\.txt/b\.jsonl: cannot create", "freeze"),
     "report-over-a-report": Case(lambda w: [str(_reported(w))], r"holds report\.json, report\.md, report\.html "
@@ -448,4 +463,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 96, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 103, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

@@ -6,6 +6,7 @@ the model's, the tokenizer's and the contract it was frozen under.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from replaytests import __version__
 from replaytests.errors import BankError, ConfigError, short
-from replaytests.files import jsonl_objects, read_text, sha256_file, sha256_json, write_json_atomic, write_jsonl_atomic
+from replaytests.files import jsonl_objects, read_text, sha256_file, sha256_json, write_set
 from replaytests.inputs import models
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.models import TOKENIZER_FILES
@@ -143,12 +144,13 @@ def tokenizer_digest(model_dir: Path, delimiter_ids: list[int]) -> dict:
 
 def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Grammar, contract: Contract,
                precision: str, platform: dict) -> None:
-    """Write the bank, then its manifest (with the platform the rows were generated on); each atomically."""
-    write_jsonl_atomic(path, [row.to_json() for row in rows])
-    write_json_atomic(manifest_path(path), {
+    """Write the bank and its manifest (with the platform the rows were generated on) as one pair: neither
+    replaces what was there unless both are written."""
+    text = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in rows)
+    manifest = {
         "schema": MANIFEST_SCHEMA,
         "bank": path.name,
-        "bank_sha256": sha256_file(path),
+        "bank_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
         "rows": len(rows),
         "prefix_len": {"min": min(r.prefix_len for r in rows), "max": max(r.prefix_len for r in rows)},
         "model": {"path": models.label(model_dir) or os.path.relpath(model_dir, path.parent),
@@ -159,7 +161,8 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
         "precision": precision,
         "platform": platform,
         "replaytests_version": __version__,
-    })
+    }
+    write_set({path: text, manifest_path(path): json.dumps(manifest, indent=2, sort_keys=True) + "\n"})
 
 
 def read_manifest(bank: Path) -> dict:

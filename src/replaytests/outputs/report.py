@@ -16,7 +16,7 @@ import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, short
 from replaytests.families.registry import FAMILIES
-from replaytests.files import write_atomic, write_json_atomic
+from replaytests.files import write_set
 from replaytests.inputs.contract import PRECISIONS  # reductions are BF16 -> FP32 on the rows present at both
 from replaytests.inputs.gates import BIT_EXACT, bit_exact, replicas_exact
 from replaytests.outputs import causal, ledger, summary
@@ -341,10 +341,9 @@ def write_report(report_dir: Path, records: list[dict], meta: dict) -> list[Path
     report_dir = Path(report_dir)
     report = build_report(records, meta)
     paths = [report_dir / name for name in REPORT_FILES]
-    try:
-        write_json_atomic(paths[0], report, sort_keys=False)
-        write_atomic(paths[1], sections.markdown(report))
-        write_atomic(paths[2], report_html.page(report))
+    try:  # as one set: a report.json never stands beside another run's report.html
+        write_set({paths[0]: json.dumps(report, indent=2) + "\n", paths[1]: sections.markdown(report),
+                   paths[2]: report_html.page(report)})
     except OSError as exc:
         raise ConfigError(f"{report_dir}: cannot write report: {exc.strerror or exc}") from None
     return paths

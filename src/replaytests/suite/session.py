@@ -63,7 +63,8 @@ def check_model(path: Path, contract: Contract, option: str) -> tuple[Grammar, o
     them and the contract's banned tokens. Returns the grammar and the config."""
     hf_adapter.check_model_dir(path)
     hf_adapter.check_weights(path)
-    tokenizer, config = hf_adapter.load_tokenizer(path), hf_adapter.load_config(path)
+    config = hf_adapter.load_config(path)  # first: the tokenizer's loader reads config.json too
+    tokenizer = hf_adapter.load_tokenizer(path)
     try:
         delims = Delimiters.resolve(tokenizer, contract.delimiters)
     except ConfigError as exc:

@@ -83,7 +83,7 @@ def load_tokenizer(path: Path):
     try:
         with _quiet():
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a user's files: whatever the tokenizer's loader raises is one line
         raise ConfigError(f"{path}: cannot load tokenizer: {str(exc).splitlines()[0]}") from None
 
 
@@ -225,6 +225,27 @@ def load_config(path: Path):
     check_model_dir(path)
     try:
         with _quiet():
-            return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}/config.json: cannot load config: {str(exc).splitlines()[0]}") from None
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise ConfigError(f"{path}/config.json: cannot load config: {' '.join(lines[:2])[:300]}") from None
+    check_config(config, path / "config.json")
+    return config
+
+
+SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+         "max_position_embeddings", "intermediate_size")
+
+
+def check_config(config, where: Path) -> None:
+    """The sizes a forward call divides and allocates by are positive integers that fit together (a
+    config that passes transformers' own checks can still fail every test with a traceback)."""
+    for name in SIZES:
+        value = getattr(config, name, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{where}: {name} is {value!r}; expected a positive integer")
+    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
+    if getattr(config, "head_dim", None) is None and config.hidden_size % heads:
+        raise ConfigError(f"{where}: hidden_size {config.hidden_size} is not a multiple of num_attention_heads {heads}")
+    if kv and heads % kv:
+        raise ConfigError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
