@@ -72,8 +72,20 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
         elif value is not None:
             argv += [_flag(field), str(value)]
     code = run_child(argv + extra)
-    _print_run((args.report_dir or DEFAULT_REPORT_DIR) / args.run_name)
+    # Options after `--` reach pytest last and win there; the verdict is read where they sent the run.
+    report_dir = _last_value(extra, "report-dir") or args.report_dir or DEFAULT_REPORT_DIR
+    _print_run(Path(report_dir) / (_last_value(extra, "run-name") or args.run_name))
     return code
+
+
+def _last_value(args: list[str], field: str) -> str | None:
+    """The last value given to --FIELD or --replay-FIELD (either `--x V` or `--x=V`) in pytest arguments."""
+    value = None
+    for index, arg in enumerate(args):
+        name, equals, given = arg.partition("=")
+        if name in (f"--{field}", f"--replay-{field}"):
+            value = given if equals else (args[index + 1] if index + 1 < len(args) else None)
+    return value
 
 
 def run_child(argv: list[str]) -> int:

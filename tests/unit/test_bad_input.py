@@ -392,6 +392,9 @@ COMMANDS = {
     "check-model-deleted-tensor": Case(lambda w: ["--model", str(w.model_with("m", _drop_tensor))],
                                        r"/m: 1 weight tensor\(s\) missing from the checkpoint .*: model\.norm\.weight",
                                        "check-model"),
+    "models-cache-a-file": Case(lambda w: ["prepare", "smollm2"], r"models prepare smollm2: cannot write the model "
+                                r"cache .*cache\.txt/models .*set REPLAYTESTS_CACHE to a writable directory", "models",
+                                env={"REPLAYTESTS_CACHE": "WS/cache.txt"}),
     "env-aten-capability-unknown": Case(lambda w: [], r"ATEN_CPU_CAPABILITY='banana' in the environment", "env",
                                         env={"ATEN_CPU_CAPABILITY": "banana"}),
     "env-contract-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
@@ -449,6 +452,8 @@ def test_bad_pytest_input_is_one_line_and_loses_nothing(pytester, ws, case, monk
 @pytest.mark.parametrize("case", [pytest.param(c, id=name) for name, c in COMMANDS.items()])
 def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
     for name, value in (case.env or {}).items():
+        if value.startswith("WS/"):  # a file of the case's own workspace
+            value = str(ws.write(value.removeprefix("WS/"), "not a directory"))
         monkeypatch.setenv(name, value)
     args = [case.command, *case.args(ws)]
     before = digests(*protected(ws))
@@ -463,4 +468,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 103, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 104, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

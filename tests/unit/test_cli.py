@@ -151,3 +151,17 @@ def test_audit_workers_is_checked_and_named_as_given(capsys, value):
     assert exit_info.value.code == 2, f"exit {exit_info.value.code} for --workers {value!r}"
     assert line.endswith(f"argument --workers: expected 'auto' or a count of worker processes from 1 to 1024, "
                          f"got {value!r}"), line
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    pytest.param([], None, id="none"),
+    pytest.param(["--report-dir", "X"], "X", id="spaced"),
+    pytest.param(["--replay-report-dir=Y"], "Y", id="namespaced-equals"),
+    pytest.param(["--report-dir", "X", "-k", "live", "--report-dir=Z"], "Z", id="last-wins-as-in-pytest"),
+    pytest.param(["--report-dir"], None, id="no-value"),
+])
+def test_audit_reads_the_report_dir_given_after_the_double_dash(extra, expected):
+    # `replaytests audit -- --report-dir X`: pytest writes the run under X, so the closing verdict is read there.
+    from replaytests.cli import _last_value
+
+    assert _last_value(extra, "report-dir") == expected, f"{extra}: read {_last_value(extra, 'report-dir')!r}"

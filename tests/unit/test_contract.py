@@ -232,7 +232,7 @@ def test_unreadable_contract_missing_file(tmp_path):
 def test_unreadable_contract_is_a_directory(tmp_path):
     path = tmp_path / "dir.yaml"
     path.mkdir()
-    one_line_error(path, r"dir\.yaml: cannot read contract: Is a directory$")
+    one_line_error(path, r"dir\.yaml: cannot read contract: a directory, not a regular file$")
 
 
 # ---------------------------------------------------------------------------------------------

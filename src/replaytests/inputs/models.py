@@ -143,7 +143,13 @@ def prepare(name: str) -> Path:
         return path
     base = prepare(spec.training.base) if spec.training else None
     final = directory(name)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=final.parent, prefix=".write-probe.")  # noqa: SIM115
+        probe.close()
+    except OSError as exc:
+        raise ConfigError(f"models prepare {name}: cannot write the model cache {final.parent} "
+                          f"({exc.strerror or exc}); set REPLAYTESTS_CACHE to a writable directory") from None
     with _locked(final.parent / f".{name}.lock"):
         if path := prepared(name):
             return path

@@ -87,7 +87,7 @@ class Root:
         """Hold the root for this run; a root another run holds is one line (the lock is released when
         the holding process ends, however it ends)."""
         try:  # never through a link: whatever it points at would be overwritten with our pid
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
             self._lock = open(fd, "a+", encoding="utf-8")  # noqa: SIM115 - held until the run ends
         except OSError as exc:
             why = "a link, not a lock file" if exc.errno == errno.ELOOP else exc.strerror or exc
