@@ -93,13 +93,12 @@ def _clear() -> None:
         os.environ.pop(name, None)
 
 
-def check_variables(environ: dict[str, str] | None = None) -> None:
+def check_variables() -> None:
     """A ConfigError, one line, for a dispatch variable torch or oneDNN would not understand: they would
     ignore it and dispatch by the machine, and the run would pass on kernels nobody chose."""
-    environ = os.environ if environ is None else environ
     for name, values in ((ATEN, ATEN_VALUES), (ONEDNN, ONEDNN_VALUES)):
-        if name in environ and environ[name] not in values:
-            raise ConfigError(f"{name}={environ[name]!r} in the environment: torch would ignore it and dispatch by "
+        if name in os.environ and os.environ[name] not in values:
+            raise ConfigError(f"{name}={os.environ[name]!r} in the environment: torch would ignore it and dispatch by "
                               f"the machine; expected one of {', '.join(values)} (or unset it)")
 
 

@@ -10,16 +10,16 @@ import random
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
-from transformers.utils import logging as hf_logging
 
 from replaytests.errors import ConfigError
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
+    """transformers' own warnings and progress bars stay out of the output (a bad input is one line of
+    ours, naming the file and field). The one copy, used by the HF backend's loader too."""
+    from transformers.utils import logging as hf_logging
+
     level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # "Loading weights: 100%" on stderr, around an error line of ours
@@ -34,7 +34,9 @@ def _quiet():
 def convert_gguf(directory: Path, gguf_name: str, out: Path) -> None:
     """A GGUF checkpoint dequantized by transformers' own GGUF loader and written to `out` as a Hugging
     Face directory: bf16 safetensors, config and tokenizer (needs the `gguf` and `accelerate` packages)."""
-    with _quiet():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with quiet():
         tokenizer = AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(directory), gguf_file=gguf_name, dtype=torch.bfloat16,
                                                      local_files_only=True)
@@ -50,9 +52,13 @@ def continue_training(src: Path, out: Path, texts: list[str], *, block: int, bat
     """A short continued-training run: `texts` tokenized and packed into `block`-token sequences, `steps`
     AdamW steps of `batch` sequences each in FP32 (data order seeded), weights written back as bf16 with
     the source's tensor names. Returns the loss of each step."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch.manual_seed(seed)
     torch.set_num_threads(1)  # one reduction order: the bytes depend on the seed and the kernels alone
-    with _quiet():
+    with quiet():
         tokenizer = AutoTokenizer.from_pretrained(str(src), local_files_only=True, trust_remote_code=False)
         # SDPA attention, as the runtime under test loads it (engine/hf/adapter.py): the bytes depend on it.
         model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, attn_implementation="sdpa",

@@ -280,29 +280,30 @@ def compare_paths(baseline: Path, new: Path, level: float = LEVEL, contract: Pat
     run.json files give. Refused (check_comparable) where the comparison would have nothing to say."""
     base_records, new_records = collate([baseline]), collate([new])
     base_run, new_run = read_run(baseline), read_run(new)
-    check_comparable({"baseline": (baseline, base_records, base_run), "new": (new, new_records, new_run)},
-                     across_inputs, accept_interrupted)
+    check_comparable((baseline, base_records, base_run), (new, new_records, new_run), across_inputs,
+                     accept_interrupted)
     out = compare(base_records, new_records, level, gates_of(contract), allow_changes)
     out.causes = causes(base_run, new_run)
     return out
 
 
-def check_comparable(sides: dict[str, tuple[Path, list[dict], dict | None]], across_inputs: bool,
-                     accept_interrupted: bool) -> None:
+def check_comparable(baseline: tuple[Path, list[dict], dict | None], new: tuple[Path, list[dict], dict | None],
+                     across_inputs: bool, accept_interrupted: bool) -> None:
     """A ConfigError, one line, where a comparison could only pass vacuously or mislead: a side that is an
     interrupted run (unless accept_interrupted), runs made on other inputs (bank, model or tokenizer
-    digests; unless across_inputs), or no (family, row, precision) record in common."""
-    for name, (path, _, run) in sides.items():
+    digests; unless across_inputs), or no (family, row, precision) record in common. Each side is its
+    (path, records, run.json)."""
+    for name, (path, _, run) in (("baseline", baseline), ("new", new)):
         if get_path(run or {}, "run", "interrupted") and not accept_interrupted:
             raise ConfigError(f"compare: {path} ({name}) is an interrupted run (it holds only what it finished); "
                               "pass --accept-interrupted to compare it anyway")
-    (base_path, base, base_run), (new_path, new, new_run) = sides.values()
+    (base_path, base, base_run), (new_path, new_records, new_run) = baseline, new
     inputs = [c for c in causes(base_run, new_run) if c.startswith("the input ")]
     if inputs and not across_inputs:
         raise ConfigError(f"compare {base_path} {new_path}: the runs were made on other inputs ({'; '.join(inputs)});"
                           " pass --across-inputs to compare them anyway")
-    if not {ledger.key(r) for r in base} & {ledger.key(r) for r in new}:
-        rows = [sorted({r["row"] for r in records}) for records in (base, new)]
+    if not {ledger.key(r) for r in base} & {ledger.key(r) for r in new_records}:
+        rows = [sorted({r["row"] for r in records}) for records in (base, new_records)]
         shown = [", ".join(r[:2]) + (", ..." if len(r) > 2 else "") for r in rows]
         raise ConfigError(f"compare {base_path} {new_path}: no (family, row, precision) record in common (baseline "
                           f"rows {shown[0]}; new rows {shown[1]}): nothing to compare")

@@ -6,7 +6,6 @@ Models load from local directories only, with SDPA attention, safetensors weight
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 from replaytests.engine.boundary import KV, cache_layers
 from replaytests.errors import ConfigError
 from replaytests.inputs.models import TOKENIZER_FILES
+from replaytests.inputs.preparation import quiet as _quiet
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -55,23 +55,6 @@ def non_finite(named) -> str | None:
             return (f"{name!r} holds {nan} NaN and {int(torch.isinf(tensor).sum())} infinite values of "
                     f"{tensor.numel()}")
     return None
-
-
-@contextlib.contextmanager
-def _quiet():
-    """transformers' own warnings about the files it reads stay out of the output (a bad input is one
-    line of ours, naming the file and field; the checks here say what matters)."""
-    from transformers.utils import logging as hf_logging
-
-    level, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights: 100%" on stderr, around an error line of ours
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bar:
-            hf_logging.enable_progress_bar()
 
 
 def load_tokenizer(path: Path):
