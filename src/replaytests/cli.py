@@ -211,8 +211,11 @@ def _check_writable(path: Path, option: str) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from replaytests.outputs.compare import compare_paths
 
-    result = compare_paths(args.baseline, args.new, args.level, args.contract, args.allow_changes, args.across_inputs,
-                           args.accept_interrupted)
+    gate = args.gate or ("rates" if args.allow_changes else "bits")
+    if args.allow_changes and gate != "rates":
+        raise ConfigError(f"compare: --allow-changes is the old spelling of --gate rates; it contradicts --gate {gate}")
+    result = compare_paths(args.baseline, args.new, args.alpha, args.contract, gate, args.across_inputs,
+                           args.accept_interrupted, args.expected)
     print(result.text(args.verbose))
     return 0 if result.passed else 1
 
@@ -228,8 +231,11 @@ def _history(args: argparse.Namespace) -> int:
     return 0
 
 
-def _level(text: str) -> float:
-    value = float(text)
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text}")
     return value
@@ -305,12 +311,22 @@ def parser() -> argparse.ArgumentParser:
                                              "line when it fails (docs/nightly.md)")
     compare.add_argument("baseline", type=Path, metavar="BASELINE", help="a ledger.jsonl or a run directory")
     compare.add_argument("new", type=Path, metavar="NEW", help="a ledger.jsonl or a run directory")
-    compare.add_argument("--level", type=_level, default=0.05,
-                         help="fail when a divergence rate changes with McNemar p below this. Default: %(default)s")
+    compare.add_argument("--gate", choices=("bits", "trajectories", "rates"), default=None,
+                         help="the level a change is judged at: bits (every leaf of every record), trajectories "
+                              "(suffixes, answers, correctness labels; other bits are noted), rates (a divergence "
+                              "rate changed beyond chance). Replicas, the bridge, the transplant and the FP32 "
+                              "zero-divergence gates hold at every level. Default: bits")
+    compare.add_argument("--alpha", "--level", dest="alpha", type=_fraction, default=0.05,
+                         help="the rates level fails where a divergence rate changes with McNemar p below this "
+                              "(--level is its old spelling). Default: %(default)s")
+    compare.add_argument("--expected", type=Path, default=None, metavar="FILE",
+                         help="an expected-state file (replaytests.expected/1): changes it lists per family and "
+                              "precision are accepted, and one that no longer occurs fails as improved")
     compare.add_argument("--contract", type=Path, default=None,
-                         help="contract whose gates.transplant applies. Default: the contract defaults")
+                         help="contract whose gates (transplant, FP32 divergence) apply. Default: the contract "
+                              "defaults")
     compare.add_argument("--allow-changes", action="store_true",
-                         help="a deliberate runtime or hardware change: changed records are noted, not failed")
+                         help="the old spelling of --gate rates (a deliberate runtime or hardware change)")
     compare.add_argument("--across-inputs", action="store_true",
                          help="compare runs made on other banks, models or tokenizers (refused otherwise)")
     compare.add_argument("--accept-interrupted", action="store_true",

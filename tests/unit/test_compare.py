@@ -55,7 +55,11 @@ def test_identical_runs_pass_with_a_verdict_table():
     result = compare(run(), run())
     assert result.passed, f"identical runs failed: {result.reasons}"
     lines = result.text().splitlines()
-    assert (lines[0], lines[-1]) == ("PASS", "PASS"), (lines[0], lines[-1])
+    assert (lines[0], lines[-1]) == ("PASS at --gate bits: bits held; trajectories held; rates held", "PASS"), (
+        lines[0], lines[-1])
+    assert lines[1:3] == ["moved: bf16: bit-identical (40 arms in 3 constructions)",
+                          "moved: fp32: bit-identical (16 arms in 2 constructions)"], lines[1:3]
+    lines = [line for line in lines if not line.startswith("moved: ")]
     assert re.split(r"\s{2,}", lines[2]) == ["family", "precision", "measure", "rows", "baseline [Wilson 95%]",
                                             "new [Wilson 95%]", "p", "verdict"], lines[2]
     assert any(" 4/4 [51.0, 100.0]% " in line for line in lines), "counts without their interval"
@@ -87,11 +91,13 @@ def test_bridge_not_bit_exact_fails(field):
 
 
 @pytest.mark.parametrize(("path", "value", "expected"), [
-    pytest.param(("arms", "prefill", "suffix", 1), 9, "arms.prefill.suffix[1]: baseline 2, now 9", id="trajectory"),
-    pytest.param(("arms", "incremental", "cache_digest"), "d" * 64, "arms.incremental.cache_digest: baseline",
-                 id="cache-digest"),
+    pytest.param(("arms", "prefill", "suffix", 1), 9, "trajectory changed: crossing/r2/fp32: arms.prefill.suffix[1]: "
+                 "baseline 2, now 9", id="trajectory"),
+    pytest.param(("arms", "incremental", "cache_digest"), "d" * 64,
+                 "changed: crossing/r2/fp32: arms.incremental.cache_digest: baseline", id="cache-digest"),
     pytest.param(("comparisons", "incremental~prefill", "k_rel_l2"), 1e-3,
-                 "comparisons.incremental~prefill.k_rel_l2: baseline 0.0, now 0.001", id="drift"),
+                 "changed: crossing/r2/fp32: comparisons.incremental~prefill.k_rel_l2: baseline 0.0, now 0.001",
+                 id="drift"),
 ])
 def test_changed_record_fails_naming_the_first_changed_leaf(path, value, expected):
     baseline = run()
@@ -102,14 +108,14 @@ def test_changed_record_fails_naming_the_first_changed_leaf(path, value, expecte
         target = target[step]
     target[leaf] = value
     result = compare(baseline, new)
-    assert [r.startswith(f"changed: crossing/r2/fp32: {expected}") for r in result.reasons] == [True], result.reasons
+    assert [r.startswith(expected) for r in result.reasons] == [True], result.reasons
 
 
 def test_allowed_changes_are_notes():
     baseline, new = diverging("crossing", 4, 0), diverging("crossing", 4, 1)
-    result = compare(baseline, new, allow_changes=True)
-    assert result.passed, f"changes failed despite allow_changes: {result.reasons}"
-    assert [n for n in result.notes if n.startswith("changed: crossing/r00/bf16: ")], result.notes
+    result = compare(baseline, new, gate="rates")
+    assert result.passed, f"changes failed at --gate rates: {result.reasons}"
+    assert [n for n in result.notes if n.startswith("trajectory changed: crossing/r00/bf16: ")], result.notes
     assert "changed (allowed)" in result.text(), result.text()
 
 
@@ -121,7 +127,7 @@ def test_allowed_changes_are_notes():
     pytest.param("bridge", 6, 0.05, True, id="bridge-0-to-6-beyond-chance"),
 ])
 def test_divergence_rate_change_fails_only_beyond_chance(family, divergent, level, fails):
-    result = compare(diverging(family, 20, 0), diverging(family, 20, divergent), level, allow_changes=True)
+    result = compare(diverging(family, 20, 0), diverging(family, 20, divergent), level, gate="rates")
     rates = [r for r in result.reasons if r.startswith("divergence rate changed beyond chance")]
     pair = PAIRS[family][0]
     assert bool(rates) == fails, f"0/20 -> {divergent}/20 at level {level}: {rates}"
@@ -167,8 +173,8 @@ def test_missing_rows_are_noted_and_a_vanished_precision_fails():
     new.append(make("bridge", "r9"))
     result = compare(baseline, new)
     assert result.reasons == ["crossing/fp32: 4 records in the baseline, none in the new run"], result.reasons
-    assert "live/bf16: 1 rows only in the baseline (r3)" in result.notes, result.notes
-    assert "bridge/bf16: 1 rows only in the new run (r9)" in result.notes, result.notes
+    assert "live: 1 rows only in the baseline (bf16: r3)" in result.notes, result.notes
+    assert "bridge: 1 rows only in the new run (bf16: r9)" in result.notes, result.notes
 
 
 def test_excluded_rows_in_the_new_run_are_noted():
@@ -193,11 +199,13 @@ def test_cli_compare_names_the_root_cause_first_and_a_few_examples(runs, capsys)
     code = main(["compare", str(baseline), str(new / "ledger.jsonl")])
     lines = capsys.readouterr().out.splitlines()
     cause = "the platform: software.torch 2.12 (baseline) vs 2.13 (new)"
-    assert (code, lines[0], lines[-1]) == (1, f"FAIL: 13 reasons; the runs differ in {cause}", "FAIL: 13 reasons"), (
-        code, lines[0], lines[-1])
+    levels = "bits changed (12 records); trajectories changed (12 records); rates changed (1 rates)"
+    assert (code, lines[0], lines[-1]) == (1, f"FAIL: 13 reasons at --gate bits: {levels}; the runs differ in {cause}",
+                                           "FAIL: 13 reasons"), (code, lines[0], lines[-1])
     assert f"cause: {cause}" in lines, lines[:4]
-    changed = [line for line in lines if line.startswith("reason: changed: ")]
-    assert len(changed) == 3 and "reason: ... and 9 more changed reasons (--verbose lists them)" in lines, changed
+    changed = [line for line in lines if line.startswith("reason: trajectory changed: ")]
+    assert len(changed) == 3 and "reason: ... and 9 more trajectory changed reasons (--verbose lists them)" in lines, \
+        changed
     rates = [line for line in lines if line.startswith("reason: divergence rate changed beyond chance")]
     assert len(rates) == 1, rates
 
@@ -246,12 +254,13 @@ def test_cli_compare_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, conten
     assert re.fullmatch(rf"replaytests: error: {re.escape(str(bad))}.*{message}.*\n", err), err
 
 
+@pytest.mark.parametrize("spelling", ["--alpha", "--level"])
 @pytest.mark.parametrize("level", ["0", "1", "x"])
-def test_cli_compare_level_must_be_a_fraction(runs, level, capsys):
+def test_cli_compare_alpha_must_be_a_fraction(runs, level, spelling, capsys):
     with pytest.raises(SystemExit) as stop:
-        main(["compare", str(runs[0]), str(runs[1]), "--level", level])
-    assert stop.value.code == 2, f"--level {level}: exit {stop.value.code}"
-    assert "argument --level" in capsys.readouterr().err
+        main(["compare", str(runs[0]), str(runs[1]), spelling, level])
+    assert stop.value.code == 2, f"{spelling} {level}: exit {stop.value.code}"
+    assert "argument --alpha/--level: expected a number between 0 and 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("follows", "thirds", "outcomes"), [

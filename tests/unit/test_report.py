@@ -40,6 +40,7 @@ def record(family: str, row: str, precision: str, comparisons: dict, correct: di
     """A ledger record; every arm named in a comparison key gets an arm entry, `correct` maps arm -> label."""
     names = sorted({arm for pair in comparisons for arm in pair.split("~")})
     arms = {arm: {"suffix": [1, 2], "answer": "a", "correct": (correct or {}).get(arm), "cache_digest": "c" * 64,
+                  "layer_digests": {"k": ["k" * 16] * LAYERS, "v": ["v" * 16] * LAYERS},
                   "logits_digest": "l" * 64, "z_sha256": "z" * 64} for arm in names}
     return {"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "prefix_len": 10,
             "expected_answer": "a", "status": "ok", "arms": arms, "comparisons": comparisons, **extra}

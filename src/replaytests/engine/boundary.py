@@ -15,6 +15,7 @@ import torch
 from replaytests.errors import BoundaryMismatch, NonFinite, StorageAliasing, short
 
 KV = tuple[torch.Tensor, torch.Tensor]
+LAYER_DIGEST = 16  # hex digits kept of each layer's K and V sha256 (64 bits: a change detector, not a seal)
 
 
 def cache_layers(cache) -> list[KV]:
@@ -80,13 +81,21 @@ class Boundary:
 
     def cache_digest(self) -> str | None:
         """sha256 over every layer's K and V bytes; None where the backend exposes no K/V."""
+        return self.fingerprint()[0]
+
+    def fingerprint(self) -> tuple[str | None, dict[str, list[str]] | None]:
+        """The cache digest and each layer's K and V digests (`{"k": [...], "v": [...]}`, the first
+        LAYER_DIGEST hex digits of the sha256 of that tensor's dtype, shape and bytes), in one pass over
+        the bytes; (None, None) where the backend exposes no K/V."""
         if not self.has_kv:
-            return None
-        digest = hashlib.sha256()
+            return None, None
+        digest, per_layer = hashlib.sha256(), {"k": [], "v": []}
         for keys, values in self.layers:
-            for tensor in (keys, values):
-                digest.update(_tensor_bytes(tensor))
-        return digest.hexdigest()
+            for part, tensor in (("k", keys), ("v", values)):
+                raw = _tensor_bytes(tensor)
+                digest.update(raw)
+                per_layer[part].append(hashlib.sha256(raw).hexdigest()[:LAYER_DIGEST])
+        return digest.hexdigest(), per_layer
 
     def logits_digest(self) -> str:
         return hashlib.sha256(_tensor_bytes(self.logits)).hexdigest()

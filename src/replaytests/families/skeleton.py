@@ -34,11 +34,13 @@ def is_correct(answer: str, expected: str | None) -> bool | None:
 
 
 def arm_record(boundary: Boundary, suffix: Suffix, expected: str | None) -> dict:
+    cache_digest, layer_digests = boundary.fingerprint()
     return {
         "suffix": suffix.tokens,
         "answer": suffix.answer,
         "correct": is_correct(suffix.answer, expected),
-        "cache_digest": boundary.cache_digest(),
+        "cache_digest": cache_digest,
+        "layer_digests": layer_digests,
         "logits_digest": boundary.logits_digest(),
         "z_sha256": z_digest(boundary.tokens, boundary.roles),
     }

@@ -344,8 +344,9 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _read_yaml(path: Path) -> object:
-    text = read_text(path, "contract", ConfigError)
+def read_yaml(path: Path, what: str = "contract") -> object:
+    """The plain data of a YAML file (safe loading, duplicate keys refused); bad YAML is one ConfigError line."""
+    text = read_text(path, what, ConfigError)
     try:
         return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only, never objects
     except RecursionError:
@@ -367,7 +368,7 @@ MAX_EXTENDS = 32  # contracts in one extends chain
 
 def _resolve(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     """The mapping at `path` with its `extends:` chain merged in."""
-    data = _read_yaml(path)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at the top level")
     base = data.pop("extends", None)

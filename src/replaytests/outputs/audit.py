@@ -22,6 +22,21 @@ ORDER = ("schema", "family", "row", "precision", "status", "reason", "prefix_len
          "comparisons")
 _ABSENT = object()
 
+# The fields that fingerprint the numbers at a boundary (cache and logits digests, drift, bit-exactness,
+# the decision margins): a leaf under one of them that changed, alone, is a change of bits. Every other
+# leaf (a suffix, an answer, a correctness label, a live z, a transplant outcome, a status) belongs to
+# a trajectory, and so does any leaf not named here: an unknown field is never taken for mere bits.
+NUMERIC_FIELDS = frozenset({
+    "cache_digest", "layer_digests", "logits_digest", "cache_exact", "logits_exact", "argmax_equal",
+    "logits_max_abs", "margins_at_divergence",
+    *(f"{part}_{name}" for part in "kv" for name in ("rel_l2", "max_abs", "rel_l2_per_layer", "max_abs_per_layer")),
+})
+
+
+def numeric(path: str) -> bool:
+    """Whether a leaf path (`arms.prefill.layer_digests.k[3]`) lies under a numeric fingerprint field."""
+    return any(part.partition("[")[0] in NUMERIC_FIELDS for part in path.split("."))
+
 
 def leaves(value: object, path: str = "") -> Iterator[tuple[str, object]]:
     """Every scalar leaf of a JSON value with its path, e.g. `arms.prefill.suffix[3]`."""
@@ -59,6 +74,11 @@ class Audit:
     @property
     def reproduced(self) -> bool:
         return not self.changes
+
+    @property
+    def trajectory_changes(self) -> list[Change]:
+        """The changes that are not numeric fingerprints alone (see NUMERIC_FIELDS)."""
+        return [change for change in self.changes if not numeric(change.path)]
 
 
 def audit_record(baseline: dict, current: dict) -> Audit:

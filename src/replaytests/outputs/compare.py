@@ -1,16 +1,25 @@
-"""`replaytests compare BASELINE NEW`: the gate between a baseline run and a new one (issue 5).
+"""`replaytests compare BASELINE NEW`: the gate between a baseline run and a new one (issues 5, 26).
 
-The new run fails, with one reason per finding, when a replica pair is not exact, the bridge is not
-bit-exact, a record present in both runs changed (a trajectory, a digest or any other leaf), a
-headline divergence rate changed beyond chance (exact McNemar on the rows paired by id), donor
-recovery fell below its gate (or more transplant controls than allowed took a third trajectory), or a
-whole family/precision of the baseline is missing. Rows present in one run only are noted, not
-failed.
+A change between the runs is judged at one of three levels (LEVELS, `--gate`), strictest first:
 
-The text explains before it lists: its first line is the result with the root cause when there is one
-(the platform, the inputs or the contract differ between the two run.json files), then the causes,
-the per-family, per-quantity table with counts, then at most a few examples of each kind of reason
-(all of them with `verbose`), and the result again as the last line (docs/nightly.md).
+- `bits`: a record present in both runs changed in any leaf (a digest, a drift, a trajectory);
+- `trajectories`: a suffix, answer or correctness label (or a live z, a transplant outcome: any leaf
+  that is not a numeric fingerprint, outputs/audit.NUMERIC_FIELDS) changed on a paired row;
+- `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id).
+
+A gate at a level fails on findings at that level and every coarser one; finer findings are notes.
+Whatever the level, the new run fails when a replica pair is not exact, the bridge is not bit-exact,
+a headline pair diverges at FP32 where the contract forbids it, donor recovery fell below its gate (or
+more transplant controls than allowed took a third trajectory), or a whole family/precision of the
+baseline is missing. An expected-state file (outputs/expected.py) accepts known changes per family and
+precision, and fails where one no longer occurs ("improved"). Rows present in one run only are noted.
+
+The text explains before it lists: its first line is the result at the gate, which levels changed and
+which held, and the root cause when there is one (the platform, the inputs or the contract differ
+between the two run.json files); then the causes; then where the numbers first moved, per precision
+and construction (outputs/localization.py); the per-family, per-quantity table with counts; at most a
+few examples of each kind of reason (all of them with `verbose`); and the result again as the last
+line (docs/nightly.md).
 """
 
 from __future__ import annotations
@@ -24,8 +33,9 @@ from replaytests.errors import ConfigError
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import BRIDGE_PAIR, Gates, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences
-from replaytests.outputs import ledger
+from replaytests.outputs import ledger, localization
 from replaytests.outputs.audit import audit_record
+from replaytests.outputs.expected import LEVELS, Expected
 from replaytests.outputs.report import (
     DIVERGENCES,
     FLAGS,
@@ -39,7 +49,8 @@ from replaytests.outputs.report import (
 from replaytests.outputs.stats import wilson
 from replaytests.outputs.tables import Table, plain
 
-LEVEL = 0.05
+ALPHA = 0.05  # the McNemar significance of the rates level
+LEVEL_OF_OLD_ALLOW_CHANGES = "rates"  # `--allow-changes`, before gate levels
 TRANSPLANT = "transplant"
 HEADER = ("family", "precision", "measure", "rows", "baseline [Wilson 95%]", "new [Wilson 95%]", "p", "verdict")
 Group = tuple[str, str]  # (family, precision)
@@ -67,7 +78,7 @@ class Verdict:
     new: tuple[int, int] | None
     p: float | None
     ok: bool
-    allowed: bool = False  # a failure that only informs (`allow_changes`)
+    allowed: bool = False  # a change at a level this gate does not judge: it informs
 
     def cells(self) -> tuple[str, ...]:
         counts = ["-" if c is None else _with_interval(*c) for c in (self.baseline, self.new)]
@@ -84,12 +95,41 @@ def _with_interval(k: int, n: int) -> str:
 EXAMPLES = 3  # reasons shown of each kind without --verbose
 
 
+def check_gate(gate: str) -> str:
+    if gate not in LEVELS:
+        raise ConfigError(f"--gate {gate!r}: expected one of {', '.join(LEVELS)}")
+    return gate
+
+
 @dataclass
 class Comparison:
+    gate: str = "bits"
+    expected: Expected | None = None
     lines: list[Verdict] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)  # what differs between the runs' run.json (platform, inputs)
+    moved: list[str] = field(default_factory=list)  # localization.lines: where the numbers first moved
+    found: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # findings per level
+    seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, precision, level) of every finding
+
+    def gated(self, level: str) -> bool:
+        """Whether a finding at `level` fails this gate (it does at the gate's level and every coarser one)."""
+        return LEVELS.index(level) >= LEVELS.index(self.gate)
+
+    def finding(self, level: str, group: Group, reason: str) -> None:
+        """A change found at `level` in `group`: a reason where the gate judges that level and the
+        expected-state file does not accept it, else a note saying why it does not fail."""
+        # A changed trajectory is changed bits too (counted and seen at both levels, listed once).
+        for at in ("bits", level) if level == "trajectories" else (level,):
+            self.found[at] += 1
+            self.seen.add((*group, at))
+        if self.expected is not None and (entry := self.expected.accepts(group, level)) is not None:
+            self.notes.append(f"{reason} (expected: {entry})")
+        elif self.gated(level):
+            self.reasons.append(reason)
+        else:
+            self.notes.append(f"{reason} (allowed at --gate {self.gate})")
 
     @property
     def passed(self) -> bool:
@@ -99,9 +139,18 @@ class Comparison:
     def result(self) -> str:
         return "PASS" if self.passed else f"FAIL: {len(self.reasons)} reasons"
 
+    def levels(self) -> str:
+        """Which levels changed (and whether this gate allowed them) and which held."""
+        nouns = {"bits": "records", "trajectories": "records", "rates": "rates"}
+        return "; ".join(
+            f"{level} held" if not self.found[level] else
+            f"{level} changed ({self.found[level]} {nouns[level]}"
+            + (", allowed at this gate)" if not self.gated(level) else ")") for level in LEVELS)
+
     def text(self, verbose: bool = False) -> str:
-        first = self.result + (f"; the runs differ in {self.causes[0]}" if self.causes else "")
-        out = [first, *(f"cause: {cause}" for cause in self.causes), "",
+        first = (f"{self.result} at --gate {self.gate}: {self.levels()}"
+                 + (f"; the runs differ in {self.causes[0]}" if self.causes else ""))
+        out = [first, *(f"cause: {cause}" for cause in self.causes), *(f"moved: {line}" for line in self.moved), "",
                plain(Table("verdict", HEADER, tuple(line.cells() for line in self.lines)))]
         out += [f"note: {note}" for note in self.notes]
         kinds: dict[str, list[str]] = defaultdict(list)
@@ -157,21 +206,45 @@ def _bridge(record: dict) -> list[str]:
     return [BRIDGE_PAIR] if record["family"] == "bridge" and BRIDGE_PAIR in record["comparisons"] else []
 
 
-def _changes(out: Comparison, group: Group, base: dict, new: dict, allow: bool) -> None:
-    """Every record in both runs must reproduce leaf by leaf; the first change named is the most telling."""
+def _changes(out: Comparison, group: Group, base: dict, new: dict) -> None:
+    """Every record in both runs reproduces leaf by leaf (level bits) and trajectory by trajectory (level
+    trajectories); the first change named is the most telling."""
     both = sorted(base.keys() & new.keys())
     if not both:
         return
-    changed = [(new[row], audit) for row in both if not (audit := audit_record(base[row], new[row])).reproduced]
-    lines = [f"changed: {_where(record)}: {audit.changes[0]}"
-             + (f" (and {len(audit.changes) - 1} more leaves)" if len(audit.changes) > 1 else "")
-             for record, audit in changed]
-    (out.notes if allow else out.reasons).extend(lines)
-    out.lines.append(Verdict(group, "records reproduce", len(both), None, (len(both) - len(changed), len(both)), None,
-                             not changed, allow))
+    audits = [(new[row], audit) for row in both if not (audit := audit_record(base[row], new[row])).reproduced]
+    moved = 0
+    for record, audit in audits:
+        trajectory = audit.trajectory_changes
+        shown = trajectory or audit.changes
+        more = f" (and {len(audit.changes) - 1} more leaves)" if len(audit.changes) > 1 else ""
+        if trajectory:
+            moved += 1
+            out.finding("trajectories", group, f"trajectory changed: {_where(record)}: {shown[0]}{more}")
+        else:
+            out.finding("bits", group, f"changed: {_where(record)}: {shown[0]}{more}")
+    for measure, level, changed in (("records reproduce", "bits", len(audits)),
+                                    ("trajectories reproduce", "trajectories", moved)):
+        out.lines.append(Verdict(group, measure, len(both), None, (len(both) - changed, len(both)), None,
+                                 not changed, not out.gated(level)))
 
 
-def _rates(out: Comparison, group: Group, base: dict, new: dict, level: float) -> None:
+def _fp32_divergence(out: Comparison, group: Group, new: dict, gates: Gates) -> None:
+    """The FP32 zero-divergence gate, at every level: a headline pair of the new run whose suffixes diverge
+    at FP32, where the contract (gates.<family>.suffix_divergence_allowed.fp32) does not allow it."""
+    family, precision = group
+    if precision != "fp32" or gates.suffix_divergence_allowed.get(family, {}).get("fp32", True):
+        return
+    for record in _ok(new):
+        for pair in SHAPES[family].headline:
+            metrics = record["comparisons"].get(pair)
+            if metrics is not None and not metrics["suffix_equal"]:
+                out.reasons.append(f"FP32 divergence: {_where(record)} {pair} suffixes diverge at suffix index "
+                                   f"{metrics['first_divergence']} (gate {family}.suffix_divergence_allowed.fp32: "
+                                   "false)")
+
+
+def _rates(out: Comparison, group: Group, base: dict, new: dict, alpha: float) -> None:
     """Each headline divergence, paired by row: exact McNemar between the runs, p < level fails."""
     both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys())
             if base[row]["status"] == new[row]["status"] == "ok"]
@@ -186,12 +259,13 @@ def _rates(out: Comparison, group: Group, base: dict, new: dict, level: float) -
             test = mcnemar_paired(x, y)
             counts = (sum(x), len(paired)), (sum(y), len(paired))
             out.lines.append(Verdict(group, f"{pair} {name.replace('_', ' ')}", len(paired), *counts, test.p,
-                                     test.p >= level))
-            if test.p < level:
-                out.reasons.append(
-                    f"divergence rate changed beyond chance: {'/'.join(group)} {pair} {name.replace('_', ' ')}: "
-                    f"baseline {counts[0][0]}/{len(paired)}, new {counts[1][0]}/{len(paired)} (baseline only "
-                    f"{test.b}, new only {test.c}), McNemar p = {test.p:.3g} < {level:g}")
+                                     test.p >= alpha))
+            if test.p < alpha:
+                measure = f"{'/'.join(group)} {pair} {name.replace('_', ' ')}"
+                out.finding("rates", group,
+                            f"divergence rate changed beyond chance: {measure}: baseline "
+                            f"{counts[0][0]}/{len(paired)}, new {counts[1][0]}/{len(paired)} (baseline only "
+                            f"{test.b}, new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
 
 
 def _outcome_counts(rows: dict, role: str, outcome: str) -> dict[str, tuple[int, int]]:
@@ -215,17 +289,24 @@ def _transplant(out: Comparison, group: Group, base: dict, new: dict, gates: Gat
 
 
 def _presence(out: Comparison, base: dict[Group, dict], new: dict[Group, dict]) -> None:
+    """A (family, precision) of the baseline with no record in the new run fails; rows in one run only
+    are noted, one line per family and side (its precisions and the first few row ids)."""
+    one_side: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for group in sorted(base.keys() | new.keys()):
         if group not in new:
             out.reasons.append(f"{'/'.join(group)}: {len(base[group])} records in the baseline, none in the new run")
-        for name, rows in (("baseline", base.get(group, {}).keys() - new.get(group, {}).keys()),
-                           ("new run", new.get(group, {}).keys() - base.get(group, {}).keys())):
-            if rows and group in base and group in new:
-                shown = sorted(rows)
-                out.notes.append(f"{'/'.join(group)}: {len(rows)} rows only in the {name} "
-                                 f"({', '.join(shown[:5])}{', ...' if len(rows) > 5 else ''})")
-            elif rows and group not in base:
-                out.notes.append(f"{'/'.join(group)}: new in this run ({len(rows)} records)")
+        elif group not in base:
+            out.notes.append(f"{'/'.join(group)}: new in this run ({len(new[group])} records)")
+        else:
+            for name, rows in (("baseline", base[group].keys() - new[group].keys()),
+                               ("new run", new[group].keys() - base[group].keys())):
+                for row in rows:
+                    one_side[(group[0], name)][row].add(group[1])
+    for (family, name), rows in sorted(one_side.items()):
+        shown = sorted(rows)
+        precisions = sorted({p for ps in rows.values() for p in ps})
+        out.notes.append(f"{family}: {len(rows)} rows only in the {name} ({', '.join(precisions)}: "
+                         f"{', '.join(shown[:5])}{', ...' if len(rows) > 5 else ''})")
 
 
 def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
@@ -250,11 +331,11 @@ def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
     return out
 
 
-def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: Gates | None = None,
-            allow_changes: bool = False) -> Comparison:
-    """The gate of `new` against `baseline` (ledger records)."""
+def compare(baseline: list[dict], new: list[dict], alpha: float = ALPHA, gates: Gates | None = None,
+            gate: str = "bits", expected: Expected | None = None) -> Comparison:
+    """The gate of `new` against `baseline` (ledger records) at `gate` (LEVELS)."""
     gates = gates or default_gates()
-    out = Comparison()
+    out = Comparison(check_gate(gate), expected)
     base_groups, new_groups = _groups(baseline), _groups(new)
     _presence(out, base_groups, new_groups)
     for group in sorted(new_groups):
@@ -265,24 +346,30 @@ def compare(baseline: list[dict], new: list[dict], level: float = LEVEL, gates: 
         _exactness(out, group, base, current, "replicas exact", replica_pairs,
                    gates.replicas_exact.get(group[0], True))
         _exactness(out, group, base, current, "bridge bit exact", _bridge, gates.bridge_exact)
-        _changes(out, group, base, current, allow_changes)
+        _changes(out, group, base, current)
         if group[0] in SHAPES:
-            _rates(out, group, base, current, level)
+            _fp32_divergence(out, group, current, gates)
+            _rates(out, group, base, current, alpha)
         if group[0] == TRANSPLANT:
             _transplant(out, group, base, current, gates)
+    if expected is not None:
+        out.reasons += expected.improved(out.seen, base_groups.keys() & new_groups.keys())
+    out.moved = localization.lines(baseline, new)
     return out
 
 
-def compare_paths(baseline: Path, new: Path, level: float = LEVEL, contract: Path | None = None,
-                  allow_changes: bool = False, across_inputs: bool = False,
-                  accept_interrupted: bool = False) -> Comparison:
+def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Path | None = None,
+                  gate: str = "bits", across_inputs: bool = False, accept_interrupted: bool = False,
+                  expected: Path | None = None) -> Comparison:
     """compare() on two ledgers (files, run directories or report roots), with the causes their
     run.json files give. Refused (check_comparable) where the comparison would have nothing to say."""
+    check_gate(gate)
+    known = Expected.load(expected) if expected is not None else None
     base_records, new_records = collate([baseline]), collate([new])
     base_run, new_run = read_run(baseline), read_run(new)
     check_comparable((baseline, base_records, base_run), (new, new_records, new_run), across_inputs,
                      accept_interrupted)
-    out = compare(base_records, new_records, level, gates_of(contract), allow_changes)
+    out = compare(base_records, new_records, alpha, gates_of(contract), gate, known)
     out.causes = causes(base_run, new_run)
     return out
 

@@ -1,11 +1,12 @@
 """The ledger: one JSON object per (family, row, precision), the public, versioned run output.
 
-Schema `replaytests.ledger/2` (see docs/ledger.md):
+Schema `replaytests.ledger/3` (see docs/ledger.md):
   schema, family, row, precision, prefix_len, status ("ok" | "excluded"), reason (excluded only),
-  expected_answer, arms: {arm: {suffix, answer, correct, cache_digest, logits_digest, z_sha256}},
-  comparisons: {"A~B": {the comparison metrics}}. Version 2 added first_token_equal to every
-comparison, z_first_difference to live records and the validity control's arms to transplant and
-replication records; version 1 ledgers are still read.
+  expected_answer, arms: {arm: {suffix, answer, correct, cache_digest, layer_digests, logits_digest,
+  z_sha256}}, comparisons: {"A~B": {the comparison metrics}}. Version 3 added each arm's per-layer K and V
+digests (layer_digests); version 2 added first_token_equal to every comparison, z_first_difference to
+live records and the validity control's arms to transplant and replication records; versions 1 and 2
+are still read.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pathlib import Path
 from replaytests.errors import LedgerError, short
 from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
 
-SCHEMA = "replaytests.ledger/2"
-READABLE = ("replaytests.ledger/1", SCHEMA)
+SCHEMA = "replaytests.ledger/3"
+READABLE = ("replaytests.ledger/1", "replaytests.ledger/2", SCHEMA)
 KEY_FIELDS = ("family", "row", "precision")
 
 

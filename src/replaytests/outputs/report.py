@@ -178,6 +178,13 @@ ARM_FIELDS = {"suffix": list, "answer": str, "cache_digest": (str, type(None)), 
 CROSS_PAIR = "incremental~prefill"  # the transplant and replication records' crossing
 
 
+def _layer_digests_ok(value: object) -> bool:
+    """A ledger/3 arm's per-layer digests: null (no K/V) or one K and one V digest string per layer."""
+    return value is None or (isinstance(value, dict) and set(value) == {"k", "v"}
+                             and all(isinstance(v, list) and all(isinstance(d, str) for d in v) for v in value.values())
+                             and len(value["k"]) == len(value["v"]))
+
+
 def _problem(record: dict) -> str | None:
     """What makes a record unreadable as a ledger record (docs/ledger.md), or None: a hollow record
     (no arms, no comparisons, or comparisons without their fields) is never read as a result."""
@@ -200,6 +207,10 @@ def _problem(record: dict) -> str | None:
                    or not isinstance(item[f], kind)]
             if bad:
                 return f"ledger record {where}: {name}.{key} lacks {bad[0]!r} (or it has the wrong type)"
+    if record.get("schema") == ledger.SCHEMA and (arm := next(
+            (a for a, item in record["arms"].items() if not _layer_digests_ok(item.get("layer_digests", ""))), None)):
+        return (f"ledger record {where}: arms.{arm}.layer_digests must be null or {{\"k\": [hex...], \"v\": [hex...]}} "
+                "of equal lengths")
     family = record["family"]
     headline = SHAPES[family].headline if family in SHAPES else (CROSS_PAIR,) if family in CAUSAL else ()
     if missing := [pair for pair in headline if pair not in record["comparisons"]]:
