@@ -211,3 +211,24 @@ def test_cli_gate_levels_and_the_old_spelling(tmp_path, capsys):
     assert "PASS at --gate rates: bits changed (4 records, allowed at this gate)" in out, out
     assert main(["compare", str(base), str(new), "--allow-changes", "--gate", "bits"]) == 2
     assert "--allow-changes is the old spelling of --gate rates" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("gate", "divergent", "failures"), [
+    pytest.param("rates", 10, 1, id="rates-beyond-chance-fails-the-run"),
+    pytest.param("rates", 2, 0, id="rates-within-chance"),
+    pytest.param("trajectories", 10, 0, id="other-gates-judge-per-record"),
+])
+def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, divergent, failures):
+    """The controller's rates check of a run under --gate rates (suite/artifacts.baseline_rates)."""
+    from types import SimpleNamespace
+
+    from replaytests.inputs.contract import default_gates
+    from replaytests.suite.artifacts import baseline_rates
+
+    baseline = diverging("crossing", 20, 0)
+    replay = SimpleNamespace(options=SimpleNamespace(gate=gate), baseline=baseline, contract=SimpleNamespace(
+        gates=default_gates()), plan=SimpleNamespace(audited=lambda records: records))
+    found = baseline_rates(replay, diverging("crossing", 20, divergent))
+    assert len(found) == failures, found
+    assert all(f["check"] == "baseline rates" and f["message"].startswith("divergence rate changed beyond chance: "
+                                                                         "crossing/bf16") for f in found), found

@@ -91,12 +91,14 @@ def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
     assert len(single) == 4 and parallel == single, "the xdist ledger differs from the single-process one"
 
 
-def _baseline_beside(report_dir, tmp_path, **platform) -> tuple[Path, dict]:
-    """The run's ledger with one cache digest altered, beside its run.json with `platform` changed;
-    and the run's own platform."""
+def _baseline_beside(report_dir, tmp_path, suffix: bool = False, **platform) -> tuple[Path, dict]:
+    """The run's ledger with one cache digest altered (and with `suffix`, one suffix token too), beside
+    its run.json with `platform` changed; and the run's own platform."""
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
     target = next(r for r in records if ledger.key(r) == ("crossing", "tiny-001", "fp32"))
     target["arms"]["prefill"]["cache_digest"] = "0" * 64
+    if suffix:
+        target["arms"]["prefill"]["suffix"][0] += 1
     baseline = tmp_path / "elsewhere" / "ledger.jsonl"
     ledger.write_ledger(baseline, records)
     run = json.loads((report_dir / "run.json").read_text())
@@ -117,6 +119,26 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     assert ("crossing row tiny-001 (fp32): 1 of" in proc.stdout
             and "first: arms.prefill.cache_digest: baseline \"000000" in proc.stdout), proc.stdout[-3000:]
     assert "ledger audit: 3/4 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow  # spawns a whole run
+@pytest.mark.parametrize(("gate", "suffix", "platform", "outcome"), [
+    pytest.param("trajectories", False, None, "3 passed, 1 xfailed", id="bits-only-passes-trajectories"),
+    pytest.param("trajectories", True, None, "1 failed, 3 passed", id="changed-suffix-fails-trajectories"),
+    pytest.param("rates", True, None, "3 passed, 1 xfailed", id="changed-suffix-recorded-at-rates"),
+    pytest.param("bits", False, "ANOTHER", "1 failed, 3 passed", id="an-explicit-gate-holds-across-platforms"),
+])
+def test_the_baseline_is_judged_at_the_gate(two_row_run, tmp_path, gate, suffix, platform, outcome):
+    """--gate in a run: a change finer than the gate is recorded (named as allowed), one at it fails."""
+    baseline, _ = _baseline_beside(two_row_run[1], tmp_path, suffix,
+                                   **({"environment.cpu_isa": platform} if platform else {}))
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
+                              "--rows", "1:2", "--gate", gate, "-rxf")
+    assert outcome in proc.stdout and proc.returncode == int(outcome.startswith("1 failed")), \
+        f"exit {proc.returncode}:\n{proc.stdout[-3000:]}"
+    what = "1 of a trajectory" if suffix else "bits only (no trajectory changed)"
+    assert "crossing row tiny-001 (fp32): " in proc.stdout and what in proc.stdout, proc.stdout[-3000:]
+    assert f"judged at --gate {gate}" in proc.stdout, proc.stdout[-2000:]
 
 
 @pytest.mark.slow  # spawns a whole run

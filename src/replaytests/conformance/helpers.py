@@ -24,10 +24,12 @@ def audit_against_baseline(audit_record, replay, baseline_record: dict) -> None:
         pytest.skip("not in this run's transplant panel (drawn from the selected rows' BF16 crossing, "
                     "whose records are audited)")
     result = audit_record(baseline_record)
+    moved = result.trajectory_changes
     problem = None if result.reproduced else (
         f"{family} row {row} ({precision}): {len(result.changes)} of {result.leaves} leaves differ from the "
-        f"baseline; first: {result.changes[0]}")
-    judge(replay.judge_against_baseline(problem))
+        f"baseline, {f'{len(moved)} of a trajectory' if moved else 'bits only (no trajectory changed)'}; "
+        f"first: {(moved or result.changes)[0]}")
+    judge(replay.judge_against_baseline(problem, "trajectories" if moved else "bits"))
 
 
 def judge(*judgements: Judgement) -> None:

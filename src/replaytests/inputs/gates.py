@@ -24,6 +24,16 @@ BRIDGE_PAIR = "live~incremental"
 FOLLOWS, THIRD = "follows_donor", "third"
 
 
+# The levels a change between two runs is judged at, strictest first (outputs/compare.py): a gate at a
+# level fails on findings at that level and every coarser one.
+LEVELS = ("bits", "trajectories", "rates")
+
+
+def gated(level: str, gate: str) -> bool:
+    """Whether a finding at `level` fails a gate at `gate`."""
+    return LEVELS.index(level) >= LEVELS.index(gate)
+
+
 @dataclass(frozen=True)
 class Judgement:
     outcome: Literal["pass", "recorded", "fail"]

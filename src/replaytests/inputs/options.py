@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from replaytests.errors import ConfigError, short
 from replaytests.inputs import cpu_isa, models
 from replaytests.inputs.contract import PRECISIONS
+from replaytests.inputs.gates import LEVELS as GATE_LEVELS
 from replaytests.outputs.rundir import ledger_of
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ OPTIONS = {
     "baseline": dict(type=Path, default=None,
                      help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
                           "reproduce exactly. Default: the committed baseline, for the embedded default inputs"),
+    "gate": dict(default=None, choices=GATE_LEVELS,
+                 help="the level the --baseline is judged at: bits (every leaf), trajectories (suffixes, answers, "
+                      "correctness labels: a change of bits alone is recorded), rates (a divergence rate changed "
+                      "beyond chance: changed trajectories are recorded). Given, it holds across platforms. "
+                      "Default: bits, a change made on another platform recorded as platform drift"),
     "shard": dict(default=None,
                   help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)"),
     "replication_model": dict(type=Path, default=None,
@@ -126,6 +132,7 @@ class Options:
     device: str | None = None
     baseline: Path | None = None
     shard: str | None = None
+    gate: str | None = None
     accept_changed: frozenset[str] = frozenset()
     strict_contract: bool = False
     accept_interrupted: bool = False

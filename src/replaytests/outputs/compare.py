@@ -31,11 +31,11 @@ from pathlib import Path
 
 from replaytests.errors import ConfigError
 from replaytests.inputs.contract import default_gates, load_contract
-from replaytests.inputs.gates import BRIDGE_PAIR, Gates, inexact, replica_pairs
+from replaytests.inputs.gates import BRIDGE_PAIR, LEVELS, Gates, gated, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences
 from replaytests.outputs import ledger, localization
 from replaytests.outputs.audit import audit_record
-from replaytests.outputs.expected import LEVELS, Expected
+from replaytests.outputs.expected import Expected
 from replaytests.outputs.report import (
     DIVERGENCES,
     FLAGS,
@@ -52,6 +52,7 @@ from replaytests.outputs.tables import Table, plain
 ALPHA = 0.05  # the McNemar significance of the rates level
 LEVEL_OF_OLD_ALLOW_CHANGES = "rates"  # `--allow-changes`, before gate levels
 TRANSPLANT = "transplant"
+RATES_REASON = "divergence rate changed beyond chance"
 HEADER = ("family", "precision", "measure", "rows", "baseline [Wilson 95%]", "new [Wilson 95%]", "p", "verdict")
 Group = tuple[str, str]  # (family, precision)
 
@@ -115,7 +116,7 @@ class Comparison:
 
     def gated(self, level: str) -> bool:
         """Whether a finding at `level` fails this gate (it does at the gate's level and every coarser one)."""
-        return LEVELS.index(level) >= LEVELS.index(self.gate)
+        return gated(level, self.gate)
 
     def finding(self, level: str, group: Group, reason: str) -> None:
         """A change found at `level` in `group`: a reason where the gate judges that level and the
@@ -263,7 +264,7 @@ def _rates(out: Comparison, group: Group, base: dict, new: dict, alpha: float) -
             if test.p < alpha:
                 measure = f"{'/'.join(group)} {pair} {name.replace('_', ' ')}"
                 out.finding("rates", group,
-                            f"divergence rate changed beyond chance: {measure}: baseline "
+                            f"{RATES_REASON}: {measure}: baseline "
                             f"{counts[0][0]}/{len(paired)}, new {counts[1][0]}/{len(paired)} (baseline only "
                             f"{test.b}, new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from replaytests.errors import ConfigError, short
 from replaytests.inputs.contract import read_yaml
+from replaytests.inputs.gates import LEVELS
 
 SCHEMA = "replaytests.expected/1"
-LEVELS = ("bits", "trajectories", "rates")  # as outputs/compare.LEVELS: strictest first
 PRECISIONS = ("bf16", "fp32")
 FIELDS = {"family": str, "precision": str, "level": str, "why": str}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.outputs import ledger, report, summary, verdict
+from replaytests.outputs import compare, ledger, report, summary, verdict
 from replaytests.suite.session import ReplaySession
 
 
@@ -67,9 +67,21 @@ def facts(record: dict) -> dict:
                          for pair in pairs if pair in comparisons}}
 
 
+def baseline_rates(replay: ReplaySession, records: list[dict]) -> list[dict]:
+    """Under --gate rates, the failures of the rates level against the baseline (outputs/compare.py: exact
+    McNemar per family, precision and headline pair, on the rows both hold): the one check of a run that
+    needs every row of a family at once, so the controller makes it from the run's records."""
+    if replay.options.gate != "rates" or not replay.baseline:
+        return []
+    found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
+    return [{"check": "baseline rates", "message": reason} for reason in found.reasons
+            if reason.startswith(compare.RATES_REASON)]
+
+
 def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool, started: datetime) -> dict:
     """Write the run's directory; returns its verdict."""
-    outcome = verdict.build(gathered.outcomes, gathered.failures, verdict_context(replay, gathered), interrupted)
+    failures = gathered.failures + baseline_rates(replay, gathered.records)
+    outcome = verdict.build(gathered.outcomes, failures, verdict_context(replay, gathered), interrupted)
     finished = datetime.now(UTC)
     times = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
              "seconds": round((finished - started).total_seconds(), 1)}
@@ -112,6 +124,7 @@ def verdict_context(replay: ReplaySession, gathered: Gathered) -> dict:
     baseline = ("none", None) if baseline_path is None else verdict.artifact(
         str(baseline_path), replay.baseline_platform,
         f"{len(audits) - len(changed)}/{len(audits)} records reproduce ({sum(a['leaves'] for a in audits)} leaves)"
+        + (f", judged at --gate {replay.options.gate}" if replay.options.gate else "")
         if audits else "none of its records audited in this run",
         f"{len(changed)}/{len(audits)} baseline records changed", changed)
     return {"platform": describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],

@@ -24,7 +24,7 @@ from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.inputs import cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
 from replaytests.inputs.contract import Contract, load_contract
-from replaytests.inputs.gates import PASS, Judgement, artifact
+from replaytests.inputs.gates import PASS, Judgement, artifact, gated
 from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
@@ -233,10 +233,18 @@ class ReplaySession:
         here = PASS if problem is None else Judgement("fail", problem)
         return artifact(here, self.bank_platform, self.options.strict_contract, "bank")
 
-    def judge_against_baseline(self, problem: str | None) -> Judgement:
-        """A ledger-audit check against the baseline, under gates.audit.reproduce."""
-        return artifact(self.contract.gates.audit(problem), self.baseline_platform, self.options.strict_contract,
-                        "baseline")
+    def judge_against_baseline(self, problem: str | None, level: str = "bits") -> Judgement:
+        """A ledger-audit check against the baseline, under gates.audit.reproduce; `level` is the coarsest
+        level the change reaches (bits, or trajectories). Under --gate, a change finer than the gate is
+        recorded and one at it fails, on any platform; without it, a change on another platform is
+        recorded as platform drift."""
+        gate = self.options.gate
+        if problem is None or gate is None:
+            return artifact(self.contract.gates.audit(problem), self.baseline_platform, self.options.strict_contract,
+                            "baseline")
+        if not gated(level, gate):
+            return Judgement("recorded", f"{problem}: allowed at --gate {gate}")
+        return self.contract.gates.audit(f"{problem} (--gate {gate})")
 
     @property
     def device(self) -> str:
