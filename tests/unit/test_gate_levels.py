@@ -166,6 +166,7 @@ def test_a_known_change_passes_and_a_new_one_fails(tmp_path):
     result = compare(run(), new, expected=expected)
     assert result.passed, result.reasons
     assert any(n.endswith("(expected: crossing/fp32 may change at bits: a new FP32 kernel)") for n in result.notes)
+    assert result.text().startswith("PASS at --gate bits: bits changed (4 records, 4 expected); "), result.text()[:200]
     live_fp32 = [*new, make("live", "r0", "fp32")]
     result = compare([*run(), make("live", "r0", "fp32")], bits_only(live_fp32), expected=expected)
     assert [r for r in result.reasons if r.startswith("changed: live/r0/fp32")], result.reasons

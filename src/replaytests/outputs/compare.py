@@ -113,6 +113,7 @@ class Comparison:
     moved: list[str] = field(default_factory=list)  # localization.lines: where the numbers first moved
     found: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # findings per level
     seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, precision, level) of every finding
+    accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # per level, by --expected
 
     def gated(self, level: str) -> bool:
         """Whether a finding at `level` fails this gate (it does at the gate's level and every coarser one)."""
@@ -126,6 +127,7 @@ class Comparison:
             self.found[at] += 1
             self.seen.add((*group, at))
         if self.expected is not None and (entry := self.expected.accepts(group, level)) is not None:
+            self.accepted[level] += 1
             self.notes.append(f"{reason} (expected: {entry})")
         elif self.gated(level):
             self.reasons.append(reason)
@@ -143,10 +145,13 @@ class Comparison:
     def levels(self) -> str:
         """Which levels changed (and whether this gate allowed them) and which held."""
         nouns = {"bits": "records", "trajectories": "records", "rates": "rates"}
-        return "; ".join(
-            f"{level} held" if not self.found[level] else
-            f"{level} changed ({self.found[level]} {nouns[level]}"
-            + (", allowed at this gate)" if not self.gated(level) else ")") for level in LEVELS)
+
+        def why(level: str) -> str:
+            if not self.gated(level):
+                return ", allowed at this gate"
+            return f", {self.accepted[level]} expected" if self.accepted[level] else ""
+        return "; ".join(f"{level} held" if not self.found[level] else
+                         f"{level} changed ({self.found[level]} {nouns[level]}{why(level)})" for level in LEVELS)
 
     def text(self, verbose: bool = False) -> str:
         first = (f"{self.result} at --gate {self.gate}: {self.levels()}"
