@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 import nox
+from packaging.requirements import InvalidRequirement, Requirement  # a dependency of nox
 
 nox.options.sessions = []  # nothing runs without -s
 CPU_TORCH = "torch==2.13.0"
@@ -47,6 +48,12 @@ def _arguments(session: nox.Session) -> dict[str, str]:
     out = ARGUMENTS | given
     if missing := [name for name in ("old", "new") if not out[name]]:
         session.error(f"upgrade: missing {' and '.join(missing)}=REQUIREMENTS (e.g. old=\"transformers==5.19.0\")")
+    for side in ("old", "new"):
+        for requirement in shlex.split(out[side]):
+            try:
+                Requirement(requirement)
+            except InvalidRequirement as exc:
+                session.error(f"upgrade: {side}={out[side]!r}: {requirement!r} is not a requirement ({exc})")
     if out["gate"] not in ("bits", "trajectories", "rates"):
         session.error(f"upgrade: gate={out['gate']!r}: expected bits, trajectories or rates")
     return out
@@ -65,8 +72,7 @@ def _side(session: nox.Session, name: str, requirements: list[str], args: dict[s
     """Build the side's venv, run the audit in it; the run directory."""
     venv = Path(".nox") / f"upgrade-{name}"
     session.run(sys.executable, "-m", "venv", "--clear", str(venv), external=True)
-    torch = [] if any(r.split("=")[0].split("<")[0].split(">")[0].strip() == "torch" for r in requirements) \
-        else [CPU_TORCH]
+    torch = [] if any(Requirement(r).name == "torch" for r in requirements) else [CPU_TORCH]
     session.run(str(venv / "bin" / "pip"), "install", "-q", *shlex.split(args["pip"]), *torch, "-e", ".",
                 *requirements, external=True)
     code = _call(session, str(venv / "bin" / "replaytests"), "audit", "--rows", args["rows"], "--precision",

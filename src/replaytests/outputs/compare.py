@@ -50,7 +50,6 @@ from replaytests.outputs.stats import wilson
 from replaytests.outputs.tables import Table, plain
 
 ALPHA = 0.05  # the McNemar significance of the rates level
-LEVEL_OF_OLD_ALLOW_CHANGES = "rates"  # `--allow-changes`, before gate levels
 TRANSPLANT = "transplant"
 RATES_REASON = "divergence rate changed beyond chance"
 HEADER = ("family", "precision", "measure", "rows", "baseline [Wilson 95%]", "new [Wilson 95%]", "p", "verdict")
