@@ -199,7 +199,7 @@ def test_cli_compare_names_the_root_cause_first_and_a_few_examples(runs, capsys)
     code = main(["compare", str(baseline), str(new / "ledger.jsonl")])
     lines = capsys.readouterr().out.splitlines()
     cause = "the platform: software.torch 2.12 (baseline) vs 2.13 (new)"
-    levels = "bits changed (12 records); trajectories changed (12 records); rates changed (1 rates)"
+    levels = "bits changed (12 records); trajectories changed (12 records); rates changed (1 rate)"
     assert (code, lines[0], lines[-1]) == (1, f"FAIL: 13 reasons at --gate bits: {levels}; the runs differ in {cause}",
                                            "FAIL: 13 reasons"), (code, lines[0], lines[-1])
     assert f"cause: {cause}" in lines, lines[:4]

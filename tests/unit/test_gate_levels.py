@@ -63,7 +63,7 @@ def test_a_changed_suffix_fails_trajectories(gate, passes):
     if not passes:
         assert result.reasons == ["trajectory changed: crossing/r1/bf16: arms.prefill.suffix[1]: baseline 2, now 9"], \
             result.reasons
-    assert "trajectories changed (1 records" in result.text().splitlines()[0]
+    assert "trajectories changed (1 record" in result.text().splitlines()[0]
 
 
 def test_a_significant_rate_change_fails_rates():

@@ -139,18 +139,21 @@ class Comparison:
 
     @property
     def result(self) -> str:
-        return "PASS" if self.passed else f"FAIL: {len(self.reasons)} reasons"
+        return "PASS" if self.passed else f"FAIL: {len(self.reasons)} reason{'' if len(self.reasons) == 1 else 's'}"
 
     def levels(self) -> str:
         """Which levels changed (and whether this gate allowed them) and which held."""
-        nouns = {"bits": "records", "trajectories": "records", "rates": "rates"}
+        nouns = {"bits": "record", "trajectories": "record", "rates": "rate"}
 
         def why(level: str) -> str:
             if not self.gated(level):
                 return ", allowed at this gate"
             return f", {self.accepted[level]} expected" if self.accepted[level] else ""
-        return "; ".join(f"{level} held" if not self.found[level] else
-                         f"{level} changed ({self.found[level]} {nouns[level]}{why(level)})" for level in LEVELS)
+
+        def changed(level: str) -> str:
+            n = self.found[level]
+            return f"{level} changed ({n} {nouns[level]}{'' if n == 1 else 's'}{why(level)})"
+        return "; ".join(changed(level) if self.found[level] else f"{level} held" for level in LEVELS)
 
     def text(self, verbose: bool = False) -> str:
         first = (f"{self.result} at --gate {self.gate}: {self.levels()}"
