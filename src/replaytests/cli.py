@@ -208,6 +208,20 @@ def _check_writable(path: Path, option: str) -> None:
         raise ConfigError(f"{option} {path}: not writable")
 
 
+def _quietly_closed() -> None:
+    """The reader of stdout left (`... | head -1`): send the rest to /dev/null, so nothing more fails."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _emit(text: str) -> None:
+    """Print a verdict whose exit status must survive a reader that left early: under `set -o pipefail`,
+    `replaytests compare A B | head -1` must still fail when the comparison does."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _quietly_closed()
+
+
 def _compare(args: argparse.Namespace) -> int:
     from replaytests.outputs.compare import compare_paths
 
@@ -216,7 +230,7 @@ def _compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"compare: --allow-changes is the old spelling of --gate rates; it contradicts --gate {gate}")
     result = compare_paths(args.baseline, args.new, args.alpha, args.contract, gate, args.across_inputs,
                            args.accept_interrupted, args.expected)
-    print(result.text(args.verbose))
+    _emit(result.text(args.verbose))
     return 0 if result.passed else 1
 
 
@@ -385,8 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     except ReplaytestsError as exc:
         print(f"replaytests: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `replaytests compare ... | head -1`: the reader left; end quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # `replaytests history show ... | head -1`: the reader left; end quietly
+        _quietly_closed()
         return 0
 
 
