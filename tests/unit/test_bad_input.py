@@ -188,6 +188,9 @@ def _rows_only(ws: Workspace, name: str, row: str) -> Path:
 
 
 PYTEST = {
+    # the families without the plugin that gives them their options and fixtures
+    "plugin-disabled": Case(lambda w: ["-p", "no:replaytests"], r"the replaytests pytest plugin is disabled "
+                            r"\(-p no:replaytests\)"),
     # row selections and shards
     "rows-zero": Case(lambda w: ["--rows", "0"], r"--rows 0: selects no row"),
     "rows-reversed": Case(lambda w: ["--rows", "5:2"], r"--rows 5:2: selects no row"),

@@ -39,6 +39,12 @@ LAYERS = {
     "causal": ("Causal state sufficiency", "Does the cache carry the trajectory? Whole K/V caches transplanted "
                "between incremental and prefill: a recipient that follows its donor shows the cache decides."),
 }
+# Every pytest marker the conformance families use, registered by the plugin.
+MARKERS = {
+    "gpu": "conformance targets on a CUDA device (under -m gpu the default contract is contracts/h200.yaml)",
+    **{name: f"fidelity layer {n}: {title.lower()}" for n, (name, (title, _)) in enumerate(LAYERS.items(), start=1)},
+    "slow": "long-running conformance targets",
+}
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from replaytests.errors import ReplaytestsError
-from replaytests.families.registry import FAMILIES, LAYERS
+from replaytests.families.registry import FAMILIES, MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import (
@@ -44,11 +44,6 @@ if TYPE_CHECKING:
 CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance"
 RECORD_PROPERTY = "replaytests_record"
 AUDIT_PROPERTY = "replaytests_audit"
-MARKERS = {
-    "gpu": "conformance targets on a CUDA device (under -m gpu the default contract is contracts/h200.yaml)",
-    **{name: f"fidelity layer {n}: {title.lower()}" for n, (name, (title, _)) in enumerate(LAYERS.items(), start=1)},
-    "slow": "long-running conformance targets",
-}
 DEFAULT_OPTIONS = vars(Options())
 session_key = pytest.StashKey["ReplaySession"]()
 pin_key = pytest.StashKey[cpu_isa.Pin]()
