@@ -37,9 +37,10 @@ def test_live_generation_refreezes_bank_row(record, replay, live_row, precision)
     """At the bank's precision, caps and cache class, generating the row live again must give the same z."""
     if not replay.refreezes(precision):
         frozen = replay.manifest["contract"]
-        pytest.skip(f"bank frozen at {replay.manifest['precision']} with caps {frozen['caps']} and "
-                    f"{frozen.get('cache', 'dynamic')} caches; this run is {precision} with caps "
-                    f"{vars(replay.contract.caps)} and {replay.contract.cache} caches")
+        pytest.skip(f"bank frozen at {replay.manifest['precision']} with caps {frozen['caps']}, "
+                    f"{frozen.get('cache', 'dynamic')} caches and {frozen.get('visibility', 'roles')} visibility; "
+                    f"this run is {precision} with caps {vars(replay.contract.caps)}, {replay.contract.cache} caches "
+                    f"and {replay.contract.visibility} visibility")
     result = ok(record("live", live_row, precision))
     difference = result["z_first_difference"]
     problem = None if result["z_matches_bank"] else (

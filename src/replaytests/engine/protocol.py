@@ -26,6 +26,9 @@ VISIBILITY = torch.tensor(
     ],
     dtype=torch.bool,
 )
+# The contract's protocol.visibility: the six-role visibility above, or every role seeing every earlier
+# token (plain causal attention, what a serving engine without 4D masks runs; docs/contract.md).
+VISIBILITIES = {"roles": VISIBILITY, "causal": torch.ones_like(VISIBILITY)}
 
 
 @dataclass(frozen=True)
@@ -68,17 +71,18 @@ def prompt_of(z: list[int], delims: Delimiters) -> list[int]:
 
 
 @functools.cache
-def _visibility_on(device: torch.device) -> torch.Tensor:
-    return VISIBILITY.to(device)
+def _visibility_on(device: torch.device, visibility: str) -> torch.Tensor:
+    return VISIBILITIES[visibility].to(device)
 
 
-def visibility_rows(query_roles: torch.Tensor, key_roles: torch.Tensor, first_query: int) -> torch.Tensor:
+def visibility_rows(query_roles: torch.Tensor, key_roles: torch.Tensor, first_query: int,
+                    visibility: str = "roles") -> torch.Tensor:
     """Bool mask [q, k]: role visibility intersected with causality (key position <= query position).
 
     Queries sit at positions first_query .. first_query+q-1, keys at 0 .. k-1. The reference form of
     the mask: Visibility builds the same rows as the sequence grows, and the tests hold it to this.
     """
-    visible = _visibility_on(key_roles.device)[query_roles][:, key_roles]
+    visible = _visibility_on(key_roles.device, visibility)[query_roles][:, key_roles]
     return visible & _causal(first_query, len(query_roles), len(key_roles), key_roles.device)
 
 
@@ -95,8 +99,8 @@ class Visibility:
     as [batch, 1, q, k], every physical-batch copy the same row.
     """
 
-    def __init__(self, capacity: int, batch: int, device: torch.device | str) -> None:
-        self._columns = VISIBILITY.t().contiguous().to(device)  # _columns[r]: the query roles that see role r
+    def __init__(self, capacity: int, batch: int, device: torch.device | str, visibility: str = "roles") -> None:
+        self._columns = VISIBILITIES[visibility].t().contiguous().to(device)  # _columns[r]: query roles that see r
         self._column_of = list(self._columns)  # the same rows as separate tensors: no indexing per token
         self._seen_by = torch.zeros(len(BLOCKS), capacity, dtype=torch.bool, device=device)
         self._batched = self._seen_by.expand(batch, 1, *self._seen_by.shape)

@@ -157,7 +157,7 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
                   **model_digest(model_dir)},
         "tokenizer": tokenizer_digest(model_dir, list(grammar.delims.all_ids)),
         "contract": {"name": contract.name, "sha256": contract.digest, "caps": vars(contract.caps),
-                     "cache": contract.cache},
+                     "cache": contract.cache, "visibility": contract.visibility},
         "precision": precision,
         "platform": platform,
         "replaytests_version": __version__,

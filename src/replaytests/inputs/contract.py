@@ -28,6 +28,7 @@ DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_positions", "padding",
                    "cache_seq_length", "tensor_metadata")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
+VISIBILITY_MODES = ("roles", "causal")  # engine.protocol.VISIBILITIES
 _REQUIRED = object()
 # Upper bounds: a count past them is a typo, not a setting (threads and GPUs of one machine, the
 # copies of one physical batch, rows, tokens and panel sizes).
@@ -121,6 +122,7 @@ SCHEMA = Section({
         "top_k": Value(int, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
         "physical_batch": Value(int, low=1, high=MAX_BATCH),
     }),
+    "protocol": Section({"visibility": Value(str, default="roles", choices=VISIBILITY_MODES)}, default={}),
     "caps": Section({key: Value(int, low=1, high=MAX_COUNT) for key in ("branch", "merge", "answer")}),
     "delimiters": KeyedBy(DELIMITER_NAMES, "delimiter", Value(str), default={}),
     "banned_tokens": ListOf(Value(int, low=0, high=MAX_COUNT), default=[]),
@@ -200,6 +202,7 @@ class Contract:
     gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"]))
     cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
     cache = property(lambda self: self.settings["environment"]["cache"])
+    visibility = property(lambda self: self.settings["protocol"]["visibility"])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])
 

@@ -223,10 +223,12 @@ class ReplaySession:
     def refreezes(self, precision: str) -> bool:
         """Whether live generation at this precision re-freezes the bank: the bank's precision, caps and
         K/V cache class (a manifest written before the class was recorded was frozen with dynamic caches;
-        the class alone changes BF16 trajectories)."""
+        the class alone changes BF16 trajectories) and visibility (one written before it was recorded was
+        frozen under the role visibility)."""
         frozen = self.manifest["contract"]
         return (precision == self.manifest["precision"] and frozen["caps"] == vars(self.contract.caps)
-                and frozen.get("cache", "dynamic") == self.contract.cache)
+                and frozen.get("cache", "dynamic") == self.contract.cache
+                and frozen.get("visibility", "roles") == self.contract.visibility)
 
     def judge_against_bank(self, problem: str | None) -> Judgement:
         """A token-identity check against the frozen bank (`problem`: what differs, None if nothing)."""

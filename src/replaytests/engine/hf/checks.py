@@ -87,10 +87,11 @@ def last_logits(runtime: Runtime, tokens: list[int]):
 
 def check_mask(runtime: Runtime, z: list[int]) -> Check:
     """A branch-2 query sees the prompt, never branch 1: changing the last branch-1 token must leave its
-    logits bit for bit, changing a prompt token must not (the negative control: the probe reaches the model)."""
+    logits bit for bit, changing a prompt token must not (the negative control: the probe reaches the model).
+    Under causal visibility branch 1 is seen, so changing it must change the logits too."""
     delims, name = runtime.grammar.delims, runtime.precision
     tokens = z[: z.index(delims.closers[2])]  # ends inside branch 2
-    hidden, seen = tokens.index(delims.closers[1]) - 1, 1
+    branch_1, seen = tokens.index(delims.closers[1]) - 1, 1
     content = _content_ids(runtime)
 
     def changed(at: int) -> list[int]:
@@ -98,8 +99,12 @@ def check_mask(runtime: Runtime, z: list[int]) -> Check:
         return [other if i == at else t for i, t in enumerate(tokens)]
 
     reference = last_logits(runtime, tokens)
-    if not bitwise_equal(last_logits(runtime, changed(hidden)), reference):
-        return Check("mask", name, "fail", f"changing branch-1 token {hidden} changed a branch-2 query's logits")
+    moved = not bitwise_equal(last_logits(runtime, changed(branch_1)), reference)
+    if moved and runtime.visibility == "roles":
+        return Check("mask", name, "fail", f"changing branch-1 token {branch_1} changed a branch-2 query's logits")
+    if not moved and runtime.visibility == "causal":
+        return Check("mask", name, "fail", f"changing branch-1 token {branch_1} left a branch-2 query's logits "
+                                           "unchanged under causal visibility: the mask hides what it should show")
     if bitwise_equal(last_logits(runtime, changed(seen)), reference):
         return Check("mask", name, "fail", f"changing prompt token {seen} left the logits unchanged: the 4D mask "
                                            "or the probe does not reach the model")

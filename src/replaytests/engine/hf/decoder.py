@@ -47,7 +47,7 @@ class DecodeState:
         self._ids = torch.zeros(self.capacity, dtype=torch.long, device=device)
         self._ids[: len(self.tokens)] = torch.tensor(self.tokens, dtype=torch.long)
         self._batched_ids = self._ids.expand(batch, -1)
-        self._visibility = Visibility(self.capacity, batch, device)
+        self._visibility = Visibility(self.capacity, batch, device, self.runtime.visibility)
         self._visibility.extend(self.roles)
         self._unchecked: list[tuple[torch.Tensor, str]] = []  # (every copy's logits, step) not compared yet
         self._choices = 0

@@ -113,6 +113,7 @@ class Runtime:
     device: torch.device
     batch: int = 2
     cache: str = "dynamic"  # the K/V cache class (blocks.CACHES)
+    visibility: str = "roles"  # the contract's protocol.visibility (protocol.VISIBILITIES)
 
     @classmethod
     def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None,
@@ -136,7 +137,7 @@ class Runtime:
         grammar = Grammar(delims, contract.caps, hf_adapter.vocab_size(model), len(tokenizer),
                           contract.banned_tokens, device)
         return cls(precision, flags, contract.cpu_threads, model, tokenizer, grammar,
-                   torch.device(device), batch or contract.physical_batch, contract.cache)
+                   torch.device(device), batch or contract.physical_batch, contract.cache, contract.visibility)
 
     def __post_init__(self) -> None:
         self._forward = hf_adapter.Forward(self.model, self.cache)
