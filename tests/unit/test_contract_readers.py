@@ -29,6 +29,7 @@ READERS = {
     "description": artifacts.run_metadata,
     "environment.attention": runtime.Runtime.load,
     "environment.cache": runtime.Runtime.load,
+    "protocol.visibility": runtime.Runtime.load,
     "environment.cpu_isa": session.ReplaySession.open,
     "precisions": runtime.Runtime.load,
     "precisions.<precision>.dtype": runtime.Runtime.load,
