@@ -14,7 +14,7 @@ from replaytests.engine import protocol
 from replaytests.engine.hf.checks import check_mask
 from replaytests.engine.protocol import VISIBILITIES, Visibility, visibility_rows
 from replaytests.inputs.bank import manifest_path
-from replaytests.inputs.contract import load_contract
+from replaytests.inputs.contract import VISIBILITY_MODES, load_contract
 from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, REPO
 
 ROLES = [0, 0, 1, 1, 2, 2, 3, 4, 4, 5, 5]
@@ -47,6 +47,7 @@ def test_the_growing_causal_mask_gives_the_reference_rows(chunks):
 
 
 def test_the_contract_defaults_to_roles_and_takes_causal(tmp_path):
+    assert set(VISIBILITY_MODES) == set(VISIBILITIES), "the contract's choices are not the engine's matrices"
     assert load_contract(DEFAULT_CONTRACT).visibility == "roles"
     assert load_contract(_causal_contract(tmp_path)).visibility == "causal"
 
@@ -93,4 +94,4 @@ def test_a_causal_bank_is_frozen_and_replayed_end_to_end(pytester, tmp_path, ban
     records = [json.loads(line) for line in (tmp_path / "report" / "latest" / "ledger.jsonl").read_text().splitlines()]
     live = [r for r in records if r["family"] == "live"]
     assert live and all(r["z_matches_bank"] for r in live), [(r["row"], r.get("z_matches_bank")) for r in live]
-    assert "causal visibility" not in result.stdout.str(), "the re-freeze check was skipped for its visibility"
+    assert "visibility causal (bank)" not in result.stdout.str(), "the re-freeze check was skipped for its visibility"

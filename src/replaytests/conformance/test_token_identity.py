@@ -36,11 +36,10 @@ def test_bank_made_on_this_platform(replay):
 def test_live_generation_refreezes_bank_row(record, replay, live_row, precision):
     """At the bank's precision, caps and cache class, generating the row live again must give the same z."""
     if not replay.refreezes(precision):
-        frozen = replay.manifest["contract"]
-        pytest.skip(f"bank frozen at {replay.manifest['precision']} with caps {frozen['caps']}, "
-                    f"{frozen.get('cache', 'dynamic')} caches and {frozen.get('visibility', 'roles')} visibility; "
-                    f"this run is {precision} with caps {vars(replay.contract.caps)}, {replay.contract.cache} caches "
-                    f"and {replay.contract.visibility} visibility")
+        frozen, here = replay.frozen_with(), replay.run_with(precision)
+        differ = "; ".join(f"{key} {frozen[key]} (bank) vs {here[key]} (run)" for key in frozen
+                           if frozen[key] != here[key])
+        pytest.skip(f"the bank was frozen with other settings: {differ}")
     result = ok(record("live", live_row, precision))
     difference = result["z_first_difference"]
     problem = None if result["z_matches_bank"] else (

@@ -139,7 +139,7 @@ class Comparison:
 
     @property
     def result(self) -> str:
-        return "PASS" if self.passed else f"FAIL: {len(self.reasons)} reason{'' if len(self.reasons) == 1 else 's'}"
+        return "PASS" if self.passed else f"FAIL: {_count(len(self.reasons), 'reason')}"
 
     def levels(self) -> str:
         """Which levels changed (and whether this gate allowed them) and which held."""
@@ -149,11 +149,8 @@ class Comparison:
             if not self.gated(level):
                 return ", allowed at this gate"
             return f", {self.accepted[level]} expected" if self.accepted[level] else ""
-
-        def changed(level: str) -> str:
-            n = self.found[level]
-            return f"{level} changed ({n} {nouns[level]}{'' if n == 1 else 's'}{why(level)})"
-        return "; ".join(changed(level) if self.found[level] else f"{level} held" for level in LEVELS)
+        return "; ".join(f"{level} changed ({_count(self.found[level], nouns[level])}{why(level)})"
+                         if self.found[level] else f"{level} held" for level in LEVELS)
 
     def text(self, verbose: bool = False) -> str:
         first = (f"{self.result} at --gate {self.gate}: {self.levels()}"
@@ -170,6 +167,10 @@ class Comparison:
             if len(reasons) > len(shown):
                 out.append(f"reason: ... and {len(reasons) - len(shown)} more {kind} reasons (--verbose lists them)")
         return "\n".join([*out, self.result])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _groups(records: list[dict]) -> dict[Group, dict[str, dict]]:

@@ -220,15 +220,22 @@ class ReplaySession:
         run = read_run(self.options.baseline_ledger) if self.options.baseline_ledger else None
         return platforms.platform_differences((run or {}).get("platform"), self.platform, "baseline")
 
-    def refreezes(self, precision: str) -> bool:
-        """Whether live generation at this precision re-freezes the bank: the bank's precision, caps and
-        K/V cache class (a manifest written before the class was recorded was frozen with dynamic caches;
-        the class alone changes BF16 trajectories) and visibility (one written before it was recorded was
-        frozen under the role visibility)."""
+    def frozen_with(self) -> dict:
+        """What decides a live z besides the model: the bank's precision, caps, K/V cache class (a manifest
+        written before the class was recorded was frozen with dynamic caches; the class alone changes BF16
+        trajectories) and visibility (one written before it was recorded was frozen under roles)."""
         frozen = self.manifest["contract"]
-        return (precision == self.manifest["precision"] and frozen["caps"] == vars(self.contract.caps)
-                and frozen.get("cache", "dynamic") == self.contract.cache
-                and frozen.get("visibility", "roles") == self.contract.visibility)
+        return {"precision": self.manifest["precision"], "caps": frozen["caps"],
+                "cache": frozen.get("cache", "dynamic"), "visibility": frozen.get("visibility", "roles")}
+
+    def run_with(self, precision: str) -> dict:
+        """The same settings for this run at `precision`."""
+        return {"precision": precision, "caps": vars(self.contract.caps), "cache": self.contract.cache,
+                "visibility": self.contract.visibility}
+
+    def refreezes(self, precision: str) -> bool:
+        """Whether live generation at this precision re-freezes the bank (frozen_with)."""
+        return self.frozen_with() == self.run_with(precision)
 
     def judge_against_bank(self, problem: str | None) -> Judgement:
         """A token-identity check against the frozen bank (`problem`: what differs, None if nothing)."""
