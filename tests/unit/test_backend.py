@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.engine.backend import BUILT_IN, CAPABILITIES, Backend, missing, resolve
+from replaytests.engine.backend import BUILT_IN, CAPABILITIES, SERVING, Backend, missing, resolve
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 
@@ -27,11 +27,18 @@ def test_every_family_requires_known_capabilities_and_reads_known_families(famil
     assert set(spec.reads) <= set(FAMILIES) - {family}, f"{family} reads unknown families {spec.reads}"
 
 
-def test_the_hugging_face_backend_has_every_capability_and_the_protocol(bf16_runtime):
+def test_the_hugging_face_backend_has_every_capability_but_a_serving_engines_and_the_protocol(bf16_runtime):
     cls = resolve("hf")
-    assert cls.capabilities == frozenset(CAPABILITIES), sorted(CAPABILITIES.keys() - cls.capabilities)
+    assert cls.capabilities == frozenset(CAPABILITIES) - SERVING, sorted(CAPABILITIES.keys() - cls.capabilities)
     assert isinstance(bf16_runtime, Backend), "Runtime does not satisfy engine.backend.Backend"
-    assert list(BUILT_IN) == ["hf"]
+    assert list(BUILT_IN) == ["hf", "vllm"]
+
+
+def test_the_vllm_backend_resolves_without_vllm_and_declares_a_serving_engine():
+    """Its class, and so its capabilities, load where vllm is not installed (the plugin reads them first)."""
+    cls = resolve("vllm")
+    assert cls.capabilities >= SERVING and not cls.capabilities & {"kv_tensors", "role_visibility"}, cls.capabilities
+    assert missing(resolve("hf").capabilities, FAMILIES["serving"].requires, "hf") is not None
 
 
 def test_missing_names_each_capability_and_what_it_gives():
@@ -41,7 +48,7 @@ def test_missing_names_each_capability_and_what_it_gives():
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    pytest.param("vllm", "expected one of hf or module:Class", id="unknown-name"),
+    pytest.param("sglang", "expected one of hf, vllm or module:Class", id="unknown-name"),
     pytest.param("no_such_module:X", "cannot import no_such_module:X", id="no-module"),
     pytest.param("replaytests.engine.backend:Nothing", "cannot import", id="no-attribute"),
     pytest.param("replaytests.engine.backend:Unsupported", "is not a backend class", id="not-a-backend"),

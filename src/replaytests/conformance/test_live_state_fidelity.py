@@ -3,7 +3,8 @@
 live vs incremental must be bit-exact (bridge, gates.bridge.exact). live or incremental vs prefill
 may differ where the contract allows it (BF16): such a divergence is recorded as an expected failure
 with its details, and it fails where the contract says the precision is exact (FP32). Batch
-composition (pair vs singleton) is judged the same way.
+composition (pair vs singleton) is judged the same way, and so is each construction of a serving
+engine (prefix hit, fresh, chunked and batched prefill), once its premise holds.
 """
 
 import pytest
@@ -29,3 +30,12 @@ def test_live_vs_prefill_suffix(record, replay, live_row, precision):
 @pytest.mark.parametrize("pair", [pytest.param(p, id=p.partition("_")[0]) for p in FAMILIES["batch"].headline])
 def test_batch_pair_vs_singleton_suffix(record, replay, batch_row, precision, pair):
     judge(replay.contract.gates.divergence(ok(record("batch", batch_row, precision)), pair))
+
+
+@pytest.mark.parametrize("pair", [pytest.param(p, id=p.replace("~", "-vs-")) for p in FAMILIES["serving"].headline])
+def test_serving_construction_vs_live(record, replay, serving_row, precision, pair):
+    """A serving engine's reconstruction (prefix hit, fresh prefill, chunked, batched) against the live
+    request or the fresh prefill, judged only where the engine's counters show the premise held."""
+    result = ok(record("serving", serving_row, precision))
+    gates = replay.contract.gates
+    judge(gates.served(result, pair), gates.divergence(result, pair))

@@ -24,6 +24,11 @@ def test_live_replica_exact(record, replay, live_row, precision, pair):
     judge(replay.contract.gates.replicas(ok(record("live", live_row, precision)), pair))
 
 
+@pytest.mark.parametrize("pair", _arms("serving"))
+def test_serving_replica_exact(record, replay, serving_row, precision, pair):
+    judge(replay.contract.gates.replicas(ok(record("serving", serving_row, precision)), pair))
+
+
 def test_baseline_made_on_this_platform(replay):
     """The baseline's numbers are a check only where its platform is this run's (else platform drift)."""
     if replay.options.baseline_ledger is None:

@@ -30,7 +30,10 @@ CAPABILITIES = {
     "physical_batch": "every forward call carries duplicate copies of the row, compared bitwise",
     "batch_size": "the same row run as a singleton and as the duplicated pair",
     "full_logits": "the boundary's whole logit row (else top-k logprobs only)",
+    "prefix_cache": "a prefix cache the engine reuses across requests, with its own count of the tokens it reused",
+    "chunked_prefill": "a prefill split into chunks under a token budget, the chunks observed in the scheduler",
 }
+SERVING = frozenset({"prefix_cache", "chunked_prefill"})  # what a serving engine has and one forward call has not
 
 
 class Unsupported(ReplaytestsError):
@@ -77,7 +80,8 @@ class Backend(Protocol):
         """The first copy of a physical batch as a storage-isolated singleton boundary (`batch_size`)."""
 
 
-BUILT_IN = {"hf": "replaytests.engine.hf.runtime:Runtime"}  # name -> module:class
+BUILT_IN = {"hf": "replaytests.engine.hf.runtime:Runtime",  # name -> module:class
+            "vllm": "replaytests.engine.vllm.runtime:Runtime"}
 
 
 def resolve(spec: str) -> type:

@@ -83,6 +83,11 @@ def _with_replicas(*constructions: str) -> tuple[str, ...]:
 _CROSSING_PAIRS = (("incremental", "incremental_replica"), ("prefill", "prefill_replica"), ("incremental", "prefill"))
 _TRANSPLANT_PAIRS = (*((direction(r, d), d) for r, d in DIRECTIONS), *VALIDITY_PAIRS)
 _BATCH = ("incremental", "prefill")
+# The serving family's arms, in the order its requests run: the prefix hit right after the live request
+# whose cache it reads; every other reconstruction on an empty cache (engine.vllm.runtime).
+SERVING_ARMS = ("live", "prefix_hit", "live_replica", "prefill", "prefill_replica", "chunked", "batched")
+_SERVING_PAIRS = (("live", "live_replica"), ("prefill", "prefill_replica"), ("live", "prefix_hit"),
+                  ("live", "prefill"), ("prefill", "chunked"), ("prefill", "batched"))
 
 FAMILIES = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
@@ -107,4 +112,8 @@ FAMILIES = {family.name: family for family in (
            (*_CROSSING_PAIRS, *_TRANSPLANT_PAIRS), (CROSS,), "replication", ("causal",), bf16_only=True,
            headline_table=False, title="Replication on a later checkpoint (Table 6)",
            requires=("kv_tensors", "state_copy")),
+    Family("serving", SERVING_ARMS, _SERVING_PAIRS, tuple(f"{a}~{b}" for a, b in _SERVING_PAIRS[2:]), "all",
+           ("replica", "fidelity"), accuracy=("live", "prefill"), reductions=True,
+           title="Serving engine: prefix-cache hit, fresh, chunked and batched prefill vs live",
+           requires=("prefix_cache", "chunked_prefill")),
 )}

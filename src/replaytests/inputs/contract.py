@@ -123,6 +123,19 @@ SCHEMA = Section({
         "physical_batch": Value(int, low=1, high=MAX_BATCH),
     }),
     "protocol": Section({"visibility": Value(str, default="roles", choices=VISIBILITY_MODES)}, default={}),
+    # The settings of a serving engine under test (read by its backend only; docs/vllm.md).
+    "runtime": Section({"vllm": Section({
+        "version": _pin(),
+        "attention_backend": _pin(),
+        "block_size": Value(int, default=32, low=1, high=MAX_COUNT),
+        "enforce_eager": Value(bool, default=True),
+        "prefix_caching": Value(bool, default=True, choices=(True,),
+                                expect="true (the prefix_hit construction reads the engine's prefix cache)"),
+        "chunk_budget": Value(int, default=32, low=1, high=MAX_COUNT),
+        "max_num_seqs": Value(int, default=4, low=1, high=MAX_BATCH),
+        "kv_cache_gib": Value(int, default=1, low=1, high=MAX_DEVICES),
+        "logprobs": Value(int, default=8, low=2, high=20),
+    }, default={})}, default={}),
     "caps": Section({key: Value(int, low=1, high=MAX_COUNT) for key in ("branch", "merge", "answer")}),
     "delimiters": KeyedBy(DELIMITER_NAMES, "delimiter", Value(str), default={}),
     "banned_tokens": ListOf(Value(int, low=0, high=MAX_COUNT), default=[]),
@@ -152,6 +165,8 @@ SCHEMA = Section({
         "live": Section({"replicas_exact": Value(bool, default=True),
                          "suffix_divergence_allowed": _divergence(None)}, default={}),
         "batch": Section({"suffix_divergence_allowed": _divergence(None)}, default={}),
+        "serving": Section({"replicas_exact": Value(bool, default=True),
+                            "suffix_divergence_allowed": _divergence(None)}, default={}),
         "bridge": Section({"exact": Value(bool, default=True)}, default={}),
         "transplant": Section({"donor_recovery": Value(_NUMBER, default=1.0, low=0, high=1),
                                "controls_third_trajectory": Value(int, default=0, low=0, high=MAX_COUNT)},
@@ -203,6 +218,7 @@ class Contract:
     cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
     cache = property(lambda self: self.settings["environment"]["cache"])
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
+    vllm = property(lambda self: self.settings["runtime"]["vllm"])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])
 
@@ -316,13 +332,18 @@ def _check_together(s: dict, fields: _Fields) -> None:
     if sorted(s["boundary_checks"]) != sorted(BOUNDARY_CHECKS):
         raise fields.error("boundary_checks", f"expected each of {', '.join(BOUNDARY_CHECKS)} once (the engine "
                                               f"always runs every boundary check), got {s['boundary_checks']}")
+    vllm = s["runtime"]["vllm"]
+    if vllm["chunk_budget"] < vllm["max_num_seqs"]:
+        raise fields.error("runtime.vllm.chunk_budget",
+                           f"expected at least max_num_seqs ({vllm['max_num_seqs']}): vLLM refuses a smaller token "
+                           f"budget, got {vllm['chunk_budget']}")
     _fill_divergence(s["gates"])
 
 
 def _fill_divergence(gates: dict) -> None:
-    """live and batch divergence gates left unnamed take the crossing's value."""
+    """live, batch and serving divergence gates left unnamed take the crossing's value."""
     crossing = gates["crossing"]["suffix_divergence_allowed"]
-    for family in ("live", "batch"):
+    for family in ("live", "batch", "serving"):
         allowed = gates[family]["suffix_divergence_allowed"]
         allowed.update({p: crossing[p] for p, value in allowed.items() if value is None})
 

@@ -100,8 +100,9 @@ def _required(required: bool, message: str, gate: str) -> Judgement:
 class Gates:
     """The typed `gates:` section (docs/contract.md)."""
 
-    replicas_exact: dict[str, bool]  # family (crossing, live) -> replicas must be bit-exact
-    suffix_divergence_allowed: dict[str, dict[str, bool]]  # family (crossing, live, batch) -> precision -> allowed
+    replicas_exact: dict[str, bool]  # family (crossing, live, serving) -> replicas must be bit-exact
+    # family (crossing, live, batch, serving) -> precision -> allowed
+    suffix_divergence_allowed: dict[str, dict[str, bool]]
     bridge_exact: bool
     donor_recovery: float
     controls_third_trajectory: int
@@ -111,9 +112,9 @@ class Gates:
     def from_settings(cls, gates: dict) -> Gates:
         """From a validated `gates:` mapping with every default filled in."""
         return cls(
-            replicas_exact={family: gates[family]["replicas_exact"] for family in ("crossing", "live")},
+            replicas_exact={family: gates[family]["replicas_exact"] for family in ("crossing", "live", "serving")},
             suffix_divergence_allowed={family: dict(gates[family]["suffix_divergence_allowed"])
-                                       for family in ("crossing", "live", "batch")},
+                                       for family in ("crossing", "live", "batch", "serving")},
             bridge_exact=gates["bridge"]["exact"],
             donor_recovery=gates["transplant"]["donor_recovery"],
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
@@ -153,6 +154,30 @@ class Gates:
             return Judgement("recorded", f"divergence recorded, allowed by the contract: {detail}")
         return Judgement("fail", f"{detail}; the contract requires {precision} {family} suffixes to be exact "
                                  f"(gate {family}.suffix_divergence_allowed.{precision}: false)")
+
+    def served(self, record: dict, pair: str) -> Judgement:
+        """The premise of a serving pair (families.serving), from the engine's own counters: a fresh
+        prefill read nothing from the prefix cache (else the reset did not take: a failure); a prefix hit
+        reused a block the live request wrote while decoding, and a chunked prefill took more than one
+        scheduler step (else the comparison is vacuous: recorded as such, never passed)."""
+        served = {arm: record["arms"][arm]["served"] for arm in pair.split("~")}
+        stale = {arm: s["cached_tokens"] for arm, s in served.items() if arm not in ("live", "prefix_hit")
+                 and s["cached_tokens"]}
+        if stale:
+            return Judgement("fail", f"{where(record)}: {pair}: requests on an emptied prefix cache read tokens from "
+                                     f"it: {stale}")
+        if "prefix_hit" in served and not record["prefix_hit"]["covers_decode"]:
+            hit = record["prefix_hit"]
+            return Judgement("recorded", f"{where(record)}: vacuous prefix hit: the engine reused "
+                                         f"{hit['cached_tokens']} tokens, none past the {hit['prompt_block_tokens']} "
+                                         "of the prompt block's full blocks that the live request computed by "
+                                         "prefill (no live-decoded block was reused: the hit says nothing about the "
+                                         "live state)")
+        if "chunked" in served and (served["chunked"]["prefill_steps"] or 0) < 2:
+            steps = served["chunked"]["prefill_steps"]
+            return Judgement("recorded", f"{where(record)}: vacuous chunked prefill: the prompt took "
+                                         f"{'an unobserved number of' if steps is None else steps} scheduler step(s)")
+        return PASS
 
     def audit(self, message: str | None) -> Judgement:
         """A baseline record against its recomputation (`message`: what changed, None if it reproduced)."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from replaytests.inputs.contract import show
 
+# A serving engine's version and settings (runtime.vllm) are null for the Hugging Face backend.
 PLATFORM = {"cpu": ("hardware.device_kind", "hardware.cpu", "environment.cpu_isa", "environment.cpu_threads",
-                    "software.torch", "software.transformers"),
+                    "software.torch", "software.transformers", "software.vllm", "runtime.vllm"),
             "cuda": ("hardware.device_kind", "hardware.gpu_name", "hardware.compute_capability", "software.torch",
-                     "software.transformers", "software.cuda")}
+                     "software.transformers", "software.cuda", "software.vllm", "runtime.vllm")}
 
 
 def lookup(tree: dict, path: str):

@@ -133,7 +133,9 @@ def verdict_context(replay: ReplaySession, gathered: Gathered) -> dict:
 
 
 def describe_platform(platform: dict) -> str:
-    return ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in platform.items() if value is not None)
+    """One line: each field's last name and value (a section such as runtime.vllm only in run.json)."""
+    return ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in platform.items()
+                     if value is not None and not isinstance(value, dict))
 
 
 def pin_line(replay: ReplaySession) -> str:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
-                "transplant_row": "transplant", "replication_row": "replication"}
+                "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving"}
 CROSSING_GROUP = "bf16-crossing"
 READERS = frozenset(name for name, family in FAMILIES.items() if family.reads)
 # Families whose records another family reads across rows, with their readers: one worker computes them all

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from replaytests.engine.arms import Arms
-from replaytests.engine.backend import CAPABILITIES
+from replaytests.engine.backend import CAPABILITIES, SERVING
 from replaytests.engine.boundary import as_int, bitwise_equal
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.protocol import Delimiters, Grammar
@@ -99,10 +99,11 @@ def apply_numeric_flags(flags: PrecisionFlags, threads: int) -> dict:
 @dataclass
 class Runtime:
     """One model at one precision, with the protocol's grammar and the physical-batch forward: the Hugging
-    Face backend, which has every capability (one forward call with an explicit 4D mask, K/V in hand)."""
+    Face backend, which has every capability but a serving engine's (one forward call with an explicit 4D
+    mask, K/V in hand)."""
 
     name: ClassVar[str] = "hf"
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES)
+    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES) - SERVING
 
     precision: str
     flags: PrecisionFlags

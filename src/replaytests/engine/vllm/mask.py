@@ -1,0 +1,54 @@
+"""The structural logits mask inside vLLM: a logits processor that runs the protocol's grammar cursor
+over each request's tokens, and forces the tokens of a teacher-forced (incremental) construction.
+
+vLLM instantiates the class itself, in this process (the backend turns its multiprocessing off), so
+the grammar reaches it through GRAMMARS, keyed by the request's `extra_args`.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+from replaytests.engine.protocol import Cursor, Grammar
+
+GRAMMARS: dict[str, Grammar] = {}  # key -> the grammar of one backend
+ARG = "replaytests"  # the key of SamplingParams.extra_args this processor reads
+
+
+class StructuralMask(AdapterLogitsProcessor):
+    """Greedy choice under the grammar: every token outside the eligible set goes to -inf; where the
+    request forces its next tokens (`forced`), only the forced one stays."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # it changes the argmax: vLLM must apply it under greedy decoding
+
+    def new_req_logits_processor(self, params):
+        args = (params.extra_args or {}).get(ARG)
+        if args is None:
+            return None
+        return _Request(GRAMMARS[args["grammar"]], tuple(args.get("forced", ())))
+
+
+class _Request:
+    """One request's cursor, advanced over the tokens it decoded since the last step."""
+
+    def __init__(self, grammar: Grammar, forced: tuple[int, ...]) -> None:
+        self.grammar, self.forced = grammar, forced
+        self.cursor: Cursor | None = None
+        self.seen = 0
+
+    def __call__(self, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if self.cursor is None:
+            self.cursor = Cursor()
+            for token in prompt_ids:
+                self.cursor.advance(token, self.grammar)
+        for token in output_ids[self.seen:]:
+            self.cursor.advance(token, self.grammar)
+        self.seen = len(output_ids)
+        if self.seen < len(self.forced):
+            keep = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+            keep[self.forced[self.seen]] = True
+        else:
+            keep = self.grammar.eligible(self.cursor)[: logits.shape[0]]
+        return logits.masked_fill(~keep, float("-inf"))

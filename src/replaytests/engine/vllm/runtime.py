@@ -1,0 +1,320 @@
+"""The vLLM backend (engine.backend): one engine per precision, one request per construction.
+
+A construction is one request that decodes from its prompt through <|/answer|> under the structural
+mask (engine.vllm.mask); its boundary is the step that chooses the first merge-content token, and its
+suffix is what the same request decoded from there (a serving engine continues no state it did not
+build itself). What vLLM hands back are top-k logits (`processed_logits`: after the mask), so a
+boundary carries those in place of K/V and the full logit row.
+
+- `live`: the prompt block, decoded greedily through the merge opener and on.
+- `incremental`: the prompt block, then z's later tokens forced one decode step each (the live path,
+  teacher-forced), then the suffix.
+- `prefill`: z as one prompt, on an empty prefix cache.
+- `prefix_hit`: z as one prompt on the cache the request before it left (the family runs it right
+  after `live`); its `served.cached_tokens` is the engine's own count of reused tokens.
+- `chunked`: z as one prompt on a second engine whose token budget (runtime.vllm.chunk_budget) splits
+  the prefill; `served.prefill_steps` is the count of scheduler steps the prompt took, as the
+  scheduler itself planned them.
+- `batched`: z as one prompt beside two other requests of the same problem in one engine step.
+Each `X_replica` is the same request again on an empty cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from replaytests.engine.backend import Unsupported
+from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
+from replaytests.errors import BoundaryMismatch, ConfigError, shorten
+from replaytests.inputs.contract import Contract
+
+INSTALL = "bash tools/install-vllm.sh .venv-vllm (docs/vllm.md)"
+CONSTRUCTIONS = ("incremental", "prefill", "prefix_hit", "chunked", "batched")
+CPU_BLOCK = 32  # vLLM's CPU attention takes block sizes that are multiples of 32 only
+_LOWEST = torch.finfo(torch.float32).min  # every logit vLLM did not return (and every masked one)
+
+
+def environment(contract: Contract) -> dict[str, str]:
+    """The variables vLLM reads at import and engine start: in-process engine core (the structural mask
+    needs this process's grammar), offline, the KV cache size, the contract's thread count."""
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(contract.vllm["kv_cache_gib"]), "OMP_NUM_THREADS": str(contract.cpu_threads),
+            "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def import_vllm(contract: Contract):
+    """The vllm module, after setting its environment; a missing or broken install is one line."""
+    os.environ.update(environment(contract))
+    try:
+        import vllm
+    except Exception as exc:
+        raise ConfigError(f"--backend vllm: cannot import vllm ({type(exc).__name__}: "
+                          f"{shorten(str(exc).splitlines()[0] if str(exc) else '')}); install it in a venv of its "
+                          f"own: {INSTALL}") from None
+    return vllm
+
+
+def version() -> str | None:
+    """vLLM's version where it is installed here (read without importing it), else None."""
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            return metadata.version(name)
+    return None
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one request gave besides its boundary and suffix: the engine's counters for it."""
+
+    cached_tokens: int  # RequestOutput.num_cached_tokens: prompt tokens read from the prefix cache
+    prompt_block_tokens: int  # the tokens of full blocks inside z's prompt block (prefill-computed in live)
+    prefill_steps: int | None  # scheduler steps that computed the prompt (None: not observable here)
+    steps_digest: str  # sha256 of every suffix step's top-k (id, logit), in rank order
+    suffix: Suffix
+
+    @property
+    def hit_covers_decode(self) -> bool:
+        """The cache hit reused a block the live request wrote while decoding (else a hit is vacuous)."""
+        return self.cached_tokens > self.prompt_block_tokens
+
+
+class Runtime:
+    """One model at one precision on vLLM."""
+
+    name: ClassVar[str] = "vllm"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill"})
+
+    def __init__(self, model_dir: Path, contract: Contract, precision: str, device: str, vllm) -> None:
+        self.model_dir, self.contract, self.precision, self._vllm = model_dir, contract, precision, vllm
+        self.settings = contract.vllm
+        self.dtype = contract.precisions[precision].dtype
+        self.engine = self._engine(budget=None)
+        self.tokenizer = self.engine.get_tokenizer()
+        config = self.engine.llm_engine.model_config.hf_config
+        delims = Delimiters.resolve(self.tokenizer, contract.delimiters)
+        self.grammar = Grammar(delims, contract.caps, config.vocab_size, len(self.tokenizer), contract.banned_tokens,
+                               device)
+        self.vocab = config.vocab_size
+        self._key = f"{id(self)}"
+        from replaytests.engine.vllm import mask
+
+        mask.GRAMMARS[self._key] = self.grammar
+        self._chunked = None
+        self._steps: list[dict[str, int]] = []
+        self._watch(self.engine)
+        self._check_pins()
+
+    @classmethod
+    def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
+        if contract.visibility != "causal":
+            raise ConfigError(f"{contract.path}: protocol.visibility is {contract.visibility!r}, but vLLM attends "
+                              "causally and takes no role masks: freeze and replay a bank under a contract with "
+                              "protocol: {visibility: causal} (docs/vllm.md)")
+        if precision not in contract.precisions:
+            raise ConfigError(f"{contract.path}: precision {precision!r} is not in the contract's precisions "
+                              f"({', '.join(contract.precisions)})")
+        device = device or contract.device
+        block = contract.vllm["block_size"]
+        if device == "cpu" and block % CPU_BLOCK:
+            raise ConfigError(f"{contract.path}: runtime.vllm.block_size: expected a multiple of {CPU_BLOCK} on CPU "
+                              f"(vLLM's CPU attention refuses others), got {block}")
+        vllm = import_vllm(contract)
+        torch.set_num_threads(contract.cpu_threads)
+        return cls(model_dir, contract, precision, device, vllm)
+
+    def _engine(self, budget: int | None):
+        """A vLLM engine; `budget` splits every prefill into chunks of at most that many tokens."""
+        from replaytests.engine.vllm.mask import StructuralMask
+
+        length = int(json.loads((self.model_dir / "config.json").read_text())["max_position_embeddings"])
+        settings = self.settings
+        try:
+            return self._vllm.LLM(
+                str(self.model_dir), tokenizer=str(self.model_dir), dtype=self.dtype, seed=0,
+                enforce_eager=settings["enforce_eager"], block_size=settings["block_size"],
+                enable_prefix_caching=True, enable_chunked_prefill=True, max_model_len=length,
+                max_num_batched_tokens=budget or length, max_num_seqs=settings["max_num_seqs"],
+                logits_processors=[StructuralMask], logprobs_mode="processed_logits",
+                max_logprobs=settings["logprobs"], trust_remote_code=False)
+        except Exception as exc:
+            raise ConfigError(f"--backend vllm: the engine did not start on {self.model_dir} "
+                              f"({type(exc).__name__}: {shorten(str(exc))})") from None
+
+    def _watch(self, engine) -> None:
+        """Log each scheduler step's tokens per request (the only place a chunked prefill shows)."""
+        try:
+            scheduler = engine.llm_engine.engine_core.engine_core.scheduler
+        except AttributeError:  # another vLLM layout: chunks are then not observed (prefill_steps None)
+            return
+        planned = scheduler.schedule
+
+        def schedule(*args, **kwargs):
+            out = planned(*args, **kwargs)
+            self._steps.append(dict(out.num_scheduled_tokens))
+            return out
+
+        scheduler.schedule = schedule
+        engine._replaytests_watched = True
+
+    @property
+    def chunked_engine(self):
+        if self._chunked is None:
+            self._chunked = self._engine(budget=self.settings["chunk_budget"])
+            self._watch(self._chunked)
+        return self._chunked
+
+    @classmethod
+    def describe(cls, contract: Contract) -> dict:
+        """What the run's environment records of this runtime (part of its platform: a change is drift)."""
+        return {"software": {"vllm": version()}, "runtime": {"vllm": {**contract.vllm, "version": version()}}}
+
+    def attention_backend(self) -> str | None:
+        """The attention backend the engine chose (None where this vLLM does not say)."""
+        with contextlib.suppress(Exception):
+            layers = self.engine.llm_engine.vllm_config.compilation_config.static_forward_context
+            return next(iter(layers.values())).attn_backend.get_name()
+        return None
+
+    def _check_pins(self) -> None:
+        """The vLLM version and attention backend the contract pins are the ones running."""
+        pinned = {"version": version(), "attention_backend": self.attention_backend()}
+        for key, actual in pinned.items():
+            wanted = self.settings[key]
+            if wanted is not None and wanted != actual:
+                raise ConfigError(f"{self.contract.path}: runtime.vllm.{key}: the contract pins {wanted!r}, "
+                                  f"this engine runs {actual!r}")
+
+    def activate(self) -> None:
+        """Nothing to re-apply: each engine holds its own dtype and threads."""
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def _params(self, forced: list[int]):
+        caps = self.grammar.caps
+        room = len(forced) + 3 * (caps.branch + 2) + 1 + caps.suffix_room()
+        return self._vllm.SamplingParams(
+            temperature=0.0, max_tokens=room, logprobs=self.settings["logprobs"], ignore_eos=True,
+            stop_token_ids=[self.grammar.delims.closers[ANSWER]], detokenize=False, seed=0,
+            extra_args={"replaytests": {"grammar": self._key, "forced": forced}})
+
+    def _request(self, prompts: list[list[int]], forced: list[int] | None = None, engine=None, reset: bool = True):
+        """Run the prompts as one batch of requests; the first's output, and its prefill step count."""
+        engine = engine or self.engine
+        if reset:
+            engine.reset_prefix_cache()
+        self._steps.clear()
+        prompt_type = self._vllm.inputs.TokensPrompt
+        outs = engine.generate([prompt_type(prompt_token_ids=p) for p in prompts],
+                               [self._params((forced or []) if i == 0 else []) for i in range(len(prompts))],
+                               use_tqdm=False)
+        out = outs[0]
+        # The scheduler knows a request by its id plus a suffix of its own ("0-b81ba0b0" for request "0").
+        steps = [tokens for step in self._steps for rid, tokens in step.items()
+                 if rid == out.request_id or rid.startswith(f"{out.request_id}-")]
+        return out, _prefill_steps(steps, len(prompts[0]) - (out.num_cached_tokens or 0))
+
+    def _served(self, construction: str, prompt: list[int], z_len: int, out, prefill_steps: int | None) -> Boundary:
+        completion = out.outputs[0]
+        tokens = prompt + list(completion.token_ids)
+        where = f"vllm {construction} ({self.precision})"
+        if completion.finish_reason != "stop" or tokens[-1] != self.grammar.delims.closers[ANSWER]:
+            raise BoundaryMismatch(f"{where}: the request ended by {completion.finish_reason} after "
+                                   f"{len(completion.token_ids)} tokens, before <|/answer|>")
+        start = z_len - len(prompt)  # the output step that chooses the first merge-content token
+        steps = [sorted(((t, lp.logprob) for t, lp in step.items()), key=lambda item: -item[1])
+                 for step in completion.logprobs]
+        z = tokens[:z_len]
+        suffix_tokens = tokens[z_len:]
+        margins = [values[0][1] - values[1][1] for values in steps[start:]]
+        suffix = Suffix(suffix_tokens, margins, self._answer(z, suffix_tokens))
+        digest = hashlib.sha256(json.dumps([[[t, float(v).hex()] for t, v in s] for s in steps[start:]]).encode())
+        served = Served(out.num_cached_tokens or 0, len(prompt_of(z, self.grammar.delims)) //
+                        self.settings["block_size"] * self.settings["block_size"], prefill_steps,
+                        digest.hexdigest(), suffix)
+        return Boundary(construction, z, self.grammar.parse(z, where), None, self._logits(steps[start]), served)
+
+    def _logits(self, step: list[tuple[int, float]]) -> torch.Tensor:
+        """The boundary's logit row as vLLM shows it: its top-k (masked to -inf: the lowest float32), the
+        lowest float32 elsewhere; a NaN stays a NaN."""
+        row = torch.full((self.vocab,), _LOWEST, dtype=torch.float32)
+        for token, value in step:
+            row[token] = _LOWEST if value == float("-inf") else value
+        return row
+
+    def _answer(self, z: list[int], suffix: list[int]) -> str:
+        cursor, grammar, ids = Cursor(block=MERGE, open=True, count=0), self.grammar, []
+        delims = set(grammar.delims.all_ids)
+        for token in suffix:
+            if cursor.role_of_next() == ANSWER and token not in delims:
+                ids.append(token)
+            cursor.advance(token, grammar)
+        return self.tokenizer.decode(ids)
+
+    # --- the Backend protocol --------------------------------------------------------------------
+
+    def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
+        out, steps = self._request([prompt_block])
+        output = list(out.outputs[0].token_ids)
+        merge = self.grammar.delims.openers[MERGE]
+        if merge not in output:
+            raise BoundaryMismatch(f"vllm {construction} ({self.precision}): the request never opened the merge "
+                                   f"block ({out.outputs[0].finish_reason} after {len(output)} tokens)")
+        return self._served(construction, prompt_block, len(prompt_block) + output.index(merge) + 1, out, steps)
+
+    def build(self, construction: str, z: list[int]) -> Boundary:
+        kind = construction.removesuffix("_replica")
+        if kind not in CONSTRUCTIONS:
+            raise ConfigError(f"vllm: unknown construction {construction!r} (expected one of "
+                              f"{', '.join(CONSTRUCTIONS)}, or live)")
+        if kind == "incremental":
+            prompt = prompt_of(z, self.grammar.delims)
+            out, steps = self._request([prompt], forced=z[len(prompt):])
+            return self._served(construction, prompt, len(z), out, steps)
+        engine = self.chunked_engine if kind == "chunked" else None
+        prompts = [z, *self.companions(z)] if kind == "batched" else [z]
+        out, steps = self._request(prompts, engine=engine, reset=kind != "prefix_hit")
+        return self._served(construction, z, len(z), out, steps)
+
+    def companions(self, z: list[int]) -> list[list[int]]:
+        """Two other requests of z's problem, sharing no full block with it: its prompt block with the
+        content reversed (decoding live beside z) and z with its prompt content reversed (a prefill of
+        the same length)."""
+        prompt = prompt_of(z, self.grammar.delims)
+        flipped = [prompt[0], *reversed(prompt[1:-1]), prompt[-1]]
+        return [flipped, flipped + z[len(prompt):]]
+
+    def suffix(self, boundary: Boundary) -> Suffix:
+        return boundary.state.suffix
+
+    def transplant(self, recipient, donor, layers=None, parts=("k", "v")) -> Boundary:
+        raise Unsupported(f"backend {self.name} exposes no K/V tensors to transplant")
+
+    def with_batch(self, batch: int) -> Runtime:
+        raise Unsupported(f"backend {self.name} schedules its own batches")
+
+    def first_copy(self, boundary: Boundary) -> Boundary:
+        raise Unsupported(f"backend {self.name} exposes no K/V tensors to copy")
+
+
+def _prefill_steps(steps: list[int], uncached: int) -> int | None:
+    """How many scheduler steps computed the `uncached` prompt tokens (None where no step was seen)."""
+    if not steps:
+        return None
+    done = count = 0
+    for tokens in steps:
+        if done >= uncached:
+            break
+        done, count = done + tokens, count + 1
+    return count
+

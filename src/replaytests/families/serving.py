@@ -1,0 +1,48 @@
+"""Serving engine: the constructions a serving engine's users meet, each against the live request.
+
+Per row and precision, on a backend with a prefix cache and chunked prefill (vLLM): the live request
+and its replica, a prefix-cache hit (the live z again, right after the live request, on the cache it
+left), a fresh prefill of the live z and its replica, a chunked prefill and the same prefill in a batch
+beside other requests. Beside the usual comparisons each arm records what the engine itself counted
+(`served`): the prompt tokens it read from its prefix cache, the scheduler steps the prompt took, and
+a digest of every suffix step's top-k logits (a pair is `steps_exact` when all of them are bitwise
+equal). A hit is evidence only where it reused a block the live request wrote while decoding
+(`prefix_hit.covers_decode`); otherwise it is vacuous, and the tests say so (docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+from replaytests.engine.backend import Backend
+from replaytests.engine.protocol import prompt_of
+from replaytests.families.registry import FAMILIES
+from replaytests.families.skeleton import evaluate
+from replaytests.inputs.bank import BankRow
+
+FAMILY = FAMILIES["serving"]
+SERVED = ("cached_tokens", "prompt_block_tokens", "prefill_steps", "steps_digest")
+
+
+def run(runtime: Backend, row: BankRow) -> dict:
+    prompt_block = prompt_of(row.tokens, runtime.grammar.delims)
+    built = {}
+
+    def build():
+        live = built["live"] = runtime.live(prompt_block)
+        yield live
+        for arm in FAMILY.arms[1:]:
+            built[arm] = (runtime.live(prompt_block, arm) if arm == "live_replica" else
+                          runtime.build(arm, live.tokens))
+            yield built[arm]
+
+    record = evaluate(runtime, row, FAMILY, build)
+    if record["status"] != "ok":
+        return record
+    served = {arm: {name: getattr(boundary.state, name) for name in SERVED} for arm, boundary in built.items()}
+    for arm, values in served.items():
+        record["arms"][arm]["served"] = values
+    for a, b in FAMILY.pairs:
+        record["comparisons"][f"{a}~{b}"]["steps_exact"] = served[a]["steps_digest"] == served[b]["steps_digest"]
+    hit = served["prefix_hit"]
+    record["prefix_hit"] = {"cached_tokens": hit["cached_tokens"], "prompt_block_tokens": hit["prompt_block_tokens"],
+                            "covers_decode": hit["cached_tokens"] > hit["prompt_block_tokens"]}
+    return record

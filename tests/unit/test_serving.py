@@ -1,0 +1,102 @@
+"""The serving family's judging and the vLLM backend's refusals, without vLLM: a prefix hit is evidence
+only where the engine's counter shows it reused a live-decoded block, a chunked prefill only where the
+scheduler split it, and a fresh prefill must read nothing from the cache (tests/vllm/ runs the engine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+
+import pytest
+
+from replaytests.engine.vllm.runtime import INSTALL, Runtime, _prefill_steps
+from replaytests.errors import ConfigError
+from replaytests.families.registry import FAMILIES
+from replaytests.inputs.contract import load_contract
+
+SERVING = FAMILIES["serving"]
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _record(hit_cached=96, prompt_block=64, chunked_steps=4, fresh_cached=0) -> dict:
+    served = dict.fromkeys(SERVING.arms)
+    for arm in SERVING.arms:
+        served[arm] = {"cached_tokens": fresh_cached, "prompt_block_tokens": prompt_block, "prefill_steps": 1,
+                       "steps_digest": "d"}
+    served["live"]["cached_tokens"] = 0
+    served["prefix_hit"]["cached_tokens"] = hit_cached
+    served["chunked"]["prefill_steps"] = chunked_steps
+    return {"family": "serving", "row": "tiny-001", "precision": "bf16",
+            "arms": {arm: {"served": values} for arm, values in served.items()},
+            "prefix_hit": {"cached_tokens": hit_cached, "prompt_block_tokens": prompt_block,
+                           "covers_decode": hit_cached > prompt_block}}
+
+
+@pytest.fixture(scope="module")
+def gates(repo):
+    return load_contract(repo / "contracts" / "cpu-tiny-vllm.yaml").gates
+
+
+@pytest.mark.parametrize(("record", "pair", "outcome", "says"), [
+    pytest.param(_record(), "live~prefix_hit", "pass", "", id="hit-covers-a-decoded-block"),
+    pytest.param(_record(hit_cached=64), "live~prefix_hit", "recorded", "vacuous prefix hit",
+                 id="hit-prompt-blocks-only"),
+    pytest.param(_record(hit_cached=0, prompt_block=0), "live~prefix_hit", "recorded", "reused 0 tokens",
+                 id="no-hit"),
+    pytest.param(_record(chunked_steps=1), "prefill~chunked", "recorded", "vacuous chunked prefill",
+                 id="prefill-in-one-step"),
+    pytest.param(_record(chunked_steps=None), "prefill~chunked", "recorded", "unobserved", id="steps-unobserved"),
+    pytest.param(_record(), "prefill~chunked", "pass", "", id="chunked-in-four-steps"),
+    pytest.param(_record(fresh_cached=32), "prefill~batched", "fail", "read tokens from it", id="stale-cache"),
+    pytest.param(_record(fresh_cached=32), "live~prefill", "fail", "'prefill': 32", id="stale-fresh-prefill"),
+])
+def test_a_serving_pair_counts_only_where_its_premise_held(gates, record, pair, outcome, says):
+    judgement = gates.served(record, pair)
+    assert judgement.outcome == outcome, f"{pair}: {judgement}"
+    assert says in judgement.message, judgement.message
+
+
+def test_a_hit_is_vacuous_exactly_up_to_the_prompt_blocks_full_blocks():
+    """`covers_decode` as the family records it: one token past the prompt block's full blocks counts."""
+    assert _record(hit_cached=65)["prefix_hit"]["covers_decode"]
+    assert not _record(hit_cached=64)["prefix_hit"]["covers_decode"]
+
+
+@pytest.mark.parametrize(("steps", "uncached", "expected"), [
+    ([123, 1, 1], 123, 1), ([32, 32, 32, 27, 1, 1], 123, 4), ([1, 1], 0, 0), ([], 10, None)],
+    ids=["one-step", "four-chunks", "all-cached", "unobserved"])
+def test_prefill_steps_count_the_steps_that_computed_the_prompt(steps, uncached, expected):
+    assert _prefill_steps(steps, uncached) == expected
+
+
+def _contract(tmp_path, repo, body: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"extends: {repo / 'contracts' / 'cpu-tiny-vllm.yaml'}\nname: c\n{body}")
+    return load_contract(path)
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    pytest.param("protocol: {visibility: roles}\n", "vLLM attends causally", id="roles-visibility"),
+    pytest.param("runtime: {vllm: {block_size: 48}}\n", "runtime.vllm.block_size: expected a multiple of 32",
+                 id="block-size"),
+])
+def test_the_vllm_backend_refuses_what_it_cannot_run_in_one_line(tmp_path, repo, body, says):
+    contract = _contract(tmp_path, repo, body)
+    with pytest.raises(ConfigError, match=re.escape(says)) as caught:
+        Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", contract, "fp32", "cpu")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_chunk_budget_below_the_sequences_is_refused(tmp_path, repo):
+    with pytest.raises(ConfigError, match=r"runtime\.vllm\.chunk_budget: expected at least max_num_seqs"):
+        _contract(tmp_path, repo, "runtime: {vllm: {chunk_budget: 2, max_num_seqs: 4}}\n")
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed here")
+def test_without_vllm_the_backend_names_the_install_command(repo, monkeypatch):
+    contract = load_contract(repo / "contracts" / "cpu-tiny-vllm.yaml")
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the backend sets vLLM's variables before the import
+    with pytest.raises(ConfigError, match="cannot import vllm") as caught:
+        Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", contract, "fp32", "cpu")
+    assert INSTALL in str(caught.value) and "\n" not in str(caught.value)
