@@ -31,7 +31,8 @@ def _run(root: Path, name: str, *args: str, contract: Path = CONTRACT):
 
 
 def _records(run: Path, family: str) -> list[dict]:
-    return [r for line in (run / "ledger.jsonl").read_text().splitlines() if (r := json.loads(line))["family"] == family]
+    records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    return [r for r in records if r["family"] == family]
 
 
 @pytest.fixture(scope="module")
