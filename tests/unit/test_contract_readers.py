@@ -16,6 +16,7 @@ from test_contract import schema_paths
 
 from replaytests.engine.hf import environment, runtime
 from replaytests.engine.protocol import Delimiters
+from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
 from replaytests.inputs.contract import PRECISIONS, SCHEMA, Value
@@ -49,7 +50,16 @@ READERS = {
     **{f"gates.{path}": gates.Gates.from_settings for path in (
         "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
         "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",
-        "transplant.donor_recovery", "transplant.controls_third_trajectory", "audit.reproduce")},
+        "transplant.donor_recovery", "transplant.controls_third_trajectory", "audit.reproduce",
+        "serving.replicas_exact", "serving.suffix_divergence_allowed")},
+    "runtime.vllm.version": vllm_runtime.Runtime._check_pins,
+    "runtime.vllm.attention_backend": vllm_runtime.Runtime._check_pins,
+    "runtime.vllm.block_size": vllm_runtime.Runtime.load,
+    "runtime.vllm.enforce_eager": vllm_runtime.Runtime._engine,
+    "runtime.vllm.max_num_seqs": vllm_runtime.Runtime._engine,
+    "runtime.vllm.logprobs": vllm_runtime.Runtime._engine,
+    "runtime.vllm.chunk_budget": vllm_runtime.Runtime.chunked_engine.fget,
+    "runtime.vllm.kv_cache_gib": vllm_runtime.environment,
 }
 
 

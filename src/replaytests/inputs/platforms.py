@@ -24,10 +24,14 @@ def lookup(tree: dict, path: str):
     return tree
 
 
+SERVING_ONLY = ("software.vllm", "runtime.vllm")  # left out where null: a platform without a serving engine
+
+
 def platform_of(env: dict) -> dict:
     """The platform of a captured environment: its PLATFORM fields, keyed by their dotted paths."""
     kind = env["hardware"]["device_kind"] or env["environment"]["device"].split(":")[0]
-    return {path: lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
+    found = {path: lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
+    return {path: value for path, value in found.items() if value is not None or path not in SERVING_ONLY}
 
 
 def platform_differences(recorded: dict | None, here: dict, artifact: str, here_name: str = "here") -> list[str]:
