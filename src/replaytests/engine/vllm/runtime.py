@@ -83,11 +83,6 @@ class Served:
     steps_digest: str  # sha256 of every suffix step's top-k (id, logit), in rank order
     suffix: Suffix
 
-    @property
-    def hit_covers_decode(self) -> bool:
-        """The cache hit reused a block the live request wrote while decoding (else a hit is vacuous)."""
-        return self.cached_tokens > self.prompt_block_tokens
-
 
 class Runtime:
     """One model at one precision on vLLM."""
@@ -165,7 +160,6 @@ class Runtime:
             return out
 
         scheduler.schedule = schedule
-        engine._replaytests_watched = True
 
     @property
     def chunked_engine(self):
