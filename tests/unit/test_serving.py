@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from replaytests.engine.vllm.runtime import INSTALL, Runtime, _prefill_steps
+from replaytests.engine.vllm.runtime import INSTALL, Runtime, _prefill_steps, cpu_kernels
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.contract import load_contract
@@ -100,3 +100,25 @@ def test_without_vllm_the_backend_names_the_install_command(repo, monkeypatch):
     with pytest.raises(ConfigError, match="cannot import vllm") as caught:
         Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", contract, "fp32", "cpu")
     assert INSTALL in str(caught.value) and "\n" not in str(caught.value)
+
+
+AMX_CPU = {"avx2", "fma", "avx512f", "amx_tile"}
+
+
+@pytest.mark.parametrize(("flags", "aten", "onednn", "expected"), [
+    pytest.param(AMX_CPU, None, None, "AMX", id="amx-unpinned"),
+    pytest.param(AMX_CPU, "avx2", "AVX2", "below AVX512", id="amx-pinned-avx2"),
+    pytest.param(AMX_CPU, "avx512", "AVX512_CORE", "AVX512", id="amx-pinned-avx512"),
+    pytest.param(AMX_CPU, None, "AVX512_CORE_AMX", "AMX", id="amx-onednn-amx"),
+    pytest.param({"avx2", "fma", "avx512f"}, None, None, "AVX512", id="avx512-unpinned"),
+    pytest.param({"avx2", "fma"}, None, None, "below AVX512", id="avx2-unpinned"),
+])
+def test_vllm_kernels_follow_the_pin_not_the_hardware(monkeypatch, flags, aten, onednn, expected):
+    """vLLM asks torch what the CPU has; under a pin below AMX its AMX GEMMs abort in torch's capped
+    oneDNN, so the backend answers for the pinned level (runtime.cpu_kernels, recorded in the platform)."""
+    for name, value in (("ATEN_CPU_CAPABILITY", aten), ("ONEDNN_MAX_CPU_ISA", onednn)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert cpu_kernels(flags) == expected, f"flags {sorted(flags)}, ATEN {aten}, oneDNN {onednn}"

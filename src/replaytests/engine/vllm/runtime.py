@@ -36,6 +36,7 @@ from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
 from replaytests.inputs.contract import Contract
+from replaytests.inputs.cpu_isa import ATEN, ONEDNN, cpu_flags
 
 INSTALL = "bash tools/install-vllm.sh .venv-vllm (docs/vllm.md)"
 CONSTRUCTIONS = ("incremental", "prefill", "prefix_hit", "chunked", "batched")
@@ -51,9 +52,35 @@ def environment(contract: Contract) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
+def cpu_kernels(flags: set[str] | None = None) -> str:
+    """The instruction set vLLM's own CPU kernels (its GEMMs, its attention) run here: the best this CPU
+    has, capped by the pin (environment.cpu_isa, through ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA)."""
+    flags = (cpu_flags() or set()) if flags is None else flags
+    onednn, aten = os.environ.get(ONEDNN), os.environ.get(ATEN)
+    if "amx_tile" in flags and (onednn in (None, "ALL", "DEFAULT") or "AMX" in onednn):
+        return "AMX"
+    if "avx512f" in flags and aten in (None, "avx512"):
+        return "AVX512"
+    return "below AVX512"
+
+
+def _follow_pin() -> None:
+    """vLLM picks its CPU kernels by asking torch what the hardware has (torch.cpu._is_amx_tile_supported,
+    _is_avx512_supported), not what the pin allows. On a CPU with AMX under any pin, its BF16 GEMMs then
+    pack weights for AMX, and torch's oneDNN, capped below AMX, aborts the process ("BFloat16 Brgemm VNNI
+    format is only supported ... when amx is supported"). So those questions get the pinned answer."""
+    level = cpu_kernels()
+    if level != "AMX":
+        torch.cpu._is_amx_tile_supported = lambda: False
+    if level == "below AVX512":
+        torch.cpu._is_avx512_supported = lambda: False
+
+
 def import_vllm(contract: Contract):
     """The vllm module, after setting its environment; a missing or broken install is one line."""
     os.environ.update(environment(contract))
+    if contract.device == "cpu":
+        _follow_pin()
     try:
         import vllm
     except Exception as exc:
@@ -171,7 +198,10 @@ class Runtime:
     @classmethod
     def describe(cls, contract: Contract) -> dict:
         """What the run's environment records of this runtime (part of its platform: a change is drift)."""
-        return {"software": {"vllm": version()}, "runtime": {"vllm": {**contract.vllm, "version": version()}}}
+        settings = {**contract.vllm, "version": version()}
+        if contract.device == "cpu":
+            settings["cpu_kernels"] = cpu_kernels()
+        return {"software": {"vllm": version()}, "runtime": {"vllm": settings}}
 
     def attention_backend(self) -> str | None:
         """The attention backend the engine chose (None where this vLLM does not say)."""
