@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import scipy.sparse  # noqa: F401 - see below
 import torch
+import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - see below
 
 from replaytests.engine.boundary import Boundary
 from replaytests.engine.hf import constructions
@@ -24,6 +26,11 @@ from replaytests.engine.protocol import DELIMITER_NAMES, Caps, Delimiters, Gramm
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.contract import Contract, load_contract
+
+# pytester's in-process runs drop the modules each run imported, and some cannot be loaded twice in one
+# process (numpy.fft, reached through scipy.sparse; torch.distributed's operator library, reached through
+# the tiny model's modeling module): imported here once, before any such run, so that a test module runs on
+# its own as it runs in the whole suite.
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "fixtures" / "models" / "tiny-qwen2"

@@ -323,6 +323,9 @@ PYTEST = {
                               r"m/model\.safetensors: tensor 'model\.norm\.weight' holds 3 NaN and 0 infinite values"),
     "model-inf-weights": Case(lambda w: ["--model", str(w.model_with("m", _poison(float("inf"))))],
                               r"m/model\.safetensors: tensor 'model\.norm\.weight' holds 0 NaN and 3 infinite"),
+    "model-deleted-tensor": Case(lambda w: ["--model", str(w.model_with("m", _drop_tensor)), "--accept-changed",
+                                            "model"], r"/m: 1 weight tensor\(s\) missing from the checkpoint .*: "
+                                                      r"model\.norm\.weight"),
     "aten-capability-unknown": Case(lambda w: [], r"ATEN_CPU_CAPABILITY='banana' in the environment: torch would "
                                                   r"ignore it", env={"ATEN_CPU_CAPABILITY": "banana"}),
     "aten-capability-uppercase": Case(lambda w: [], r"ATEN_CPU_CAPABILITY='AVX2' in the environment",
@@ -384,6 +387,10 @@ COMMANDS = {
         r"nothing to compare", "compare"),
     "compare-disjoint-rows": Case(lambda w: [str(_rows_only(w, "a", "tiny-000")), str(_rows_only(w, "b", "tiny-001"))],
                                   r"no \(family, row, precision\) record in common", "compare"),
+    "compare-root-latest-a-file": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_root_with(
+        w, lambda r: (r / "latest").write_text("x")))], r"root/latest is a file, not the link to a run", "compare"),
+    "report-root-latest-a-file": Case(lambda w: [str(_root_with(w, lambda r: (r / "latest").write_text("x")))],
+                                      r"root/latest is a file, not the link to a run", "report"),
     "compare-interrupted-new": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_interrupted(w))],
                                     r"interrupted \(new\) is an interrupted run .*--accept-interrupted", "compare"),
     "compare-interrupted-baseline": Case(lambda w: [str(_interrupted(w)), str(DEFAULT_BASELINE_DIR)],
@@ -471,4 +478,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 104, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 108, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

@@ -42,17 +42,20 @@ def _processes_naming(marker: str) -> list[str]:
 @pytest.mark.parametrize(("workers", "how"), [
     pytest.param("2", "sigterm-to-audit", id="sigterm-xdist"),
     pytest.param("1", "ctrl-c-to-group", id="ctrl-c-one-process"),
+    pytest.param(None, "sigterm-to-pytest", id="sigterm-plain-pytest"),
 ])
 def test_a_stopped_audit_keeps_what_it_finished(tmp_path, workers, how):
     root, name = tmp_path / "reports", f"stopped-{workers}-{os.getpid()}"
-    argv = [str(Path(sys.executable).with_name("replaytests")), "audit", "--rows", "4", "--precision", "fp32",
-            "--workers", workers, "--report-dir", str(root), "--run-name", name]
+    run_options = ["--rows", "4", "--precision", "fp32", "--report-dir", str(root), "--run-name", name]
+    argv = ([str(Path(sys.executable).with_name("replaytests")), "audit", "--workers", workers, *run_options]
+            if workers else [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:xdist",
+                             "-p", "no:cacheprovider", *run_options])
     audit = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              env=os.environ | {"CI": "1"})
     records = root / name / RECORDS
     try:
         _wait_for(lambda: records.is_file() and records.read_text().count("\n") >= 1, 240, "a first record")
-        if how == "sigterm-to-audit":
+        if how.startswith("sigterm"):
             audit.send_signal(signal.SIGTERM)
         else:
             os.killpg(audit.pid, signal.SIGINT)  # the terminal's Ctrl-C: the audit's whole process group
@@ -69,4 +72,6 @@ def test_a_stopped_audit_keeps_what_it_finished(tmp_path, workers, how):
     assert kept, "the interrupted run's ledger holds no record: the finished records were lost"
     assert not (root / LATEST).exists(), "latest was moved to an interrupted run"
     assert "verdict: INTERRUPTED" in text, f"the audit's closing verdict is missing:\n{text[-2000:]}"
+    if how == "sigterm-to-pytest":
+        assert "interrupted (SIGTERM)" in text, f"the stop does not name SIGTERM:\n{text[-2000:]}"
     _wait_for(lambda: not _processes_naming(name), 30, f"the processes of run {name} to end")

@@ -19,7 +19,7 @@ import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.errors import ConfigError, short
+from replaytests.errors import ConfigError, LedgerError, short
 
 MARKER = ".replaytests-root"
 LOCK = ".lock"
@@ -141,7 +141,11 @@ def ledger_of(path: Path) -> Path:
     """The ledger a path names: a ledger file, a run directory holding one, or a report root (its
     latest completed run)."""
     path = Path(path)
-    if path.is_dir() and not (path / LEDGER).exists() and (
-            (path / LATEST / LEDGER).exists() or (path / LATEST).is_symlink()):  # a dangling latest: named so
-        return path / LATEST / LEDGER
+    latest = path / LATEST
+    if path.is_dir() and not (path / LEDGER).exists():
+        if (latest / LEDGER).exists() or latest.is_symlink():  # a dangling latest: named so
+            return latest / LEDGER
+        if latest.is_file():
+            raise LedgerError(f"{path}: {latest} is a file, not the link to a run that replaytests makes, so it "
+                              "names no run; pass a run directory or a ledger")
     return path / LEDGER if path.is_dir() else path

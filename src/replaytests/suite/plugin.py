@@ -240,7 +240,9 @@ def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
     previous = signal.getsignal(signal.SIGINT)
 
     def interrupt(signum, frame) -> None:
-        session.shouldstop = "interrupted (Ctrl-C): the records finished so far are written; Ctrl-C again stops at once"
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        session.shouldstop = (f"interrupted ({name}): the records finished so far are written; a second signal "
+                              "stops at once")
         signal.signal(signal.SIGINT, previous)
 
     signal.signal(signal.SIGINT, interrupt)
@@ -256,7 +258,7 @@ def terminate_like_interrupt() -> None:
     def terminate(signum, frame) -> None:
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
-            handler(signal.SIGINT, frame)
+            handler(signal.SIGTERM, frame)
         else:
             raise KeyboardInterrupt
 

@@ -152,6 +152,8 @@ class ReplaySession:
         longest = max(row.prefix_len for row in rows) + contract.caps.suffix_room()
         check_window(options.model, config, longest)
         integrity = verify_inputs(options.bank, options.model, list(grammar.delims.all_ids), options.accept_changed)
+        if integrity.actual["model"] != get_path(integrity.manifest, "model", "sha256"):
+            hf_adapter.check_tensors(options.model)  # the bank's own model loaded whole when it was frozen
         if options.later_model is not None:
             check_window(options.later_model, check_model(options.later_model, contract, "--replication-model")[1],
                          longest)
