@@ -122,3 +122,22 @@ def test_vllm_kernels_follow_the_pin_not_the_hardware(monkeypatch, flags, aten, 
         else:
             monkeypatch.setenv(name, value)
     assert cpu_kernels(flags) == expected, f"flags {sorted(flags)}, ATEN {aten}, oneDNN {onednn}"
+
+
+INF = float("-inf")
+STEPS = (((7, 2.0), (3, 1.5)), ((4, 1.0), (9, INF)), ((5, 3.0), (6, 0.0)))
+
+
+@pytest.mark.parametrize(("b", "divergence", "expected"), [
+    pytest.param(STEPS, None, {"steps_first_difference": None, "steps_max_abs": 0.0}, id="bitwise-equal"),
+    pytest.param((STEPS[0], ((4, 1.25), (9, INF)), STEPS[2]), None,
+                 {"steps_first_difference": 1, "steps_max_abs": 0.25}, id="one-logit-moved"),
+    pytest.param((STEPS[0], ((9, 1.0), (4, 0.5)), ((1, 99.0), (2, -99.0))), 1,
+                 {"steps_first_difference": 1, "steps_max_abs": 0.5}, id="only-up-to-the-split"),
+    pytest.param((((3, 1.5), (7, 2.0)), *STEPS[1:]), None,
+                 {"steps_first_difference": 0, "steps_max_abs": 0.0}, id="same-values-other-order"),
+])
+def test_suffix_steps_are_compared_up_to_where_the_tokens_split(b, divergence, expected):
+    from replaytests.families.serving import compare_steps
+
+    assert compare_steps(STEPS, b, divergence) == expected, f"steps {STEPS} vs {b}, divergence {divergence}"

@@ -12,6 +12,8 @@ equal). A hit is evidence only where it reused a block the live request wrote wh
 
 from __future__ import annotations
 
+import math
+
 from replaytests.engine.backend import Backend
 from replaytests.engine.protocol import prompt_of
 from replaytests.families.registry import FAMILIES
@@ -20,6 +22,18 @@ from replaytests.inputs.bank import BankRow
 
 FAMILY = FAMILIES["serving"]
 SERVED = ("cached_tokens", "prompt_block_tokens", "prefill_steps", "steps_digest")
+
+
+def compare_steps(a: tuple, b: tuple, divergence: int | None) -> dict:
+    """Two arms' suffix steps, each its top-k (id, logit) row, compared up to the step where their tokens
+    split (after it the two decode other sequences): the first step whose row differs in any bit (None
+    where none does), and the largest |difference| of a finite logit both rows hold (the mask's -inf
+    are the grammar's, the same in both)."""
+    shared = min(len(a), len(b)) if divergence is None else divergence + 1
+    first = next((i for i in range(shared) if a[i] != b[i]), None)
+    deltas = [abs(value - other[token]) for i in range(shared) for other in (dict(b[i]),) for token, value in a[i]
+              if token in other and math.isfinite(value) and math.isfinite(other[token])]
+    return {"steps_first_difference": first, "steps_max_abs": max(deltas, default=0.0)}
 
 
 def run(runtime: Backend, row: BankRow) -> dict:
@@ -41,7 +55,9 @@ def run(runtime: Backend, row: BankRow) -> dict:
     for arm, values in served.items():
         record["arms"][arm]["served"] = values
     for a, b in FAMILY.pairs:
-        record["comparisons"][f"{a}~{b}"]["steps_exact"] = served[a]["steps_digest"] == served[b]["steps_digest"]
+        comparison = record["comparisons"][f"{a}~{b}"]
+        comparison["steps_exact"] = served[a]["steps_digest"] == served[b]["steps_digest"]
+        comparison |= compare_steps(built[a].state.steps, built[b].state.steps, comparison["first_divergence"])
     hit = served["prefix_hit"]
     record["prefix_hit"] = {"cached_tokens": hit["cached_tokens"], "prompt_block_tokens": hit["prompt_block_tokens"],
                             "covers_decode": hit["cached_tokens"] > hit["prompt_block_tokens"]}

@@ -52,9 +52,11 @@ def where(record: dict) -> str:
 
 
 def inexact(metrics: dict) -> list[str]:
-    """The bit-exactness fields (cache, logits, suffix) that are not true for one comparison. A cache
-    the backend does not expose is recorded as null (not measured): it is not counted either way."""
-    return [name for name in BIT_EXACT if metrics.get(name) is not True and not unmeasured(metrics, name)]
+    """The bit-exactness fields (cache, logits, suffix; and every suffix step's logits where a serving
+    engine recorded them, `steps_exact`) that are not true for one comparison. A cache the backend does
+    not expose is recorded as null (not measured): it is not counted either way."""
+    names = (*BIT_EXACT, "steps_exact") if "steps_exact" in metrics else BIT_EXACT
+    return [name for name in names if metrics.get(name) is not True and not unmeasured(metrics, name)]
 
 
 def unmeasured(metrics: dict, name: str = "cache_exact") -> bool:
@@ -87,6 +89,9 @@ def differences(metrics: dict, pair: str) -> list[str]:
     if not metrics["suffix_equal"]:
         out.append(f"{pair} suffixes diverge at suffix index {metrics['first_divergence']} "
                    f"(top-1 minus top-2 margins {metrics['margins_at_divergence']})")
+    elif metrics.get("steps_exact") is False:
+        out.append(f"{pair} suffix logits differ from step {metrics.get('steps_first_difference')} on (max |d| "
+                   f"{metrics.get('steps_max_abs', float('nan')):.3g}), the tokens do not")
     return out
 
 

@@ -18,8 +18,8 @@ from replaytests.errors import ConfigError, LedgerError, short
 from replaytests.families.registry import FAMILIES
 from replaytests.files import write_set
 from replaytests.inputs.contract import PRECISIONS  # reductions are BF16 -> FP32 on the rows present at both
-from replaytests.inputs.gates import BIT_EXACT, bit_exact, replicas_exact
-from replaytests.outputs import causal, ledger, summary
+from replaytests.inputs.gates import bit_exact, replicas_exact
+from replaytests.outputs import causal, ledger, serving, summary
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.stats import (
     LEVEL,
@@ -59,11 +59,12 @@ FLAGS = {
     "suffix_divergence": ("suffix_equal", True),
     "answer_divergence": ("answer_equal", True),
     "correctness_divergence": ("correct_equal", True),
+    "steps_exact": ("steps_exact", False),  # a serving engine: every suffix step's top-k logits bitwise equal
 }
 DIVERGENCES = ("suffix_divergence", "answer_divergence", "correctness_divergence")
 # report name: the comparison fields whose per-row maximum it summarises
 SPREADS = {"cache_max_abs": ("k_max_abs", "v_max_abs"), "k_rel_l2": ("k_rel_l2",), "v_rel_l2": ("v_rel_l2",),
-           "logits_max_abs": ("logits_max_abs",)}
+           "logits_max_abs": ("logits_max_abs",), "steps_max_abs": ("steps_max_abs",)}
 PER_LAYER = ("k_rel_l2_per_layer", "v_rel_l2_per_layer")
 
 
@@ -87,8 +88,8 @@ def _pair(comps: list[dict]) -> dict:
     out: dict = {"rows": len(comps)}
     out |= {name: proportion(comps, lambda c, f=field, neg=negate: c[f] != neg)
             for name, (field, negate) in FLAGS.items() if _has(comps, field)}
-    if _has(comps, *BIT_EXACT):
-        out["bit_exact"] = proportion(comps, bit_exact)
+    if _has(comps, "logits_exact", "suffix_equal") and all("cache_exact" in c for c in comps):
+        out["bit_exact"] = proportion(comps, bit_exact)  # a cache not measured (null) is not counted
     out |= {name: _spread([max(c[f] for f in fields) for c in comps])
             for name, fields in SPREADS.items() if _has(comps, *fields)}
     if _has(comps, "suffix_equal") and all("first_divergence" in c for c in comps):
@@ -145,7 +146,7 @@ def _precision(records: list[dict], shape: Shape) -> dict:
     out: dict = {"rows": len(records), "ok": len(ok), "excluded": len(records) - len(ok),
                  "pairs": {name: _pair([r["comparisons"][name] for r in ok if name in r["comparisons"]])
                            for name in names}}
-    if shape.replicas and all(_has([r["comparisons"].get(n, {}) for r in ok], *BIT_EXACT) for n in shape.replicas):
+    if shape.replicas and all("bit_exact" in out["pairs"].get(n, {}) for n in shape.replicas):
         out["replicas_exact"] = proportion(ok, replicas_exact)
     if ok and all("z_matches_bank" in r for r in ok):
         out["z_matches_bank"] = proportion(ok, lambda r: r["z_matches_bank"])
@@ -239,6 +240,7 @@ def build_report(records: list[dict], meta: dict) -> dict:
         "excluded": excluded,
         "families": {f: _family(by_family[f], SHAPES.get(f, Shape())) for f in ordered(by_family, tuple(SHAPES))},
         "causal": _causal(records, meta),
+        **({"serving": serving.premise(records)} if serving.FAMILY in by_family else {}),
     }
 
 

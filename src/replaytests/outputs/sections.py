@@ -162,6 +162,8 @@ HEADLINE_LINES = (
     Line("cache max |Δ| (max over rows)", _pair_cell("cache_max_abs", fmt_number, "max")),
     Line("cache rel. L2, K / V (median over rows)", _rel_l2),
     Line("logits max |Δ| (max over rows)", _pair_cell("logits_max_abs", fmt_number, "max")),
+    Line("suffix steps bitwise exact (top-k logits)", _pair_cell("steps_exact")),
+    Line("suffix steps max |Δ logit| (max over rows)", _pair_cell("steps_max_abs", fmt_number, "max")),
     *(Line(name.replace("_", " "), _pair_cell(name), name) for name in DIVERGENCES),
     Line("first divergence, median (range)", _pair_cell("first_divergence", fmt_positions)),
 )
@@ -207,11 +209,42 @@ def _fidelity(report: dict) -> Section:
     for family, summary in report["families"].items():
         if family not in SHAPES:
             continue
+        if family == "serving" and report.get("serving"):
+            tables.append(_serving_premise(report))
         tables += [_headline_table(family, pair, summary) for pair in summary["headline_pairs"]]
         pairs = {pair for p in summary["precisions"].values() for pair in p["pairs"]}
         if pairs - set(summary["headline_pairs"]):
             folded.append(_pairs_table(family, summary))
     return Section(*LAYERS["fidelity"], tuple(tables), folded=tuple(folded))
+
+
+def _counts(counts: dict) -> str:
+    if not counts or not counts["n"]:
+        return "-"
+    return f"{counts['median']:g} ({counts['min']:g}-{counts['max']:g})"
+
+
+SERVING_LINES = (
+    ("rows ok", lambda s: str(s["rows"])),
+    ("prefix hit reused a live-decoded block", lambda s: fmt_proportion(s["hit_covers_decode"])),
+    ("tokens the hit read from the cache, median (range)", lambda s: _counts(s["hit_cached_tokens"])),
+    ("of them past the prompt block's full blocks", lambda s: _counts(s["hit_past_prompt_block"])),
+    ("chunked prefill split by the scheduler", lambda s: fmt_proportion(s["chunked_split"])),
+    ("scheduler steps of the chunked prefill", lambda s: _counts(s["chunked_steps"])),
+    ("fresh requests that read the cache", lambda s: ", ".join(s["fresh_read_cache"]) or "none"),
+)
+
+
+def _serving_premise(report: dict) -> Table:
+    """The engine's own counters behind the serving family's comparisons, with the runtime's settings."""
+    premise = report["serving"]
+    settings = get_path(report.get("meta") or {}, "platform", "runtime.vllm")
+    runtime = (", ".join(f"{name} {value}" for name, value in settings.items() if value is not None)
+               if isinstance(settings, dict) else "not recorded")
+    return Table("Serving engine: what the engine counted (the premise of each comparison)",
+                 ("", *premise), tuple((label, *(cell(s) for s in premise.values())) for label, cell in SERVING_LINES),
+                 f"Runtime: vLLM {runtime}. A hit that reused no live-decoded block, or a chunked prefill in one step, "
+                 "is vacuous: recorded as such, never counted as fidelity (docs/vllm.md).")
 
 
 # ---- layer 4: causal state sufficiency ----

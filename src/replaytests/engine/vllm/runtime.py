@@ -109,6 +109,7 @@ class Served:
     prefill_steps: int | None  # scheduler steps that computed the prompt (None: not observable here)
     steps_digest: str  # sha256 of every suffix step's top-k (id, logit), in rank order
     suffix: Suffix
+    steps: tuple[tuple[tuple[int, float], ...], ...] = ()  # every suffix step's top-k (id, logit): not recorded
 
 
 class Runtime:
@@ -265,7 +266,7 @@ class Runtime:
         digest = hashlib.sha256(json.dumps([[[t, float(v).hex()] for t, v in s] for s in steps[start:]]).encode())
         served = Served(out.num_cached_tokens or 0, len(prompt_of(z, self.grammar.delims)) //
                         self.settings["block_size"] * self.settings["block_size"], prefill_steps,
-                        digest.hexdigest(), suffix)
+                        digest.hexdigest(), suffix, tuple(tuple(step) for step in steps[start:]))
         return Boundary(construction, z, self.grammar.parse(z, where), None, self._logits(steps[start]), served)
 
     def _logits(self, step: list[tuple[int, float]]) -> torch.Tensor:
