@@ -277,3 +277,49 @@ def test_a_transplant_gate_on_no_rows_is_not_established(follows, thirds, outcom
     assert [j.outcome for j in judged] == outcomes, judged
     text = gate_text(judged)
     assert text.startswith({"pass": "met", "recorded": "not established"}.get(outcomes[0], "NOT MET")), text
+
+
+def _on(runtime: str, records: list[dict], moved: dict[str, int] | None = None) -> list[dict]:
+    """`records` as a run of `runtime` made them: on vLLM no cache is measured and the logits digests are of
+    top-k rows (never the Hugging Face ones); `moved` gives each arm's suffix changed on its first N rows."""
+    out = copy.deepcopy(records)
+    for made in out if runtime == "vllm" else ():
+        for name, arm in made["arms"].items():
+            arm |= {"cache_digest": None, "layer_digests": None, "logits_digest": "t" * 64}
+            if int(made["row"].lstrip("r")) < (moved or {}).get(name, 0):
+                arm["suffix"] = [9, 9]
+        for metrics in made["comparisons"].values():
+            metrics["cache_exact"] = None
+    return out
+
+
+@pytest.mark.parametrize(("gate", "moved", "passed", "counts"), [
+    pytest.param("trajectories", {}, True, {"incremental": (4, 4), "prefill": (4, 4)}, id="same-trajectories"),
+    pytest.param("trajectories", {"prefill": 1}, False, {"incremental": (4, 4), "prefill": (3, 4)},
+                 id="one-prefill-moved"),
+    pytest.param("rates", {"prefill": 1}, True, {"incremental": (4, 4), "prefill": (3, 4)}, id="rates-allow-it"),
+])
+def test_two_runtimes_are_compared_arm_by_arm_on_the_families_both_ran(gate, moved, passed, counts):
+    hf = run()
+    vllm = [r for r in _on("vllm", run(), moved) if r["family"] != "bridge"]  # a backend without K/V: no bridge
+    vllm.append(make("crossing", "r0") | {"family": "serving"})  # a family only the serving engine runs
+    result = compare(hf, vllm, gate=gate, runtimes=("hf", "vllm"))
+    assert result.passed is passed, (result.reasons, result.notes)
+    assert "families only the baseline (hf) ran, not compared: bridge" in result.notes, result.notes
+    assert "families only the new run (vllm) ran, not compared: serving" in result.notes, result.notes
+    assert not any(note.startswith("changed: ") for note in result.notes), "bits listed across runtimes"
+    seen = {line.measure.partition(":")[0]: line.new for line in result.lines
+            if line.group == ("crossing", "bf16") and "hf vs vllm" in line.measure}
+    assert {arm: seen[arm] for arm in counts} == counts, seen
+
+
+def test_two_runtimes_cannot_be_gated_on_bits(tmp_path, capsys):
+    sides = []
+    for name, backend in (("hf", "hf"), ("vllm", "vllm")):
+        path = write_ledger_file(tmp_path / name / "ledger.jsonl", _on(backend, run())).parent
+        (path / "run.json").write_text(json.dumps({"options": {"backend": backend}}), encoding="utf-8")
+        sides.append(str(path))
+    assert main(["compare", *sides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the runs were made by other runtimes (hf vs vllm)" in err[0], err
+    assert main(["compare", *sides, "--gate", "trajectories"]) == 0, capsys.readouterr().out[-2000:]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replaytests.errors import ConfigError
+from replaytests.families.registry import FAMILIES
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import BRIDGE_PAIR, LEVELS, Gates, gated, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences
@@ -113,6 +114,7 @@ class Comparison:
     found: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # findings per level
     seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, precision, level) of every finding
     accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # per level, by --expected
+    across_runtimes: bool = False  # two runtimes' fingerprints never match: changed bits are counted, not listed
 
     def gated(self, level: str) -> bool:
         """Whether a finding at `level` fails this gate (it does at the gate's level and every coarser one)."""
@@ -125,6 +127,8 @@ class Comparison:
         for at in ("bits", level) if level == "trajectories" else (level,):
             self.found[at] += 1
             self.seen.add((*group, at))
+        if level == "bits" and self.across_runtimes and not self.gated(level):
+            return
         if self.expected is not None and (entry := self.expected.accepts(group, level)) is not None:
             self.accepted[level] += 1
             self.notes.append(f"{reason} (expected: {entry})")
@@ -340,12 +344,38 @@ def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
     return out
 
 
+def _cross_runtime(out: Comparison, group: Group, base: dict, new: dict, runtimes: tuple[str, str]) -> None:
+    """Runs of two runtimes on one bank: per arm both ran (live, incremental, prefill and their replicas),
+    the rows whose z and suffix are the same on both, with its Wilson interval (informs; the gate judges
+    the trajectories)."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys())
+            if base[row]["status"] == new[row]["status"] == "ok"]
+    arms = [arm for arm in FAMILIES[group[0]].arms if all(arm in b["arms"] and arm in n["arms"] for b, n in both)]
+    for arm in arms if both else ():
+        same = sum(b["arms"][arm]["suffix"] == n["arms"][arm]["suffix"]
+                   and b["arms"][arm]["z_sha256"] == n["arms"][arm]["z_sha256"] for b, n in both)
+        out.lines.append(Verdict(group, f"{arm}: same z and suffix, {runtimes[0]} vs {runtimes[1]}", len(both), None,
+                                 (same, len(both)), None, same == len(both), not out.gated("trajectories")))
+
+
 def compare(baseline: list[dict], new: list[dict], alpha: float = ALPHA, gates: Gates | None = None,
-            gate: str = "bits", expected: Expected | None = None) -> Comparison:
-    """The gate of `new` against `baseline` (ledger records) at `gate` (LEVELS)."""
+            gate: str = "bits", expected: Expected | None = None,
+            runtimes: tuple[str, str] | None = None) -> Comparison:
+    """The gate of `new` against `baseline` (ledger records) at `gate` (LEVELS). With `runtimes` (the two
+    runs' backends, where they differ) the families only one runtime serves are noted, not required, and
+    each arm both ran is counted row by row across the runtimes."""
     gates = gates or default_gates()
-    out = Comparison(check_gate(gate), expected)
+    out = Comparison(check_gate(gate), expected, across_runtimes=bool(runtimes))
     base_groups, new_groups = _groups(baseline), _groups(new)
+    if runtimes:
+        base_families, new_families = ({family for family, _ in groups} for groups in (base_groups, new_groups))
+        for name, side, only in (("baseline", runtimes[0], base_families - new_families),
+                                 ("new run", runtimes[1], new_families - base_families)):
+            if only:
+                out.notes.append(f"families only the {name} ({side}) ran, not compared: {', '.join(sorted(only))}")
+        common = base_groups.keys() & new_groups.keys()
+        base_groups = {g: rows for g, rows in base_groups.items() if g in common}
+        new_groups = {g: rows for g, rows in new_groups.items() if g in common}
     _presence(out, base_groups, new_groups)
     for group in sorted(new_groups):
         base, current = base_groups.get(group, {}), new_groups[group]
@@ -361,6 +391,8 @@ def compare(baseline: list[dict], new: list[dict], alpha: float = ALPHA, gates: 
             _rates(out, group, base, current, alpha)
         if group[0] == TRANSPLANT:
             _transplant(out, group, base, current, gates)
+        if runtimes and group[0] in FAMILIES:
+            _cross_runtime(out, group, base, current, runtimes)
     if expected is not None:
         out.reasons += expected.improved(out.seen, base_groups.keys() & new_groups.keys())
     out.moved = localization.lines(baseline, new)
@@ -378,7 +410,14 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
     base_run, new_run = read_run(baseline), read_run(new)
     check_comparable((baseline, base_records, base_run), (new, new_records, new_run), across_inputs,
                      accept_interrupted)
-    out = compare(base_records, new_records, alpha, gates_of(contract), gate, known)
+    runtimes = tuple(get_path(run or {}, "options", "backend") or "hf" for run in (base_run, new_run))
+    if runtimes[0] == runtimes[1]:
+        runtimes = None
+    elif gate == "bits":
+        raise ConfigError(f"compare {baseline} {new}: the runs were made by other runtimes ({runtimes[0]} vs "
+                          f"{runtimes[1]}), whose fingerprints are of different things (one a whole logit row and its "
+                          "K/V, the other top-k logits): no bit can match; pass --gate trajectories or --gate rates")
+    out = compare(base_records, new_records, alpha, gates_of(contract), gate, known, runtimes)
     out.causes = causes(base_run, new_run)
     return out
 
