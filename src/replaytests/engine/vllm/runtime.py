@@ -79,6 +79,9 @@ def _follow_pin() -> None:
 def import_vllm(contract: Contract):
     """The vllm module, after setting its environment; a missing or broken install is one line."""
     os.environ.update(environment(contract))
+    # vLLM binds its OpenMP threads to the first cores of a NUMA node: the engines of several xdist
+    # workers would all share those cores. Binding never changes a number; a user's choice is kept.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     if contract.device == "cpu":
         _follow_pin()
     try:
