@@ -106,6 +106,7 @@ class Suffix:
     tokens: list[int]
     margins: list[float]  # top-1 minus top-2 masked logit at each choice
     answer: str
+    top1: list[float] = ()  # the top-1 masked logit at each choice (what a margin is measured against)
 
 
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

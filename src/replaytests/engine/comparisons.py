@@ -76,8 +76,10 @@ def compare_suffixes(a: Suffix, b: Suffix, correct_a: bool | None, correct_b: bo
         # The structurally masked greedy choice at the boundary: where it differs, no transplant of the
         # cache can move the trajectory (the recipient keeps its own boundary logits).
         "first_token_equal": a.tokens[:1] == b.tokens[:1],
-        # The decision margins (top-1 minus top-2 masked logit) where the paths split, if they do.
+        # The decision margins (top-1 minus top-2 masked logit) where the paths split, if they do, and the
+        # top-1 logits they are measured against (a margin within one BF16 step of them is a near tie).
         "margins_at_divergence": None if index is None else [a.margins[index], b.margins[index]],
+        "top1_at_divergence": None if index is None or not (a.top1 and b.top1) else [a.top1[index], b.top1[index]],
         "answer_equal": a.answer == b.answer,
         "correct_equal": correct_a == correct_b,
     }

@@ -3,6 +3,7 @@ the record of an excluded row, and `evaluate`, which builds a row's arms, checks
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 from replaytests.engine.backend import Backend
@@ -37,6 +38,8 @@ def arm_record(boundary: Boundary, suffix: Suffix, expected: str | None) -> dict
     cache_digest, layer_digests = boundary.fingerprint()
     return {
         "suffix": suffix.tokens,
+        # top-1 minus top-2 masked logit at each suffix step; null where one token was eligible (forced)
+        "margins": [m if math.isfinite(m) else None for m in suffix.margins],
         "answer": suffix.answer,
         "correct": is_correct(suffix.answer, expected),
         "cache_digest": cache_digest,

@@ -1,12 +1,13 @@
 """The ledger: one JSON object per (family, row, precision), the public, versioned run output.
 
-Schema `replaytests.ledger/3` (see docs/ledger.md):
+Schema `replaytests.ledger/4` (see docs/ledger.md):
   schema, family, row, precision, prefix_len, status ("ok" | "excluded"), reason (excluded only),
-  expected_answer, arms: {arm: {suffix, answer, correct, cache_digest, layer_digests, logits_digest,
-  z_sha256}}, comparisons: {"A~B": {the comparison metrics}}. Version 3 added each arm's per-layer K and V
-digests (layer_digests); version 2 added first_token_equal to every comparison, z_first_difference to
-live records and the validity control's arms to transplant and replication records; versions 1 and 2
-are still read.
+  expected_answer, arms: {arm: {suffix, margins, answer, correct, cache_digest, layer_digests,
+  logits_digest, z_sha256}}, comparisons: {"A~B": {the comparison metrics}}. Version 4 added each arm's
+per-step decision margins (margins) and each comparison's top-1 logits where the suffixes split
+(top1_at_divergence); version 3 each arm's per-layer K and V digests (layer_digests); version 2
+first_token_equal in every comparison, z_first_difference in live records and the validity control's
+arms in transplant and replication records; versions 1 to 3 are still read.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 from replaytests.errors import LedgerError, short
 from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
 
-SCHEMA = "replaytests.ledger/3"
-READABLE = ("replaytests.ledger/1", "replaytests.ledger/2", SCHEMA)
+SCHEMA = "replaytests.ledger/4"
+READABLE = ("replaytests.ledger/1", "replaytests.ledger/2", "replaytests.ledger/3", SCHEMA)
 KEY_FIELDS = ("family", "row", "precision")
 
 

@@ -19,7 +19,7 @@ from replaytests.families.registry import FAMILIES
 from replaytests.files import write_set
 from replaytests.inputs.contract import PRECISIONS  # reductions are BF16 -> FP32 on the rows present at both
 from replaytests.inputs.gates import bit_exact, replicas_exact
-from replaytests.outputs import causal, ledger, serving, summary
+from replaytests.outputs import causal, flips, ledger, serving, summary
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.stats import (
     LEVEL,
@@ -240,6 +240,7 @@ def build_report(records: list[dict], meta: dict) -> dict:
         "excluded": excluded,
         "families": {f: _family(by_family[f], SHAPES.get(f, Shape())) for f in ordered(by_family, tuple(SHAPES))},
         "causal": _causal(records, meta),
+        "flips": flips.flips(records, {family: shape.headline for family, shape in SHAPES.items()}),
         **({"serving": serving.premise(records)} if serving.FAMILY in by_family else {}),
     }
 

@@ -215,7 +215,36 @@ def _fidelity(report: dict) -> Section:
         pairs = {pair for p in summary["precisions"].values() for pair in p["pairs"]}
         if pairs - set(summary["headline_pairs"]):
             folded.append(_pairs_table(family, summary))
+    if report.get("flips"):
+        tables.append(_flips_table(report["flips"]))
     return Section(*LAYERS["fidelity"], tuple(tables), folded=tuple(folded))
+
+
+FLIP_COLUMNS = ("family", "precision", "pair", "suffixes diverge", "exact tie", "within one BF16 step",
+                "clearly apart", "clear-margin flips (margins)", "threshold catching every flip",
+                "steps at or below it")
+
+
+def _flips_table(found: dict) -> Table:
+    """Every flip in the run attributed to its margin (outputs/flips.py)."""
+    rows = []
+    for family, precisions in found.items():
+        for precision, pairs in precisions.items():
+            for pair, f in pairs.items():
+                unknown = f["bins"]["unknown"]["k"]
+                rows.append((family, precision, pair, f"{f['divergent']}/{f['rows']}",
+                             *(fmt_proportion(f["bins"][name]) for name in ("tie", "bf16_step", "apart")),
+                             ", ".join(f"{a['row']} ({' / '.join(f'{m:g}' for m in a['margins'])})"
+                                       for a in f["apart_rows"]) or ("none" if not unknown else f"{unknown} unknown"),
+                             f"{f['threshold']:g} ({f['reference']})",
+                             fmt_proportion(f["trigger_rate"]) if f["trigger_rate"] else "not recorded"))
+    return Table("Flips attributed to their margins", FLIP_COLUMNS, tuple(rows),
+                 "Each divergence binned by the top-1 minus top-2 masked logit margin at the first difference, in "
+                 "both constructions: an exact tie in either (broken differently), within one BF16 step of the "
+                 "top-1 logit in either (a near tie), or clearly apart in both (a change of preference, the row "
+                 "named). The threshold is the largest margin at which the pair's first construction flipped: a "
+                 "margin-triggered verifier needs at least it, and would re-check the share of that construction's "
+                 "decode steps (with a choice) shown last.")
 
 
 def _counts(counts: dict) -> str:

@@ -117,14 +117,18 @@ class DecodeState:
         done = (self._choices - 1) // CHUNK * CHUNK
         self._top2[done:self._choices] = torch.topk(self._masked[: self._choices - done], 2).values
 
-    @property
-    def margins(self) -> list[float]:
-        """Top-1 minus top-2 masked logit (float32) at each choice, computed once for all of them."""
-        if not self._choices:
-            return []
+    def top2(self) -> torch.Tensor:
+        """The top two masked logits (float32) at each choice, computed once for all of them."""
         if self._choices % CHUNK:
             self._take_top2()
-        top2 = self._top2[: self._choices].float()
+        return self._top2[: self._choices].float()
+
+    @property
+    def margins(self) -> list[float]:
+        """Top-1 minus top-2 masked logit (float32) at each choice."""
+        if not self._choices:
+            return []
+        top2 = self.top2()
         return (top2[:, 0] - top2[:, 1]).tolist()
 
     def boundary(self, construction: str) -> Boundary:
@@ -161,7 +165,7 @@ def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
     state.settle()
     suffix = state.tokens[start:]
     answer_ids = _answer_content(suffix, state.roles[start:], runtime)
-    return Suffix(suffix, state.margins, runtime.tokenizer.decode(answer_ids))
+    return Suffix(suffix, state.margins, runtime.tokenizer.decode(answer_ids), state.top2()[:, 0].tolist())
 
 
 def suffix_of(runtime: Runtime, boundary: Boundary) -> Suffix:

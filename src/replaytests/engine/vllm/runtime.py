@@ -264,8 +264,9 @@ class Runtime:
                  for step in completion.logprobs]
         z = tokens[:z_len]
         suffix_tokens = tokens[z_len:]
+        top1 = [values[0][1] for values in steps[start:]]
         margins = [values[0][1] - values[1][1] for values in steps[start:]]
-        suffix = Suffix(suffix_tokens, margins, self._answer(z, suffix_tokens))
+        suffix = Suffix(suffix_tokens, margins, self._answer(z, suffix_tokens), top1)
         digest = hashlib.sha256(json.dumps([[[t, float(v).hex()] for t, v in s] for s in steps[start:]]).encode())
         served = Served(out.num_cached_tokens or 0, len(prompt_of(z, self.grammar.delims)) //
                         self.settings["block_size"] * self.settings["block_size"], prefill_steps,

