@@ -142,14 +142,3 @@ def test_suffix_steps_are_compared_up_to_where_the_tokens_split(b, divergence, e
 
     assert compare_steps(STEPS, b, divergence) == expected, f"steps {STEPS} vs {b}, divergence {divergence}"
 
-
-def test_readme_shows_the_vllm_table_the_committed_ledgers_give(repo):
-    """README's vLLM table is tools/vllm_table.py's output over the committed ledgers, line for line."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vllm_table", repo / "tools" / "vllm_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    table = module.table()
-    readme = (repo / "README.md").read_text(encoding="utf-8")
-    assert table in readme, f"README's vLLM table differs from `python tools/vllm_table.py`:\n{table}"

