@@ -142,3 +142,19 @@ def test_suffix_steps_are_compared_up_to_where_the_tokens_split(b, divergence, e
 
     assert compare_steps(STEPS, b, divergence) == expected, f"steps {STEPS} vs {b}, divergence {divergence}"
 
+
+
+def test_the_premise_counts_what_the_engine_counted():
+    """outputs.serving.premise over hand-built records: a vacuous hit, a chunked prefill in one step and a
+    fresh request that read the cache are each counted where they happened, not averaged away."""
+    from replaytests.outputs.serving import premise
+
+    records = [_record(), _record(hit_cached=64), _record(chunked_steps=1), _record(fresh_cached=32)]
+    for n, record in enumerate(records):
+        record |= {"row": f"r{n}", "status": "ok"}
+    found = premise(records)["bf16"]
+    assert (found["hit_covers_decode"]["k"], found["hit_covers_decode"]["n"]) == (3, 4), found
+    assert found["hit_cached_tokens"] == {"n": 4, "median": 96, "min": 64, "max": 96}, found
+    assert found["hit_past_prompt_block"]["min"] == 0 and found["hit_past_prompt_block"]["max"] == 32, found
+    assert (found["chunked_split"]["k"], found["chunked_split"]["n"]) == (3, 4), found
+    assert found["fresh_read_cache"] == ["r3"], found
