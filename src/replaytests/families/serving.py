@@ -31,8 +31,11 @@ def compare_steps(a: tuple, b: tuple, divergence: int | None) -> dict:
     are the grammar's, the same in both)."""
     shared = min(len(a), len(b)) if divergence is None else divergence + 1
     first = next((i for i in range(shared) if a[i] != b[i]), None)
-    deltas = [abs(value - other[token]) for i in range(shared) for other in (dict(b[i]),) for token, value in a[i]
-              if token in other and math.isfinite(value) and math.isfinite(other[token])]
+    deltas = []
+    for mine, theirs in zip(a[:shared], b[:shared], strict=True):
+        other = dict(theirs)
+        deltas += [abs(value - other[token]) for token, value in mine
+                   if token in other and math.isfinite(value) and math.isfinite(other[token])]
     return {"steps_first_difference": first, "steps_max_abs": max(deltas, default=0.0)}
 
 

@@ -96,7 +96,7 @@ class DecodeState:
 
     def choose(self) -> int:
         """The greedy token under the structural mask (the first maximal id); its masked logits are kept
-        for `margins`."""
+        for `top2`."""
         if self._masked is None:
             self._allocate()
         masked = self._masked[self._choices % CHUNK]
@@ -123,13 +123,6 @@ class DecodeState:
             self._take_top2()
         return self._top2[: self._choices].float()
 
-    @property
-    def margins(self) -> list[float]:
-        """Top-1 minus top-2 masked logit (float32) at each choice."""
-        if not self._choices:
-            return []
-        top2 = self.top2()
-        return (top2[:, 0] - top2[:, 1]).tolist()
 
     def boundary(self, construction: str) -> Boundary:
         self.settle()
@@ -165,7 +158,9 @@ def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
     state.settle()
     suffix = state.tokens[start:]
     answer_ids = _answer_content(suffix, state.roles[start:], runtime)
-    return Suffix(suffix, state.margins, runtime.tokenizer.decode(answer_ids), state.top2()[:, 0].tolist())
+    top2 = state.top2()  # the margins: top-1 minus top-2 masked logit at each choice
+    return Suffix(suffix, (top2[:, 0] - top2[:, 1]).tolist(), runtime.tokenizer.decode(answer_ids),
+                  top2[:, 0].tolist())
 
 
 def suffix_of(runtime: Runtime, boundary: Boundary) -> Suffix:
