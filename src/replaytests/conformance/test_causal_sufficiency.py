@@ -52,6 +52,7 @@ def test_transplant_family_meets_its_gates(record, replay, transplant_family):
         pytest.skip(f"shard {replay.options.shard} holds none of the selected rows")
     roles = {row: role for row, role in replay.transplant_panel.rows}
     rows = [row for row in shard if row.id in roles]
+    replay.records("transplant", rows, "bf16")  # under -n N, computed by the workers together (suite.claims)
     summary = causal.transplant([record("transplant", row, "bf16") for row in rows])
     follows = {name: (v["follows_donor"]["k"], v["follows_donor"]["n"]) for name, v in summary["full"].items()}
     thirds = {name: (v["control_third"]["k"], v["control_third"]["n"]) for name, v in summary["full"].items()}

@@ -21,6 +21,7 @@ class Gathered:
     """What the test reports brought back (from this process or from xdist workers)."""
 
     records: list[dict] = field(default_factory=list)  # the run's records (read from its directory at the end)
+    computed: int = 0  # records its processes computed and appended (more than `records`: some computed twice)
     facts: list[dict] = field(default_factory=list)  # the key facts of each record a test read (plugin.facts)
     audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
     outcomes: dict[str, int] = field(default_factory=dict)  # pytest outcome -> count
@@ -85,7 +86,8 @@ def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted:
     finished = datetime.now(UTC)
     times = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
              "seconds": round((finished - started).total_seconds(), 1)}
-    meta = run_metadata(replay, outcome) | {"run": {"name": run.name, "interrupted": interrupted, **times}} | (
+    meta = run_metadata(replay, outcome) | {"run": {"name": run.name, "interrupted": interrupted, **times,
+                                                        "computed": gathered.computed}} | (
         {"audit": summary.audit_line(gathered.audits)} if gathered.audits else {})
     ledger.write_ledger(run / "ledger.jsonl", gathered.records)
     write_json_atomic(run / "run.json", meta)

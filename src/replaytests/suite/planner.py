@@ -20,11 +20,6 @@ if TYPE_CHECKING:
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
                 "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving"}
-CROSSING_GROUP = "bf16-crossing"
-READERS = frozenset(name for name, family in FAMILIES.items() if family.reads)
-# Families whose records another family reads across rows, with their readers: one worker computes them all
-# (measured: handing the transplant its crossing from other workers instead made it wait at the end, slower).
-READ_TOGETHER = frozenset(name for reader in READERS for name in (reader, *FAMILIES[reader].reads))
 
 
 @dataclass(frozen=True)
@@ -62,26 +57,12 @@ class Plan:
         return [record for record in baseline if ledger.key(record) in wanted]
 
 
-def reads_across_rows(params: dict) -> bool:
-    """Whether a test reads a family that reads other rows' records (the transplant: its panel is drawn
-    from the whole BF16 crossing)."""
-    baseline = params.get("baseline_record") or params.get("causal_baseline_record")
-    return (any(params.get(name) for name, family in ROW_FIXTURES.items() if family in READERS)
-            or any(params.get(f"{name}_family") for name in READERS)
-            or (isinstance(baseline, dict) and baseline.get("family") in READERS))
-
-
-def worker_group(params: dict, together: bool = True) -> str | None:
-    """The xdist group of a test from its parameters: the (precision, row) it reads, except that, where
-    `together` (the run draws the transplant panel from its own crossing and selects a test that reads
-    across rows), the BF16 tests of the families read together (READ_TOGETHER: the whole BF16 crossing
-    and the transplant drawn from it) share one group, so that one worker computes them."""
+def worker_group(params: dict) -> str | None:
+    """The xdist group of a test from its parameters: the (precision, row) it reads. A test that reads
+    other rows' records (the transplant's panel, its family gate) gets them from the workers that
+    computed them, or computes those nobody has started (suite.claims)."""
     baseline = params.get("baseline_record") or params.get("causal_baseline_record")
     baseline = baseline if isinstance(baseline, dict) else {}
     precision = params.get("precision") or baseline.get("precision") or "bf16"
-    grouped = reads_across_rows(params) or any(params.get(name) for name, family in ROW_FIXTURES.items()
-                                                 if family in READ_TOGETHER) or baseline.get("family") in READ_TOGETHER
-    if together and precision == "bf16" and grouped:
-        return CROSSING_GROUP
     row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
     return row and f"{precision}-{row}"

@@ -36,7 +36,7 @@ from replaytests.inputs.options import (
 )
 from replaytests.outputs import audit, ledger, rundir, verdict
 from replaytests.suite import scheduling
-from replaytests.suite.planner import ROW_FIXTURES, reads_across_rows, worker_group
+from replaytests.suite.planner import ROW_FIXTURES, worker_group
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
@@ -52,6 +52,8 @@ RECORDS = rundir.RECORDS
 WRITE_FAILED = 6  # the exit status of a run whose final files could not be written (docs/ci.md)
 run_key = pytest.StashKey[Path]()  # the run's directory, made when the run starts (the controller's)
 RECORDS_KEY = "replaytests_records"  # workerinput: the run's records file, which every worker appends to
+CLAIMS_KEY = "replaytests_claims"  # workerinput: the run's directory of claimed records (suite.claims)
+claims_key = pytest.StashKey[Path]()  # the controller's directory of claims, removed when the run ends
 metrics_key = pytest.StashKey[list]()
 groups_key = pytest.StashKey[Path]()  # the controller's file of xdist groups (suite.scheduling)
 
@@ -142,8 +144,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if groups_key in config.stash:
-        shutil.rmtree(config.stash[groups_key].parent, ignore_errors=True)
+    for directory in (config.stash.get(groups_key, None) and config.stash[groups_key].parent,
+                      config.stash.get(claims_key, None)):
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -162,6 +166,9 @@ def pytest_configure_node(node) -> None:
     run = node.config.stash.get(run_key, None)
     if run is not None:
         node.workerinput[RECORDS_KEY] = str(run / RECORDS)
+        if claims_key not in node.config.stash:
+            node.config.stash[claims_key] = Path(tempfile.mkdtemp(prefix="replaytests-claims-"))
+        node.workerinput[CLAIMS_KEY] = str(node.config.stash[claims_key])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -200,8 +207,13 @@ def replay_session(config: pytest.Config) -> ReplaySession:
             config.stash[session_key] = ReplaySession.open(options(config), config.stash.get(pin_key, None))
         except ReplaytestsError as exc:
             raise pytest.UsageError(str(exc)) from None
-        if RECORDS_KEY in getattr(config, "workerinput", {}):
-            config.stash[session_key].sink = Path(config.workerinput[RECORDS_KEY])
+        workerinput = getattr(config, "workerinput", {})
+        if RECORDS_KEY in workerinput:
+            from replaytests.suite.claims import Claims
+
+            session = config.stash[session_key]
+            session.sink = Path(workerinput[RECORDS_KEY])
+            session.claims = Claims(Path(workerinput[CLAIMS_KEY]), session.sink)
     return config.stash[session_key]
 
 
@@ -392,10 +404,11 @@ def audit_params(replay: ReplaySession, causal: bool) -> list:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
-    keep every test of one (row, precision) on one worker, so each record is computed once (the marks
-    reach xdist's scheduler through suite.scheduling). The device marks go on before any other plugin
-    looks (`-m gpu` selects by them); the worker groups and the order of skipped targets after all of
-    them (the groups follow the final selection; pytest's own reordering by parameter would undo the order)."""
+    keep every test of one (row, precision) on one worker (the marks reach xdist's scheduler through
+    suite.scheduling; a record another row's test reads is shared through suite.claims). The device
+    marks go on before any other plugin looks (`-m gpu` selects by them); the worker groups and the
+    order of skipped targets after all of them (the groups follow the final selection; pytest's own
+    reordering by parameter would undo the order)."""
     targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
         return (yield)
@@ -412,7 +425,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     if config.pluginmanager.hasplugin("xdist"):
         kept = set(items)
-        group_by_row(replay, [item for item in targets if item in kept])
+        group_by_row([item for item in targets if item in kept])
     if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
         chosen = set(targets)
         slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
@@ -420,14 +433,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[n] = item
 
 
-def group_by_row(replay: ReplaySession, selected: list[pytest.Item]) -> None:
-    """The xdist group of each selected target (planner.worker_group), from the final selection: the BF16
-    crossing is kept on one worker only where a selected test reads across rows and --panel-from does
-    not hand it the crossing (so `-m "not causal"` spreads the crossing over the workers)."""
-    params = [getattr(getattr(item, "callspec", None), "params", {}) for item in selected]
-    together = not replay.options.panel_from and any(map(reads_across_rows, params))
-    for item, values in zip(selected, params, strict=True):
-        if group := worker_group(values, together):
+def group_by_row(selected: list[pytest.Item]) -> None:
+    """The xdist group of each selected target (planner.worker_group): one (precision, row) per group."""
+    for item in selected:
+        if group := worker_group(getattr(getattr(item, "callspec", None), "params", {})):
             item.add_marker(pytest.mark.xdist_group(group))
 
 
@@ -538,11 +547,12 @@ class LedgerCollector:
         completed. A run that computed no record leaves no directory."""
         root, run = self.config.stash.get(root_key, None), self.config.stash.get(run_key, None)
         try:
-            records = ledger.merge(ledger.read_appended(run / RECORDS)) if run is not None else []
+            appended = ledger.read_appended(run / RECORDS) if run is not None else []
+            records = ledger.merge(appended)
             if records and self.gathered:
                 from replaytests.suite.artifacts import write_run
 
-                self.gathered.records = records
+                self.gathered.records, self.gathered.computed = records, len(appended)
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
                 interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
                 self.run = run

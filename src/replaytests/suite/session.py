@@ -1,8 +1,8 @@
 """One replay session: the resolved inputs, the loaded runtimes and every computed record.
 
 Each (family, row, precision) is computed at most once per process and shared by every test that
-reads it. Records computed here reach the ledger through the test reports (so pytest-xdist workers
-hand theirs to the controller).
+reads it; under pytest-xdist at most once per run (suite.claims). Records computed here are appended
+to the run's records file as each is finished; the controller writes the ledger from that file.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
 from replaytests.outputs.report import collate, get_path, read_run
+from replaytests.suite.claims import Claims
 from replaytests.suite.planner import Plan
 
 
@@ -134,6 +135,7 @@ class ReplaySession:
     sink: Path | None = None  # the run's records file: every record computed here is appended to it at once
     verified: dict[Path, str] = field(default_factory=dict)  # model directory -> its sha256 when the run opened
     panel_source: dict[str, dict] | None = None  # --panel-from: row -> its finished BF16 crossing record
+    claims: Claims | None = None  # under pytest-xdist: the records this worker computes, or waits for
 
     @classmethod
     def open(cls, options: Options, pinned: cpu_isa.Pin | None = None) -> ReplaySession:
@@ -303,7 +305,7 @@ class ReplaySession:
         """The transplant panel, from the finished BF16 crossing of every selected row (computing
         those crossing records not computed yet)."""
         (source,) = FAMILIES["transplant"].reads
-        crossing = [self.read(source, row, "bf16") for row in self.rows]
+        crossing = self.read(source, self.rows, "bf16")
         sizes = self.contract.panels["transplant"]
         return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
 
@@ -317,20 +319,33 @@ class ReplaySession:
     def record(self, family: str, row: BankRow, precision: str) -> dict:
         """The (family, row, precision) record, computed at most once per process and appended to the
         run's records as soon as it is (whichever test asked for it first: what reaches the ledger does
-        not depend on which tests were selected)."""
-        key = (family, row.id, precision)
-        if key not in self._records:
-            self._records[key] = result = self._compute(family, row, precision)
-            if self.sink is not None and result["status"] in ("ok", "excluded"):
-                ledger.append_record(self.sink, result)
-        return self._records[key]
+        not depend on which tests were selected); under pytest-xdist, by whichever worker needs it first."""
+        return self.records(family, [row], precision)[0]
 
-    def read(self, family: str, row: BankRow, precision: str) -> dict:
-        """A record another family reads: from --panel-from where given (a finished crossing), else this
-        run's own."""
+    def records(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
+        """The records of several rows (record); under pytest-xdist, a worker computes those no other
+        worker has started while the others compute theirs (suite.claims)."""
+        by_id = {row.id: row for row in rows}
+        keys = [key for key in ((family, row.id, precision) for row in rows) if key not in self._records]
+        if self.claims is not None:
+            self._records |= self.claims.shared(keys, lambda key: self._computed(family, by_id[key[1]], precision))
+        for key in keys:
+            if key not in self._records:
+                self._records[key] = self._computed(family, by_id[key[1]], precision)
+        return [self._records[(family, row.id, precision)] for row in rows]
+
+    def _computed(self, family: str, row: BankRow, precision: str) -> dict:
+        result = self._compute(family, row, precision)
+        if self.sink is not None and result["status"] in ("ok", "excluded"):
+            ledger.append_record(self.sink, result)
+        return result
+
+    def read(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
+        """The records another family reads: from --panel-from where given (a finished crossing), else
+        this run's own."""
         if self.panel_source is not None and (family, precision) == ("crossing", "bf16"):
-            return self.panel_source[row.id]
-        return self.record(family, row, precision)
+            return [self.panel_source[row.id] for row in rows]
+        return self.records(family, rows, precision)
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
         if reason := self.unavailable(family):
@@ -340,7 +355,7 @@ class ReplaySession:
             role = self.transplant_role(row)
             if role not in ROLES:  # not in this run's panel: no record
                 return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
-            (read,) = (self.read(name, row, precision) for name in spec.reads)
+            (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
             return transplant.run(self.runtime(precision), row, read, role)
         model = self.options.later_model if spec.rows == "replication" else None
         return spec.run(self.runtime(precision, model), row)

@@ -1,0 +1,91 @@
+"""suite.claims: records shared between xdist workers, each computed once, read by every worker."""
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replaytests.outputs import ledger
+from replaytests.suite.claims import Claims
+
+KEYS = [("crossing", f"tiny-{n:03d}", "bf16") for n in range(8)]
+
+
+def _record(key) -> dict:
+    family, row, precision = key
+    return {"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "status": "ok"}
+
+
+def _worker(directory: str, records: str, computed: str, seconds: float, start) -> None:
+    """One worker: needs every key, computes what it claims (appending it, as the session does)."""
+
+    def compute(key) -> dict:
+        time.sleep(seconds)
+        result = _record(key)
+        ledger.append_record(Path(records), result)
+        with open(computed, "a") as handle:
+            handle.write(f"{os.getpid()} {key[1]}\n")
+        return result
+
+    start.wait(30)  # both workers begin together
+    found = Claims(Path(directory), Path(records)).shared(KEYS, compute)
+    assert [found[key]["row"] for key in KEYS] == [key[1] for key in KEYS]
+
+
+def test_two_workers_that_need_the_same_rows_compute_each_once_and_split_them(tmp_path):
+    claims, records, computed = tmp_path / "claims", tmp_path / "records.jsonl", tmp_path / "computed"
+    claims.mkdir()
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(2)
+    workers = [context.Process(target=_worker, args=(str(claims), str(records), str(computed), 0.3, start))
+               for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0, 0], "a worker failed or did not finish"
+    lines = [line.split() for line in computed.read_text().splitlines()]
+    rows = sorted(row for _, row in lines)
+    assert rows == [key[1] for key in KEYS], f"each row computed exactly once, got {rows}"
+    per_worker = {pid: sum(p == pid for p, _ in lines) for pid, _ in lines}
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 2, f"one worker computed (nearly) all: {per_worker}"
+    assert not list(claims.iterdir()), "claims left behind"
+
+
+def test_a_record_another_worker_appended_is_read_not_computed(tmp_path):
+    records = tmp_path / "records.jsonl"
+    ledger.append_record(records, _record(KEYS[0]))
+    found = Claims(tmp_path, records).shared(KEYS[:1], lambda key: pytest.fail(f"{key} computed again"))
+    assert found[KEYS[0]] == _record(KEYS[0])
+
+
+def test_a_claim_whose_holder_died_is_taken_over(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (tmp_path / "~".join(KEYS[0])).write_text(dead)
+    found = Claims(tmp_path, tmp_path / "records.jsonl").shared(KEYS[:1], _record)
+    assert found[KEYS[0]]["row"] == "tiny-000", "the dead holder's record was not computed here"
+
+
+def test_a_failed_computation_releases_its_claim(tmp_path):
+    def fail(key):
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        Claims(tmp_path, tmp_path / "records.jsonl").shared(KEYS[:1], fail)
+    assert not (tmp_path / "~".join(KEYS[0])).exists(), "a failed worker's claim would make the others wait forever"
+
+
+def test_a_line_still_being_written_is_read_on_the_next_call(tmp_path):
+    records = tmp_path / "records.jsonl"
+    line = json.dumps(_record(KEYS[0]))
+    records.write_text(line[:20])
+    claims = Claims(tmp_path, records)
+    assert claims.finished(KEYS[0]) is None
+    records.write_text(line + "\n")
+    assert claims.finished(KEYS[0]) == _record(KEYS[0])
