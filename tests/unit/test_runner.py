@@ -15,11 +15,12 @@ import pytest
 from replaytests.outputs import ledger
 from replaytests.outputs.report import collate
 
-ROWS = ("--rows", "6", "--precision", "bf16", "-p", "no:xdist", "-p", "no:cacheprovider")
+ROWS = ("--rows", "6", "--precision", "bf16", "-p", "no:cacheprovider")
 
 
-def run(root: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS,
+def run(root: Path, name: str, *args: str, workers: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
+    xdist = ("-n", str(workers), "--dist", "loadgroup") if workers > 1 else ("-p", "no:xdist")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS, *xdist,
                            "--report-dir", str(root), "--run-name", name, *args],
                           cwd=root.parent, capture_output=True, text=True, check=False)
     return proc, root / name
@@ -47,6 +48,19 @@ def test_a_selection_of_the_transplant_writes_the_same_transplant_records(whole,
     crossing = {k for k in got if k[0] == "crossing"}
     assert crossing == {k for k in full if k[0] == "crossing"}, "the crossing the panel was drawn from is missing"
     assert all(got[k] == full[k] for k in crossing), "a crossing record differs from the whole run's"
+
+
+@pytest.mark.slow
+def test_two_workers_compute_each_record_once_and_write_the_ledger_of_one_process(whole, tmp_path):
+    """Under -n 2 the transplant's panel and family gate read records of rows another worker's tests
+    own: they are shared (suite.claims), not computed twice, and the ledger is one process's."""
+    proc, run_dir = run(tmp_path / "r", "n2", workers=2)
+    assert proc.returncode == 0 and "2 workers" in proc.stdout, proc.stdout[-3000:]
+    got = records(run_dir)
+    assert got == records(whole), (f"the two workers' ledger differs from one process's in "
+                                   f"{sorted(set(got) ^ set(records(whole)))} or in values")
+    computed = json.loads((run_dir / "run.json").read_text())["run"]["computed"]
+    assert computed == len(got), f"{computed} records computed for a ledger of {len(got)}: some were computed twice"
 
 
 @pytest.mark.slow

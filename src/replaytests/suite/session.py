@@ -325,14 +325,14 @@ class ReplaySession:
     def records(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
         """The records of several rows (record); under pytest-xdist, a worker computes those no other
         worker has started while the others compute theirs (suite.claims)."""
-        by_id = {row.id: row for row in rows}
-        keys = [key for key in ((family, row.id, precision) for row in rows) if key not in self._records]
-        if self.claims is not None:
-            self._records |= self.claims.shared(keys, lambda key: self._computed(family, by_id[key[1]], precision))
-        for key in keys:
-            if key not in self._records:
-                self._records[key] = self._computed(family, by_id[key[1]], precision)
-        return [self._records[(family, row.id, precision)] for row in rows]
+        keys = {(family, row.id, precision): row for row in rows}
+        missing = [key for key in keys if key not in self._records]
+
+        def compute(key: tuple[str, str, str]) -> dict:
+            return self._computed(family, keys[key], precision)
+
+        self._records |= self.claims.shared(missing, compute) if self.claims else {k: compute(k) for k in missing}
+        return [self._records[key] for key in keys]
 
     def _computed(self, family: str, row: BankRow, precision: str) -> dict:
         result = self._compute(family, row, precision)
