@@ -33,6 +33,7 @@ from replaytests.inputs.options import REPO
 
 SCHEMA = "replaytests.benchmarks.audit/1"
 RESULTS = REPO / "benchmarks" / "results"
+INPUTS = ("model", "bank", "contract", "replication_model")  # passed to the profile and to each audit
 PHASES = {"live": ("replaytests.engine.hf.decoder", "live_boundary"),
           "incremental": ("replaytests.engine.hf.constructions", "incremental"),
           "prefill": ("replaytests.engine.hf.constructions", "prefill"),
@@ -72,13 +73,13 @@ def _holders(name: str, function) -> list:
             if key.startswith("replaytests.") and getattr(m, name, None) is function]
 
 
-def profile(rows: str | None) -> dict:
+def profile(rows: str | None, inputs: dict[str, Path]) -> dict:
     """Every record of the audit in this process, timed by family, precision and phase."""
     from replaytests.families.registry import FAMILIES
     from replaytests.inputs.options import Options
     from replaytests.suite.session import ReplaySession
 
-    session = ReplaySession.open(Options(rows=rows))
+    session = ReplaySession.open(Options(rows=rows, **inputs))
     totals: collections.Counter = collections.Counter()
     current = ["setup"]
     families = []
@@ -118,11 +119,12 @@ PEAK = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]);
         "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
 
 
-def workers_run(count: str, rows: str | None, directory: Path) -> dict:
+def workers_run(count: str, rows: str | None, inputs: dict[str, Path], directory: Path) -> dict:
     """`replaytests audit --workers N` in a child process: wall time, peak RSS, exit status, ledger."""
     audit = [sys.executable, "-c", "import sys; from replaytests.cli import main; sys.exit(main())", "audit",
              "--workers", count, "--report-dir", str(directory), "--run-name", f"workers-{count}"]
     audit += ["--rows", rows] if rows else []
+    audit += [part for name, path in inputs.items() for part in (f"--{name.replace('_', '-')}", str(path))]
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", PEAK, *audit], capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
@@ -134,9 +136,29 @@ def workers_run(count: str, rows: str | None, directory: Path) -> dict:
             "tail": proc.stdout[-600:] if proc.returncode else ""}
 
 
+def extrapolate(profiled: dict, path: Path) -> dict:
+    """The profile's seconds per record times the records of a whole run's ledger, per family and precision
+    (those the profile did not time are named and left out); two workers' wall time when one computes the
+    BF16 crossing and the transplant drawn from it while the other computes the rest (the larger share),
+    and when they share every record (half the total)."""
+    from replaytests.outputs import ledger
+
+    counts = collections.Counter((r["family"], r["precision"]) for r in ledger.read_ledger(path))
+    per_record = {(f["family"], f["precision"]): f["seconds"] / f["rows"] for f in profiled["families"] if f["rows"]}
+    left_out = {" ".join(key): n for key, n in sorted(counts.items()) if key not in per_record}
+    seconds = {key: per_record[key] * n for key, n in counts.items() if key in per_record}
+    together = sum(s for (family, precision), s in seconds.items()
+                   if (family, precision) in (("crossing", "bf16"), ("transplant", "bf16")))
+    total = sum(seconds.values())
+    return {"ledger": str(path), "records": {" ".join(k): n for k, n in sorted(counts.items())}, "left_out": left_out,
+            "cpu_s": round(total, 1), "one_worker_crossing_s": round(max(together, total - together), 1),
+            "shared_s": round(total / 2, 1)}
+
+
 def markdown(result: dict) -> str:
     env = result["profile"]["platform"]
-    lines = [f"Whole audit: embedded default on {env['hardware.cpu']} (capable of {env['machine_cpu_isa']}, kernels "
+    lines = [f"Whole audit: {result.get('inputs') or 'embedded default'} on {env['hardware.cpu']} (capable of "
+             f"{env['machine_cpu_isa']}, kernels "
              f"pinned to {env['environment.cpu_isa']}), torch {env['software.torch']}, transformers "
              f"{env['software.transformers']}, rows {result['rows'] or 'all'}; `{result['command']}`", "",
              f"Profile, one process, one thread: {result['profile']['seconds']:.1f} s; arms built "
@@ -146,6 +168,15 @@ def markdown(result: dict) -> str:
     for f in result["profile"]["families"]:
         lines.append(f"| {f['family']} | {f['precision']} | {f['rows']} | {f['seconds']:.1f} | "
                      + " | ".join(f"{f['phases'][p]:.1f}" for p in (*PHASES, "other")) + " |")
+    if extra := result.get("extrapolated"):
+        records = ", ".join(f"{key} {n}" for key, n in extra["records"].items())
+        lines += ["", f"Extrapolated to the records of `{extra['ledger']}` ({records}): {extra['cpu_s']:.0f} s of "
+                      f"compute; with two workers, {extra['one_worker_crossing_s']:.0f} s when one computes the BF16 "
+                      f"crossing and the transplant, {extra['shared_s']:.0f} s when they share every record "
+                      "(suite/claims.py)."]
+        if extra["left_out"]:
+            lines[-1] += (" Not profiled here, so left out of every figure: "
+                          + ", ".join(f"{key} ({n} records)" for key, n in extra["left_out"].items()) + ".")
     if result["workers"]:
         lines += ["", "| workers | wall s | speed-up over 1 | peak RSS MiB (largest process) | exit "
                       "| ledger as the first |", "|---|---|---|---|---|---|"]
@@ -163,15 +194,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2", help="worker counts to run side by side ('' for none). "
                                                           "Default: %(default)s")
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu-tiny-qwen2-audit.json")
+    for name in INPUTS:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=Path, default=None,
+                            help=f"as replaytests audit --{name.replace('_', '-')}. Default: the embedded default's")
+    parser.add_argument("--extrapolate", type=Path, default=None, metavar="LEDGER",
+                        help="scale the profile's seconds per record to the records of LEDGER (a whole run of the "
+                             "same inputs): its CPU time, and the wall time of two workers when one of them computes "
+                             "the whole BF16 crossing and the transplant (before suite.claims) and when they share it")
     args = parser.parse_args(argv)
+    inputs = {name: getattr(args, name) for name in INPUTS if getattr(args, name) is not None}
     result = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "rows": args.rows,
               "command": " ".join(["python", "benchmarks/audit.py", *(argv if argv is not None else sys.argv[1:])])}
-    result["profile"] = profile(args.rows)
+    result["inputs"] = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in inputs.items())
+    result["profile"] = profile(args.rows, inputs)
+    if args.extrapolate:
+        result["extrapolated"] = extrapolate(result["profile"], args.extrapolate)
     print(f"profile: {result['profile']['seconds']:.1f} s", flush=True)
     result["workers"] = []
     with tempfile.TemporaryDirectory() as scratch:
         for count in filter(None, args.workers.split(",")):
-            run = workers_run(count.strip(), args.rows, Path(scratch))
+            run = workers_run(count.strip(), args.rows, inputs, Path(scratch))
             print(f"workers {count}: {run['wall_s']:.1f} s, exit {run['exit']}", flush=True)
             result["workers"].append(run)
     first = result["workers"][0]["ledger"] if result["workers"] else None

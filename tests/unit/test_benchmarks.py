@@ -119,3 +119,20 @@ def test_large_model_contract_extends_h200(tmp_path):
     contract = load_contract(out)
     assert (contract.name, contract.device, contract.caps) == ("h200-large-random", "cpu", load_contract(
         REPO / "contracts" / "h200.yaml").caps), f"got {contract.name}, {contract.device}, {contract.caps}"
+
+
+def test_audit_extrapolation_scales_each_family_and_names_what_it_did_not_time(tmp_path):
+    """Seconds per record times a whole run's records; one worker holding the BF16 crossing and the
+    transplant sets the wall time where their share is the larger."""
+    from replaytests.outputs import ledger
+
+    counts = {("crossing", "bf16"): 4, ("crossing", "fp32"): 4, ("transplant", "bf16"): 2, ("replication", "bf16"): 1}
+    ledger.write_ledger(tmp_path / "ledger.jsonl", [
+        {"schema": ledger.SCHEMA, "family": f, "row": f"r{n}", "precision": p, "status": "ok"}
+        for (f, p), count in counts.items() for n in range(count)])
+    profiled = {"families": [{"family": "crossing", "precision": "bf16", "rows": 2, "seconds": 2.0},
+                             {"family": "crossing", "precision": "fp32", "rows": 2, "seconds": 1.0},
+                             {"family": "transplant", "precision": "bf16", "rows": 1, "seconds": 3.0}]}
+    got = _load("audit").extrapolate(profiled, tmp_path / "ledger.jsonl")
+    assert (got["cpu_s"], got["one_worker_crossing_s"], got["shared_s"]) == (12.0, 10.0, 6.0), got
+    assert got["left_out"] == {"replication bf16": 1}, got["left_out"]

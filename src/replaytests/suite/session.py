@@ -136,6 +136,7 @@ class ReplaySession:
     verified: dict[Path, str] = field(default_factory=dict)  # model directory -> its sha256 when the run opened
     panel_source: dict[str, dict] | None = None  # --panel-from: row -> its finished BF16 crossing record
     claims: Claims | None = None  # under pytest-xdist: the records this worker computes, or waits for
+    _here: set[tuple[str, str, str]] = field(default_factory=set)  # the keys of the records computed here
 
     @classmethod
     def open(cls, options: Options, pinned: cpu_isa.Pin | None = None) -> ReplaySession:
@@ -325,17 +326,32 @@ class ReplaySession:
     def records(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
         """The records of several rows (record); under pytest-xdist, a worker computes those no other
         worker has started while the others compute theirs (suite.claims)."""
-        keys = {(family, row.id, precision): row for row in rows}
+        wanted = {(family, row.id, precision): row for row in rows}
+        keys = self._held_here(family, precision) | wanted
         missing = [key for key in keys if key not in self._records]
 
         def compute(key: tuple[str, str, str]) -> dict:
             return self._computed(family, keys[key], precision)
 
         self._records |= self.claims.shared(missing, compute) if self.claims else {k: compute(k) for k in missing}
-        return [self._records[key] for key in keys]
+        return [self._records[key] for key in wanted]
+
+    def _held_here(self, family: str, precision: str) -> dict[tuple[str, str, str], BankRow]:
+        """Under pytest-xdist, the rows of a family that reads other families' records (the transplant)
+        whose read records were computed in this process: this worker computes them first, while their
+        arms (the crossing's constructions and suffixes, engine.arms) are held here."""
+        reads = FAMILIES[family].reads
+        if self.claims is None or not reads:
+            return {}
+        rows = self.plan.family_rows(family)
+        for name in reads:  # the workers compute these together first (or --panel-from gives them)
+            self.read(name, rows, precision)
+        return {(family, row.id, precision): row for row in rows
+                if all((name, row.id, precision) in self._here for name in reads)}
 
     def _computed(self, family: str, row: BankRow, precision: str) -> dict:
         result = self._compute(family, row, precision)
+        self._here.add((family, row.id, precision))
         if self.sink is not None and result["status"] in ("ok", "excluded"):
             ledger.append_record(self.sink, result)
         return result
