@@ -16,6 +16,7 @@ is taken over.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
@@ -50,7 +51,7 @@ class Claims:
                         # Appended between the check above and the claim: not computed twice.
                         record = self.finished(key) or compute(key)
                     finally:
-                        self._path(key).unlink(missing_ok=True)
+                        self.path(key).unlink(missing_ok=True)
                 if record is not None:
                     found[key] = record
                 else:
@@ -72,12 +73,13 @@ class Claims:
                     self._finished[ledger.key(record)] = record
         return self._finished.get(key)
 
-    def _path(self, key: Key) -> Path:
-        return self.directory / "~".join(key)
+    def path(self, key: Key) -> Path:
+        """The claim file of `key` (named by a digest: a bank row's id may hold any character)."""
+        return self.directory / hashlib.sha256("\0".join(key).encode()).hexdigest()
 
     def _claim(self, key: Key) -> bool:
         try:
-            fd = os.open(self._path(key), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(self.path(key), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
         with os.fdopen(fd, "w") as handle:
@@ -87,11 +89,11 @@ class Claims:
     def _reap(self, key: Key) -> None:
         """Remove the claim of `key` if its holder has died (the next round claims it here)."""
         try:
-            holder = int(self._path(key).read_text() or 0)
+            holder = int(self.path(key).read_text() or 0)
         except (FileNotFoundError, ValueError):  # released, or its pid not written yet
             return
         if holder and not _alive(holder):
-            self._path(key).unlink(missing_ok=True)
+            self.path(key).unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
