@@ -144,8 +144,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    for directory in (config.stash.get(groups_key, None) and config.stash[groups_key].parent,
-                      config.stash.get(claims_key, None)):
+    groups = config.stash.get(groups_key, None)
+    for directory in (groups and groups.parent, config.stash.get(claims_key, None)):
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
