@@ -150,3 +150,71 @@ def test_a_committed_input_set_takes_the_baseline_made_on_this_cpu(monkeypatch, 
     assert len(made) == len(committed.baselines), f"two baselines made on one CPU: {made}"
     monkeypatch.setattr(cpu_isa, "cpu_model", lambda: cpu)
     assert committed.baseline == made.get(cpu, committed.baselines[0]), f"{cpu}: {committed.baseline}"
+
+
+def _lora_files(tmp_path: Path, metadata: dict | None, rows: int = 6) -> tuple[Path, Path]:
+    """A base directory with one adapted weight and one other tensor, and a rank-2 adapter for it."""
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(0)
+    base = tmp_path / "base"
+    base.mkdir()
+    save_file({"layer.q_proj.weight": torch.randn(rows, 4, generator=generator).to(torch.bfloat16),
+               "norm.weight": torch.ones(4, dtype=torch.bfloat16)}, str(base / "model.safetensors"))
+    adapter = tmp_path / "adapter.safetensors"
+    save_file({"layer.q_proj.lora_A": torch.randn(2, 4, generator=generator).to(torch.bfloat16),
+               "layer.q_proj.lora_B": torch.randn(6, 2, generator=generator).to(torch.bfloat16)}, str(adapter),
+              metadata=metadata)
+    return base, adapter
+
+
+def test_a_lora_merge_gives_the_same_bytes_under_every_cpu_kernel_level(tmp_path):
+    """The merge is elementwise float64 with one rounding: torch's scalar kernels (another machine's)
+    write the bytes its vector kernels write here, and the adapted weight moved, the other did not."""
+    from safetensors.torch import load_file
+
+    from replaytests.inputs.preparation import merge_lora
+
+    base, adapter = _lora_files(tmp_path, {"rank": "2", "alpha": "4"})
+    here, scalar = tmp_path / "here", tmp_path / "scalar"
+    here.mkdir()
+    scalar.mkdir()
+    merge_lora(base, adapter, here)
+    code = ("import sys; from pathlib import Path; from replaytests.inputs.preparation import merge_lora; "
+            "merge_lora(*map(Path, sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(base), str(adapter), str(scalar)], capture_output=True,
+                          text=True, check=False, env={**__import__("os").environ, "ATEN_CPU_CAPABILITY": "default"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (here / "model.safetensors").read_bytes() == (scalar / "model.safetensors").read_bytes()
+    before, after = load_file(str(base / "model.safetensors")), load_file(str(here / "model.safetensors"))
+    assert not after["layer.q_proj.weight"].equal(before["layer.q_proj.weight"]), "the adapter changed nothing"
+    assert after["norm.weight"].equal(before["norm.weight"])
+
+
+@pytest.mark.parametrize(("metadata", "rows", "message"), [
+    (None, 6, r"adapter.safetensors: metadata 'alpha' and 'rank' expected"),
+    ({"rank": "2", "alpha": "4"}, 5, r"adapter.safetensors: tensors layer.q_proj.lora_A/B are \(2, 4\) and \(6, 2\), "
+                                     r"not a low-rank form of layer.q_proj.weight \(5, 4\)"),
+], ids=["no-metadata", "wrong-shape"])
+def test_a_bad_adapter_is_one_line_naming_the_file(tmp_path, metadata, rows, message):
+    from replaytests.inputs.preparation import merge_lora
+
+    base, adapter = _lora_files(tmp_path, metadata, rows)
+    with pytest.raises(ConfigError, match=message):
+        merge_lora(base, adapter, tmp_path)
+
+
+def test_an_adapter_with_other_bytes_is_refused_with_both_digests(cache, tmp_path, monkeypatch):
+    spec = models.MODELS["smollm2-protocol"]
+    monkeypatch.setattr(models, "ADAPTERS", tmp_path)
+    (tmp_path / spec.adapter.file).write_bytes(b"not the shipped adapter")
+    with pytest.raises(ConfigError, match=rf"{spec.adapter.file}: sha256 [0-9a-f]{{16}}…, expected "
+                                          rf"{spec.adapter.sha256[:16]}…"):
+        models._adapter_file(spec)
+
+
+def test_the_shipped_adapters_are_the_recorded_bytes():
+    for spec in models.MODELS.values():
+        if spec.adapter:
+            assert models._adapter_file(spec) == spec.adapter.path

