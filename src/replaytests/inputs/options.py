@@ -30,6 +30,9 @@ DEFAULT_REPORT_DIR = Path("reports")  # a report root: one directory per run, `l
 GPU_CONTRACT = REPO / "contracts" / "h200.yaml"
 SMOLLM2_BANK = REPO / "fixtures" / "banks" / "smollm2.jsonl"
 SMOLLM2_CONTRACT = REPO / "contracts" / "cpu-smollm2.yaml"
+# SmolLM2 with the protocol adapter merged (`models prepare smollm2-protocol`): it answers (docs/models.md).
+PROTOCOL_BANK = REPO / "fixtures" / "banks" / "smollm2-protocol.jsonl"
+PROTOCOL_CONTRACT = REPO / "contracts" / "cpu-smollm2-protocol.yaml"
 # The causal banks, which a serving engine (vLLM) and the Hugging Face backend both replay (docs/vllm.md).
 TINY_CAUSAL_BANK = REPO / "fixtures" / "banks" / "tiny-causal.jsonl"
 TINY_VLLM_CONTRACT = REPO / "contracts" / "cpu-tiny-vllm.yaml"
@@ -76,6 +79,8 @@ COMMITTED = (
     Committed(DEFAULT_BANK, DEFAULT_CONTRACT, (DEFAULT_BASELINE, LEDGERS / "cpu-tiny-xeon" / "ledger.jsonl"),
               DEFAULT_LATER_MODEL),
     Committed(SMOLLM2_BANK, SMOLLM2_CONTRACT, (LEDGERS / "cpu-smollm2" / "ledger.jsonl",), "smollm2-later"),
+    Committed(PROTOCOL_BANK, PROTOCOL_CONTRACT, (LEDGERS / "cpu-smollm2-protocol" / "ledger.jsonl",),
+              "smollm2-protocol-later"),
     Committed(TINY_CAUSAL_BANK, TINY_VLLM_CONTRACT, (LEDGERS / "cpu-tiny-causal" / "ledger.jsonl",),
               DEFAULT_LATER_MODEL),
     Committed(TINY_CAUSAL_BANK, TINY_VLLM_CONTRACT, (LEDGERS / "vllm-tiny" / "ledger.jsonl",), DEFAULT_LATER_MODEL,
