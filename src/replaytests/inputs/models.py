@@ -90,7 +90,8 @@ class Model:
     @property
     def base(self) -> str | None:
         """The prepared model this one is derived from."""
-        return (self.training or self.adapter).base if (self.training or self.adapter) else None
+        derived = self.training or self.adapter
+        return derived.base if derived else None
 
 
 ADAPTERS = Path(__file__).parent / "adapters"
