@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -184,7 +185,7 @@ def test_a_lora_merge_gives_the_same_bytes_under_every_cpu_kernel_level(tmp_path
     code = ("import sys; from pathlib import Path; from replaytests.inputs.preparation import merge_lora; "
             "merge_lora(*map(Path, sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, str(base), str(adapter), str(scalar)], capture_output=True,
-                          text=True, check=False, env={**__import__("os").environ, "ATEN_CPU_CAPABILITY": "default"})
+                          text=True, check=False, env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (here / "model.safetensors").read_bytes() == (scalar / "model.safetensors").read_bytes()
     before, after = load_file(str(base / "model.safetensors")), load_file(str(here / "model.safetensors"))

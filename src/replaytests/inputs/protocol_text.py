@@ -158,14 +158,14 @@ def problem_set(seed: int, count: int, sentences: tuple[int, int]) -> list[tuple
 
 
 def corpus(seed: int, count: int, exclude: set[tuple[str, int, int]],
-           sentences: tuple[int, int]) -> list[tuple[str, tuple[str, ...]]]:
-    """The training examples: (prompt, solution) for `count` seeded problems, none of them in `exclude`
-    (the bank's problems, by kind and operands)."""
+           sentences: tuple[int, int]) -> list[tuple[Problem, str, tuple[str, ...]]]:
+    """The training examples: (problem, prompt, solution) for `count` seeded problems, none of them in
+    `exclude` (the bank's problems, by kind and operands)."""
     rng = random.Random(seed)
     out = []
     while len(out) < count:
         p = draw(rng, KINDS[len(out) % len(KINDS)])
         if p.key in exclude:
             continue
-        out.append((prompt(p, rng, rng.randint(*sentences)), solution(p)))
+        out.append((p, prompt(p, rng, rng.randint(*sentences)), solution(p)))
     return out
