@@ -153,8 +153,9 @@ def test_a_committed_input_set_takes_the_baseline_made_on_this_cpu(monkeypatch, 
     assert committed.baseline == made.get(cpu, committed.baselines[0]), f"{cpu}: {committed.baseline}"
 
 
-def _lora_files(tmp_path: Path, metadata: dict | None, rows: int = 6) -> tuple[Path, Path]:
-    """A base directory with one adapted weight and one other tensor, and a rank-2 adapter for it."""
+def _lora_files(tmp_path: Path, metadata: dict | None, rows: int = 6, extra: dict | None = None) -> tuple[Path, Path]:
+    """A base directory with one adapted weight, an embedding and one other tensor, and a rank-2
+    adapter for the weight (with `extra` tensors added)."""
     import torch
     from safetensors.torch import save_file
 
@@ -162,12 +163,20 @@ def _lora_files(tmp_path: Path, metadata: dict | None, rows: int = 6) -> tuple[P
     base = tmp_path / "base"
     base.mkdir()
     save_file({"layer.q_proj.weight": torch.randn(rows, 4, generator=generator).to(torch.bfloat16),
+               "embed.weight": torch.randn(5, 4, generator=generator).to(torch.bfloat16),
                "norm.weight": torch.ones(4, dtype=torch.bfloat16)}, str(base / "model.safetensors"))
     adapter = tmp_path / "adapter.safetensors"
     save_file({"layer.q_proj.lora_A": torch.randn(2, 4, generator=generator).to(torch.bfloat16),
-               "layer.q_proj.lora_B": torch.randn(6, 2, generator=generator).to(torch.bfloat16)}, str(adapter),
-              metadata=metadata)
+               "layer.q_proj.lora_B": torch.randn(6, 2, generator=generator).to(torch.bfloat16), **(extra or {})},
+              str(adapter), metadata=metadata)
     return base, adapter
+
+
+def _rows(ids: list[int], width: int = 4) -> dict:
+    import torch
+
+    return {"embed.rows": torch.full((len(ids), width), 7.0, dtype=torch.bfloat16),
+            "embed.row_ids": torch.tensor(ids, dtype=torch.int64)}
 
 
 def test_a_lora_merge_gives_the_same_bytes_under_every_cpu_kernel_level(tmp_path):
@@ -191,17 +200,39 @@ def test_a_lora_merge_gives_the_same_bytes_under_every_cpu_kernel_level(tmp_path
     before, after = load_file(str(base / "model.safetensors")), load_file(str(here / "model.safetensors"))
     assert not after["layer.q_proj.weight"].equal(before["layer.q_proj.weight"]), "the adapter changed nothing"
     assert after["norm.weight"].equal(before["norm.weight"])
+    assert after["embed.weight"].equal(before["embed.weight"])
 
 
-@pytest.mark.parametrize(("metadata", "rows", "message"), [
-    (None, 6, r"adapter.safetensors: metadata 'alpha' and 'rank' expected"),
-    ({"rank": "2", "alpha": "4"}, 5, r"adapter.safetensors: tensors layer.q_proj.lora_A/B are \(2, 4\) and \(6, 2\), "
-                                     r"not a low-rank form of layer.q_proj.weight \(5, 4\)"),
-], ids=["no-metadata", "wrong-shape"])
-def test_a_bad_adapter_is_one_line_naming_the_file(tmp_path, metadata, rows, message):
+def test_an_adapters_rows_replace_those_rows_and_no_other(tmp_path):
+    from safetensors.torch import load_file
+
     from replaytests.inputs.preparation import merge_lora
 
-    base, adapter = _lora_files(tmp_path, metadata, rows)
+    base, adapter = _lora_files(tmp_path, {"rank": "2", "alpha": "4"}, extra=_rows([1, 3]))
+    merge_lora(base, adapter, tmp_path)
+    before, after = load_file(str(base / "model.safetensors")), load_file(str(tmp_path / "model.safetensors"))
+    changed = [i for i in range(5) if not after["embed.weight"][i].equal(before["embed.weight"][i])]
+    assert changed == [1, 3], f"rows changed: {changed}, expected [1, 3]"
+    assert (after["embed.weight"][[1, 3]] == 7.0).all()
+
+
+NOT_ROWS = (r"adapter.safetensors: embed.rows \(torch.bfloat16 \(2, 4\)\) and embed.row_ids \(torch.int64 \(2,\)\) "
+            r"are not distinct rows of embed.weight")
+
+
+@pytest.mark.parametrize(("metadata", "rows", "extra", "message"), [
+    (None, 6, None, r"adapter.safetensors: metadata 'alpha' and 'rank' expected"),
+    ({"rank": "2", "alpha": "4"}, 5, None, r"adapter.safetensors: tensors layer.q_proj.lora_A/B are \(2, 4\) and "
+                                           r"\(6, 2\), not a low-rank form of layer.q_proj.weight \(5, 4\)"),
+    ({"rank": "2", "alpha": "4"}, 6, lambda: _rows([1, 5]), NOT_ROWS),
+    ({"rank": "2", "alpha": "4"}, 6, lambda: _rows([2, 2]), NOT_ROWS),
+    ({"rank": "2", "alpha": "4"}, 6, lambda: {"embed.rows": _rows([1])["embed.rows"]},
+     r"embed.row_ids \(absent\) are not distinct rows of embed.weight \(torch.bfloat16 \(5, 4\)\)"),
+], ids=["no-metadata", "wrong-shape", "row-out-of-range", "row-twice", "no-row-ids"])
+def test_a_bad_adapter_is_one_line_naming_the_file(tmp_path, metadata, rows, extra, message):
+    from replaytests.inputs.preparation import merge_lora
+
+    base, adapter = _lora_files(tmp_path, metadata, rows, extra and extra())
     with pytest.raises(ConfigError, match=message):
         merge_lora(base, adapter, tmp_path)
 

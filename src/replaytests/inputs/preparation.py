@@ -100,6 +100,8 @@ def merge_lora(src: Path, adapter: Path, out: Path) -> None:
     Each adapted weight becomes bf16(W + scale * sum_k B[:, k] A[k, :]), the sum taken rank by rank in
     float64 with elementwise operations only (each correctly rounded, no matrix kernel, no fused
     multiply-add), then rounded once to bf16: the bytes depend on the two files alone, not on the CPU.
+    An adapter may also carry whole rows of a weight (`STEM.rows` at the indices `STEM.row_ids`, e.g.
+    the delimiters' trained rows of a tied embedding): they replace the source's rows as they are.
     """
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -128,8 +130,28 @@ def merge_lora(src: Path, adapter: Path, out: Path) -> None:
                         total = total + (b[:, k:k + 1] * scale) * a[k:k + 1, :]
                     weight = total.to(weight.dtype)
                     used.add(stem)
+                if f"{stem}.rows" in lora:
+                    weight = _replace_rows(adapter, name, weight, lora[f"{stem}.rows"], lora.get(f"{stem}.row_ids"))
+                    used.add(stem)
                 merged[name] = weight.contiguous()
         save_file(merged, str(out / path.name), metadata={"format": "pt"})
     unused = sorted({name.rsplit(".", 1)[0] for name in lora} - used)
     if unused:
         raise ConfigError(f"{adapter}: tensors {unused[:3]} adapt no weight of {src}")
+
+
+def _replace_rows(adapter: Path, name: str, weight, rows, ids):
+    """`weight` with its rows at `ids` replaced by `rows`, once they are checked to fit."""
+    import torch
+
+    stem = name.removesuffix(".weight")
+    fits = (ids is not None and ids.dtype == torch.int64 and ids.dim() == 1 and rows.dtype == weight.dtype
+            and rows.shape == (ids.numel(), *weight.shape[1:]) and ids.unique().numel() == ids.numel()
+            and (ids.numel() == 0 or (ids.min() >= 0 and ids.max() < weight.shape[0])))
+    if not fits:
+        got = "absent" if ids is None else f"{ids.dtype} {tuple(ids.shape)}"
+        raise ConfigError(f"{adapter}: {stem}.rows ({rows.dtype} {tuple(rows.shape)}) and {stem}.row_ids ({got}) "
+                          f"are not distinct rows of {name} ({weight.dtype} {tuple(weight.shape)})")
+    weight = weight.clone()
+    weight[ids] = rows
+    return weight
