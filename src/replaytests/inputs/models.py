@@ -118,17 +118,17 @@ MODELS = {spec.name: spec for spec in (
            "model.safetensors": "18886b82ef4b2d71cb158d95363794061abb7096064bef276270d9f1e550b5a0"},
           training=Training("smollm2", seed=20261201, steps=16, batch=4, block=64, lr=1e-4, cpu_isa="AVX2",
                             examples=256)),
-    Model("smollm2-protocol", "smollm2 with the six-block protocol LoRA adapter merged (rank 8, 500 steps): "
-          "branches, merge and answer",
+    Model("smollm2-protocol", "smollm2 with the six-block protocol adapter merged (rank-8 LoRA and the 12 delimiters' "
+          "embedding rows, 500 steps): branches, merge and answer",
           {**_CONFIG, **_TOKENIZER,
-           "model.safetensors": "b4208649e9bf1364440beeca1e740f4768c7d25f2fc7c6fb961be112dad0b991"},
+           "model.safetensors": "3225f9bebf59e0d6043f6818752cfd5675a28c4ea0a3ae28e9a638684d29f3d7"},
           adapter=Adapter("smollm2", "smollm2-protocol.safetensors",
-                          "df1f4ea3b8af2108c36b1ab8cb9f048516cd4572d842fb1304c447f985471b4b")),
+                          "3d8433258694648acd8f6311101fc7e9c3fde7452c84fa93372a5333cceb251c")),
     Model("smollm2-protocol-later", "smollm2-protocol's later checkpoint: its adapter trained 60 steps further",
           {**_CONFIG, **_TOKENIZER,
-           "model.safetensors": "d8e7cfd35b82c9fa2f30c818b99cd0f5e05bc873b5c1f451c9852c8da297f5fa"},
+           "model.safetensors": "83e3993fcd3753885db45fdbd76dae3eda01b712dbaa2782709c832ed8b08081"},
           adapter=Adapter("smollm2", "smollm2-protocol-later.safetensors",
-                          "2fdf931e266ed1be1b4bc9272589a3c717ef1974665240e6c94fc29db02f38d6")),
+                          "5e89841124f448df71404baf2b758a3d329fbb3bed7734510a27e318fb1198c8")),
 )}
 
 def cache_root() -> Path:
