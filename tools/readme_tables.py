@@ -6,7 +6,7 @@
   comparison of the vLLM run (fixtures/ledgers/vllm-*), and across runtimes against the Hugging Face run of
   the same causal bank (fixtures/ledgers/cpu-*-causal), over the rows both hold (README, "Serving engines").
 - `flips`: every BF16 crossing divergence of those runs and of the protocol checkpoint's attributed to its
-  margin (outputs/flips.py).
+  margin (outputs/flips.py), and how many incremental decode steps were exact ties, flipped or not.
 - `behaviour`: the crossing's behavioural rows (answers and correctness labels differ, accuracy per arm,
   the paired accuracy difference with McNemar) for the tiny model, SmolLM2 and SmolLM2 with the protocol
   adapter, beside the paper's Table 4 (README, "A checkpoint that answers").
@@ -131,20 +131,29 @@ FLIP_RUNS = {"tiny, transformers": "cpu-tiny-causal", "tiny, vLLM": "vllm-tiny",
 PAIR = "incremental~prefill"
 
 
+def _tied_steps(records: list[dict]) -> str:
+    """The incremental decode steps (with a choice) at an exact top-1/top-2 tie, whether or not they flipped."""
+    if not all("margins" in r["arms"]["incremental"] for r in records):
+        return "not recorded"
+    steps = [m for r in records for m in r["arms"]["incremental"]["margins"] if m is not None]
+    return _cell(sum(m == 0 for m in steps), len(steps))
+
+
 def flips_table() -> str:
     rows = [["BF16 crossing", "suffixes diverge", "exact tie", "within one BF16 step", "clearly apart",
-             "clear-margin rows", "threshold catching every flip", "incremental steps at or below it"]]
+             "clear-margin rows", "threshold catching every flip", "incremental steps at or below it",
+             "incremental steps at an exact tie"]]
     for label, name in FLIP_RUNS.items():
         ok = _ok(collate([LEDGERS / name]), "crossing", "bf16")
         found = pair_flips(ok, PAIR)
         if found is None:
-            rows.append([label, _cell(0, len(ok)), *["-"] * 6])
+            rows.append([label, _cell(0, len(ok)), *["-"] * 6, _tied_steps(ok)])
             continue
         bins = {n: _cell(b["k"], b["n"]) for n, b in found["bins"].items()}
         rate = found["trigger_rate"]
         rows.append([label, _cell(found["divergent"], found["rows"]), bins["tie"], bins["bf16_step"], bins["apart"],
                      ", ".join(a["row"] for a in found["apart_rows"]) or "none", f"{found['threshold']:g}",
-                     _cell(rate["k"], rate["n"]) if rate else "not recorded"])
+                     _cell(rate["k"], rate["n"]) if rate else "not recorded", _tied_steps(ok)])
     return _markdown(rows)
 
 
