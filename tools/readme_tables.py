@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from replaytests.outputs.flips import pair_flips  # noqa: E402
+from replaytests.outputs.flips import pair_flips, step_margins  # noqa: E402
 from replaytests.outputs.report import build_report, collate  # noqa: E402
 from replaytests.outputs.sections import fmt_paired  # noqa: E402
 from replaytests.outputs.serving import premise  # noqa: E402
@@ -133,10 +133,8 @@ PAIR = "incremental~prefill"
 
 def _tied_steps(records: list[dict]) -> str:
     """The incremental decode steps (with a choice) at an exact top-1/top-2 tie, whether or not they flipped."""
-    if not all("margins" in r["arms"]["incremental"] for r in records):
-        return "not recorded"
-    steps = [m for r in records for m in r["arms"]["incremental"]["margins"] if m is not None]
-    return _cell(sum(m == 0 for m in steps), len(steps))
+    steps = step_margins(records, "incremental")
+    return "not recorded" if steps is None else _cell(sum(m == 0 for m in steps), len(steps))
 
 
 def flips_table() -> str:

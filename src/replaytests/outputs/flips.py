@@ -44,7 +44,7 @@ def bin_of(margins: list[float], top1: list[float] | None) -> str:
     return "bf16_step" if any(m <= bf16_step(t) for m, t in zip(margins, top1, strict=True)) else "apart"
 
 
-def _steps(records: list[dict], arm: str) -> list[float] | None:
+def step_margins(records: list[dict], arm: str) -> list[float] | None:
     """Every decode step's margin of `arm` with a choice (forced steps are null), or None where a record
     does not carry them (an older ledger)."""
     if not all("margins" in r["arms"].get(arm, {}) for r in records):
@@ -62,7 +62,7 @@ def pair_flips(records: list[dict], pair: str) -> dict | None:
     binned = {row: bin_of(c["margins_at_divergence"], c.get("top1_at_divergence")) for row, c in flips}
     reference = pair.split("~")[0]
     threshold = max(c["margins_at_divergence"][0] for _, c in flips)
-    steps = _steps(carrying, reference)
+    steps = step_margins(carrying, reference)
     return {
         "rows": len(carrying),
         "divergent": len(flips),
