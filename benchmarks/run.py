@@ -40,7 +40,8 @@ from replaytests.families import crossing
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
-from replaytests.inputs.contract import PRECISIONS, load_contract
+from replaytests.inputs.cells import PAPER as PRECISIONS
+from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, REPO
 
 SCHEMA = "replaytests.benchmarks/1"

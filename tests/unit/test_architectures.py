@@ -69,10 +69,11 @@ def checked(tiny_contract, tokenizer, delims):
     def get(family: str, cache: str = "dynamic", attention: str | None = None) -> checks.Result:
         attention = attention or ("eager" if family in EAGER else "sdpa")
         if (family, cache, attention) not in results:
-            runtime = Runtime("fp32", tiny_contract.precisions["fp32"], tiny_contract.cpu_threads,
+            runtime = Runtime("fp32", tiny_contract.cells["fp32"], tiny_contract.cpu_threads,
                               build_model(family, attention), tokenizer, grammar, torch.device("cpu"),
                               tiny_contract.physical_batch, cache)
-            results[family, cache, attention] = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed=0))
+            z = checks.synthetic_z(runtime, seed=0)
+            results[family, cache, attention] = checks.check_runtime(runtime, z, exact=True)  # FP32: exact
         return results[family, cache, attention]
 
     return get

@@ -338,7 +338,7 @@ PYTEST = {
                                 r"audited"),
     "baseline-other-rows": Case(lambda w: ["--baseline", str(_rows_only(w, "b", "tiny-000")), "--rows", "1:2"],
                                 r"--baseline .*b/ledger\.jsonl: none of its \d+ records is one this run computes "
-                                r"\(its rows tiny-000; this run's tiny-001, precision both\)"),
+                                r"\(its rows tiny-000; this run's tiny-001, cells bf16, fp32\)"),
     "baseline-interrupted": Case(lambda w: ["--baseline", str(_interrupted(w))],
                                  r"--baseline .*interrupted/ledger\.jsonl: an interrupted run .*pass "
                                  r"--accept-interrupted"),

@@ -12,7 +12,7 @@ import yaml
 
 from replaytests.engine.protocol import Caps
 from replaytests.errors import ConfigError
-from replaytests.inputs.contract import BOUNDARY_CHECKS, SCHEMA, KeyedBy, Section, load_contract
+from replaytests.inputs.contract import BOUNDARY_CHECKS, SCHEMA, KeyedBy, Named, Section, load_contract
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACTS = REPO / "contracts"
@@ -54,9 +54,9 @@ def test_cpu_tiny_contract_loads(repo):
     c = load_contract(repo / "contracts" / "cpu-tiny.yaml")
     got = {
         "name": c.name, "device": c.device, "cpu_threads": c.cpu_threads, "attention": c.attention,
-        "physical_batch": c.physical_batch, "caps": c.caps, "precisions": sorted(c.precisions),
-        "bf16 dtype": c.precisions["bf16"].dtype, "fp32 dtype": c.precisions["fp32"].dtype,
-        "fp32 matmul precision": c.precisions["fp32"].float32_matmul_precision,
+        "physical_batch": c.physical_batch, "caps": c.caps, "precisions": sorted(c.cells),
+        "bf16 dtype": c.cells["bf16"].dtype, "fp32 dtype": c.cells["fp32"].dtype,
+        "fp32 matmul precision": c.cells["fp32"].float32_matmul_precision,
         "allowed": c.suffix_divergence_allowed, "delimiters": c.delimiters, "banned": c.banned_tokens,
         "bank": c.bank, "inference_mode": c.inference_mode, "compile": c.compile, "cpu_isa": c.cpu_isa,
     }
@@ -76,9 +76,9 @@ def test_cpu_tiny_contract_loads(repo):
 def test_paper_contract_loads(repo):
     c = load_contract(repo / "contracts" / "paper-b200.yaml")
     got = (c.name, c.device, c.caps, c.physical_batch, c.suffix_divergence_allowed,
-           c.precisions["bf16"].tf32_matmul, c.precisions["bf16"].cudnn_tf32,
-           c.precisions["fp32"].tf32_matmul, c.precisions["fp32"].cudnn_tf32,
-           c.precisions["fp32"].float32_matmul_precision, c.software["torch"], c.hardware["compute_capability"],
+           c.cells["bf16"].tf32_matmul, c.cells["bf16"].cudnn_tf32,
+           c.cells["fp32"].tf32_matmul, c.cells["fp32"].cudnn_tf32,
+           c.cells["fp32"].float32_matmul_precision, c.software["torch"], c.hardware["compute_capability"],
            c.bank, c.panels["transplant"]["divergent"], c.panels["replication"]["min_exact_controls"],
            tuple(c.settings["boundary_checks"]), c.gates.donor_recovery)
     expected = ("paper-b200", "cuda", Caps(768, 512, 64), 2, {"bf16": True, "fp32": False},
@@ -91,9 +91,9 @@ def test_h200_contract_extends_the_paper(repo):
     c = load_contract(repo / "contracts" / "h200.yaml")
     paper = load_contract(repo / "contracts" / "paper-b200.yaml")
     got = (c.name, c.device, c.hardware["gpu_name"], c.hardware["compute_capability"], c.hardware["gpus"],
-           c.attention, c.caps, c.bank["prefix_len"], c.software["torch"], c.precisions, c.gates)
+           c.attention, c.caps, c.bank["prefix_len"], c.software["torch"], c.cells, c.gates)
     expected = ("h200", "cuda", "NVIDIA H200", "9.0", 1, "sdpa", Caps(32, 24, 8), {"min": 123, "max": 374},
-                None, paper.precisions, paper.gates)
+                None, paper.cells, paper.gates)
     assert got == expected, f"h200 contract: got {got}, expected {expected}"
     assert "extends" not in c.raw, "the merged contract still holds its 'extends' key"
 
@@ -156,7 +156,8 @@ MISSING = [
     pytest.param(drop("environment"), r": missing required field 'environment'$", id="environment"),
     pytest.param(drop("decoding"), r": missing required field 'decoding'$", id="decoding"),
     pytest.param(drop("caps"), r": missing required field 'caps'$", id="caps"),
-    pytest.param(drop("precisions"), r": missing required field 'precisions'$", id="precisions"),
+    pytest.param(drop("precisions"), r": cells: expected at least one cell \(or precisions: bf16, fp32\)$",
+                 id="precisions"),
     pytest.param(drop("gates"), r": missing required field 'gates'$", id="gates"),
     pytest.param(drop("environment", "device"), r": environment: missing required field 'device'$",
                  id="environment.device"),
@@ -203,7 +204,7 @@ WRONG_TYPE = [
     pytest.param(put(7, "environment", "device"), r"environment\.device: expected str, got int 7$",
                  id="device-int"),
     pytest.param(put("float64", "precisions", "fp32", "dtype"),
-                 r": precisions\.fp32\.dtype: expected bfloat16 or float32, got 'float64'$", id="dtype-float64"),
+                 r": precisions\.fp32\.dtype: expected bfloat16, float16 or float32, got 'float64'$", id="dtype-float64"),
     pytest.param(put(True, "precisions", "bf16", "tf32"),
                  r": precisions\.bf16: unknown field 'tf32'; did you mean 'tf32_matmul'\?$", id="unknown-flag"),
     pytest.param(put({"<|bogus|>": "x"}, "delimiters"),
@@ -288,7 +289,7 @@ UNKNOWN_KEYS = [
     pytest.param(put(1, "caps", "zzz"), r": caps: unknown field 'zzz'; expected one of branch, merge, answer$",
                  id="nothing-close"),
     pytest.param(put(True, "gates", "crossing", "suffix_divergence_allowed", "fp64"),
-                 r": gates\.crossing\.suffix_divergence_allowed: unknown precision 'fp64'; expected one of bf16, "
+                 r": gates\.crossing\.suffix_divergence_allowed: unknown cell 'fp64'; expected one of bf16, "
                  r"fp32$",
                  id="gate-precision"),
 ]
@@ -352,7 +353,8 @@ TOGETHER = [
                  id="device-kind-vs-device"),
     pytest.param(put({"prefix_len": {"min": 400, "max": 100}}, "bank"),
                  r": bank\.prefix_len: expected min <= max, got min 400 and max 100$", id="prefix-range-reversed"),
-    pytest.param(put({}, "precisions"), r": precisions: expected at least one of bf16, fp32$", id="no-precisions"),
+    pytest.param(put({}, "precisions"), r": cells: expected at least one cell \(or precisions: bf16, fp32\)$",
+                 id="no-precisions"),
     pytest.param(put({"compute_capability": 9.0}, "hardware"),
                  r": hardware\.compute_capability: expected str or null, got float 9\.0 \(write it in quotes\)$",
                  id="unquoted-capability"),
@@ -425,7 +427,7 @@ def test_defaults(minimal, path, expected):
 def test_tf32_matmul_implies_high_matmul_precision(tmp_path, tiny_yaml):
     data = copy.deepcopy(tiny_yaml)
     data["precisions"]["bf16"] = {"dtype": "bfloat16", "tf32_matmul": True}
-    flags = load_contract(write(tmp_path, data)).precisions["bf16"]
+    flags = load_contract(write(tmp_path, data)).cells["bf16"]
     assert flags.float32_matmul_precision == "high", f"float32_matmul_precision {flags.float32_matmul_precision!r}"
 
 
@@ -459,8 +461,8 @@ def child(tmp_path_factory):
     pytest.param(lambda c: c.caps, Caps(9, 3, 2), id="mapping-merged-key-by-key"),
     pytest.param(lambda c: c.banned_tokens, (7,), id="list-replaced"),
     pytest.param(lambda c: (c.attention, c.cpu_threads), ("eager", 2), id="untouched-section-inherited"),
-    pytest.param(lambda c: c.precisions["bf16"].cudnn_tf32, True, id="sibling-precision-inherited"),
-    pytest.param(lambda c: (c.precisions["fp32"].dtype, c.precisions["fp32"].sdpa_backend), ("float32", "math"),
+    pytest.param(lambda c: c.cells["bf16"].cudnn_tf32, True, id="sibling-precision-inherited"),
+    pytest.param(lambda c: (c.cells["fp32"].dtype, c.cells["fp32"].sdpa_backend), ("float32", "math"),
                  id="nested-key-added"),
     pytest.param(lambda c: c.bank["rows"], 5, id="new-section"),
     pytest.param(lambda c: "extends" in c.raw, False, id="raw-without-extends"),
@@ -530,7 +532,7 @@ def schema_paths(node, path: str = ""):
             yield from schema_paths(child, f"{path}.{key}" if path else key)
         return
     yield path
-    if isinstance(node, KeyedBy) and isinstance(node.value, Section):
+    if isinstance(node, KeyedBy | Named) and isinstance(node.value, Section):
         yield from schema_paths(node.value, f"{path}.<{node.noun}>")
 
 

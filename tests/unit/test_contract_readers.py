@@ -14,12 +14,13 @@ import re
 import pytest
 from test_contract import schema_paths
 
-from replaytests.engine.hf import environment, runtime
+from replaytests.engine.hf import adapter, environment, runtime, weights
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
-from replaytests.inputs.contract import PRECISIONS, SCHEMA, Value
+from replaytests.inputs.cells import PAPER
+from replaytests.inputs.contract import SCHEMA, Value
 from replaytests.inputs.options import Options
 from replaytests.suite import artifacts, planner, session
 
@@ -32,8 +33,16 @@ READERS = {
     "environment.cache": runtime.Runtime.load,
     "protocol.visibility": runtime.Runtime.load,
     "environment.cpu_isa": session.ReplaySession.open,
-    "precisions": runtime.Runtime.load,
+    "precisions": contract.load_contract,
     "precisions.<precision>.dtype": runtime.Runtime.load,
+    "cells": contract.load_contract,
+    "cells.<cell>.dtype": runtime.Runtime.load,
+    "cell_pairs": artifacts.run_metadata,
+    **{f"{cells}.kv_cache.{key}": adapter.new_cache for cells in ("precisions.<precision>", "cells.<cell>")
+       for key in ("format", "library", "bits", "group_size", "residual_length")},
+    **{f"{cells}.weights.{key}": reader for cells in ("precisions.<precision>", "cells.<cell>")
+       for key, reader in (("format", weights._config), ("library", runtime.Runtime.cell_problem),
+                           ("group_size", weights._config))},
     "decoding.physical_batch": runtime.Runtime.load,
     "caps.branch": Caps.of,
     "caps.merge": Caps.of,
@@ -43,8 +52,8 @@ READERS = {
     "boundary_checks": contract._check_together,
     "panels.live": planner.Plan.panel_size,
     "panels.bridge": planner.Plan.panel_size,
-    "panels.transplant.divergent": session.ReplaySession.transplant_panel.func,
-    "panels.transplant.exact_controls": session.ReplaySession.transplant_panel.func,
+    "panels.transplant.divergent": session.ReplaySession.transplant_panel,
+    "panels.transplant.exact_controls": session.ReplaySession.transplant_panel,
     "panels.replication.rows": planner.Plan.panel_size,
     "panels.replication.min_exact_controls": artifacts.causal_lines,
     **{f"gates.{path}": gates.Gates.from_settings for path in (
@@ -65,7 +74,7 @@ READERS = {
 
 def _node(path: str):
     node = SCHEMA
-    for key in path.replace(".<precision>", "").split("."):
+    for key in path.replace(".<precision>", "").replace(".<cell>", "").split("."):
         node = node.keys[key] if hasattr(node, "keys") else node.value.keys[key]
     return node
 
@@ -85,7 +94,9 @@ def captured() -> set[str]:
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p) for p in schema_paths(SCHEMA)])
 def test_every_contract_key_has_a_reader(path, captured):
-    concrete = [path.replace("<precision>", p) for p in PRECISIONS] if "<precision>" in path else [path]
+    # a cell's numeric flags are read back and captured as the paper's cells' are (environment.precisions)
+    paper = path.replace("cells.<cell>", "precisions.<precision>")
+    concrete = [paper.replace("<precision>", p) for p in PAPER] if "<precision>" in paper else [path]
     if _locked(path) or all(p in captured for p in concrete):
         return
     reader = READERS.get(path)

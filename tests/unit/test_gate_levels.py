@@ -82,7 +82,7 @@ def test_an_fp32_divergence_fails_at_every_gate(gate):
     records = [r for r in run() if (r["family"], r["row"], r["precision"]) != ("crossing", "r0", "fp32")]
     records.append(make("crossing", "r0", "fp32", suffix_equal=False, first_divergence=3))
     result = compare(records, records, gate=gate)
-    assert result.reasons == ["FP32 divergence: crossing/r0/fp32 incremental~prefill suffixes diverge at suffix "
+    assert result.reasons == ["fp32 divergence: crossing/r0/fp32 incremental~prefill suffixes diverge at suffix "
                               "index 3 (gate crossing.suffix_divergence_allowed.fp32: false)"], result.reasons
 
 
@@ -187,8 +187,8 @@ def test_a_known_change_that_no_longer_occurs_fails_as_improved(tmp_path):
                  id="no-changes"),
     pytest.param(KNOWN.replace("level: bits", "level: leaves"),
                  "changes[0]: field 'level' is 'leaves', expected one of bits, trajectories, rates", id="level"),
-    pytest.param(KNOWN.replace("precision: fp32", "precision: fp16"),
-                 "changes[0]: field 'precision' is 'fp16', expected one of bf16, fp32", id="precision"),
+    pytest.param(KNOWN.replace("precision: fp32", "precision: FP 16"),
+                 "changes[0]: field 'precision' is 'FP 16', expected a cell name", id="precision"),
     pytest.param(KNOWN.replace("    why: a new FP32 kernel\n", ""), "changes[0]: expected exactly the fields",
                  id="no-why"),
     pytest.param(KNOWN + KNOWN.split("changes:\n")[1], "changes[1]: crossing/fp32 is listed twice", id="twice"),

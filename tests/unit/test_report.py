@@ -129,7 +129,7 @@ def test_paper_counts_are_wilson_proportions(paper, path, k, n):
     pytest.param("correctness_divergence", 20, 1.91e-6, 0.10, (0.060, 0.145), id="correctness"),
 ])
 def test_paired_reduction_bf16_to_fp32_matches_paper(paper, family, pair, metric, b, p, diff, ci):
-    reduction = at(paper, "families", family, "reductions", pair)
+    (reduction,) = at(paper, "families", family, "reductions", pair)
     test = reduction["metrics"][metric]
     assert (reduction["from"], reduction["to"], reduction["rows"]) == ("bf16", "fp32", 200), reduction
     assert (test["mcnemar"]["b"], test["mcnemar"]["c"]) == (b, 0), f"{metric}: discordant counts {test['mcnemar']}"
@@ -199,7 +199,7 @@ def test_reductions_pair_rows_by_id_present_at_both_precisions():
                crossing("b", "bf16", suffix_equal=False, first_divergence=0),
                excluded("crossing", "b", "fp32", "BoundaryMismatch: x"),
                crossing("c", "fp32", suffix_equal=False, first_divergence=0)]
-    reduction = at(build_report(records, {}), "families", "crossing", "reductions", "incremental~prefill")
+    (reduction,) = at(build_report(records, {}), "families", "crossing", "reductions", "incremental~prefill")
     suffix = reduction["metrics"]["suffix_divergence"]
     assert reduction["rows"] == 1, f"only row a is ok at both precisions: {reduction['rows']}"
     assert (suffix["bf16"], suffix["fp32"]) == (wilson_json(1, 1), wilson_json(0, 1)), suffix
@@ -512,5 +512,5 @@ def test_transplant_and_replication_outcomes_are_tabled(repo):
     assert (recovery["k"], recovery["n"]) == (causal["transplant"]["divergent"],) * 2, recovery
     assert causal["replication"]["min_exact_controls"] == 6, causal["replication"]
     text = markdown(report)
-    for title in ("### Transplant (Table 5), BF16:", "### Replication on a later checkpoint (Table 6), BF16"):
+    for title in ("### Transplant (Table 5), bf16:", "### Replication on a later checkpoint (Table 6), bf16"):
         assert title in text, f"report.md lacks {title!r}"

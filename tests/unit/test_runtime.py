@@ -12,7 +12,7 @@ from replaytests.engine.hf import constructions
 from replaytests.engine.hf.runtime import Runtime, apply_numeric_flags, check_batch_equal, copies_differ
 from replaytests.engine.protocol import visibility_rows
 from replaytests.errors import ConfigError, NonFinite, PhysicalBatchDesync
-from replaytests.inputs.contract import PrecisionFlags
+from replaytests.inputs.cells import Cell
 
 DESYNC = r"^physical-batch desync at {where}: copy {copy} differs from copy 0, max \|diff\| {diff}$"
 
@@ -105,7 +105,7 @@ def restore_numeric_flags():
 # (not named `precision`: the replaytests plugin parametrizes every test that takes that argument)
 @pytest.mark.parametrize("prec", [pytest.param("bf16", id="bf16-flags"), pytest.param("fp32", id="fp32-flags")])
 def test_numeric_flags_read_back(restore_numeric_flags, tiny_contract, prec):
-    flags = tiny_contract.precisions[prec]
+    flags = tiny_contract.cells[prec]
     apply_numeric_flags(flags, 1)
     readback = {
         "threads": (torch.get_num_threads(), 1),
@@ -120,13 +120,13 @@ def test_numeric_flags_read_back(restore_numeric_flags, tiny_contract, prec):
 def test_numeric_flag_that_does_not_take_is_a_config_error(restore_numeric_flags, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     with pytest.raises(ConfigError, match=r"^numeric flag cpu_threads: set 1 but it reads back 3$"):
-        apply_numeric_flags(PrecisionFlags(dtype="float32"), 1)
+        apply_numeric_flags(Cell(dtype="float32"), 1)
 
 
 def test_load_refuses_a_precision_the_contract_lacks(tiny_contract, repo):
-    bf16_only = dataclasses.replace(tiny_contract, precisions={"bf16": tiny_contract.precisions["bf16"]})
-    with pytest.raises(ConfigError, match=r"cpu-tiny\.yaml: precision 'fp32' is not in the contract's precisions "
-                                          r"\(bf16\)$"):
+    bf16_only = dataclasses.replace(tiny_contract, cells={"bf16": tiny_contract.cells["bf16"]})
+    with pytest.raises(ConfigError, match=r"cpu-tiny\.yaml: cell 'fp32' is not declared by contract cpu-tiny "
+                                          r"\(its cells: bf16\)$"):
         Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", bf16_only, "fp32")
 
 

@@ -223,7 +223,7 @@ def test_panel_splits_divergent_not_testable_and_controls():
     records = [crossing_record("d1", 300, False), crossing_record("d0", 100, False),
                crossing_record("nt", 200, False, argmax_equal=False, first_token_equal=False),
                crossing_record("c0", 150, True), crossing_record("c1", 120, True, cache_exact=True)]
-    found = family.panel(records, divergent=24, controls=8)
+    found = family.panel(records, "bf16", divergent=24, controls=8)
     assert found.rows == [("d0", "divergent"), ("d1", "divergent"), ("c1", "control"), ("c0", "control")], found
     assert found.not_testable == [("nt", "first suffix tokens differ (raw boundary argmax different too): a "
                                          "transplant cannot move that choice")], found
@@ -239,7 +239,7 @@ def test_testability_is_judged_on_the_first_suffix_token(argmax_equal, first_tok
     """A transplant moves the cache, not the recipient's own boundary logits: what decides is the
     structurally masked first choice, not the raw argmax (which may be a token the mask forbids)."""
     record = crossing_record("d", 100, False, argmax_equal=argmax_equal, first_token_equal=first_token_equal)
-    found = family.panel([record])
+    found = family.panel([record], "bf16")
     assert (found.rows == [("d", "divergent")]) == testable, found
     assert bool(found.not_testable) != testable, found
 
@@ -247,16 +247,16 @@ def test_testability_is_judged_on_the_first_suffix_token(argmax_equal, first_tok
 def test_panel_prefers_cache_exact_controls():
     records = [crossing_record(f"s{i}", 100 + i, True) for i in range(5)]
     records += [crossing_record("x0", 500, True, cache_exact=True), crossing_record("x1", 50, True, cache_exact=True)]
-    chosen = [row for row, _ in family.panel(records, divergent=0, controls=3).rows]
+    chosen = [row for row, _ in family.panel(records, "bf16", divergent=0, controls=3).rows]
     assert {"x0", "x1"} <= set(chosen) and len(chosen) == 3, f"controls {chosen}: the two cache-exact rows first"
 
 
 def test_panel_spaces_rows_by_prefix_length_and_ignores_order():
     records = [crossing_record(f"r{i:02d}", 100 + 10 * i, False) for i in range(30)]
-    chosen = family.panel(records, divergent=4, controls=0).rows
+    chosen = family.panel(records, "bf16", divergent=4, controls=0).rows
     assert chosen == [("r00", "divergent"), ("r10", "divergent"), ("r19", "divergent"), ("r29", "divergent")], chosen
     shuffled = random.Random(0).sample(records, len(records))
-    assert family.panel(shuffled, divergent=4, controls=0).rows == chosen, "selection depends on record order"
+    assert family.panel(shuffled, "bf16", divergent=4, controls=0).rows == chosen, "selection depends on record order"
 
 
 @pytest.mark.parametrize("other", [
@@ -266,7 +266,7 @@ def test_panel_spaces_rows_by_prefix_length_and_ignores_order():
 ])
 def test_panel_reads_finished_bf16_crossing_records_only(other):
     records = [crossing_record("keep", 100, False), crossing_record("drop", 200, False, **other)]
-    assert family.panel(records).rows == [("keep", "divergent")], f"a {other} record was selected"
+    assert family.panel(records, "bf16").rows == [("keep", "divergent")], f"a {other} record was selected"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ def audit_against_baseline(audit_record, replay, baseline_record: dict) -> None:
     """Every leaf of a saved record reproduced by this run (gates.audit.reproduce); a transplant record of
     a row outside this run's panel is skipped."""
     family, row, precision = (baseline_record[k] for k in ("family", "row", "precision"))
-    if family == "transplant" and replay.transplant_role(replay.row(row)) not in ROLES:
-        pytest.skip("not in this run's transplant panel (drawn from the selected rows' BF16 crossing, "
+    if family == "transplant" and replay.transplant_role(replay.row(row), precision) not in ROLES:
+        pytest.skip(f"not in this run's transplant panel (drawn from the selected rows' {precision} crossing, "
                     "whose records are audited)")
     result = audit_record(baseline_record)
     moved = result.trajectory_changes

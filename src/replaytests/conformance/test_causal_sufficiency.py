@@ -1,6 +1,7 @@
 """Layer 4, causal state sufficiency: does the boundary K/V cache carry the divergent trajectory?
 
-Transplant: rows come from the BF16 crossing. First the validity control: each construction's cache
+Transplant, on each cell whose crossing may diverge (bf16 in the paper's contract): rows come from that
+cell's crossing. First the validity control: each construction's cache
 copied into its own replica must reproduce its trajectory bit for bit (else no outcome counts). Then,
 on each divergent row whose first suffix tokens agree, the prefill recipient given the incremental
 donor's K/V must follow the donor's suffix, and the other way round; on exact controls a transplant
@@ -19,12 +20,12 @@ from replaytests.outputs import causal
 pytestmark = pytest.mark.causal
 
 
-def _role(replay, row) -> str:
-    role = replay.transplant_role(row)
+def _role(replay, row, cell) -> str:
+    role = replay.transplant_role(row, cell)
     if role is None:
-        pytest.skip("not in the transplant panel (chosen from the BF16 crossing's outcomes)")
+        pytest.skip(f"not in the transplant panel (chosen from the {cell} crossing's outcomes)")
     if role == "not_testable":
-        pytest.skip(f"divergent, not testable: {dict(replay.transplant_panel.not_testable)[row.id]}")
+        pytest.skip(f"divergent, not testable: {dict(replay.transplant_panel(cell).not_testable)[row.id]}")
     return role
 
 
@@ -34,33 +35,33 @@ def _check_valid(result: dict) -> None:
     assert not broken, f"{result['family']} row {result['row']}: self-transplants diverge (suffix index): {broken}"
 
 
-def test_transplant_validity_control(record, replay, transplant_row):
-    _role(replay, transplant_row)
-    _check_valid(ok(record("transplant", transplant_row, "bf16")))
+def test_transplant_validity_control(record, replay, causal_cell, transplant_row):
+    _role(replay, transplant_row, causal_cell)
+    _check_valid(ok(record("transplant", transplant_row, causal_cell)))
 
 
-def test_transplant_recipient_follows_donor(record, replay, transplant_row):
-    role = _role(replay, transplant_row)
-    judge(replay.contract.gates.transplant_row(ok(record("transplant", transplant_row, "bf16")), role))
+def test_transplant_recipient_follows_donor(record, replay, causal_cell, transplant_row):
+    role = _role(replay, transplant_row, causal_cell)
+    judge(replay.contract.gates.transplant_row(ok(record("transplant", transplant_row, causal_cell)), role))
 
 
-def test_transplant_family_meets_its_gates(record, replay, transplant_family):
+def test_transplant_family_meets_its_gates(record, replay, causal_cell, transplant_family):
     """gates.transplant over the whole panel: each direction's donor recovery and the controls' third
     trajectories (the per-row tests record a miss the gates allow a share of)."""
     shard = replay.plan.family_rows("transplant")
     if not shard:
         pytest.skip(f"shard {replay.options.shard} holds none of the selected rows")
-    roles = {row: role for row, role in replay.transplant_panel.rows}
+    roles = {row: role for row, role in replay.transplant_panel(causal_cell).rows}
     rows = [row for row in shard if row.id in roles]
-    replay.records("transplant", rows, "bf16")  # under -n N, computed by the workers together (suite.claims)
-    summary = causal.transplant([record("transplant", row, "bf16") for row in rows])
+    replay.records("transplant", rows, causal_cell)  # under -n N, computed by the workers together (suite.claims)
+    summary = causal.transplant([record("transplant", row, causal_cell) for row in rows])
     follows = {name: (v["follows_donor"]["k"], v["follows_donor"]["n"]) for name, v in summary["full"].items()}
     thirds = {name: (v["control_third"]["k"], v["control_third"]["n"]) for name, v in summary["full"].items()}
     judge(*replay.contract.gates.transplant_family(follows, thirds))
 
 
-def test_replication_on_later_checkpoint(record, replay, replication_row):
-    result = ok(record("replication", replication_row, "bf16"))
+def test_replication_on_later_checkpoint(record, replay, causal_cell, replication_row):
+    result = ok(record("replication", replication_row, causal_cell))
     _check_valid(result)
     judge(*(replay.contract.gates.replicas(result, pair) for pair in replica_pairs(result)))
     cross = result["comparisons"][CROSS]

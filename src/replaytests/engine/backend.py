@@ -11,7 +11,7 @@ No torch here: the plugin reads the capability names before any model work.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from replaytests.errors import ConfigError, ReplaytestsError
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from replaytests.engine.boundary import Boundary, Suffix
     from replaytests.engine.protocol import Grammar
+    from replaytests.inputs.contract import Contract
 
 # Every capability a backend may declare, and what a family that needs it reads from the runtime.
 CAPABILITIES = {
@@ -78,6 +79,42 @@ class Backend(Protocol):
 
     def first_copy(self, boundary: Boundary) -> Boundary:
         """The first copy of a physical batch as a storage-isolated singleton boundary (`batch_size`)."""
+
+
+class CellProblem(NamedTuple):
+    """Why a backend cannot run a cell: the cell's field and what is wrong. `missing_library`: the cell
+    is one the backend runs, with a library that is not installed here (its tests are skipped, saying
+    so); otherwise the backend never runs such a cell (an error before any model work)."""
+
+    field: str
+    message: str
+    missing_library: bool = False
+
+
+def cell_problem(backend: type, contract: Contract, name: str) -> CellProblem | None:
+    """What keeps `backend` from running the contract's cell `name` in the format it names, or None. A
+    backend says so with `cell_problem(cell)`; one that does not runs native cells only."""
+    cell = contract.cell(name)
+    judge = getattr(backend, "cell_problem", None)
+    if judge is not None:
+        return judge(cell)
+    for part in ("kv_cache", "weights"):
+        if not getattr(cell, part).native:
+            return CellProblem(part, f"backend {backend.name} runs native {part} only, got {getattr(cell, part)}")
+    return None
+
+
+def check_cell(backend: type, contract: Contract, name: str) -> str | None:
+    """Refuse, in one line naming the contract, the cell and the field, a cell the backend never runs;
+    return the reason to skip a cell whose library is not installed here (else None). A cell is never run
+    in another format than the one it names."""
+    problem = cell_problem(backend, contract, name)
+    if problem is None:
+        return None
+    line = f"{contract.path}: cells.{name}.{problem.field}: {problem.message}"
+    if problem.missing_library:
+        return line
+    raise ConfigError(line)
 
 
 BUILT_IN = {"hf": "replaytests.engine.hf.runtime:Runtime",  # name -> module:class

@@ -67,9 +67,26 @@ class Boundary:
             "device": str(layers[0][0].device if layers else self.logits.device),
         }
 
+    def stored(self) -> list[torch.Tensor]:
+        """What a quantized cache stores (codes, scales, zero points, the unquantized residual), where it
+        differs from what attention reads (`layers`); empty for any other cache."""
+        stored = getattr(self.cache, "stored_tensors", None)
+        return stored() if stored else []
+
     def storages(self) -> set[int]:
         ptrs = {t.untyped_storage().data_ptr() for kv in self.layers for t in kv}
+        ptrs |= {t.untyped_storage().data_ptr() for t in self.stored() if t.numel()}
         return ptrs | {self.logits.untyped_storage().data_ptr()}
+
+    def stored_digest(self) -> str | None:
+        """sha256 over what a quantized cache stores (stored()); None for any other cache."""
+        stored = self.stored()
+        if not stored:
+            return None
+        digest = hashlib.sha256()
+        for tensor in stored:
+            digest.update(_tensor_bytes(tensor))
+        return digest.hexdigest()
 
     def tensor_name(self, ptr: int) -> str:
         """Which tensor of this boundary lives in the storage at `ptr`, e.g. `layer 2 V`."""

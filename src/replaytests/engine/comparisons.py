@@ -39,6 +39,10 @@ def compare_boundaries(a: Boundary, b: Boundary) -> dict:
     metrics["logits_exact"] = bitwise_equal(a.logits, b.logits)
     metrics["logits_max_abs"] = _drift([(a.logits, b.logits)])["max_abs"]
     metrics["argmax_equal"] = int(a.logits.argmax()) == int(b.logits.argmax())
+    stored_a, stored_b = a.stored(), b.stored()
+    if stored_a and stored_b:  # a quantized cache: what is stored, beside what attention reads (cache_exact)
+        metrics["stored_exact"] = len(stored_a) == len(stored_b) and all(
+            bitwise_equal(x, y) for x, y in zip(stored_a, stored_b, strict=True))
     return metrics
 
 

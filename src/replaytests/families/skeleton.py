@@ -36,6 +36,7 @@ def is_correct(answer: str, expected: str | None) -> bool | None:
 
 def arm_record(boundary: Boundary, suffix: Suffix, expected: str | None) -> dict:
     cache_digest, layer_digests = boundary.fingerprint()
+    stored = boundary.stored_digest()
     return {
         "suffix": suffix.tokens,
         # top-1 minus top-2 masked logit at each suffix step; null where one token was eligible (forced)
@@ -46,6 +47,7 @@ def arm_record(boundary: Boundary, suffix: Suffix, expected: str | None) -> dict
         "layer_digests": layer_digests,
         "logits_digest": boundary.logits_digest(),
         "z_sha256": z_digest(boundary.tokens, boundary.roles),
+        **({"stored_digest": stored} if stored else {}),  # a quantized cache's codes, scales and residual
     }
 
 
@@ -60,7 +62,7 @@ def compare_arms(pairs, boundaries: dict[str, Boundary], suffixes: dict[str, Suf
 
 def record_base(family: str, row: BankRow, runtime: Backend) -> dict:
     return {"schema": ledger.SCHEMA, "family": family, "row": row.id, "precision": runtime.precision,
-            "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
+            "cell_digest": runtime.cell_digest, "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
 
 
 def excluded(base: dict, exc: FailClosed) -> dict:

@@ -71,8 +71,9 @@ def _spaced(records: list[dict], size: int) -> list[str]:
     return [ref.id for ref in spaced([_Ref(r["row"], r["prefix_len"]) for r in records], size)]
 
 
-def panel(crossing_records: list[dict], divergent: int = DIVERGENT, controls: int = CONTROLS) -> Panel:
-    """Rows for the transplant, from finished BF16 crossing records only (nothing else is read).
+def panel(crossing_records: list[dict], cell: str, divergent: int = DIVERGENT, controls: int = CONTROLS) -> Panel:
+    """Rows for the transplant in one cell, from that cell's finished crossing records only (nothing else
+    is read).
 
     Divergent: incremental and prefill suffixes differ while their first suffix tokens agree; where
     those differ the row is not testable by transplant (the recipient keeps its own logits) and is
@@ -81,7 +82,7 @@ def panel(crossing_records: list[dict], divergent: int = DIVERGENT, controls: in
     of prefix length.
     """
     finished = [r for r in crossing_records
-                if r["family"] == "crossing" and r["precision"] == "bf16" and r["status"] == "ok"]
+                if r["family"] == "crossing" and r["precision"] == cell and r["status"] == "ok"]
     cross = {r["row"]: r["comparisons"][CROSS] for r in finished}
     split = [r for r in finished if not cross[r["row"]]["suffix_equal"]]
     equal = [r for r in finished if cross[r["row"]]["suffix_equal"]]

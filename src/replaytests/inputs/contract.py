@@ -18,13 +18,13 @@ import yaml
 
 from replaytests.errors import ConfigError, short
 from replaytests.files import read_text, sha256_json
+from replaytests.inputs import cells
 from replaytests.inputs.blocks import CACHES, DELIMITER_NAMES, Caps
+from replaytests.inputs.cells import Cell
 from replaytests.inputs.cpu_isa import LEVELS
 from replaytests.inputs.gates import Gates
 
 SCHEMA_ID = "replaytests.contract/1"
-PRECISIONS = ("bf16", "fp32")
-DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_positions", "padding",
                    "cache_seq_length", "tensor_metadata")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
@@ -68,6 +68,17 @@ class KeyedBy:
 
 
 @dataclass(frozen=True)
+class Named:
+    """A mapping whose keys are names the contract itself chooses (its cells), each matching
+    `pattern` and holding a `value`."""
+
+    noun: str
+    value: Value | Section
+    pattern: str
+    default: object = _REQUIRED
+
+
+@dataclass(frozen=True)
 class ListOf:
     item: Value
     default: object = _REQUIRED
@@ -77,11 +88,32 @@ def _pin(kind: type = str, **kw) -> Value:
     return Value(kind, default=None, **kw)
 
 
-def _divergence(default: bool | None) -> KeyedBy:
-    return KeyedBy(PRECISIONS, "precision", Value(bool, default=default), default={})
+def _divergence() -> Named:
+    """cell -> whether its suffixes may diverge (cells left out: filled in by _fill_divergence)."""
+    return Named("cell", Value(bool, default=None), cells.NAME_PATTERN, default={})
 
 
 _GREEDY = "(the engine decodes greedily only)"
+_CELL = Section({
+    "dtype": Value(str, choices=cells.DTYPES),
+    "tf32_matmul": Value(bool, default=False),
+    "cudnn_tf32": Value(bool, default=False),
+    "float32_matmul_precision": _pin(choices=("highest", "high", "medium")),
+    "bf16_reduced_precision_reduction": _pin(bool),
+    "sdpa_backend": _pin(choices=SDPA_BACKENDS),
+    "kv_cache": Section({
+        "format": Value(str, default="native", choices=cells.KV_FORMATS),
+        "library": _pin(),
+        "bits": _pin(int, low=1, high=16),
+        "group_size": _pin(int, low=1, high=MAX_COUNT),
+        "residual_length": _pin(int, low=0, high=MAX_COUNT),
+    }, default={}),
+    "weights": Section({
+        "format": Value(str, default="native", choices=cells.WEIGHT_FORMATS),
+        "library": _pin(),
+        "group_size": _pin(int, low=1, high=MAX_COUNT),
+    }, default={}),
+})
 _NUMBER = (int, float)
 
 SCHEMA = Section({
@@ -107,14 +139,13 @@ SCHEMA = Section({
                                 expect="eager (forward calls run op by op under torch.inference_mode)"),
         "compile": Value(bool, default=False, choices=(False,), expect="false (the engine never uses torch.compile)"),
     }),
-    "precisions": KeyedBy(PRECISIONS, "precision", Section({
-        "dtype": Value(str, choices=tuple(DTYPES.values())),
-        "tf32_matmul": Value(bool, default=False),
-        "cudnn_tf32": Value(bool, default=False),
-        "float32_matmul_precision": _pin(choices=("highest", "high", "medium")),
-        "bf16_reduced_precision_reduction": _pin(bool),
-        "sdpa_backend": _pin(choices=SDPA_BACKENDS),
-    })),
+    # The paper's two cells under their old key, and any others under `cells:` (inputs/cells.py).
+    "precisions": KeyedBy(cells.PAPER, "precision", _CELL, default={}),
+    "cells": Named("cell", _CELL, cells.NAME_PATTERN, default={}),
+    # Pairs of cells compared paired, row by row (the paper's reduction bf16 -> fp32; a quantized cell
+    # against its native cell: the amplification).
+    # Default (left out or empty): the paper's pair, where both are declared.
+    "cell_pairs": ListOf(ListOf(Value(str, pattern=cells.NAME_PATTERN, expect="a cell name")), default=[]),
     "decoding": Section({
         "greedy": Value(bool, default=True, choices=(True,), expect=f"true {_GREEDY}"),
         "temperature": Value(_NUMBER, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
@@ -161,12 +192,12 @@ SCHEMA = Section({
     }, default={}),
     "gates": Section({
         "crossing": Section({"replicas_exact": Value(bool, default=True),
-                             "suffix_divergence_allowed": _divergence(False)}, default={}),
+                             "suffix_divergence_allowed": _divergence()}, default={}),
         "live": Section({"replicas_exact": Value(bool, default=True),
-                         "suffix_divergence_allowed": _divergence(None)}, default={}),
-        "batch": Section({"suffix_divergence_allowed": _divergence(None)}, default={}),
+                         "suffix_divergence_allowed": _divergence()}, default={}),
+        "batch": Section({"suffix_divergence_allowed": _divergence()}, default={}),
         "serving": Section({"replicas_exact": Value(bool, default=True),
-                            "suffix_divergence_allowed": _divergence(None)}, default={}),
+                            "suffix_divergence_allowed": _divergence()}, default={}),
         "bridge": Section({"exact": Value(bool, default=True)}, default={}),
         "transplant": Section({"donor_recovery": Value(_NUMBER, default=1.0, low=0, high=1),
                                "controls_third_trajectory": Value(int, default=0, low=0, high=MAX_COUNT)},
@@ -174,18 +205,6 @@ SCHEMA = Section({
         "audit": Section({"reproduce": Value(bool, default=True)}, default={}),
     }),
 })
-
-
-@dataclass(frozen=True)
-class PrecisionFlags:
-    """Numeric settings applied before any model work at one precision (None: not pinned)."""
-
-    dtype: str
-    tf32_matmul: bool = False
-    cudnn_tf32: bool = False
-    float32_matmul_precision: str = "highest"
-    bf16_reduced_precision_reduction: bool | None = None
-    sdpa_backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -197,7 +216,7 @@ class Contract:
     attention: str
     physical_batch: int
     caps: Caps
-    precisions: dict[str, PrecisionFlags]
+    cells: dict[str, Cell]  # in the contract's order: `precisions:` first, then `cells:`
     suffix_divergence_allowed: dict[str, bool]
     delimiters: dict[str, str] = field(default_factory=dict)
     banned_tokens: tuple[int, ...] = ()
@@ -207,6 +226,17 @@ class Contract:
     @property
     def digest(self) -> str:
         return sha256_json(self.raw)
+
+    def cell(self, name: str) -> Cell:
+        """The declared cell `name`; one that is not declared is one line naming the contract."""
+        if name not in self.cells:
+            raise ConfigError(f"{self.path}: cell {short(name)} is not declared by contract {self.name} (its cells: "
+                              f"{', '.join(self.cells)})")
+        return self.cells[name]
+
+    def may_diverge(self, name: str) -> bool:
+        """Whether the crossing of cell `name` may diverge: where the transplant and the replication run."""
+        return self.suffix_divergence_allowed[name]
 
     # Sections of `settings`, each a dict shaped as in docs/contract.md.
     software = property(lambda self: self.settings["software"])
@@ -219,6 +249,7 @@ class Contract:
     cache = property(lambda self: self.settings["environment"]["cache"])
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
     vllm = property(lambda self: self.settings["runtime"]["vllm"])
+    cell_pairs = property(lambda self: [tuple(pair) for pair in self.settings["cell_pairs"]])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])
 
@@ -257,13 +288,21 @@ class _Fields:
     def error(self, path: str, message: str) -> ConfigError:
         return ConfigError(f"{self.file}: {path + ': ' if path else ''}{message}")
 
-    def check(self, node: Value | Section | KeyedBy | ListOf, value: object, path: str = ""):
+    def check(self, node: Value | Section | KeyedBy | Named | ListOf, value: object, path: str = ""):
         if isinstance(node, Value):
             return self.leaf(node, value, path)
         if isinstance(node, ListOf):
             items = self.typed(value, list, path)
-            return [self.leaf(node.item, item, f"{path}[{index}]") for index, item in enumerate(items)]
+            return [self.check(node.item, item, f"{path}[{index}]") for index, item in enumerate(items)]
         mapping = self.typed(value, dict, path)
+        if isinstance(node, Named):
+            for key in mapping:
+                if not isinstance(key, str) or not re.fullmatch(node.pattern, key):
+                    raise self.error(path, f"{node.noun} name {short(key)}: expected lower-case letters, digits and "
+                                           f"'.', '_', '+', '-' (at most 40, a letter or digit first)")
+                if key in cells.SELECTORS:
+                    raise self.error(path, f"{node.noun} name {key!r} is reserved (--precision {key} selects cells)")
+            return {key: self.check(node.value, child, _join(path, key)) for key, child in mapping.items()}
         known = node.keys if isinstance(node, Section) else dict.fromkeys(node.names, node.value)
         noun = "field" if isinstance(node, Section) else node.noun
         for key in mapping:
@@ -308,12 +347,11 @@ def _range(node: Value) -> str:
 
 def _check_together(s: dict, fields: _Fields) -> None:
     """The rules that relate two fields; fills in the defaults that depend on another field."""
-    if not s["precisions"]:
-        raise fields.error("precisions", f"expected at least one of {', '.join(PRECISIONS)}")
-    for name, flags in s["precisions"].items():
-        path = f"precisions.{name}"
-        if flags["dtype"] != DTYPES[name]:
-            raise fields.error(f"{path}.dtype", f"expected {DTYPES[name]} for precision {name}, got {flags['dtype']!r}")
+    declared = _cells(s, fields)
+    for name, flags in declared.items():
+        path = f"{'precisions' if name in s['precisions'] else 'cells'}.{name}"
+        cells.check(name, flags, lambda where, message, path=path, name=name: fields.error(
+            where.replace(f"cells.{name}", path, 1), message))
         # torch ties the two: TF32 matmul is on exactly when the float32 matmul precision is not "highest".
         tf32, precision = flags["tf32_matmul"], flags["float32_matmul_precision"]
         if precision is None:
@@ -322,6 +360,13 @@ def _check_together(s: dict, fields: _Fields) -> None:
             raise fields.error(f"{path}.float32_matmul_precision",
                                f"expected {'high or medium' if tf32 else 'highest'} with tf32_matmul {show(tf32)} "
                                f"(torch enables TF32 matmul exactly when this is not 'highest'), got {precision!r}")
+    for index, pair in enumerate(s["cell_pairs"]):
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise fields.error(f"cell_pairs[{index}]", f"expected two different cell names [A, B], got {pair}")
+        for name in pair:
+            if name not in declared:
+                raise fields.unknown(f"cell_pairs[{index}]", "cell", name, list(declared))
+    s["cell_pairs"] = s["cell_pairs"] or cells.paper_pairs(declared)
     kind, device = s["hardware"]["device_kind"], s["environment"]["device"]
     if kind is not None and kind != device.split(":")[0]:
         raise fields.error("hardware.device_kind", f"expected {device.split(':')[0]} to match environment.device "
@@ -337,21 +382,48 @@ def _check_together(s: dict, fields: _Fields) -> None:
         raise fields.error("runtime.vllm.chunk_budget",
                            f"expected at least max_num_seqs ({vllm['max_num_seqs']}): vLLM refuses a smaller token "
                            f"budget, got {vllm['chunk_budget']}")
-    _fill_divergence(s["gates"])
+    _fill_divergence(s["gates"], list(declared), fields)
 
 
-def _fill_divergence(gates: dict) -> None:
-    """live, batch and serving divergence gates left unnamed take the crossing's value."""
-    crossing = gates["crossing"]["suffix_divergence_allowed"]
-    for family in ("live", "batch", "serving"):
+def _cells(s: dict, fields: _Fields) -> dict[str, dict]:
+    """Every declared cell's settings, `precisions:` first, then `cells:`; at least one, each name once."""
+    if both := sorted(s["precisions"].keys() & s["cells"].keys()):
+        raise fields.error(f"cells.{both[0]}", "declared under precisions too: a cell is declared once")
+    for name, flags in s["precisions"].items():
+        if flags["dtype"] != cells.PAPER_DTYPES[name]:
+            raise fields.error(f"precisions.{name}.dtype", f"expected {cells.PAPER_DTYPES[name]} for precision {name}, "
+                                                           f"got {flags['dtype']!r}")
+    declared = s["precisions"] | s["cells"]
+    if not declared:
+        raise fields.error("cells", f"expected at least one cell (or precisions: {', '.join(cells.PAPER)})")
+    return declared
+
+
+_DIVERGENCE_FAMILIES = ("crossing", "live", "batch", "serving")
+
+
+def _fill_divergence(gates: dict, declared: list[str], fields: _Fields) -> None:
+    """Every declared cell gets a divergence gate in each family: a cell the crossing leaves unnamed is
+    exact (false), and live, batch and serving take the crossing's value where they name none. A gate
+    naming a cell the contract does not declare is an error."""
+    for family in _DIVERGENCE_FAMILIES:
         allowed = gates[family]["suffix_divergence_allowed"]
-        allowed.update({p: crossing[p] for p, value in allowed.items() if value is None})
+        for name in allowed:  # the paper's cells may be named undeclared (a contract declaring one of them)
+            if name not in declared and name not in cells.PAPER:
+                raise fields.unknown(f"gates.{family}.suffix_divergence_allowed", "cell", name, declared)
+    crossing = gates["crossing"]["suffix_divergence_allowed"]
+    crossing |= {name: False for name in declared if crossing.get(name) is None}
+    for family in _DIVERGENCE_FAMILIES[1:]:
+        allowed = gates[family]["suffix_divergence_allowed"]
+        allowed |= {name: value for name, value in crossing.items() if allowed.get(name) is None}
 
 
 def default_gates() -> Gates:
-    """The gates of a contract that names none of its own (every default)."""
-    gates = _Fields("(contract defaults)").check(SCHEMA.keys["gates"], {})
-    _fill_divergence(gates)
+    """The gates `compare` judges by without a contract: every default, over the paper's two cells with
+    the paper's divergence gates (bf16 may diverge, fp32 is exact)."""
+    fields = _Fields("(contract defaults)")
+    gates = fields.check(SCHEMA.keys["gates"], {"crossing": {"suffix_divergence_allowed": cells.PAPER_DIVERGENCE}})
+    _fill_divergence(gates, list(cells.PAPER), fields)
     return Gates.from_settings(gates)
 
 
@@ -427,7 +499,7 @@ def load_contract(path: Path) -> Contract:
         attention=env["attention"],
         physical_batch=s["decoding"]["physical_batch"],
         caps=Caps(**s["caps"]),
-        precisions={name: PrecisionFlags(**flags) for name, flags in s["precisions"].items()},
+        cells={name: cells.from_settings(name, flags) for name, flags in (s["precisions"] | s["cells"]).items()},
         suffix_divergence_allowed=s["gates"]["crossing"]["suffix_divergence_allowed"],
         delimiters=s["delimiters"],
         banned_tokens=tuple(s["banned_tokens"]),

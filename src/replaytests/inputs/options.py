@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from replaytests.errors import ConfigError, short
 from replaytests.inputs import cpu_isa, models
-from replaytests.inputs.contract import PRECISIONS
 from replaytests.inputs.gates import LEVELS as GATE_LEVELS
 from replaytests.outputs.rundir import ledger_of
 
@@ -104,8 +103,9 @@ OPTIONS = {
                  help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s"),
     "contract": dict(type=Path, default=None, help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, "
                                                    f"or under -m gpu {GPU_CONTRACT}"),
-    "precision": dict(choices=("bf16", "fp32", "both"), default="both",
-                      help="precision(s) to audit. Default: %(default)r"),
+    "precision": dict(default="both",
+                      help="the numeric cells to audit: a cell the contract declares, a comma list of them, both "
+                           "(the paper's two cells) or all (every declared cell). Default: %(default)r"),
     "rows": dict(default=None, help="a count N or a slice A:B of bank rows, for quick runs"),
     "device": dict(default=None, help="torch device; default: the contract's environment.device"),
     "report_dir": dict(type=Path, default=DEFAULT_REPORT_DIR,
@@ -194,13 +194,6 @@ class Options:
                     f"{committed.later}` (or pass --replication-model CKPT)")
         return "no later checkpoint: pass --replication-model CKPT"
 
-    @property
-    def precisions(self) -> tuple[str, ...]:
-        if self.precision == "both":
-            return PRECISIONS
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision: expected bf16, fp32 or both, got {short(self.precision)}")
-        return (self.precision,)
 
 
 def _digits(text: str) -> bool:

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from replaytests.families.registry import CROSS, TRANSPLANTS, VALIDITY_PAIRS
+from replaytests.inputs.cells import PAPER
 from replaytests.inputs.gates import replicas_exact
 from replaytests.outputs.stats import proportion
 
@@ -38,10 +39,22 @@ def validity(records: list[dict]) -> dict:
                               and r["reason"].startswith(INVALID))}
 
 
+def cells(records: list[dict], family: str) -> list[str]:
+    """The cells a family's records hold, in the paper's order first."""
+    held = {r.get("precision") for r in records if r["family"] == family}
+    return [c for c in PAPER if c in held] + sorted(held - set(PAPER))
+
+
+def of_cell(records: list[dict], cell: str) -> list[dict]:
+    return [r for r in records if r.get("precision") == cell]
+
+
 def not_testable(records: list[dict]) -> list[list[str]]:
-    """[row, reason] of each divergent BF16 crossing row no transplant can test (first suffix tokens differ)."""
+    """[row, reason] of each divergent crossing row no transplant can test (first suffix tokens differ),
+    in the cell of the transplant records."""
+    held = {r.get("precision") for r in records if r["family"] == "transplant"}
     return [[r["row"], reason] for r in records
-            if (r["family"], r.get("precision"), r["status"]) == ("crossing", "bf16", "ok")
+            if (r["family"], r["status"]) == ("crossing", "ok") and r.get("precision") in held
             and not r["comparisons"][CROSS]["suffix_equal"]
             and (reason := not_testable_reason(r["comparisons"][CROSS]))]
 

@@ -242,18 +242,19 @@ def _changes(out: Comparison, group: Group, base: dict, new: dict) -> None:
                                  not changed, not out.gated(level)))
 
 
-def _fp32_divergence(out: Comparison, group: Group, new: dict, gates: Gates) -> None:
-    """The FP32 zero-divergence gate, at every level: a headline pair of the new run whose suffixes diverge
-    at FP32, where the contract (gates.<family>.suffix_divergence_allowed.fp32) does not allow it."""
-    family, precision = group
-    if precision != "fp32" or gates.suffix_divergence_allowed.get(family, {}).get("fp32", True):
+def _exact_cell_divergence(out: Comparison, group: Group, new: dict, gates: Gates) -> None:
+    """The zero-divergence gate of an exact cell, at every level: a headline pair of the new run whose
+    suffixes diverge in a cell where the contract (gates.<family>.suffix_divergence_allowed.<cell>: false)
+    does not allow it. A cell the gates do not name is not judged here."""
+    family, cell = group
+    if gates.suffix_divergence_allowed.get(family, {}).get(cell, True):
         return
     for record in _ok(new):
         for pair in SHAPES[family].headline:
             metrics = record["comparisons"].get(pair)
             if metrics is not None and not metrics["suffix_equal"]:
-                out.reasons.append(f"FP32 divergence: {_where(record)} {pair} suffixes diverge at suffix index "
-                                   f"{metrics['first_divergence']} (gate {family}.suffix_divergence_allowed.fp32: "
+                out.reasons.append(f"{cell} divergence: {_where(record)} {pair} suffixes diverge at suffix index "
+                                   f"{metrics['first_divergence']} (gate {family}.suffix_divergence_allowed.{cell}: "
                                    "false)")
 
 
@@ -387,7 +388,7 @@ def compare(baseline: list[dict], new: list[dict], alpha: float = ALPHA, gates: 
         _exactness(out, group, base, current, "bridge bit exact", _bridge, gates.bridge_exact)
         _changes(out, group, base, current)
         if group[0] in SHAPES:
-            _fp32_divergence(out, group, current, gates)
+            _exact_cell_divergence(out, group, current, gates)
             _rates(out, group, base, current, alpha)
         if group[0] == TRANSPLANT:
             _transplant(out, group, base, current, gates)

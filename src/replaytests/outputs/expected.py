@@ -1,4 +1,4 @@
-"""Known changes: an expected-state file that accepts changes per family and precision (issue 26).
+"""Known changes: an expected-state file that accepts changes per family and cell.
 
 A nightly gate against a baseline stays green on a difference that is known and explained, and turns
 red on a new one. Like PyTorch's `ci_expected_accuracy` files, it fails in both directions: a change
@@ -8,22 +8,23 @@ it does not list fails (as without the file), and a listed change that no longer
     schema: replaytests.expected/1
     changes:
       - family: crossing
-        precision: fp32
+        precision: fp32      # a cell's name
         level: bits          # what may change: bits, trajectories (and bits) or rates (and both)
         why: transformers 5.24 reorders the FP32 attention sum
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from replaytests.errors import ConfigError, short
+from replaytests.inputs.cells import NAME_PATTERN
 from replaytests.inputs.contract import read_yaml
 from replaytests.inputs.gates import LEVELS
 
 SCHEMA = "replaytests.expected/1"
-PRECISIONS = ("bf16", "fp32")
 FIELDS = {"family": str, "precision": str, "level": str, "why": str}
 
 
@@ -58,10 +59,11 @@ class Expected:
                 raise ConfigError(f"{where}: expected exactly the fields {', '.join(FIELDS)}, got {short(item)}")
             if bad := next((f for f, kind in FIELDS.items() if not isinstance(item[f], kind) or not item[f]), None):
                 raise ConfigError(f"{where}: field {bad!r} must be a non-empty string, got {short(item[bad])}")
-            for name, allowed in (("precision", PRECISIONS), ("level", LEVELS)):
-                if item[name] not in allowed:
-                    raise ConfigError(f"{where}: field {name!r} is {short(item[name])}, expected one of "
-                                      f"{', '.join(allowed)}")
+            if not re.fullmatch(NAME_PATTERN, item["precision"]):
+                raise ConfigError(f"{where}: field 'precision' is {short(item['precision'])}, expected a cell name")
+            if item["level"] not in LEVELS:
+                raise ConfigError(f"{where}: field 'level' is {short(item['level'])}, expected one of "
+                                  f"{', '.join(LEVELS)}")
             key = (item["family"], item["precision"])
             if key in entries:
                 raise ConfigError(f"{where}: {'/'.join(key)} is listed twice")

@@ -16,6 +16,7 @@ from pathlib import Path
 from replaytests.errors import ReplaytestsError, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.files import read_text, sha256_file, write_atomic
+from replaytests.inputs import cells
 from replaytests.outputs import causal, ledger, plots, report, report_html
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.tables import Table, plain
@@ -144,7 +145,7 @@ def _lines(entries: list[dict]):
     """(entry, family, precision, pair or None, precision summary) in date order."""
     for e in entries:
         for family in report.ordered(e["families"], tuple(FAMILIES)):
-            for precision in report.ordered(e["families"][family], report.PRECISIONS):
+            for precision in report.ordered(e["families"][family], cells.PAPER):
                 s = e["families"][family][precision]
                 for pair in s["pairs"] or [None]:
                     yield e, family, precision, pair, s

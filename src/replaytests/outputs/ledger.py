@@ -1,13 +1,15 @@
-"""The ledger: one JSON object per (family, row, precision), the public, versioned run output.
+"""The ledger: one JSON object per (family, row, cell), the public, versioned run output.
 
-Schema `replaytests.ledger/4` (see docs/ledger.md):
-  schema, family, row, precision, prefix_len, status ("ok" | "excluded"), reason (excluded only),
+Schema `replaytests.ledger/5` (see docs/ledger.md):
+  schema, family, row, precision (the cell's name), cell_digest, prefix_len, status ("ok" | "excluded"),
+  reason (excluded only),
   expected_answer, arms: {arm: {suffix, margins, answer, correct, cache_digest, layer_digests,
-  logits_digest, z_sha256}}, comparisons: {"A~B": {the comparison metrics}}. Version 4 added each arm's
+  logits_digest, z_sha256}}, comparisons: {"A~B": {the comparison metrics}}. Version 5 added the cell's
+digest (inputs/cells.py: its definition, and a library's version where it runs through one); version 4 each arm's
 per-step decision margins (margins) and each comparison's top-1 logits where the suffixes split
 (top1_at_divergence); version 3 each arm's per-layer K and V digests (layer_digests); version 2
 first_token_equal in every comparison, z_first_difference in live records and the validity control's
-arms in transplant and replication records; versions 1 to 3 are still read.
+arms in transplant and replication records; versions 1 to 4 are still read (their cells are the paper's).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from pathlib import Path
 from replaytests.errors import LedgerError, short
 from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
 
-SCHEMA = "replaytests.ledger/4"
-READABLE = ("replaytests.ledger/1", "replaytests.ledger/2", "replaytests.ledger/3", SCHEMA)
+SCHEMA = "replaytests.ledger/5"
+READABLE = ("replaytests.ledger/1", "replaytests.ledger/2", "replaytests.ledger/3", "replaytests.ledger/4", SCHEMA)
 KEY_FIELDS = ("family", "row", "precision")
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from replaytests.errors import ConfigError, LedgerError, short
 from replaytests.families.registry import FAMILIES
 from replaytests.files import write_set
-from replaytests.inputs.contract import PRECISIONS  # reductions are BF16 -> FP32 on the rows present at both
+from replaytests.inputs import cells
 from replaytests.inputs.gates import bit_exact, replicas_exact
 from replaytests.outputs import causal, flips, ledger, serving, summary
 from replaytests.outputs.rundir import ledger_of
@@ -127,17 +127,19 @@ def _accuracy(ok: list[dict], first: str, second: str) -> dict | None:
             **_paired((second, first), [_label(r, second) for r in both], [_label(r, first) for r in both])}
 
 
-def _reduction(by_precision: dict[str, list[dict]], pair: str) -> dict:
-    before, after = ({r["row"]: r["comparisons"][pair] for r in by_precision[p] if pair in r["comparisons"]}
-                     for p in PRECISIONS)
+def _reduction(by_cell: dict[str, list[dict]], pair: str, cell_pair: tuple[str, str]) -> dict:
+    """A headline pair's divergences in one cell against another, paired over the rows both hold: the
+    paper's bf16 -> fp32 reduction, or a quantized cell against its native cell (the amplification)."""
+    before, after = ({r["row"]: r["comparisons"][pair] for r in by_cell[c] if pair in r["comparisons"]}
+                     for c in cell_pair)
     rows = sorted(before.keys() & after.keys())
     metrics = {}
     for name in DIVERGENCES:
         field = FLAGS[name][0]
         x, y = [not before[r][field] for r in rows], [not after[r][field] for r in rows]
-        metrics[name] = {PRECISIONS[0]: wilson(sum(x), len(rows)).to_json(),
-                         PRECISIONS[1]: wilson(sum(y), len(rows)).to_json(), **_paired(PRECISIONS, x, y)}
-    return {"from": PRECISIONS[0], "to": PRECISIONS[1], "rows": len(rows), "metrics": metrics}
+        metrics[name] = {cell_pair[0]: wilson(sum(x), len(rows)).to_json(),
+                         cell_pair[1]: wilson(sum(y), len(rows)).to_json(), **_paired(cell_pair, x, y)}
+    return {"from": cell_pair[0], "to": cell_pair[1], "rows": len(rows), "metrics": metrics}
 
 
 def _precision(records: list[dict], shape: Shape) -> dict:
@@ -159,16 +161,31 @@ def ordered(names, first: tuple[str, ...]) -> list[str]:
     return [n for n in first if n in names] + sorted(set(names) - set(first))
 
 
-def _family(records: list[dict], shape: Shape) -> dict:
-    by_precision: dict[str, list[dict]] = defaultdict(list)
+def _family(records: list[dict], shape: Shape, cell_pairs: list[tuple[str, str]], order: tuple[str, ...]) -> dict:
+    by_cell: dict[str, list[dict]] = defaultdict(list)
     for record in records:
-        by_precision[record["precision"]].append(record)
+        by_cell[record["precision"]].append(record)
     out = {"known": shape != Shape(), "headline_pairs": list(shape.headline),
-           "precisions": {p: _precision(by_precision[p], shape) for p in ordered(by_precision, PRECISIONS)}}
-    ok = {p: [r for r in by_precision[p] if r["status"] == "ok"] for p in PRECISIONS}
-    if shape.reductions and all(ok.values()):
-        out["reductions"] = {pair: _reduction(ok, pair) for pair in shape.headline}
+           "precisions": {c: _precision(by_cell[c], shape) for c in ordered(by_cell, order)}}
+    ok = {c: [r for r in rs if r["status"] == "ok"] for c, rs in by_cell.items()}
+    if shape.reductions and (held := [p for p in cell_pairs if ok.get(p[0]) and ok.get(p[1])]):
+        out["reductions"] = {pair: [_reduction(ok, pair, p) for p in held] for pair in shape.headline}
     return out
+
+
+def cell_pairs(meta: dict, names) -> list[tuple[str, str]]:
+    """The pairs of cells a report compares: the run's contract's (run.json `cell_pairs`), or for a run
+    that did not record them the paper's pair where its records hold both cells."""
+    pairs = meta.get("cell_pairs")
+    if isinstance(pairs, list) and all(isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
+        return [tuple(p) for p in pairs]
+    return [tuple(p) for p in cells.paper_pairs(dict.fromkeys(names))]
+
+
+def cell_order(meta: dict) -> tuple[str, ...]:
+    """The order cells are shown in: the contract's (run.json `cells`), the paper's first otherwise."""
+    declared = meta.get("cells")
+    return tuple(declared) if isinstance(declared, dict) else cells.PAPER
 
 
 # What every comparison and arm of an ok record holds (docs/ledger.md), and the pair each family is read by.
@@ -208,7 +225,7 @@ def _problem(record: dict) -> str | None:
                    or not isinstance(item[f], kind)]
             if bad:
                 return f"ledger record {where}: {name}.{key} lacks {bad[0]!r} (or it has the wrong type)"
-    if record.get("schema") == ledger.SCHEMA and (arm := next(
+    if record.get("schema") in ledger.READABLE[3:] and (arm := next(
             (a for a, item in record["arms"].items() if not _layer_digests_ok(item.get("layer_digests", ""))), None)):
         return (f"ledger record {where}: arms.{arm}.layer_digests must be null or {{\"k\": [hex...], \"v\": [hex...]}} "
                 "of equal lengths")
@@ -226,6 +243,8 @@ def build_report(records: list[dict], meta: dict) -> dict:
     by_family: dict[str, list[dict]] = defaultdict(list)
     for record in records:
         by_family[record["family"]].append(record)
+    pairs = cell_pairs(meta, {r["precision"] for r in records})
+    by_cell = _causal(records, meta)
     excluded = [{f: r[f] for f in (*ledger.KEY_FIELDS, "reason") if f in r}
                 for r in sorted(records, key=ledger.key) if r["status"] == "excluded"]
     return {
@@ -238,20 +257,27 @@ def build_report(records: list[dict], meta: dict) -> dict:
         "records": {"total": len(records), "ok": len(records) - len(excluded), "excluded": len(excluded)},
         "headline": {"columns": list(summary.COLUMNS), "rows": summary.table_rows(records)},
         "excluded": excluded,
-        "families": {f: _family(by_family[f], SHAPES.get(f, Shape())) for f in ordered(by_family, tuple(SHAPES))},
-        "causal": _causal(records, meta),
+        "families": {f: _family(by_family[f], SHAPES.get(f, Shape()), pairs, cell_order(meta))
+                     for f in ordered(by_family, tuple(SHAPES))},
+        # The first cell's causal outcomes (the paper's bf16 where it ran) as `causal`, every cell's in
+        # `causal_cells` (history tracks `causal`).
+        "causal": next(iter(by_cell.values()), {}),
+        "causal_cells": by_cell,
         "flips": flips.flips(records, {family: shape.headline for family, shape in SHAPES.items()}),
         **({"serving": serving.premise(records)} if serving.FAMILY in by_family else {}),
     }
 
 
 def _causal(records: list[dict], meta: dict) -> dict:
-    """The transplant (Table 5) and replication (Table 6) outcomes, where they ran."""
+    """Per cell, the transplant (Table 5) and replication (Table 6) outcomes, where they ran."""
     minimum = ((meta.get("panels") or {}).get("replication") or {}).get("min_exact_controls",
                                                                         causal.MIN_EXACT_CONTROLS)
-    families = {r["family"] for r in records}
-    return ({"transplant": causal.transplant(records)} if "transplant" in families else {}) | (
-        {"replication": causal.replication(records, minimum)} if "replication" in families else {})
+    out: dict[str, dict] = {}
+    for family, summarize in (("transplant", causal.transplant),
+                              ("replication", lambda rs: causal.replication(rs, minimum))):
+        for cell in causal.cells(records, family):
+            out.setdefault(cell, {})[family] = summarize(causal.of_cell(records, cell))
+    return out
 
 
 def get_path(summary: dict, *path: str):

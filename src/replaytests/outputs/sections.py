@@ -44,7 +44,8 @@ def verdict_head(report: dict) -> tuple[str, list[str]]:
 
 def sections(report: dict) -> list[Section]:
     """The headline, then one section per fidelity layer, then families this version does not know."""
-    causal_tables = tuple(_causal_tables(report.get("causal") or {}))
+    causal_tables = tuple(table for cell, summaries in (report.get("causal_cells") or {}).items()
+                          for table in _causal_tables(summaries, cell))
     out = [_headline(report), _replica(report), _token_identity(report), _fidelity(report),
            Section(*LAYERS["causal"], causal_tables,
                    () if causal_tables else ("Not in this run: the transplant runs on the BF16 crossing's divergent "
@@ -90,9 +91,9 @@ def _replica(report: dict) -> Section:
         for precision, s in summary["precisions"].items():
             rows += [(family, precision, pair, fmt_proportion(get_path(s, "pairs", pair, "bit_exact")))
                      for pair in replicas if pair in s["pairs"]]
-    replication = (report.get("causal") or {}).get("replication")
-    if replication:
-        rows.append(("replication", "bf16", "both constructions", fmt_proportion(replication["replicas_exact"])))
+    for cell, summaries in (report.get("causal_cells") or {}).items():
+        if replication := summaries.get("replication"):
+            rows.append(("replication", cell, "both constructions", fmt_proportion(replication["replicas_exact"])))
     table = Table("Replica pairs bit-exact (cache, logits and suffix)", ("family", "precision", "pair", "bit exact"),
                   tuple(rows))
     v = report.get("verdict") or {}
@@ -179,13 +180,13 @@ def _accuracy_lines(first: str, second: str) -> list[Line]:
 
 def _headline_table(family: str, pair: str, summary: dict) -> Table:
     precisions = list(summary["precisions"])
-    reduction = get_path(summary, "reductions", pair, "metrics")
+    reductions = get_path(summary, "reductions", pair) or []
     accuracy = SHAPES[family].accuracy
     lines = [*HEADLINE_LINES, *(_accuracy_lines(*accuracy) if accuracy else ())]
     rows = [(line.label, *(line.cell(summary["precisions"][p], pair) for p in precisions),
-             *((fmt_paired(reduction.get(line.reduction)) if line.reduction else "",) if reduction else ()))
+             *(fmt_paired(r["metrics"].get(line.reduction)) if line.reduction else "" for r in reductions))
             for line in lines]
-    header = ("", *precisions, *(("BF16 → FP32 (paired rows)",) if reduction else ()))
+    header = ("", *precisions, *(f"{r['from']} → {r['to']} (paired rows)" for r in reductions))
     name = FAMILIES[family].title if family in FAMILIES else family
     return Table(f"{name}" + (f": {pair}" if len(SHAPES[family].headline) > 1 else ""), header,
                  tuple(r for r in rows if any(c not in ("-", "") for c in r[1:])), TABLE_NOTE)
@@ -278,7 +279,7 @@ def _serving_premise(report: dict) -> Table:
 
 # ---- layer 4: causal state sufficiency ----
 
-def _causal_tables(summaries: dict) -> list[Table]:
+def _causal_tables(summaries: dict, cell: str) -> list[Table]:
     out = []
     if "transplant" in summaries:
         t = summaries["transplant"]
@@ -287,7 +288,7 @@ def _causal_tables(summaries: dict) -> list[Table]:
                       fmt_proportion(t["full"][direction]["control_third"]),
                       ", ".join(f"{r}: {n}" for r, n in t["minimal_layers"][direction].items()) or "-")
                      for direction in t["full"])
-        out.append(Table(f"{FAMILIES['transplant'].title}, BF16: {t['divergent']} divergent rows, {t['controls']} "
+        out.append(Table(f"{FAMILIES['transplant'].title}, {cell}: {t['divergent']} divergent rows, {t['controls']} "
                          "exact controls",
                          ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
                           "controls: third trajectory", "minimal layer ranges (rows)"), rows,
@@ -307,7 +308,7 @@ def _causal_tables(summaries: dict) -> list[Table]:
                 *((f"controls: third trajectory {d}", fmt_proportion(v)) for d, v in r["control_third"].items()),
                 ("exact controls (registered minimum)", f"{r['exact_controls']} ({r['min_exact_controls']})"),
                 ("label", causal.replication_label(r)))
-        out.append(Table(f"{FAMILIES['replication'].title}, BF16", ("measure", "value"), rows))
+        out.append(Table(f"{FAMILIES['replication'].title}, {cell}", ("measure", "value"), rows))
     return out
 
 

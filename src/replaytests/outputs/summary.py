@@ -69,8 +69,8 @@ def causal_lines(records: list[dict], min_exact_controls: int, gates: Gates) -> 
     """The transplant and replication outcomes, with Wilson 95% intervals and the verdict of
     gates.transplant, when those families ran."""
     lines = []
-    if any(r["family"] == "transplant" for r in records):
-        t = causal.transplant(records)
+    for cell in causal.cells(records, "transplant"):
+        t = causal.transplant(causal.of_cell(records, cell))
         full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t["full"].items())
         third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
         parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
@@ -79,18 +79,18 @@ def causal_lines(records: list[dict], min_exact_controls: int, gates: Gates) -> 
                            for name, found in t["minimal_layers"].items())
         judged = gates.transplant_family(*({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
                                            for key in ("follows_donor", "control_third")))
-        lines += [f"transplant (bf16): validity control (self-transplants reproduce their own trajectory): "
+        lines += [f"transplant ({cell}): validity control (self-transplants reproduce their own trajectory): "
                   f"{validity_text(t['validity'])}",
                   f"  recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
                   f"  gates.transplant: {gate_text(judged)}",
                   f"  not testable (first suffix tokens differ): {len(t['not_testable'])}"
                   + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"]),
                   f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {ranges}"]
-    if any(r["family"] == "replication" for r in records):
-        r = causal.replication(records, min_exact_controls)
+    for cell in causal.cells(records, "replication"):
+        r = causal.replication(causal.of_cell(records, cell), min_exact_controls)
         recovery = "; ".join(f"{name} {fmt_proportion(v)}" for name, v in r["donor_recovery"].items())
         label = causal.replication_label(r)
-        lines += [f"replication (bf16): validity control {validity_text(r['validity'])}; divergent "
+        lines += [f"replication ({cell}): validity control {validity_text(r['validity'])}; divergent "
                   f"{fmt_proportion(r['divergent'])}, not testable {len(r['not_testable'])}; donor recovery "
                   f"{recovery}; exact controls {r['exact_controls']} (registered minimum {r['min_exact_controls']}): "
                   f"{label}"]

@@ -161,6 +161,10 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
         "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,
                      "description": contract.settings["description"]},
         "panels": contract.panels,
+        # The cells as declared (each with the digest its records carry) and the pairs a report compares.
+        "cells": {name: {"digest": replay.cell_digest(name), **cell.definition()}
+                  for name, cell in contract.cells.items()},
+        "cell_pairs": [list(pair) for pair in contract.cell_pairs],
         "manifest": replay.manifest,
         "platform": replay.platform,
         "cpu_isa": {"contract": replay.pinned.level, "applied": replay.pinned.applied, "note": replay.pinned.note},
@@ -168,7 +172,8 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
         "drift": [str(d) for d in replay.drift],
         "overridden": replay.integrity.overridden,
         # Only when the transplant ran: its panel, and the divergent rows it could not test.
-        **({"transplant_panel": replay.transplant_panel._asdict()} if "transplant_panel" in vars(replay) else {}),
+        **({"transplant_panels": {cell: panel._asdict() for cell, panel in replay.panels.items()}}
+           if replay.panels else {}),
     }
 
 
@@ -192,7 +197,7 @@ def header_fields(replay: ReplaySession) -> dict[str, str]:
         "device": replay.device,
         "platform": describe_platform(replay.platform),
         "cpu_isa": pin_line(replay),
-        "precision": ", ".join(replay.options.precisions),
+        "precision": ", ".join(replay.cells),
         **({"shard": f"{replay.options.shard}: {len(replay.plan.sharded_rows)} of the {len(replay.rows)} selected rows"
             + ("; nothing to run here" if not replay.plan.sharded_rows else "")} if replay.options.shard else {}),
         "baseline": "none: pass --baseline LEDGER" if baseline is None else (

@@ -28,6 +28,7 @@ class Plan:
     panels: dict  # the contract's panels
     options: Options
     unsupported: frozenset[str] = frozenset()  # families the backend cannot serve (they run on no row)
+    cells: dict[str, tuple[str, ...]] | None = None  # family -> the cells it runs on (session.family_cells)
 
     @property
     def sharded_rows(self) -> list[BankRow]:
@@ -52,17 +53,17 @@ class Plan:
         return [row for row in rows if row.id in share]
 
     def audited(self, baseline: list[dict]) -> list[dict]:
-        """The baseline records this run recomputes: its families, precisions and rows."""
-        wanted = {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in self.options.precisions}
+        """The baseline records this run recomputes: its families, cells and rows."""
+        wanted = {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in (self.cells or {}).get(f, ())}
         return [record for record in baseline if ledger.key(record) in wanted]
 
 
 def worker_group(params: dict) -> str | None:
-    """The xdist group of a test from its parameters: the (precision, row) it reads. A test that reads
+    """The xdist group of a test from its parameters: the (cell, row) it reads. A test that reads
     other rows' records (the transplant's panel, its family gate) gets them from the workers that
     computed them, or computes those nobody has started (suite.claims)."""
     baseline = params.get("baseline_record") or params.get("causal_baseline_record")
     baseline = baseline if isinstance(baseline, dict) else {}
-    precision = params.get("precision") or baseline.get("precision") or "bf16"
+    cell = params.get("precision") or params.get("causal_cell") or baseline.get("precision")
     row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
-    return row and f"{precision}-{row}"
+    return row and f"{cell}-{row}"

@@ -346,12 +346,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     replay = replay_session(metafunc.config)
     fixtures = set(metafunc.fixturenames)
     if "precision" in fixtures:
-        metafunc.parametrize("precision", replay.options.precisions, scope="session")
+        metafunc.parametrize("precision", cell_params(replay, replay.cells), scope="session")
+    if "causal_cell" in fixtures:
+        metafunc.parametrize("causal_cell", unavailable(replay, "transplant")
+                             or cell_params(replay, replay.causal_cells), scope="session")
     for name, family in ROW_FIXTURES.items():
         if name in fixtures:
             metafunc.parametrize(name, row_params(replay, family), scope="session")
     if "transplant_family" in fixtures:
-        metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["bf16"])
+        metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["all-rows"])
     for name, causal in (("baseline_record", False), ("causal_baseline_record", True)):
         if name in fixtures:
             metafunc.parametrize(name, audit_params(replay, causal))
@@ -363,19 +366,29 @@ def _skipped(id_: str, reason: str) -> list:
     return [pytest.param(None, id=id_, marks=pytest.mark.skip(reason=reason))]
 
 
-def bf16_only(replay: ReplaySession, family: str) -> list:
-    """The skipped parameter of a BF16-only family when --precision excludes BF16; else empty."""
-    if FAMILIES[family].bf16_only and "bf16" not in replay.options.precisions:
-        return _skipped("no-bf16", f"{family} runs at BF16 only; --precision {replay.options.precision} excludes it")
+def cell_params(replay: ReplaySession, names: tuple[str, ...]) -> list:
+    """One parameter per cell, and a skipped one per selected cell whose library is not installed here."""
+    return ([pytest.param(name, id=name) for name in names]
+            + [pytest.param(name, id=name, marks=pytest.mark.skip(reason=reason))
+               for name, reason in replay.skipped_cells.items()])
+
+
+def no_cell(replay: ReplaySession, family: str) -> list:
+    """The skipped parameter of a family that runs on the cells that may diverge when --precision
+    selects none of them; else empty."""
+    if FAMILIES[family].divergent_cells_only and not replay.causal_cells:
+        return _skipped("no-divergent-cell", f"{family} runs on the cells whose crossing may diverge (gates.crossing."
+                                             f"suffix_divergence_allowed); --precision {replay.options.precision} "
+                                             "selects none")
     return []
 
 
 def unavailable(replay: ReplaySession, family: str) -> list:
-    """The skipped parameter of a family the backend cannot serve, or BF16-only under a --precision
-    without BF16; else empty."""
+    """The skipped parameter of a family the backend cannot serve, or that runs on the cells that may
+    diverge under a --precision without one; else empty."""
     if reason := replay.unavailable(family):
         return _skipped("unsupported", reason)
-    return bf16_only(replay, family)
+    return no_cell(replay, family)
 
 
 def row_params(replay: ReplaySession, family: str) -> list:
@@ -602,9 +615,9 @@ def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
         if name in replay.plan.unsupported:
             continue
         rows = None if family.rows == "transplant" else len(replay.plan.family_rows(name))
-        for precision in ("bf16",) if family.bf16_only else replay.options.precisions:
-            if rows != 0 and precision in replay.options.precisions:
-                planned[(name, precision)] = rows
+        for cell in replay.family_cells(name):
+            if rows != 0:
+                planned[(name, cell)] = rows
     return planned
 
 

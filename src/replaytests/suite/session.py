@@ -21,7 +21,7 @@ from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
-from replaytests.inputs import cpu_isa, platforms
+from replaytests.inputs import cells, cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
 from replaytests.inputs.contract import Contract, load_contract
 from replaytests.inputs.gates import PASS, Judgement, artifact, gated
@@ -91,9 +91,10 @@ def check_window(path: Path, config, longest: int) -> None:
                           "cannot be expressed with it")
 
 
-def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity,
-                      accept_interrupted: bool = False) -> dict[str, dict]:
-    """The finished BF16 crossing records of every selected row, from the --panel-from ledgers: made from
+def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity, cells: tuple[str, ...],
+                      accept_interrupted: bool = False) -> dict[tuple[str, str], dict]:
+    """The finished crossing records of every selected row at each of `cells` (the cells the transplant
+    runs on), keyed (cell, row), from the --panel-from ledgers: made from
     this run's bank and model, by runs that were not interrupted, covering every selected row (a panel
     drawn from part of the rows would not be this run's panel)."""
     where = "--panel-from " + " ".join(map(str, paths))
@@ -109,12 +110,13 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
             if recorded is not None and actual is not None and recorded != actual:
                 raise ConfigError(f"{where}: {path} was run on another {name} (sha256 {recorded[:12]}…, this run's "
                                   f"{actual[:12]}…)")
-    records = {r["row"]: r for r in collate(list(paths)) if (r["family"], r["precision"]) == ("crossing", "bf16")}
-    if missing := [row.id for row in rows if records.get(row.id, {}).get("status") != "ok"]:
-        raise ConfigError(f"{where}: no finished BF16 crossing record of {len(missing)} selected row(s) "
-                          f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the crossing of "
-                          "every selected row first")
-    return {row.id: records[row.id] for row in rows}
+    records = {(r["precision"], r["row"]): r for r in collate(list(paths)) if r["family"] == "crossing"}
+    for cell in cells:
+        if missing := [row.id for row in rows if records.get((cell, row.id), {}).get("status") != "ok"]:
+            raise ConfigError(f"{where}: no finished {cell} crossing record of {len(missing)} selected row(s) "
+                              f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the crossing "
+                              "of every selected row first")
+    return {(cell, row.id): records[(cell, row.id)] for cell in cells for row in rows}
 
 
 def _some(names: list[str]) -> str:
@@ -130,24 +132,28 @@ class ReplaySession:
     baseline: list[dict]
     pinned: cpu_isa.Pin
     backend: type  # the backend class (engine.backend.resolve)
+    cells: tuple[str, ...]  # the cells this run computes (--precision), in the contract's order
+    skipped_cells: dict[str, str]  # selected cells whose library is not installed here -> why
     _runtimes: dict[tuple[Path, str], backend.Backend] = field(default_factory=dict)
     _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     sink: Path | None = None  # the run's records file: every record computed here is appended to it at once
     verified: dict[Path, str] = field(default_factory=dict)  # model directory -> its sha256 when the run opened
-    panel_source: dict[str, dict] | None = None  # --panel-from: row -> its finished BF16 crossing record
+    panel_source: dict[tuple[str, str], dict] | None = None  # --panel-from: (cell, row) -> its crossing record
     claims: Claims | None = None  # under pytest-xdist: the records this worker computes, or waits for
     _here: set[tuple[str, str, str]] = field(default_factory=set)  # the keys of the records computed here
+    panels: dict[str, transplant.Panel] = field(default_factory=dict)  # cell -> its transplant panel
 
     @classmethod
     def open(cls, options: Options, pinned: cpu_isa.Pin | None = None) -> ReplaySession:
         """Validate every input before any model work: contract, CPU instruction set, tokenizer, config,
         bank, manifest. `pinned` is the contract's CPU level as the caller already applied it (the
         pytest plugin does so before torch starts); else it is applied here."""
-        options.precisions  # noqa: B018 - validates the option
         parse_shard(options.shard)
         check_device(options.device)
         backend_class = backend.resolve(options.backend)
         contract = load_contract(options.contract)
+        selected = cells.select(options.precision, contract.cells, f"contract {contract.name} ({contract.path})")
+        skipped = {name: reason for name in selected if (reason := backend.check_cell(backend_class, contract, name))}
         pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
         grammar, config = check_model(options.model, contract, "--model")
         rows = read_bank(options.bank, grammar, config.max_position_embeddings, contract.caps.suffix_room())
@@ -161,11 +167,12 @@ class ReplaySession:
             check_window(options.later_model, check_model(options.later_model, contract, "--replication-model")[1],
                          longest)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
-        session = cls(options, contract, rows, integrity, baseline, pinned, backend_class)
+        session = cls(options, contract, rows, integrity, baseline, pinned, backend_class,
+                      tuple(name for name in selected if name not in skipped), skipped)
         session.verified = {options.model: integrity.actual["model"]} | (
             {options.later_model: model_digest(options.later_model)["sha256"]} if options.later_model else {})
-        session.panel_source = (read_panel_source(options.panel_from, rows, integrity, options.accept_interrupted)
-                                if options.panel_from else None)
+        session.panel_source = (read_panel_source(options.panel_from, rows, integrity, session.causal_cells,
+                                                  options.accept_interrupted) if options.panel_from else None)
         if not session.plan.sharded_rows:
             raise ConfigError(f"--shard {options.shard}: this shard holds none of the {len(rows)} selected row(s); "
                               "use fewer shards (an empty shard would pass having checked nothing)")
@@ -184,8 +191,24 @@ class ReplaySession:
             theirs = sorted({r["row"] for r in self.baseline})
             ours = [r.id for r in self.plan.sharded_rows]
             raise ConfigError(f"--baseline {path}: none of its {len(self.baseline)} records is one this run computes "
-                              f"(its rows {_some(theirs)}; this run's {_some(ours)}, precision "
-                              f"{self.options.precision}): nothing would be audited")
+                              f"(its rows {_some(theirs)}; this run's {_some(ours)}, cells "
+                              f"{', '.join(self.cells)}): nothing would be audited")
+
+    @property
+    def causal_cells(self) -> tuple[str, ...]:
+        """The selected cells the transplant and the replication run on: those whose crossing may diverge."""
+        return tuple(name for name in self.cells if self.contract.may_diverge(name))
+
+    def cell_digest(self, name: str) -> str:
+        """The digest the records of cell `name` carry (its definition and, where the backend runs it
+        through a library, that library's version)."""
+        cell = self.contract.cell(name)
+        versions = getattr(self.backend, "cell_versions", None)
+        return cell.digest(versions(cell) if versions else None)
+
+    def family_cells(self, family: str) -> tuple[str, ...]:
+        """The selected cells a family runs on."""
+        return self.causal_cells if FAMILIES[family].divergent_cells_only else self.cells
 
     @property
     def manifest(self) -> dict:
@@ -299,21 +322,23 @@ class ReplaySession:
     def plan(self) -> Plan:
         """Which rows each family runs on, and which baseline records this run recomputes."""
         return Plan(self.rows, self.contract.panels, self.options,
-                    frozenset(family for family in FAMILIES if self.unavailable(family)))
+                    frozenset(family for family in FAMILIES if self.unavailable(family)),
+                    {family: self.family_cells(family) for family in FAMILIES})
 
-    @functools.cached_property
-    def transplant_panel(self) -> transplant.Panel:
-        """The transplant panel, from the finished BF16 crossing of every selected row (computing
+    def transplant_panel(self, cell: str) -> transplant.Panel:
+        """The transplant panel of a cell, from its finished crossing of every selected row (computing
         those crossing records not computed yet)."""
-        (source,) = FAMILIES["transplant"].reads
-        crossing = self.read(source, self.rows, "bf16")
-        sizes = self.contract.panels["transplant"]
-        return transplant.panel(crossing, sizes["divergent"], sizes["exact_controls"])
+        if cell not in self.panels:
+            (source,) = FAMILIES["transplant"].reads
+            crossing = self.read(source, self.rows, cell)
+            sizes = self.contract.panels["transplant"]
+            self.panels[cell] = transplant.panel(crossing, cell, sizes["divergent"], sizes["exact_controls"])
+        return self.panels[cell]
 
-    def transplant_role(self, row: BankRow) -> str | None:
+    def transplant_role(self, row: BankRow, cell: str) -> str | None:
         """"divergent" or "control" for a panel row, "not_testable" for a divergent row whose first
         suffix tokens differ (transplant.panel gives the reason), None for a row outside the panel."""
-        panel = self.transplant_panel
+        panel = self.transplant_panel(cell)
         roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
         return roles.get(row.id)
 
@@ -359,8 +384,8 @@ class ReplaySession:
     def read(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
         """The records another family reads: from --panel-from where given (a finished crossing), else
         this run's own."""
-        if self.panel_source is not None and (family, precision) == ("crossing", "bf16"):
-            return [self.panel_source[row.id] for row in rows]
+        if self.panel_source is not None and family == "crossing" and precision in self.causal_cells:
+            return [self.panel_source[(precision, row.id)] for row in rows]
         return self.records(family, rows, precision)
 
     def _compute(self, family: str, row: BankRow, precision: str) -> dict:
@@ -368,7 +393,7 @@ class ReplaySession:
             raise backend.Unsupported(f"{family}: {reason}")
         spec = FAMILIES[family]
         if family == "transplant":
-            role = self.transplant_role(row)
+            role = self.transplant_role(row, precision)
             if role not in ROLES:  # not in this run's panel: no record
                 return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
             (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)

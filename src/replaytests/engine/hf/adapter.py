@@ -6,13 +6,18 @@ Models load from local directories only, with SDPA attention, safetensors weight
 
 from __future__ import annotations
 
+import copy
+import importlib.metadata
+import importlib.util
 import inspect
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from replaytests.engine.boundary import KV, cache_layers
 from replaytests.errors import ConfigError
+from replaytests.inputs.cells import KVCache
 from replaytests.inputs.models import TOKENIZER_FILES
 from replaytests.inputs.preparation import quiet as _quiet
 
@@ -146,14 +151,41 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def new_cache(model, kind: str):
+# transformers' quantized K/V cache (QuantizedCache): library -> (module, distribution, pinned install).
+QUANTIZED_CACHE_PACKAGES = {"hqq": "hqq==0.2.8.post1", "quanto": "optimum-quanto==0.2.7"}
+_QUANTIZED_MODULES = {"hqq": ("hqq", "hqq"), "quanto": ("optimum.quanto", "optimum-quanto")}
+# The axis each library groups along, chosen so that a group never spans two copies of the physical batch:
+# HQQ's default axis 0 groups across the whole tensor, batch included (measured: changing one copy's
+# tokens changed the other copy's logits); its axis 1 and quanto's axis 0 group each token's head_dim.
+_QUANTIZED_AXIS = {"hqq": 1, "quanto": 0}
+
+
+def quantized_cache_installed(library: str) -> bool:
+    try:
+        return importlib.util.find_spec(_QUANTIZED_MODULES[library][0]) is not None
+    except ModuleNotFoundError:  # a parent package (optimum) absent
+        return False
+
+
+def quantized_cache_version(library: str) -> str:
+    return importlib.metadata.version(_QUANTIZED_MODULES[library][1])
+
+
+def new_cache(model, kind: str, kv: KVCache | None = None):
     """An empty cache of the class a contract names (blocks.CACHES): `dynamic` grows by concatenation,
     `offloaded` is dynamic with layers kept on the CPU between uses (CUDA only), `static` is
     preallocated for the model's whole context. Every static cache of a model has that one capacity:
     attention runs over the whole capacity (the hidden part masked), so constructions whose capacities
-    differed would compute differently (measured: live and incremental then stop being bit-exact)."""
-    from transformers import DynamicCache, StaticCache
+    differed would compute differently (measured: live and incremental then stop being bit-exact).
+    A cell with a quantized K/V format gets transformers' QuantizedCache: a call over several tokens
+    attends over their unquantized K/V, then quantizes all of them; decoded tokens stay unquantized
+    until `residual_length` of them are held, when the whole history is quantized again."""
+    from transformers import DynamicCache, QuantizedCache, StaticCache
 
+    if kv is not None and kv.format == "quantized":
+        axis = _QUANTIZED_AXIS[kv.library]
+        return QuantizedCache(kv.library, model.config, nbits=kv.bits, axis_key=axis, axis_value=axis,
+                              q_group_size=kv.group_size, residual_length=kv.residual_length)
     if kind == "static":
         return StaticCache(config=model.config, max_cache_len=max_positions(model))
     return DynamicCache(config=model.config, offloading=kind == "offloaded")
@@ -171,8 +203,8 @@ def cache_kind(cache) -> str:
 class Forward:
     """Calls a causal LM with an explicit 4D mask, explicit positions and a caller-owned cache."""
 
-    def __init__(self, model, cache: str = "dynamic") -> None:
-        self.model, self.cache = model, cache
+    def __init__(self, model, cache: str = "dynamic", kv: KVCache | None = None) -> None:
+        self.model, self.cache, self.kv = model, cache, kv
         self._cache_arg = _cache_kwarg(model)
         # SDPA reads a bool mask as "may attend"; eager attention adds the mask to the scores, so a bool
         # mask there would add 0 or 1 and hide nothing (found by engine.checks' mask property): it gets
@@ -180,7 +212,7 @@ class Forward:
         self._additive = attention_implementation(model) != "sdpa"
 
     def new_cache(self):
-        return new_cache(self.model, self.cache)
+        return new_cache(self.model, self.cache, self.kv)
 
     def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """Return the last position's logits [batch, vocab]; the cache grows in place. A preallocated
@@ -209,8 +241,137 @@ def cache_from_layers(model, layers: list[KV], like):
     return cache
 
 
+# ---- quantized caches: what the model reads, what is stored ----
+
+_STORED = {"k": ("keys", "_quantized_keys"), "v": ("values", "_quantized_values")}  # part -> (residual, stored)
+
+
+def _is_quantized(cache) -> bool:
+    from transformers import QuantizedCache
+
+    return isinstance(cache, QuantizedCache)
+
+
+def _clone_stored(stored):
+    """A storage-isolated copy of one stored quantized tensor: HQQ's (codes, meta) or quanto's QBits tensor."""
+    if stored is None:
+        return None
+    if isinstance(stored, tuple):
+        codes, meta = stored
+        return codes.clone(), {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in meta.items()}
+    from optimum.quanto.tensor.packed import PackedTensor
+    from optimum.quanto.tensor.weights.qbits import WeightQBitsTensor
+
+    packed = stored._data
+    data = PackedTensor(packed._data.clone(), packed._bits, packed.size(), packed.stride())
+    return WeightQBitsTensor(stored.qtype, stored.axis, stored._group_size, stored.size(), stored.stride(), data,
+                             stored._scale.clone(), stored._shift.clone())
+
+
+def _stored_tensors(stored) -> list[torch.Tensor]:
+    """The plain tensors of one stored quantized tensor: packed codes, scale, zero point (or shift)."""
+    if stored is None:
+        return []
+    if isinstance(stored, tuple):
+        return [stored[0], stored[1]["scale"], stored[1]["zero"]]
+    return [stored._data._data, stored._scale, stored._shift]
+
+
+def _copy_part(target, source, part: str) -> None:
+    residual, stored = _STORED[part]
+    setattr(target, residual, getattr(source, residual).clone())
+    setattr(target, stored, _clone_stored(getattr(source, stored)))
+
+
+def _clone_quantized(cache):
+    out = copy.copy(cache)
+    out.layers = []
+    for layer in cache.layers:
+        twin = copy.copy(layer)  # shares only its settings and stateless helpers (the quantizer)
+        for part in _STORED:
+            _copy_part(twin, layer, part)
+        out.layers.append(twin)
+    return out
+
+
+@dataclass
+class _Layer:
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass
+class QuantizedKV:
+    """A boundary's quantized cache as the families see it: `layers[i].keys` / `.values` hold what
+    attention reads (the dequantized stored tokens, then the unquantized residual), computed once, and
+    `stored_tensors()` what is stored (codes, scales, zero points, and the residual). `inner` is the
+    transformers cache itself, which only this module touches."""
+
+    inner: object
+    layers: list[_Layer] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.layers = []
+        for layer in self.inner.layers:
+            read = [torch.cat([*([layer._dequantize(getattr(layer, stored))] if getattr(layer, stored) is not None
+                                 else []), *([getattr(layer, residual)] if getattr(layer, residual).dim() == 4 else [])],
+                              dim=-2) for residual, stored in _STORED.values()]
+            self.layers.append(_Layer(*read))
+
+    def get_seq_length(self) -> int:
+        return int(self.inner.get_seq_length())
+
+    def stored_tensors(self) -> list[torch.Tensor]:
+        return [tensor for layer in self.inner.layers for residual, stored in _STORED.values()
+                for tensor in (*_stored_tensors(getattr(layer, stored)), getattr(layer, residual))]
+
+
+@dataclass
+class FrozenKV:
+    """A read-only view of K/V tensors (a physical batch's first copy of a quantized cache): compared and
+    fingerprinted, never decoded from."""
+
+    layers: list[_Layer]
+    length: int
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+def boundary_cache(cache):
+    """The cache a boundary holds: a quantized one wrapped (QuantizedKV), any other as it is."""
+    return QuantizedKV(cache) if _is_quantized(cache) else cache
+
+
 def clone_cache(model, cache):
+    """A storage-isolated copy to decode from (a quantized cache with its whole stored state)."""
+    if isinstance(cache, QuantizedKV):
+        return _clone_quantized(cache.inner)
     return cache_from_layers(model, cache_layers(cache), like=cache)
+
+
+def first_copy(model, cache):
+    """The first copy of a physical batch, storage-isolated (a quantized one as a read-only view)."""
+    layers = [(keys[:1], values[:1]) for keys, values in cache_layers(cache)]
+    if isinstance(cache, QuantizedKV):
+        return FrozenKV([_Layer(k.clone(), v.clone()) for k, v in layers], cache.get_seq_length())
+    return cache_from_layers(model, layers, like=cache)
+
+
+def transplanted_cache(model, recipient, donor, layers: list[int], parts: tuple[str, ...]):
+    """The recipient's cache with the selected layers' K and/or V state copied from the donor, every
+    tensor storage-isolated; for a quantized cache the whole stored state moves (codes, scales, zero
+    points and the unquantized residual)."""
+    if isinstance(recipient, QuantizedKV):
+        out = _clone_quantized(recipient.inner)
+        for index in layers:
+            for part in parts:
+                _copy_part(out.layers[index], donor.inner.layers[index], part)
+        return QuantizedKV(out)
+    own, theirs = cache_layers(recipient), cache_layers(donor)
+    mixed = [tuple((theirs if index in layers and part in parts else own)[index][p]
+                   for p, part in enumerate(_STORED)) for index in range(len(own))]
+    return cache_from_layers(model, mixed, like=recipient)
 
 
 def load_config(path: Path):

@@ -126,7 +126,8 @@ class DecodeState:
 
     def boundary(self, construction: str) -> Boundary:
         self.settle()
-        return Boundary(construction, list(self.tokens), list(self.roles), self.cache, self.logits)
+        return Boundary(construction, list(self.tokens), list(self.roles), hf_adapter.boundary_cache(self.cache),
+                        self.logits)
 
 
 def live_boundary(runtime: Runtime, prompt_block: list[int]) -> Boundary:

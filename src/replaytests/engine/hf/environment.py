@@ -119,7 +119,7 @@ def _numeric_flags(contract: Contract) -> tuple[int, dict]:
     saved = runtime.read_numeric_flags()
     try:
         readback = {}
-        for name, flags in contract.precisions.items():
+        for name, flags in contract.cells.items():
             runtime.write_numeric_flags(runtime.numeric_settings(flags, contract.cpu_threads))
             readback[name] = runtime.read_numeric_flags()
             threads = readback[name].pop("cpu_threads")

@@ -16,15 +16,14 @@ from replaytests.engine.protocol import prompt_block
 from replaytests.errors import BankError
 from replaytests.inputs import platforms
 from replaytests.inputs.bank import BankRow, read_problems, write_bank
+from replaytests.inputs.cells import BANK_CELL
 from replaytests.inputs.contract import load_contract
-
-PRECISION = "bf16"
 
 
 def freeze(model_dir: Path, problems_path: Path, contract_path: Path, out: Path) -> list[BankRow]:
     contract = load_contract(contract_path)
     problems = read_problems(problems_path)
-    runtime = Runtime.load(model_dir, contract, PRECISION)
+    runtime = Runtime.load(model_dir, contract, BANK_CELL)
     caps = contract.caps
     longest = hf_adapter.max_positions(runtime.model) - 3 * (caps.branch + 2) - 1 - caps.suffix_room()
     rows = []
@@ -41,5 +40,5 @@ def freeze(model_dir: Path, problems_path: Path, contract_path: Path, out: Path)
         boundary = constructions.live(runtime, block)
         rows.append(BankRow(problem.id, boundary.tokens, boundary.roles, problem.expected_answer))
     platform = platforms.platform_of(environment.capture(contract, str(runtime.device), runtime.model))
-    write_bank(out, rows, model_dir, runtime.grammar, contract, PRECISION, platform)
+    write_bank(out, rows, model_dir, runtime.grammar, contract, BANK_CELL, platform)
     return rows

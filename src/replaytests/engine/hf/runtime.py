@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from replaytests.engine.arms import Arms
-from replaytests.engine.backend import CAPABILITIES, SERVING
+from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import as_int, bitwise_equal
 from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import weights
 from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, PhysicalBatchDesync
-from replaytests.inputs.contract import SDPA_BACKENDS, Contract, PrecisionFlags
+from replaytests.inputs.cells import RUNTIME_KV_FORMATS, Cell
+from replaytests.inputs.contract import SDPA_BACKENDS, Contract
 
 if TYPE_CHECKING:
     from replaytests.engine.boundary import Boundary, Suffix
@@ -68,7 +70,7 @@ def read_numeric_flags() -> dict:
 _TORCH_DEFAULTS = read_numeric_flags()
 
 
-def numeric_settings(flags: PrecisionFlags, threads: int) -> dict:
+def numeric_settings(flags: Cell, threads: int) -> dict:
     """Every numeric setting as one precision of the contract asks for it."""
     wanted = {"cpu_threads": threads, "tf32_matmul": flags.tf32_matmul, "cudnn_tf32": flags.cudnn_tf32,
               "float32_matmul_precision": flags.float32_matmul_precision,
@@ -84,7 +86,7 @@ def write_numeric_flags(settings: dict) -> None:
             write(settings[name])
 
 
-def apply_numeric_flags(flags: PrecisionFlags, threads: int) -> dict:
+def apply_numeric_flags(flags: Cell, threads: int) -> dict:
     """Apply the contract's numeric settings, then read them back: a flag that did not take is an error.
     Returns the read-back settings."""
     wanted = numeric_settings(flags, threads)
@@ -106,7 +108,7 @@ class Runtime:
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES) - SERVING
 
     precision: str
-    flags: PrecisionFlags
+    flags: Cell
     threads: int
     model: object
     tokenizer: object
@@ -119,29 +121,60 @@ class Runtime:
     @classmethod
     def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None,
              batch: int | None = None) -> Runtime:
-        if precision not in contract.precisions:
-            raise ConfigError(
-                f"{contract.path}: precision {precision!r} is not in the contract's precisions "
-                f"({', '.join(contract.precisions)})"
-            )
-        flags = contract.precisions[precision]
+        flags = contract.cell(precision)
         device = device or contract.device
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"{contract.path}: environment.device is {device!r} but CUDA is not available here")
         if contract.cache == "offloaded" and not device.startswith("cuda"):
             raise ConfigError(f"{contract.path}: environment.cache offloaded keeps layers on the CPU between uses "
                               f"of a CUDA device; the device here is {device!r}")
+        if not flags.kv_cache.native and contract.cache != "dynamic":
+            raise ConfigError(f"{contract.path}: cells.{precision}.kv_cache: a quantized K/V cache replaces the "
+                              f"cache class; environment.cache must be dynamic, got {contract.cache!r}")
         apply_numeric_flags(flags, contract.cpu_threads)
         tokenizer = hf_adapter.load_tokenizer(model_dir)
         model = hf_adapter.load_model(model_dir, flags.dtype, device, contract.attention)
+        if not flags.weights.native:
+            weights.quantize(model, flags.weights, f"{model_dir} (cell {precision})")
         delims = Delimiters.resolve(tokenizer, contract.delimiters)
         grammar = Grammar(delims, contract.caps, hf_adapter.vocab_size(model), len(tokenizer),
                           contract.banned_tokens, device)
         return cls(precision, flags, contract.cpu_threads, model, tokenizer, grammar,
                    torch.device(device), batch or contract.physical_batch, contract.cache, contract.visibility)
 
+    @classmethod
+    def cell_problem(cls, cell: Cell) -> CellProblem | None:
+        """What keeps this backend from running `cell` as it names it (engine.backend.cell_problem)."""
+        kv = cell.kv_cache
+        if kv.format in RUNTIME_KV_FORMATS:
+            return CellProblem("kv_cache.format", f"{kv.format} is a serving engine's own K/V format (vLLM's "
+                                                  "kv_cache_dtype); the hf backend runs native or quantized caches")
+        if kv.format == "quantized" and not hf_adapter.quantized_cache_installed(kv.library):
+            return CellProblem("kv_cache.library", f"{kv.library} is not installed here (pip install "
+                                                   f"{hf_adapter.QUANTIZED_CACHE_PACKAGES[kv.library]}); the cell is "
+                                                   "skipped, never run with a native cache", missing_library=True)
+        if not cell.weights.native and not weights.installed():
+            return CellProblem("weights.library", f"{weights.LIBRARY} is not installed here (pip install "
+                                                  f"'replaytests[cells]'); the cell is skipped, never run with native "
+                                                  "weights", missing_library=True)
+        return None
+
+    @classmethod
+    def cell_versions(cls, cell: Cell) -> dict[str, str]:
+        """The versions of the libraries `cell` runs through (part of its digest)."""
+        out = {}
+        if cell.kv_cache.format == "quantized":
+            out[cell.kv_cache.library] = hf_adapter.quantized_cache_version(cell.kv_cache.library)
+        if not cell.weights.native:
+            out[weights.LIBRARY] = weights.version()
+        return out
+
+    @property
+    def cell_digest(self) -> str:
+        return self.flags.digest(self.cell_versions(self.flags))
+
     def __post_init__(self) -> None:
-        self._forward = hf_adapter.Forward(self.model, self.cache)
+        self._forward = hf_adapter.Forward(self.model, self.cache, self.flags.kv_cache)
         self._positions: torch.Tensor | None = None  # [batch, n] of 0, 1, 2, ...: each call's positions are a view
         self.arms = Arms()  # the boundaries (and suffixes) built with this runtime, shared by every family
 
@@ -181,8 +214,7 @@ class Runtime:
 
     def first_copy(self, boundary: Boundary) -> Boundary:
         """The first copy of a physical batch as a storage-isolated singleton boundary."""
-        layers = [(keys[:1], values[:1]) for keys, values in boundary.layers]
-        return replace(boundary, cache=hf_adapter.cache_from_layers(self.model, layers, like=boundary.cache))
+        return replace(boundary, cache=hf_adapter.first_copy(self.model, boundary.cache))
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, cache) -> torch.Tensor:
         """Process the tokens `ids` [batch, q] at positions start.. under the 4D `mask` [batch, 1, q, k]

@@ -87,12 +87,7 @@ def transplant(runtime: Runtime, recipient: Boundary, donor: Boundary, layers: S
     where = f"transplant {direction(recipient.construction, donor.construction)}"
     check_provenance(recipient, donor, where)
     chosen, parts = _selection(layers, parts, len(recipient.layers), where)
-    mixed = [
-        tuple((donor if index in chosen and part in parts else recipient).layers[index][p]
-              for p, part in enumerate(PARTS))
-        for index in range(len(recipient.layers))
-    ]
-    cache = hf_adapter.cache_from_layers(runtime.model, mixed, like=recipient.cache)
+    cache = hf_adapter.transplanted_cache(runtime.model, recipient.cache, donor.cache, chosen, parts)
     result = Boundary(_label(recipient, donor, chosen, parts), list(recipient.tokens), list(recipient.roles),
                       cache, recipient.logits.clone())
     _check_result(result, recipient, donor, chosen, parts, f"{where} ({result.construction})")

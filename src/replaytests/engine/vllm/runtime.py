@@ -124,7 +124,8 @@ class Runtime:
     def __init__(self, model_dir: Path, contract: Contract, precision: str, device: str, vllm) -> None:
         self.model_dir, self.contract, self.precision, self._vllm = model_dir, contract, precision, vllm
         self.settings = contract.vllm
-        self.dtype = contract.precisions[precision].dtype
+        self.cell = contract.cell(precision)
+        self.dtype = self.cell.dtype
         self.engine = self._engine(budget=None)
         self.tokenizer = self.engine.get_tokenizer()
         config = self.engine.llm_engine.model_config.hf_config
@@ -147,9 +148,7 @@ class Runtime:
             raise ConfigError(f"{contract.path}: protocol.visibility is {contract.visibility!r}, but vLLM attends "
                               "causally and takes no role masks: freeze and replay a bank under a contract with "
                               "protocol: {visibility: causal} (docs/vllm.md)")
-        if precision not in contract.precisions:
-            raise ConfigError(f"{contract.path}: precision {precision!r} is not in the contract's precisions "
-                              f"({', '.join(contract.precisions)})")
+        contract.cell(precision)
         device = device or contract.device
         block = contract.vllm["block_size"]
         if device == "cpu" and block % CPU_BLOCK:
