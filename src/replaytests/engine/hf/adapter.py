@@ -300,6 +300,14 @@ class _Layer:
     values: torch.Tensor
 
 
+def _read(layer, residual: str, stored: str) -> torch.Tensor:
+    """One part (K or V) of a quantized layer as attention reads it: dequantized stored tokens, then the
+    unquantized residual (empty, shape (0,), right after a quantization)."""
+    parts = [] if getattr(layer, stored) is None else [layer._dequantize(getattr(layer, stored))]
+    recent = getattr(layer, residual)
+    return torch.cat([*parts, *([recent] if recent.dim() == 4 else [])], dim=-2)
+
+
 @dataclass
 class QuantizedKV:
     """A boundary's quantized cache as the families see it: `layers[i].keys` / `.values` hold what
@@ -311,12 +319,8 @@ class QuantizedKV:
     layers: list[_Layer] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.layers = []
-        for layer in self.inner.layers:
-            read = [torch.cat([*([layer._dequantize(getattr(layer, stored))] if getattr(layer, stored) is not None
-                                 else []), *([getattr(layer, residual)] if getattr(layer, residual).dim() == 4 else [])],
-                              dim=-2) for residual, stored in _STORED.values()]
-            self.layers.append(_Layer(*read))
+        self.layers = [_Layer(*(_read(layer, residual, stored) for residual, stored in _STORED.values()))
+                       for layer in self.inner.layers]
 
     def get_seq_length(self) -> int:
         return int(self.inner.get_seq_length())
