@@ -53,7 +53,8 @@ class Backend(Protocol):
     """One model at one precision on one runtime."""
 
     name: str
-    precision: str
+    precision: str  # the cell's name (inputs/cells.py)
+    cell_digest: str  # what its records carry: the cell's definition and any library it runs through
     capabilities: frozenset[str]
     grammar: Grammar  # the protocol's delimiters, caps and structural mask, resolved for this model
 

@@ -26,6 +26,7 @@ class LogprobsOnly:
 
     def __init__(self, inner: Runtime) -> None:
         self.inner, self.precision, self.grammar = inner, inner.precision, inner.grammar
+        self.cell_digest = inner.cell_digest
 
     @classmethod
     def load(cls, model_dir: Path, contract, precision: str, device: str | None = None) -> LogprobsOnly:

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import torch
 
-from replaytests.engine.backend import Unsupported
+from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
@@ -143,6 +143,22 @@ class Runtime:
         self._check_pins()
 
     @classmethod
+    def cell_problem(cls, cell) -> CellProblem | None:
+        """vLLM runs a cell's dtype with a native K/V cache or one of its own fp8 caches (kv_cache_dtype), with
+        native weights (engine.backend.cell_problem)."""
+        if cell.kv_cache.format == "quantized":
+            return CellProblem("kv_cache.format", "vllm runs native or its own fp8 K/V caches (fp8, fp8_e4m3, "
+                                                  "fp8_e5m2), not a library-quantized one")
+        if not cell.weights.native:
+            return CellProblem("weights.format", "vllm runs the checkpoint's own weights here, not weights quantized "
+                                                 "at load")
+        return None
+
+    @property
+    def cell_digest(self) -> str:
+        return self.cell.digest()
+
+    @classmethod
     def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
         if contract.visibility != "causal":
             raise ConfigError(f"{contract.path}: protocol.visibility is {contract.visibility!r}, but vLLM attends "
@@ -167,6 +183,7 @@ class Runtime:
         try:
             return self._vllm.LLM(
                 str(self.model_dir), tokenizer=str(self.model_dir), dtype=self.dtype, seed=0,
+                kv_cache_dtype="auto" if self.cell.kv_cache.native else self.cell.kv_cache.format,
                 enforce_eager=settings["enforce_eager"], block_size=settings["block_size"],
                 enable_prefix_caching=True, enable_chunked_prefill=True, max_model_len=length,
                 max_num_batched_tokens=budget or length, max_num_seqs=settings["max_num_seqs"],

@@ -1,0 +1,191 @@
+"""Numeric cells (inputs/cells.py): declared by the contract, selected by --precision, refused in one
+line where the backend cannot run them, and run in the format they name (quantized K/V caches carry
+their stored state through copies and transplants; quantized weights are checked at load)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from replaytests.engine import backend
+from replaytests.engine.hf import weights
+from replaytests.engine.hf.runtime import Runtime
+from replaytests.engine.vllm.runtime import Runtime as VllmRuntime
+from replaytests.errors import ConfigError
+from replaytests.inputs import cells
+from replaytests.inputs.contract import load_contract
+
+HQQ4 = {"format": "quantized", "library": "hqq", "bits": 4, "group_size": 64, "residual_length": 8}
+
+
+def _contract(tmp_path, repo, **extra):
+    data = {"extends": str(repo / "contracts" / "cpu-tiny.yaml"), "name": "cells-test", **extra}
+    path = tmp_path / "contract.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cells_contract(repo):
+    return load_contract(repo / "contracts" / "cpu-tiny-cells.yaml")
+
+
+@pytest.mark.parametrize(("spec", "selected"), [
+    pytest.param("both", ("bf16", "fp32"), id="both"),
+    pytest.param("all", ("bf16", "fp32", "fp16", "kv-hqq4", "w-int8"), id="all"),
+    pytest.param("kv-hqq4,bf16", ("bf16", "kv-hqq4"), id="list-in-contract-order"),
+    pytest.param("fp16", ("fp16",), id="one"),
+])
+def test_precision_selects_cells(cells_contract, spec, selected):
+    assert cells.select(spec, cells_contract.cells) == selected, f"--precision {spec}"
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    pytest.param("fp8", r"^--precision 'fp8': cell 'fp8' not declared by .*\(its cells: bf16, fp32, fp16, kv-hqq4, "
+                        r"w-int8\)$", id="unknown"),
+    pytest.param("bf16,bf16", r"^--precision 'bf16,bf16': a cell named twice$", id="twice"),
+    pytest.param("bf16,", r"^--precision: expected a cell name", id="empty-item"),
+])
+def test_a_bad_precision_is_one_line(cells_contract, spec, message):
+    with pytest.raises(ConfigError, match=message):
+        cells.select(spec, cells_contract.cells)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    pytest.param({"cells": {"kv": {"dtype": "bfloat16", "kv_cache": {**HQQ4, "bits": 5}}}},
+                 r": cells\.kv\.kv_cache\.bits: expected one of 1, 2, 3, 4, 8 \(hqq offers these\), got 5$", id="bits"),
+    pytest.param({"cells": {"kv": {"dtype": "bfloat16", "kv_cache": {**HQQ4, "group_size": 48}}}},
+                 r": cells\.kv\.kv_cache\.group_size: expected one of 32, 64, 128", id="group-size"),
+    pytest.param({"cells": {"kv": {"dtype": "bfloat16", "kv_cache": {**HQQ4, "library": "kivi"}}}},
+                 r": cells\.kv\.kv_cache\.library: expected one of hqq, quanto, got 'kivi'$", id="library"),
+    pytest.param({"cells": {"kv": {"dtype": "bfloat16", "kv_cache": {**HQQ4, "residual_length": None}}}},
+                 r": cells\.kv\.kv_cache\.residual_length: expected the count", id="residual"),
+    pytest.param({"cells": {"kv": {"dtype": "bfloat16", "kv_cache": {"format": "native", "bits": 4}}}},
+                 r": cells\.kv\.kv_cache\.bits: expected null for a native K/V cache", id="bits-on-native"),
+    pytest.param({"cells": {"w": {"dtype": "bfloat16", "weights": {"format": "int4", "library": "torchao"}}}},
+                 r": cells\.w\.weights\.group_size: expected one of 32, 64, 128, 256 for int4", id="int4-group"),
+    pytest.param({"cells": {"all": {"dtype": "float16"}}}, r": cells: cell name 'all' is reserved", id="reserved"),
+    pytest.param({"cells": {"FP16": {"dtype": "float16"}}}, r": cells: cell name 'FP16': expected lower-case",
+                 id="upper-case"),
+    pytest.param({"cells": {"bf16": {"dtype": "bfloat16"}}}, r": cells\.bf16: declared under precisions too",
+                 id="twice"),
+    pytest.param({"cell_pairs": [["fp16", "bf16"]]}, r": cell_pairs\[0\]: unknown cell 'fp16'", id="pair-unknown"),
+    pytest.param({"cell_pairs": [["bf16", "bf16"]]}, r": cell_pairs\[0\]: expected two different cell names",
+                 id="pair-same"),
+    pytest.param({"gates": {"crossing": {"suffix_divergence_allowed": {"kv-int4": True}}}},
+                 r": gates\.crossing\.suffix_divergence_allowed: unknown cell 'kv-int4'", id="gate-unknown"),
+])
+def test_a_bad_cell_is_one_line_naming_contract_cell_and_field(tmp_path, repo, extra, message):
+    path = _contract(tmp_path, repo, **extra)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_contract(path)
+    assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value), str(caught.value)
+
+
+def test_fp8_cache_on_the_hf_backend_is_refused_before_model_work(tmp_path, repo):
+    contract = load_contract(_contract(tmp_path, repo, cells={"kv-fp8": {"dtype": "bfloat16",
+                                                                         "kv_cache": {"format": "fp8_e4m3"}}}))
+    with pytest.raises(ConfigError, match=r"contract\.yaml: cells\.kv-fp8\.kv_cache\.format: fp8_e4m3 is a serving "
+                                          r"engine's own K/V format"):
+        backend.check_cell(Runtime, contract, "kv-fp8")
+    assert backend.check_cell(VllmRuntime, contract, "kv-fp8") is None, "vLLM runs its own fp8 cache"
+
+
+def test_vllm_refuses_a_library_quantized_cache(cells_contract):
+    with pytest.raises(ConfigError, match=r"cells\.kv-hqq4\.kv_cache\.format: vllm runs native or its own fp8"):
+        backend.check_cell(VllmRuntime, cells_contract, "kv-hqq4")
+
+
+def test_a_missing_library_is_a_skip_reason_never_a_native_run(cells_contract, monkeypatch):
+    monkeypatch.setattr(weights, "installed", lambda: False)
+    reason = backend.check_cell(Runtime, cells_contract, "w-int8")
+    assert reason and "cells.w-int8.weights.library: torchao is not installed here" in reason, reason
+    assert "never run with native weights" in reason, reason
+
+
+def test_a_cell_digest_changes_with_its_definition_not_its_name(cells_contract):
+    cell = cells_contract.cells["kv-hqq4"]
+    assert dataclasses.replace(cell, name="other").digest() == cell.digest(), "the name is not the definition"
+    other = dataclasses.replace(cell, kv_cache=dataclasses.replace(cell.kv_cache, residual_length=16))
+    assert other.digest() != cell.digest(), "a residual length changed and the digest did not"
+    assert cell.digest({"hqq": "0.2.8"}) != cell.digest({"hqq": "0.2.9"}), "a library version is part of it"
+
+
+# ---- the formats, run on the tiny model ----
+
+@pytest.fixture(scope="module")
+def kv_runtime(cells_contract, repo):
+    return Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", cells_contract, "kv-hqq4")
+
+
+def test_a_quantized_cache_is_compared_on_what_attention_reads_and_what_is_stored(kv_runtime, shortest_z):
+    incremental = kv_runtime.build("incremental", shortest_z)
+    prefill = kv_runtime.build("prefill", shortest_z)
+    assert incremental.stored() and prefill.stored(), "a quantized boundary exposes no stored codes and scales"
+    read = incremental.layers[0][0]
+    assert read.shape[-2] == len(shortest_z), f"layer 0 K reads {read.shape[-2]} positions of {len(shortest_z)}"
+    assert incremental.stored_digest() != prefill.stored_digest(), (
+        "incremental (decoded tokens kept unquantized) and prefill (all quantized at once) store the same state")
+
+
+def test_a_quantized_transplant_moves_the_whole_stored_state(kv_runtime, shortest_z):
+    incremental = kv_runtime.build("incremental", shortest_z)
+    prefill = kv_runtime.build("prefill", shortest_z)
+    moved = kv_runtime.transplant(prefill, incremental)
+    assert len(moved.stored()) == len(incremental.stored()), "the recipient's stored state has another shape"
+    for index, (got, want) in enumerate(zip(moved.stored(), incremental.stored(), strict=True)):
+        assert got.dtype == want.dtype and torch.equal(got, want), f"stored tensor {index} is not the donor's"
+    assert moved.storages().isdisjoint(incremental.storages()), "the transplanted state shares storage with its donor"
+    assert kv_runtime.suffix(moved).tokens == kv_runtime.suffix(incremental).tokens, (
+        "the recipient of the whole quantized state did not follow its donor")
+
+
+def test_int8_weights_are_quantized_at_load(cells_contract, repo):
+    runtime = Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", cells_contract, "w-int8")
+    from torchao.utils import TorchAOBaseTensor
+
+    linear = {name: m for name, m in runtime.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    native = [name for name, m in linear.items() if not isinstance(m.weight, TorchAOBaseTensor)]
+    tied = runtime.model.get_input_embeddings().weight
+    assert all(linear[name].weight is tied for name in native), f"native linear weights besides the tied head: {native}"
+    assert len(native) < len(linear), "no linear weight was quantized"
+
+
+@pytest.mark.slow
+def test_a_run_over_five_cells_reports_compares_and_tracks_every_cell(repo, tmp_path):
+    """--precision all on the cells contract: every record names its cell and its digest, the report's
+    tables and reductions cover every cell, compare and history read it."""
+    out = tmp_path / "reports"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+                           "replaytests.conformance", "--contract", str(repo / "contracts" / "cpu-tiny-cells.yaml"),
+                           "--precision", "all", "--rows", "0:2", "--report-dir", str(out), "-q", "-m", "not causal"],
+                          cwd=repo, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run = json.loads((out / "latest" / "run.json").read_text(encoding="utf-8"))
+    records = [json.loads(line) for line in (out / "latest" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]
+    declared = run["cells"]
+    assert {r["precision"] for r in records} == set(declared), f"cells run: {sorted({r['precision'] for r in records})}"
+    wrong = [(r["family"], r["row"], r["precision"]) for r in records
+             if r["cell_digest"] != declared[r["precision"]]["digest"]]
+    assert not wrong, f"records whose cell digest is not their cell's: {wrong}"
+    report = (out / "latest" / "report.md").read_text(encoding="utf-8")
+    for header in ("kv-hqq4 → bf16 (paired rows)", "w-int8 → bf16 (paired rows)", "fp16 → fp32 (paired rows)"):
+        assert header in report, f"report.md lacks the reduction column {header!r}"
+    compare = subprocess.run([sys.executable, "-m", "replaytests.cli", "compare", str(out / "latest"),
+                              str(out / "latest")], capture_output=True, text=True, timeout=300)
+    for cell in declared:
+        assert f"crossing  {cell}" in compare.stdout or f"crossing {cell}" in compare.stdout, (
+            f"compare names no crossing row of cell {cell}:\n{compare.stdout[:2000]}")
+    history = tmp_path / "history.jsonl"
+    subprocess.run([sys.executable, "-m", "replaytests.cli", "history", "append", str(out / "latest"), "--into",
+                    str(history)], check=True, capture_output=True, timeout=300)
+    shown = subprocess.run([sys.executable, "-m", "replaytests.cli", "history", "show", str(history)],
+                           capture_output=True, text=True, timeout=300).stdout
+    for cell in ("fp16", "kv-hqq4", "w-int8"):
+        assert cell in shown, f"history show names no {cell} column:\n{shown[:2000]}"
