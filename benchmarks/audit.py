@@ -91,9 +91,9 @@ def profile(rows: str | None, inputs: dict[str, Path]) -> dict:
     families = []
     started = time.perf_counter()
     with phase_timers(totals, current):
-        for precision in session.options.precisions:
-            for name, family in FAMILIES.items():
-                if family.bf16_only and precision != "bf16":
+        for precision in session.cells:
+            for name in FAMILIES:
+                if precision not in session.family_cells(name):
                     continue
                 current[0] = f"{name} {precision}"
                 begun = time.perf_counter()

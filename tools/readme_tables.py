@@ -7,6 +7,9 @@
   the same causal bank (fixtures/ledgers/cpu-*-causal), over the rows both hold (README, "Serving engines").
 - `flips`: every BF16 crossing divergence of those runs and of the protocol checkpoint's attributed to its
   margin (outputs/flips.py), and how many incremental decode steps were exact ties, flipped or not.
+- `cells`: per model and numeric cell (contracts/*-cells.yaml, fixtures/ledgers/*-cells), the crossing's and
+  the live matrix's divergences, where the suffixes first split, replicas, transplant donor recovery, and
+  each cell against the cell it is paired with (the contract's cell_pairs: the amplification).
 - `behaviour`: the crossing's behavioural rows (answers and correctness labels differ, accuracy per arm,
   the paired accuracy difference with McNemar) for the tiny model, SmolLM2 and SmolLM2 with the protocol
   adapter, beside the paper's Table 4 (README, "A checkpoint that answers").
@@ -22,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from replaytests.outputs.flips import pair_flips, step_margins  # noqa: E402
-from replaytests.outputs.report import build_report, collate  # noqa: E402
+from replaytests.outputs.report import build_report, collate, report_meta  # noqa: E402
 from replaytests.outputs.sections import fmt_paired  # noqa: E402
 from replaytests.outputs.serving import premise  # noqa: E402
 from replaytests.outputs.stats import wilson  # noqa: E402
@@ -200,7 +203,43 @@ def behaviour_table() -> str:
     return _markdown([header, *rows])
 
 
-TABLES = {"vllm": vllm_table, "flips": flips_table, "behaviour": behaviour_table}
+CELL_RUNS = {"tiny": "cpu-tiny-cells", "SmolLM2 + protocol adapter": "cpu-smollm2-protocol-cells"}
+CELL_LABELS = ("rows", "replicas exact", "crossing: suffixes differ", "answers differ", "correctness differs",
+               "first split, median (range)", "live vs prefill: suffixes differ", "transplant: follows donor",
+               "suffixes differ vs paired cell (paired, McNemar)")
+
+
+def _spread(spread: dict | None) -> str:
+    if not spread or not spread["n"]:
+        return "-"
+    return f"{spread['median']:g} ({spread['min']:g}-{spread['max']:g})"
+
+
+def _cell_row(report: dict, cell: str) -> list[str]:
+    crossing = report["families"]["crossing"]["precisions"][cell]
+    pair = crossing["pairs"][PAIR]
+    live = report["families"].get("live", {}).get("precisions", {}).get(cell, {}).get("pairs", {}).get("live~prefill")
+    transplant = report.get("causal_cells", {}).get(cell, {}).get("transplant")
+    follows = " / ".join(_proportion(v["follows_donor"]) for v in transplant["full"].values()) if transplant else "-"
+    paired = next((r for r in report["families"]["crossing"].get("reductions", {}).get(PAIR, []) if r["from"] == cell),
+                  None)
+    versus = "-" if paired is None else f"vs {paired['to']}: " + fmt_paired(
+        paired["metrics"]["suffix_divergence"]).split(";")[0]
+    return [str(crossing["ok"]), _proportion(crossing.get("replicas_exact")),
+            *(_proportion(pair.get(name)) for name in DIVERGENCE_LABELS),
+            _spread(pair.get("first_divergence")), _proportion((live or {}).get("suffix_divergence")), follows, versus]
+
+
+def cells_table() -> str:
+    rows = [["model", "cell", *CELL_LABELS]]
+    for model, name in CELL_RUNS.items():
+        path = LEDGERS / name
+        report = build_report(collate([path]), report_meta([path]))
+        rows += [[model, cell, *_cell_row(report, cell)] for cell in report["families"]["crossing"]["precisions"]]
+    return _markdown(rows)
+
+
+TABLES = {"vllm": vllm_table, "flips": flips_table, "behaviour": behaviour_table, "cells": cells_table}
 
 if __name__ == "__main__":
     print("\n\n".join(make() for make in TABLES.values()))

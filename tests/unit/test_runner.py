@@ -82,7 +82,7 @@ def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "message"), [
-    pytest.param("missing-rows", "no finished BF16 crossing record of", id="missing-rows"),
+    pytest.param("missing-rows", "no finished bf16 crossing record of", id="missing-rows"),
     pytest.param("interrupted", "is an interrupted run", id="interrupted"),
 ])
 def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_path, case, message):

@@ -146,3 +146,55 @@ def test_smollm2_rows_reproduce_the_committed_vllm_baseline(smollm2_run):
     bad = [line for line in outcomes if not (line.startswith("PASSED") or "platform drift" in line)]
     assert not bad, bad
     assert {r["row"] for r in _records(run, "serving")} == {"smollm2-000", "smollm2-001"}
+
+
+CELLS_CONTRACT = REPO / "contracts" / "cpu-tiny-vllm-cells.yaml"
+
+
+def _cpu_flags() -> set[str]:
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+@pytest.fixture(scope="module")
+def fp8_run(tmp_path_factory):
+    """Two rows in vLLM's FP8 K/V cache cells (kv_cache_dtype fp8_e4m3 and fp8_e5m2), every family the backend
+    serves. vLLM's CPU attention runs an fp8 cache only with AVX-512 or AMX kernels: the contract pins AVX-512."""
+    if not {"avx512f", "amx_tile"} & _cpu_flags():
+        pytest.skip("vLLM's CPU attention runs an fp8 K/V cache only with AVX-512 or AMX kernels; this CPU has neither")
+    return _run(tmp_path_factory.mktemp("fp8"), "fp8", "--rows", "2", "--precision", "kv-fp8,kv-fp8-e5m2",
+                contract=CELLS_CONTRACT)
+
+
+def test_an_fp8_kv_cell_runs_in_its_format_with_every_hit_proven(fp8_run):
+    proc, run = fp8_run
+    assert proc.returncode == 0, f"the FP8 run failed:\n{proc.stdout[-4000:]}"
+    cells = json.loads((run / "run.json").read_text())["cells"]
+    assert {cells[c]["kv_cache"]["format"] for c in ("kv-fp8", "kv-fp8-e5m2")} == {"fp8_e4m3", "fp8_e5m2"}, cells
+    records = _records(run)
+    assert {r["precision"] for r in records} == {"kv-fp8", "kv-fp8-e5m2"}, {r["precision"] for r in records}
+    wrong = [(r["family"], r["row"]) for r in records if r["cell_digest"] != cells[r["precision"]]["digest"]]
+    assert not wrong, f"records whose cell digest is not their cell's: {wrong}"
+    serving = _records(run, "serving")
+    assert len(serving) == 4 and all(r["status"] == "ok" for r in serving), [r.get("reason") for r in serving]
+    for record in serving:
+        where = f"{record['row']} {record['precision']}"
+        assert record["prefix_hit"]["covers_decode"], f"{where}: the hit reused no live-decoded block (vacuous)"
+        fresh = {arm: a["served"]["cached_tokens"] for arm, a in record["arms"].items()
+                 if arm not in ("live", "prefix_hit")}
+        assert not any(fresh.values()), f"{where}: an emptied cache was read: {fresh}"
+        assert record["arms"]["chunked"]["served"]["prefill_steps"] >= 2, f"{where}: the chunked prefill took one step"
+
+
+def test_an_fp8_cell_on_an_avx2_pin_is_one_line_before_any_model_work(tmp_path):
+    """Under a contract pinning AVX2 (AMX capped too), vLLM cannot run an fp8 cache on a CPU: refused at open,
+    naming the cell."""
+    contract = tmp_path / "contract" / "avx2.yaml"
+    contract.parent.mkdir()
+    contract.write_text(f"extends: {CELLS_CONTRACT}\nname: cells-avx2\nenvironment: {{cpu_isa: AVX2}}\n")
+    (tmp_path / "runs").mkdir()
+    proc, _ = _run(tmp_path / "runs", "avx2", "--rows", "1", "--precision", "kv-fp8", contract=contract)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ERROR: ")]
+    assert len(errors) == 1 and "cells.kv-fp8.kv_cache.format: vLLM's CPU attention runs an fp8_e4m3" in errors[0], (
+        errors or proc.stdout[-2000:])

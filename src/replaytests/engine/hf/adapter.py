@@ -180,9 +180,11 @@ def new_cache(model, kind: str, kv: KVCache | None = None):
     A cell with a quantized K/V format gets transformers' QuantizedCache: a call over several tokens
     attends over their unquantized K/V, then quantizes all of them; decoded tokens stay unquantized
     until `residual_length` of them are held, when the whole history is quantized again."""
-    from transformers import DynamicCache, QuantizedCache, StaticCache
+    from transformers import DynamicCache, StaticCache
 
     if kv is not None and kv.format == "quantized":
+        from transformers import QuantizedCache
+
         axis = _QUANTIZED_AXIS[kv.library]
         return QuantizedCache(kv.library, model.config, nbits=kv.bits, axis_key=axis, axis_value=axis,
                               q_group_size=kv.group_size, residual_length=kv.residual_length)
@@ -247,9 +249,10 @@ _STORED = {"k": ("keys", "_quantized_keys"), "v": ("values", "_quantized_values"
 
 
 def _is_quantized(cache) -> bool:
-    from transformers import QuantizedCache
-
-    return isinstance(cache, QuantizedCache)
+    """A QuantizedCache (its layers hold a stored quantized part), told without importing it: transformers
+    releases before it have none."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and hasattr(layers[0], "_quantized_keys")
 
 
 def _clone_stored(stored):

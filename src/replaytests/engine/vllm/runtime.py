@@ -115,6 +115,13 @@ class Served:
     steps: tuple[tuple[tuple[int, float], ...], ...] = ()  # every suffix step's top-k (id, logit): not recorded
 
 
+def _fp8_kv_cache_runs() -> bool:
+    """Whether vLLM can run an fp8 K/V cache here: on CUDA, or on a CPU whose kernels, as pinned, are
+    AVX-512 or AMX (vLLM's own test, v1/attention/backends/cpu_attn.py, asks torch, which _follow_pin
+    answers with the pinned level)."""
+    return torch.cuda.is_available() or cpu_kernels() != "below AVX512"
+
+
 class Runtime:
     """One model at one precision on vLLM."""
 
@@ -152,6 +159,11 @@ class Runtime:
         if not cell.weights.native:
             return CellProblem("weights.format", "vllm runs the checkpoint's own weights here, not weights quantized "
                                                  "at load")
+        if not cell.kv_cache.native and not _fp8_kv_cache_runs():
+            return CellProblem("kv_cache.format", f"vLLM's CPU attention runs an {cell.kv_cache.format} K/V cache only "
+                                                  f"with AVX-512 or AMX kernels, and its kernels here are "
+                                                  f"{cpu_kernels()} (on an AVX-512 CPU, a contract pinning "
+                                                  "environment.cpu_isa AVX512 gives them)")
         return None
 
     @property
@@ -231,13 +243,25 @@ class Runtime:
         return None
 
     def _check_pins(self) -> None:
-        """The vLLM version and attention backend the contract pins are the ones running."""
+        """The vLLM version and attention backend the contract pins are the ones running, and the engine runs
+        the cell's dtype and K/V cache format as it names them (vLLM may cast a dtype its platform does not
+        serve, and say so only in its log): a cell is never run in another format under its name."""
         pinned = {"version": version(), "attention_backend": self.attention_backend()}
         for key, actual in pinned.items():
             wanted = self.settings[key]
             if wanted is not None and wanted != actual:
                 raise ConfigError(f"{self.contract.path}: runtime.vllm.{key}: the contract pins {wanted!r}, "
                                   f"this engine runs {actual!r}")
+        config = self.engine.llm_engine.vllm_config
+        ran = {"dtype": str(config.model_config.dtype).removeprefix("torch."),
+               "kv_cache.format": str(config.cache_config.cache_dtype)}
+        wanted = {"dtype": self.dtype, "kv_cache.format": "auto" if self.cell.kv_cache.native
+                  else self.cell.kv_cache.format}
+        for key, actual in ran.items():
+            if actual != wanted[key]:
+                raise ConfigError(f"{self.contract.path}: cells.{self.precision}.{key}: the cell names "
+                                  f"{wanted[key]!r}, the engine runs {actual!r}; refused: the cell would not run in "
+                                  "its format")
 
     def activate(self) -> None:
         """Nothing to re-apply: each engine holds its own dtype and threads."""
