@@ -169,7 +169,7 @@ def test_a_run_over_five_cells_reports_compares_and_tracks_every_cell(repo, tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     run = json.loads((out / "latest" / "run.json").read_text(encoding="utf-8"))
     records = [json.loads(line) for line in (out / "latest" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]
-    declared = run["cells"]
+    declared = {cell["name"]: cell for cell in run["cells"]}
     assert {r["precision"] for r in records} == set(declared), f"cells run: {sorted({r['precision'] for r in records})}"
     wrong = [(r["family"], r["row"], r["precision"]) for r in records
              if r["cell_digest"] != declared[r["precision"]]["digest"]]

@@ -169,7 +169,7 @@ def fp8_run(tmp_path_factory):
 def test_an_fp8_kv_cell_runs_in_its_format_with_every_hit_proven(fp8_run):
     proc, run = fp8_run
     assert proc.returncode == 0, f"the FP8 run failed:\n{proc.stdout[-4000:]}"
-    cells = json.loads((run / "run.json").read_text())["cells"]
+    cells = {cell["name"]: cell for cell in json.loads((run / "run.json").read_text())["cells"]}
     assert {cells[c]["kv_cache"]["format"] for c in ("kv-fp8", "kv-fp8-e5m2")} == {"fp8_e4m3", "fp8_e5m2"}, cells
     records = _records(run)
     assert {r["precision"] for r in records} == {"kv-fp8", "kv-fp8-e5m2"}, {r["precision"] for r in records}

@@ -185,7 +185,9 @@ def cell_pairs(meta: dict, names) -> list[tuple[str, str]]:
 def cell_order(meta: dict) -> tuple[str, ...]:
     """The order cells are shown in: the contract's (run.json `cells`), the paper's first otherwise."""
     declared = meta.get("cells")
-    return tuple(declared) if isinstance(declared, dict) else cells.PAPER
+    if isinstance(declared, list) and all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in declared):
+        return tuple(c["name"] for c in declared)
+    return cells.PAPER
 
 
 # What every comparison and arm of an ok record holds (docs/ledger.md), and the pair each family is read by.

@@ -296,7 +296,7 @@ def _causal_tables(summaries: dict, cell: str) -> list[Table]:
                          f"Validity control (each construction's cache in its own replica reproduces its "
                          f"trajectory): {_validity(t.get('validity'))}."))
         if t.get("not_testable"):
-            out.append(Table("Transplant: divergent rows not testable", ("row", "reason"),
+            out.append(Table(f"Transplant, {cell}: divergent rows not testable", ("row", "reason"),
                              tuple((row, reason) for row, reason in t["not_testable"])))
     if "replication" in summaries:
         r = summaries["replication"]
