@@ -108,8 +108,9 @@ def test_vllm_runs_its_fp8_cache_only_with_avx512_or_amx_kernels(fp8_contract, m
     if not refused:
         assert backend.check_cell(VllmRuntime, fp8_contract, "kv-fp8") is None, f"vLLM refused fp8 at {kernels}"
         return
-    with pytest.raises(ConfigError, match=r"cells\.kv-fp8\.kv_cache\.format: vLLM's CPU attention runs an fp8_e4m3 "
-                                          r"K/V cache only with AVX-512 or AMX kernels, and its kernels here are below"):
+    with pytest.raises(ConfigError, match=r"cells\.kv-fp8\.kv_cache\.format: vLLM's CPU attention runs an "
+                                          r"fp8_e4m3 K/V cache only with AVX-512 or AMX kernels, and its kernels here "
+                                          r"are below"):
         backend.check_cell(VllmRuntime, fp8_contract, "kv-fp8")
 
 
