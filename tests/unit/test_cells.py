@@ -206,3 +206,16 @@ def test_a_run_over_five_cells_reports_compares_and_tracks_every_cell(repo, tmp_
                            capture_output=True, text=True, timeout=300).stdout
     for cell in ("fp16", "kv-hqq4", "w-int8"):
         assert cell in shown, f"history show names no {cell} column:\n{shown[:2000]}"
+
+
+def test_int4_weights_run_on_this_cpu_in_groups(tmp_path, repo, shortest_z):
+    """torchao's int4 weight-only path that has a CPU kernel (IntxWeightOnlyConfig, groups of 32): every
+    untied linear weight holds int4 values, and the crossing's constructions run on it."""
+    contract = load_contract(_contract(tmp_path, repo, cells={"w-int4": {"dtype": "bfloat16", "weights": {
+        "format": "int4", "library": "torchao", "group_size": 32}}}))
+    runtime = Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", contract, "w-int4")
+    tied = runtime.model.get_input_embeddings().weight
+    quantized = [m.weight for m in runtime.model.modules() if isinstance(m, torch.nn.Linear) and m.weight is not tied]
+    assert quantized and all(w.target_dtype == torch.int4 for w in quantized), "a linear weight is not int4"
+    assert all(int(w.qdata.min()) >= -8 and int(w.qdata.max()) <= 7 for w in quantized), "values outside int4"
+    assert runtime.suffix(runtime.build("prefill", shortest_z)).tokens, "no suffix decoded on int4 weights"
