@@ -219,3 +219,10 @@ def test_int4_weights_run_on_this_cpu_in_groups(tmp_path, repo, shortest_z):
     assert quantized and all(w.target_dtype == torch.int4 for w in quantized), "a linear weight is not int4"
     assert all(int(w.qdata.min()) >= -8 and int(w.qdata.max()) <= 7 for w in quantized), "values outside int4"
     assert runtime.suffix(runtime.build("prefill", shortest_z)).tokens, "no suffix decoded on int4 weights"
+
+
+def test_both_selects_the_paper_cells_a_contract_declares(cells_contract):
+    only_bf16 = {name: cell for name, cell in cells_contract.cells.items() if name != "fp32"}
+    assert cells.select("both", only_bf16) == ("bf16",), "both without fp32 declared"
+    with pytest.raises(ConfigError, match=r"^--precision both: the contract declares neither of the paper's cells"):
+        cells.select("both", {"fp16": cells_contract.cells["fp16"]})

@@ -165,16 +165,18 @@ def check(name: str, settings: dict, error) -> None:
 
 def select(spec: str, declared: dict[str, Cell], contract: object = "the contract") -> tuple[str, ...]:
     """The cells `--precision` selects: a cell name, a comma list of them, `both` (the paper's two
-    cells) or `all` (every cell the contract declares), in the contract's order."""
+    cells, those of them the contract declares) or `all` (every cell it declares), in the contract's order."""
     names = list(declared)
     if spec == "all":
         return tuple(names)
-    wanted = list(PAPER) if spec == "both" else [part.strip() for part in spec.split(",")]
+    wanted = [c for c in PAPER if c in declared] if spec == "both" else [part.strip() for part in spec.split(",")]
+    if spec == "both" and not wanted:
+        raise ConfigError(f"--precision both: {contract} declares neither of the paper's cells {', '.join(PAPER)} "
+                          f"(its cells: {', '.join(names)}); name its cells, or all")
     if not spec or not all(wanted):
         raise ConfigError(f"--precision: expected a cell name, a comma list of them, both or all; got {short(spec)}")
     if unknown := [name for name in wanted if name not in declared]:
-        what = "the paper's cells" if spec == "both" else "cell"
-        raise ConfigError(f"--precision {short(spec)}: {what} {', '.join(map(short, unknown))} not declared by "
+        raise ConfigError(f"--precision {short(spec)}: cell {', '.join(map(short, unknown))} not declared by "
                           f"{contract} (its cells: {', '.join(names)})")
     if len(set(wanted)) != len(wanted):
         raise ConfigError(f"--precision {short(spec)}: a cell named twice")
