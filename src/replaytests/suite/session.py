@@ -91,9 +91,9 @@ def check_window(path: Path, config, longest: int) -> None:
                           "cannot be expressed with it")
 
 
-def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity, cells: tuple[str, ...],
-                      accept_interrupted: bool = False) -> dict[tuple[str, str], dict]:
-    """The finished crossing records of every selected row at each of `cells` (the cells the transplant
+def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity,
+                      cell_names: tuple[str, ...], accept_interrupted: bool = False) -> dict[tuple[str, str], dict]:
+    """The finished crossing records of every selected row in each of `cell_names` (the cells the transplant
     runs on), keyed (cell, row), from the --panel-from ledgers: made from
     this run's bank and model, by runs that were not interrupted, covering every selected row (a panel
     drawn from part of the rows would not be this run's panel)."""
@@ -111,12 +111,12 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
                 raise ConfigError(f"{where}: {path} was run on another {name} (sha256 {recorded[:12]}…, this run's "
                                   f"{actual[:12]}…)")
     records = {(r["precision"], r["row"]): r for r in collate(list(paths)) if r["family"] == "crossing"}
-    for cell in cells:
+    for cell in cell_names:
         if missing := [row.id for row in rows if records.get((cell, row.id), {}).get("status") != "ok"]:
             raise ConfigError(f"{where}: no finished {cell} crossing record of {len(missing)} selected row(s) "
                               f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the crossing "
                               "of every selected row first")
-    return {(cell, row.id): records[(cell, row.id)] for cell in cells for row in rows}
+    return {(cell, row.id): records[(cell, row.id)] for cell in cell_names for row in rows}
 
 
 def _some(names: list[str]) -> str:
@@ -153,8 +153,9 @@ class ReplaySession:
         backend_class = backend.resolve(options.backend)
         contract = load_contract(options.contract)
         selected = cells.select(options.precision, contract.cells, f"contract {contract.name} ({contract.path})")
-        skipped = {name: reason for name in selected if (reason := backend.check_cell(backend_class, contract, name))}
         pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
+        # after the pin: what a backend can run may depend on the kernels it allows (vLLM's fp8 cache)
+        skipped = {name: reason for name in selected if (reason := backend.check_cell(backend_class, contract, name))}
         grammar, config = check_model(options.model, contract, "--model")
         rows = read_bank(options.bank, grammar, config.max_position_embeddings, contract.caps.suffix_room())
         rows = select_rows(rows, options.rows)
