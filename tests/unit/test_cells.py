@@ -136,9 +136,16 @@ def test_a_cell_digest_changes_with_its_definition_not_its_name(cells_contract):
 
 # ---- the formats, run on the tiny model ----
 
-@pytest.fixture(scope="module")
-def kv_runtime(cells_contract, repo):
-    return Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", cells_contract, "kv-hqq4")
+@pytest.fixture(scope="module", params=["hqq", "quanto"])
+def kv_runtime(request, repo, tmp_path_factory):
+    """A 4-bit quantized K/V cache through each library (quanto, not in the `cells` extra: it compiles a C++
+    extension on first use, skipped where it is not installed)."""
+    if request.param == "quanto":
+        pytest.importorskip("optimum.quanto", reason="optimum-quanto is not installed here (pip install "
+                                                     "optimum-quanto==0.2.7)")
+    cell = {"dtype": "bfloat16", "kv_cache": {**HQQ4, "library": request.param}}
+    contract = load_contract(_contract(tmp_path_factory.mktemp("kv"), repo, cells={"kv": cell}))
+    return Runtime.load(repo / "fixtures" / "models" / "tiny-qwen2", contract, "kv")
 
 
 def test_a_quantized_cache_is_compared_on_what_attention_reads_and_what_is_stored(kv_runtime, shortest_z):
