@@ -233,3 +233,18 @@ def test_both_selects_the_paper_cells_a_contract_declares(cells_contract):
     assert cells.select("both", only_bf16) == ("bf16",), "both without fp32 declared"
     with pytest.raises(ConfigError, match=r"^--precision both: the contract declares neither of the paper's cells"):
         cells.select("both", {"fp16": cells_contract.cells["fp16"]})
+
+
+def test_shards_collated_keep_their_cells_pairs(tmp_path):
+    """Two shards of one run (other options, same cells) collate into a report that still compares the
+    contract's cell pairs."""
+    from replaytests.outputs.report import report_meta
+
+    cells_ = [{"name": "kv", "digest": "0" * 16}, {"name": "bf16", "digest": "1" * 16}]
+    for name, rows in (("a", "0:24"), ("b", "24:48")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ledger.jsonl").write_text("")
+        (tmp_path / name / "run.json").write_text(json.dumps({"options": {"rows": rows}, "cells": cells_,
+                                                               "cell_pairs": [["kv", "bf16"]]}))
+    meta = report_meta([tmp_path / "a", tmp_path / "b"])
+    assert meta.get("cell_pairs") == [["kv", "bf16"]] and meta.get("cells") == cells_, meta

@@ -355,7 +355,12 @@ def report_meta(paths: list[Path]) -> dict:
     meta = {"ledgers": [str(p) for p in paths]}
     if len({json.dumps(run, sort_keys=True) for run in runs.values()}) == 1:
         return meta | next(iter(runs.values()))
-    return meta | ({"runs": runs} if runs else {})
+    # Shards of one run differ in their options and times, not in their cells: the cells' order and
+    # pairs, where every run agrees on them, are the collated report's.
+    first = next(iter(runs.values()), {})
+    shared = {key: first[key] for key in ("cells", "cell_pairs")
+              if key in first and all(run.get(key) == first[key] for run in runs.values())}
+    return meta | shared | ({"runs": runs} if runs else {})
 
 
 def collate(paths: list[Path]) -> list[dict]:
