@@ -76,7 +76,7 @@ def test_a_bad_precision_is_one_line(cells_contract, spec, message):
                  id="upper-case"),
     pytest.param({"cells": {"bf16": {"dtype": "bfloat16"}}}, r": cells\.bf16: declared under precisions too",
                  id="twice"),
-    pytest.param({"cell_pairs": [["fp16", "bf16"]]}, r": cell_pairs\[0\]: unknown cell 'fp16'", id="pair-unknown"),
+    pytest.param({"cell_pairs": [["fp8", "bf16"]]}, r": cell_pairs\[0\]: unknown cell 'fp8'", id="pair-unknown"),
     pytest.param({"cell_pairs": [["bf16", "bf16"]]}, r": cell_pairs\[0\]: expected two different cell names",
                  id="pair-same"),
     pytest.param({"gates": {"crossing": {"suffix_divergence_allowed": {"kv-int4": True}}}},
@@ -248,3 +248,15 @@ def test_shards_collated_keep_their_cells_pairs(tmp_path):
                                                                "cell_pairs": [["kv", "bf16"]]}))
     meta = report_meta([tmp_path / "a", tmp_path / "b"])
     assert meta.get("cell_pairs") == [["kv", "bf16"]] and meta.get("cells") == cells_, meta
+
+
+def test_a_cell_the_committed_baseline_lacks_is_run_without_an_audit():
+    """`--precision fp16` on the embedded default: its committed baseline holds no fp16 record, so nothing is
+    audited (the audit tests skip, saying so) rather than the run refused; an explicit --baseline that
+    matches nothing is still refused (test_bad_input)."""
+    from replaytests.inputs.options import Options
+    from replaytests.suite.session import ReplaySession
+
+    session = ReplaySession.open(Options(precision="fp16", rows="0:2"))
+    assert session.cells == ("fp16",) and session.baseline, "the committed baseline was not read"
+    assert not session.plan.audited(session.baseline), "an fp16 record was found in the committed baseline"

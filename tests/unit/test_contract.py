@@ -62,9 +62,9 @@ def test_cpu_tiny_contract_loads(repo):
     }
     expected = {
         "name": "cpu-tiny", "device": "cpu", "cpu_threads": 1, "attention": "sdpa", "physical_batch": 2,
-        "caps": Caps(branch=32, merge=24, answer=8), "precisions": ["bf16", "fp32"],
+        "caps": Caps(branch=32, merge=24, answer=8), "precisions": ["bf16", "fp16", "fp32", "kv-hqq4"],
         "bf16 dtype": "bfloat16", "fp32 dtype": "float32", "fp32 matmul precision": "highest",
-        "allowed": {"bf16": True, "fp32": False}, "delimiters": {}, "banned": (),
+        "allowed": {"bf16": True, "fp32": False, "fp16": True, "kv-hqq4": True}, "delimiters": {}, "banned": (),
         "bank": {"rows": 48, "prefix_len": {"min": 123, "max": 374}}, "inference_mode": "eager", "compile": False,
         "cpu_isa": "AVX2",
     }
@@ -156,8 +156,8 @@ MISSING = [
     pytest.param(drop("environment"), r": missing required field 'environment'$", id="environment"),
     pytest.param(drop("decoding"), r": missing required field 'decoding'$", id="decoding"),
     pytest.param(drop("caps"), r": missing required field 'caps'$", id="caps"),
-    pytest.param(drop("precisions"), r": cells: expected at least one cell \(or precisions: bf16, fp32\)$",
-                 id="precisions"),
+    pytest.param(lambda d: [d.pop(key) for key in ("precisions", "cells", "cell_pairs")],
+                 r": cells: expected at least one cell \(or precisions: bf16, fp32\)$", id="precisions"),
     pytest.param(drop("gates"), r": missing required field 'gates'$", id="gates"),
     pytest.param(drop("environment", "device"), r": environment: missing required field 'device'$",
                  id="environment.device"),
@@ -290,8 +290,7 @@ UNKNOWN_KEYS = [
     pytest.param(put(1, "caps", "zzz"), r": caps: unknown field 'zzz'; expected one of branch, merge, answer$",
                  id="nothing-close"),
     pytest.param(put(True, "gates", "crossing", "suffix_divergence_allowed", "fp64"),
-                 r": gates\.crossing\.suffix_divergence_allowed: unknown cell 'fp64'; expected one of bf16, "
-                 r"fp32$",
+                 r": gates\.crossing\.suffix_divergence_allowed: unknown cell 'fp64'; did you mean 'fp16'\?$",
                  id="gate-precision"),
 ]
 
@@ -354,8 +353,8 @@ TOGETHER = [
                  id="device-kind-vs-device"),
     pytest.param(put({"prefix_len": {"min": 400, "max": 100}}, "bank"),
                  r": bank\.prefix_len: expected min <= max, got min 400 and max 100$", id="prefix-range-reversed"),
-    pytest.param(put({}, "precisions"), r": cells: expected at least one cell \(or precisions: bf16, fp32\)$",
-                 id="no-precisions"),
+    pytest.param(lambda d: d.update(precisions={}, cells={}, cell_pairs=[]),
+                 r": cells: expected at least one cell \(or precisions: bf16, fp32\)$", id="no-precisions"),
     pytest.param(put({"compute_capability": 9.0}, "hardware"),
                  r": hardware\.compute_capability: expected str or null, got float 9\.0 \(write it in quotes\)$",
                  id="unquoted-capability"),
