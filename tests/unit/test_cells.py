@@ -198,9 +198,19 @@ def test_a_run_over_five_cells_reports_compares_and_tracks_every_cell(repo, tmp_
     wrong = [(r["family"], r["row"], r["precision"]) for r in records
              if r["cell_digest"] != declared[r["precision"]]["digest"]]
     assert not wrong, f"records whose cell digest is not their cell's: {wrong}"
+    libraries = declared["w-int8"]["libraries"]
+    assert libraries["torchao"] and '"Int8WeightOnlyConfig"' in libraries["torchao.config"], libraries
+    assert declared["kv-hqq4"]["libraries"]["hqq"], declared["kv-hqq4"]
     report = (out / "latest" / "report.md").read_text(encoding="utf-8")
     for header in ("kv-hqq4 → bf16 (paired rows)", "w-int8 → bf16 (paired rows)", "fp16 → fp32 (paired rows)"):
         assert header in report, f"report.md lacks the reduction column {header!r}"
+    page = (out / "latest" / "report.html").read_text(encoding="utf-8")
+    built = json.loads((out / "latest" / "report.json").read_text(encoding="utf-8"))
+    for cell in declared:
+        assert f"<th>{cell}</th>" in page, f"report.html has no column for cell {cell}"
+        split = built["families"]["crossing"]["precisions"][cell]["pairs"]["incremental~prefill"]["suffix_divergence"]
+        assert (cell in built["flips"].get("crossing", {})) == (split["k"] > 0), (
+            f"the flips table and the crossing disagree on whether cell {cell} diverged ({split['k']} rows)")
     compare = subprocess.run([sys.executable, "-m", "replaytests.cli", "compare", str(out / "latest"),
                               str(out / "latest")], capture_output=True, text=True, timeout=300)
     for cell in declared:

@@ -162,7 +162,8 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
                      "description": contract.settings["description"]},
         "panels": contract.panels,
         # The cells as declared (each with the digest its records carry) and the pairs a report compares.
-        "cells": [{"name": name, "digest": replay.cell_digest(name), **cell.definition()}
+        "cells": [{"name": name, "digest": replay.cell_digest(name), **cell.definition(),
+                   **({"libraries": libraries} if (libraries := replay.cell_libraries(name)) else {})}
                   for name, cell in contract.cells.items()],  # a list: the contract's order survives sorted keys
         "cell_pairs": [list(pair) for pair in contract.cell_pairs],
         "manifest": replay.manifest,

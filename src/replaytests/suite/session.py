@@ -209,6 +209,12 @@ class ReplaySession:
         versions = getattr(self.backend, "cell_versions", None)
         return cell.digest(versions(cell) if versions else None)
 
+    def cell_libraries(self, name: str) -> dict[str, str]:
+        """The libraries cell `name` runs through, as the backend describes them (run.json), for a selected
+        cell; {} for the others and for a backend that names none."""
+        describe = getattr(self.backend, "cell_libraries", None)
+        return describe(self.contract.cell(name)) if describe and name in self.cells else {}
+
     def family_cells(self, family: str) -> tuple[str, ...]:
         """The selected cells a family runs on."""
         return self.causal_cells if FAMILIES[family].divergent_cells_only else self.cells

@@ -169,6 +169,16 @@ class Runtime:
             out[weights.LIBRARY] = weights.version()
         return out
 
+    @classmethod
+    def cell_libraries(cls, cell: Cell) -> dict[str, str]:
+        """What run.json records of the libraries `cell` runs through: each one's version and, for quantized
+        weights, torchao's own full description of its configuration (a function of the cell and the version,
+        so not part of the digest)."""
+        out = cls.cell_versions(cell)
+        if not cell.weights.native:
+            out[f"{weights.LIBRARY}.config"] = weights.describe(cell.weights)
+        return out
+
     @property
     def cell_digest(self) -> str:
         return self.flags.digest(self.cell_versions(self.flags))
