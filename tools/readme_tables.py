@@ -203,7 +203,7 @@ def behaviour_table() -> str:
     return _markdown([header, *rows])
 
 
-CELL_RUNS = {"tiny": "cpu-tiny-cells"}
+CELL_RUNS = {"tiny": "cpu-tiny-cells", "SmolLM2 + protocol adapter (24 rows)": "cpu-smollm2-protocol-cells"}
 CELL_LABELS = ("rows", "replicas exact", "crossing: suffixes differ", "answers differ", "correctness differs",
                "first split, median (range)", "live vs prefill: suffixes differ", "transplant: follows donor",
                "suffixes differ vs paired cell (paired, McNemar)")
