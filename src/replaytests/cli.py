@@ -138,11 +138,12 @@ def _print_run(run_dir: Path) -> None:
 
 def _check_model(args: argparse.Namespace) -> int:
     """The replay properties of a checkpoint on two short synthetic rows at each of the contract's
-    precisions, and what a crossing row would cost at the contract's bank lengths; exit 1 if any
+    precisions (the paper's cells), and what a crossing row would cost at the contract's bank lengths; exit 1 if any
     judged property fails."""
     contract, _ = _pin(args.contract)
     from replaytests.engine.hf import checks
     from replaytests.engine.hf.runtime import Runtime
+    from replaytests.inputs import cells
     from replaytests.suite.session import check_model, check_window
 
     _, config = check_model(args.model, contract, "--model")
@@ -152,7 +153,7 @@ def _check_model(args: argparse.Namespace) -> int:
           f"{config.num_hidden_layers} layers) under contract {contract.name}; window: "
           f"{_window(config)}; cache: {contract.cache}")
     failed = False
-    for precision in contract.cells:
+    for precision in cells.select("both", contract.cells, contract.path):  # the paper's cells: the model's properties
         runtime = Runtime.load(args.model, contract, precision, args.device)
         found: dict[str, checks.Check] = {}
         cost = None

@@ -234,7 +234,7 @@ def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank
     """A row that diverges at BF16 on this platform (found by the search, never named): a contract
     that demands exact BF16 suffixes turns that recorded divergence into a failure naming the row."""
     strict = tmp_path / "strict.yaml"
-    strict.write_text(CONTRACT.read_text().replace("{bf16: true, fp32: false}", "{bf16: false, fp32: false}"))
+    strict.write_text(CONTRACT.read_text().replace("bf16: true, fp32: false", "bf16: false, fp32: false"))
     index = bank_rows.index(divergent_row)
     result = pytester.runpytest_subprocess(
         "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(strict),
