@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from replaytests.engine.boundary import Boundary, Suffix
     from replaytests.engine.protocol import Grammar
+    from replaytests.inputs.cells import Cell
     from replaytests.inputs.contract import Contract
 
 # Every capability a backend may declare, and what a family that needs it reads from the runtime.
@@ -103,6 +104,13 @@ def cell_problem(backend: type, contract: Contract, name: str) -> CellProblem | 
         if not getattr(cell, part).native:
             return CellProblem(part, f"backend {backend.name} runs native {part} only, got {getattr(cell, part)}")
     return None
+
+
+def cell_digest(backend: type, cell: Cell) -> str:
+    """The digest a backend's records of `cell` carry: its definition and, where the backend runs it through a
+    library (`cell_versions(cell)`), that library's version."""
+    versions = getattr(backend, "cell_versions", None)
+    return cell.digest(versions(cell) if versions else None)
 
 
 def check_cell(backend: type, contract: Contract, name: str) -> str | None:

@@ -21,7 +21,6 @@ from replaytests.files import sha256_json
 PAPER = ("bf16", "fp32")
 PAPER_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 PAPER_DIVERGENCE = {"bf16": True, "fp32": False}  # the paper's gates: BF16 suffixes may diverge, FP32 are exact
-PAPER_REDUCTION = PAPER  # the paper's reduction: suffix divergence at bf16 against fp32, paired
 BANK_CELL = PAPER[0]  # a bank's boundaries are generated live in this cell, as the paper froze its prefixes
 DTYPES = ("bfloat16", "float16", "float32")
 NAME_PATTERN = r"[a-z0-9][a-z0-9._+-]{0,39}"  # a test id and a file name: no comma, no space, no '/'
@@ -104,14 +103,6 @@ class Cell:
         cell run through a library (a quantized cache, quantized weights), that library's version."""
         return sha256_json({"cell": self.definition(), **({"versions": versions} if versions else {})})[:16]
 
-    @property
-    def native(self) -> bool:
-        """Whether cache and weights are in the compute dtype (a cell of the paper's kind)."""
-        return self.kv_cache.native and self.weights.native
-
-    def describe(self) -> str:
-        parts = [self.dtype] + [str(part) for part in (self.kv_cache, self.weights) if not part.native]
-        return ", ".join(parts)
 
 
 def from_settings(name: str, settings: dict) -> Cell:
@@ -185,4 +176,4 @@ def select(spec: str, declared: dict[str, Cell], contract: object = "the contrac
 
 def paper_pairs(declared: dict[str, Cell]) -> list[list[str]]:
     """The reductions a contract that names none compares: the paper's, where it declares both cells."""
-    return [list(PAPER_REDUCTION)] if all(name in declared for name in PAPER_REDUCTION) else []
+    return [list(PAPER)] if all(name in declared for name in PAPER) else []

@@ -205,9 +205,7 @@ class ReplaySession:
     def cell_digest(self, name: str) -> str:
         """The digest the records of cell `name` carry (its definition and, where the backend runs it
         through a library, that library's version)."""
-        cell = self.contract.cell(name)
-        versions = getattr(self.backend, "cell_versions", None)
-        return cell.digest(versions(cell) if versions else None)
+        return backend.cell_digest(self.backend, self.contract.cell(name))
 
     def cell_libraries(self, name: str) -> dict[str, str]:
         """The libraries cell `name` runs through, as the backend describes them (run.json), for a selected

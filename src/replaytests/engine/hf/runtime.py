@@ -8,6 +8,7 @@ equal, or the run fails closed (docs/protocol.md §2).
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from replaytests.engine import backend
 from replaytests.engine.arms import Arms
 from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import as_int, bitwise_equal
@@ -179,9 +181,10 @@ class Runtime:
             out[f"{weights.LIBRARY}.config"] = weights.describe(cell.weights)
         return out
 
-    @property
+    @functools.cached_property
     def cell_digest(self) -> str:
-        return self.flags.digest(self.cell_versions(self.flags))
+        """Every record of this runtime carries it: computed once (it reads the libraries' versions)."""
+        return backend.cell_digest(type(self), self.flags)
 
     def __post_init__(self) -> None:
         self._forward = hf_adapter.Forward(self.model, self.cache, self.flags.kv_cache)

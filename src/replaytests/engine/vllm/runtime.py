@@ -31,6 +31,7 @@ from typing import ClassVar
 
 import torch
 
+from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
@@ -168,7 +169,7 @@ class Runtime:
 
     @property
     def cell_digest(self) -> str:
-        return self.cell.digest()
+        return backend.cell_digest(type(self), self.cell)
 
     @classmethod
     def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
