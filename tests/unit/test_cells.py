@@ -270,3 +270,26 @@ def test_a_cell_the_committed_baseline_lacks_is_run_without_an_audit():
     session = ReplaySession.open(Options(precision="fp16", rows="0:2"))
     assert session.cells == ("fp16",) and session.baseline, "the committed baseline was not read"
     assert not session.plan.audited(session.baseline), "an fp16 record was found in the committed baseline"
+
+
+def test_a_declared_cell_whose_library_is_missing_does_not_stop_the_paper_cells(monkeypatch):
+    """cpu-tiny declares kv-hqq4; where hqq is not installed (an environment with the project's base
+    requirements only), `--precision both` still runs and writes run.json: only the cells run carry a digest,
+    and nothing asks the missing library for its version."""
+    import importlib.metadata
+
+    from replaytests.engine.hf import adapter
+    from replaytests.inputs.options import Options
+    from replaytests.suite.artifacts import run_metadata
+    from replaytests.suite.session import ReplaySession
+
+    def missing(library):
+        raise importlib.metadata.PackageNotFoundError(library)
+
+    monkeypatch.setattr(adapter, "quantized_cache_installed", lambda library: False)
+    monkeypatch.setattr(adapter, "quantized_cache_version", missing)
+    session = ReplaySession.open(Options(precision="both", rows="0:1"))
+    assert "kv-hqq4" in session.contract.cells, "the embedded default's contract no longer declares kv-hqq4"
+    meta = run_metadata(session)
+    digests = {cell["name"]: cell.get("digest") for cell in meta["cells"]}
+    assert digests["kv-hqq4"] is None and digests["bf16"] and digests["fp32"], digests

@@ -161,8 +161,10 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
         "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,
                      "description": contract.settings["description"]},
         "panels": contract.panels,
-        # The cells as declared (each with the digest its records carry) and the pairs a report compares.
-        "cells": [{"name": name, "digest": replay.cell_digest(name), **cell.definition(),
+        # The cells as declared and the pairs a report compares; a cell this run ran carries the digest its
+        # records carry and its libraries (a declared cell not run may need a library not installed here).
+        "cells": [{"name": name, **cell.definition(),
+                   **({"digest": replay.cell_digest(name)} if name in replay.cells else {}),
                    **({"libraries": libraries} if (libraries := replay.cell_libraries(name)) else {})}
                   for name, cell in contract.cells.items()],  # a list: the contract's order survives sorted keys
         "cell_pairs": [list(pair) for pair in contract.cell_pairs],
