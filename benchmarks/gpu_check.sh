@@ -79,6 +79,8 @@ if ((SMOKE)); then
   LARGE_CONTRACT=(--device cpu)
   PARALLEL=(-p no:xdist)
   BENCH_TINY=(--smoke)
+  # cpu-tiny pins AVX2, and benchmarks/run.py imports torch before it reads the contract
+  BENCH_ENV=(env ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
   BENCH_LARGE=(--smoke)
 else
   DEVICE=cuda
@@ -91,6 +93,7 @@ else
   LARGE_CONTRACT=()
   PARALLEL=(-n "$WORKERS" --dist loadgroup)
   BENCH_TINY=()
+  BENCH_ENV=()
   BENCH_LARGE=(--lengths 1024,4096 --row-lengths 1024,2048,4096 --reps 3)
   timeout 30 nvidia-smi >"$OUT_DIR/nvidia-smi.txt" 2>&1
 fi
@@ -124,7 +127,7 @@ else
 fi
 
 # ---- (c) the benchmarks on the device: tiny model, then the larger one
-step bench-tiny 150 "$PY" benchmarks/run.py --device "$DEVICE" --out "$OUT_DIR/bench-tiny-$DEVICE.json" \
+step bench-tiny 150 "${BENCH_ENV[@]}" "$PY" benchmarks/run.py --device "$DEVICE" --out "$OUT_DIR/bench-tiny-$DEVICE.json" \
   "${BENCH_TINY[@]}"
 if [[ "${RC[large-build]:-}" == 0 ]]; then
   step bench-large 150 "$PY" benchmarks/run.py --device "$DEVICE" --model "$LARGE" \
