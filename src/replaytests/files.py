@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -30,6 +32,20 @@ def umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock for a read-modify-write of `path` (replaced atomically, so its own inode cannot
+    carry the lock): the lock is on its directory, which leaves no lock file behind. Writers in other
+    processes wait for it; readers need none (they see the old file or the new one)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, text: str) -> None:

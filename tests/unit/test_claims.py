@@ -91,3 +91,57 @@ def test_a_line_still_being_written_is_read_on_the_next_call(tmp_path):
     assert claims.finished(KEYS[0]) is None
     records.write_text(line + "\n")
     assert claims.finished(KEYS[0]) == _record(KEYS[0])
+
+
+def test_a_claim_held_by_a_zombie_is_taken_over(tmp_path):
+    """A worker killed with SIGKILL stays a zombie until its parent reaps it, and a zombie's pid still
+    answers kill(pid, 0): its claim must count as dead, or the run waits for ever."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":  # exited, not reaped
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.05)
+    try:
+        claims = Claims(tmp_path, tmp_path / "records.jsonl")
+        claims.path(KEYS[0]).write_text(str(child.pid))
+        found = claims.shared(KEYS[:1], _record)
+        assert found[KEYS[0]]["row"] == KEYS[0][1], "the zombie's record was not computed here"
+    finally:
+        child.wait()
+
+
+def test_a_claims_directory_removed_mid_run_is_made_again(tmp_path):
+    directory = tmp_path / "claims"
+    claims = Claims(directory, tmp_path / "records.jsonl")  # never made: as if a /tmp cleaner removed it
+    found = claims.shared(KEYS[:2], _record)
+    assert sorted(found) == KEYS[:2] and directory.is_dir() and not list(directory.iterdir())
+
+
+def test_a_torn_line_costs_only_its_own_record(tmp_path):
+    """A worker that died mid-write leaves half a line; the next append starts a line of its own, and
+    readers keep every whole record around the torn one, saying which line was torn."""
+    records = tmp_path / "records.jsonl"
+    ledger.append_record(records, _record(KEYS[0]))
+    with open(records, "a") as handle:
+        handle.write(json.dumps(_record(KEYS[1]))[:25])  # killed mid-write
+    ledger.append_record(records, _record(KEYS[2]))
+    kept, torn = ledger.read_appended(records)
+    assert [r["row"] for r in kept] == [KEYS[0][1], KEYS[2][1]] and torn == [2], (kept, torn)
+    claims = Claims(tmp_path, records)
+    assert claims.finished(KEYS[2]) == _record(KEYS[2]) and claims.finished(KEYS[1]) is None
+
+
+def test_a_write_cut_short_is_taken_back(tmp_path, monkeypatch):
+    records = tmp_path / "records.jsonl"
+    ledger.append_record(records, _record(KEYS[0]))
+    before = records.read_bytes()
+    real_write = os.write
+
+    def full_disk(fd, data):
+        real_write(fd, data[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        ledger.append_record(records, _record(KEYS[1]))
+    assert records.read_bytes() == before, "a half-written record was left in the records file"

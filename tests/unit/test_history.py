@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 from test_compare import diverging, make
@@ -175,3 +176,43 @@ def test_append_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert (code, message in err) == (2, True), f"exit {code}, stderr {err!r}"
     assert not (tmp_path / "h.jsonl").exists(), "a refused append created the history"
+
+
+def _append_all(sources: list[str], into: str) -> None:
+    for source in sources:
+        history.append(source, into)
+
+
+def test_appends_from_several_processes_keep_every_line(tmp_path):
+    """Four processes appending six runs each into one history: every one of the 24 lines is kept (each
+    append reads what the last one wrote, under a lock)."""
+    import multiprocessing
+
+    sources = [str(write_ledger_file(tmp_path / f"run{i}" / "ledger.jsonl",
+                                     [*diverging("crossing", 4, i % 3), make("bridge", f"r{i}")]).parent)
+               for i in range(24)]
+    into = tmp_path / "history.jsonl"
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_append_all, args=(sources[i::4], str(into))) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [w.exitcode for w in workers] == [0] * 4, "an append failed"
+    kept = {Path(entry["ledger"]).parent.name for entry in lines(into)}
+    lost = sorted({Path(source).name for source in sources} - kept)
+    assert not lost, f"{len(lost)} of 24 appended runs lost: {', '.join(lost)}"
+
+
+@pytest.mark.parametrize(("run", "message"), [
+    pytest.param({"run": {"name": 7}}, r"field 'label' must be a string or null, got 7", id="integer-name"),
+    pytest.param({"run": {"started": "yesterday"}}, r"field 'date' is not an ISO 8601 date: 'yesterday'",
+                 id="started-not-a-date"),
+])
+def test_append_refuses_what_show_would_refuse(nights, tmp_path, run, message):
+    (nights[1] / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    into = tmp_path / "history.jsonl"
+    history.append(nights[0], into)
+    with pytest.raises(history.HistoryError, match=message):
+        history.append(nights[1], into)
+    assert len(history.read_history(into)) == 1, "the history became unreadable or gained a line"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from replaytests.errors import ReplaytestsError, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
-from replaytests.files import read_text, sha256_file, write_atomic
+from replaytests.files import exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
 from replaytests.outputs import causal, ledger, plots, report, report_html
 from replaytests.outputs.rundir import ledger_of
@@ -128,14 +128,18 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
     if (run.get("run") or {}).get("interrupted") and not accept_interrupted:
         raise HistoryError(f"{source}: an interrupted run (it holds only what it finished), not a night of the "
                            "history; pass --accept-interrupted to append it anyway")
-    text = read_text(into, "history", HistoryError) if Path(into).exists() else ""
     new = entry(source, label, date)
-    if same := next((e for e in _parse(into, text) if e["ledger_sha256"] == new["ledger_sha256"]), None):
-        raise HistoryError(f"{into}: this ledger is already in the history (run of {same['date']}, label "
-                           f"{same['label']!r}, ledger sha256 {new['ledger_sha256'][:12]}...); not appended twice")
+    if problem := _problem(new):  # what a reader would refuse is never written
+        raise HistoryError(f"{source}: cannot append this run: {problem}")
     try:
-        write_atomic(Path(into), text + ("\n" if text and not text.endswith("\n") else "")
-                     + json.dumps(new, sort_keys=True) + "\n")
+        with exclusive(Path(into)):  # appends from several processes: each reads what the last one wrote
+            text = read_text(into, "history", HistoryError) if Path(into).exists() else ""
+            if same := next((e for e in _parse(into, text) if e["ledger_sha256"] == new["ledger_sha256"]), None):
+                raise HistoryError(f"{into}: this ledger is already in the history (run of {same['date']}, label "
+                                   f"{same['label']!r}, ledger sha256 {new['ledger_sha256'][:12]}...); not appended "
+                                   "twice")
+            write_atomic(Path(into), text + ("\n" if text and not text.endswith("\n") else "")
+                         + json.dumps(new, sort_keys=True) + "\n")
     except OSError as exc:
         raise HistoryError(f"{into}: cannot write history: {exc.strerror or exc}") from None
     return new

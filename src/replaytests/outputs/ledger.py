@@ -14,6 +14,8 @@ arms in transplant and replication records; versions 1 to 4 are still read (thei
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -50,26 +52,49 @@ def write_ledger(path: Path, records: list[dict]) -> None:
 def append_record(path: Path, record: dict) -> None:
     """Append one record to a run's records file as one line, as soon as it is computed: several
     processes (xdist workers) append to one file, each line written whole under an exclusive lock and
-    flushed to disk, so a run that is stopped keeps every record it finished."""
+    flushed to disk, so a run that is stopped keeps every record it finished. A write cut short (a full
+    disk) is taken back, and a line left unfinished by a process that died while writing it is ended
+    first, so that it never swallows the next record."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line)
-        os.fsync(fd)
+        end = os.lseek(fd, 0, os.SEEK_END)
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            line = b"\n" + line
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(errno.ENOSPC, "a write cut short (is the disk full?)")
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, end)
+            raise
     finally:
         os.close(fd)
 
 
-def read_appended(path: Path) -> list[dict]:
-    """The records appended to a records file so far (none if it is absent); a last line cut short by a
-    process that died while writing it is not a record, and is left out."""
+def record_line(line: str) -> dict | None:
+    """The record one line of a records file holds, or None where the line is torn (not a JSON object)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        value = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_appended(path: Path) -> tuple[list[dict], list[int]]:
+    """The records appended to a records file (none if it is absent), and the numbers of its torn lines:
+    lines cut short by a process that died or a disk that filled while writing them. A torn line is not a
+    record; every whole line around it still is."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        return []
-    whole = text[: text.rfind("\n") + 1]
-    return parse_versioned_jsonl(path, whole, READABLE, LedgerError)
+        return [], []
+    lines = text.split("\n")
+    torn = [number for number, line in enumerate(lines, start=1) if line.strip() and record_line(line) is None]
+    kept = "\n".join("" if number in torn else line for number, line in enumerate(lines, start=1))
+    return parse_versioned_jsonl(path, kept, READABLE, LedgerError), torn
 
 
 def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...], error: type[Exception],

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 from collections.abc import Callable
@@ -68,9 +67,9 @@ class Claims:
                 text = handle.read()
                 whole = text[: text.rfind(b"\n") + 1]  # a line still being written is read next time
                 self._offset += len(whole)
-                for line in whole.decode().splitlines():
-                    record = json.loads(line)
-                    self._finished[ledger.key(record)] = record
+                for line in whole.decode(errors="replace").splitlines():
+                    if (record := ledger.record_line(line)) is not None:  # a torn line is nobody's record
+                        self._finished[ledger.key(record)] = record
         return self._finished.get(key)
 
     def path(self, key: Key) -> Path:
@@ -82,6 +81,9 @@ class Claims:
             fd = os.open(self.path(key), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
+        except FileNotFoundError:  # the directory was removed under the run (a /tmp cleaner): made again
+            self.directory.mkdir(parents=True, exist_ok=True)
+            return self._claim(key)
         with os.fdopen(fd, "w") as handle:
             handle.write(str(os.getpid()))
         return True
@@ -97,10 +99,16 @@ class Claims:
 
 
 def _alive(pid: int) -> bool:
+    """Whether `pid` runs. A zombie (a worker killed, not yet reaped by its parent) does not: its claim would
+    otherwise be waited for for ever."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's process: alive
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (not Linux), or gone since
+        return True
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")

@@ -560,14 +560,18 @@ class LedgerCollector:
         completed. A run that computed no record leaves no directory."""
         root, run = self.config.stash.get(root_key, None), self.config.stash.get(run_key, None)
         try:
-            appended = ledger.read_appended(run / RECORDS) if run is not None else []
+            appended, torn = ledger.read_appended(run / RECORDS) if run is not None else ([], [])
+            if torn:  # a worker died, or the disk filled, while writing those: the rest of the run is kept
+                sys.stderr.write(f"WARNING: {run / RECORDS}: line(s) {', '.join(map(str, torn))} torn (a worker "
+                                 "died or the disk filled while writing them): left out, so the run is written "
+                                 "as interrupted (latest not moved)\n")
             records = ledger.merge(appended)
             if records and self.gathered:
                 from replaytests.suite.artifacts import write_run
 
                 self.gathered.records, self.gathered.computed = records, len(appended)
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
-                interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped
+                interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped or bool(torn)
                 self.run = run
                 try:
                     self.verdict = write_run(replay_session(self.config), self.gathered, run, interrupted,
@@ -588,7 +592,7 @@ class LedgerCollector:
     def write_failed(self, session: pytest.Session, run: Path, exc: OSError | ReplaytestsError) -> None:
         """One line, exit WRITE_FAILED (not "a check failed"); `latest` not moved; the records finished
         are in RUN/records.jsonl (one JSON record per line)."""
-        kept = len(ledger.read_appended(run / RECORDS))
+        kept = len(ledger.read_appended(run / RECORDS)[0])
         why = exc.strerror or exc if isinstance(exc, OSError) else str(exc).rpartition(": ")[2]
         sys.stderr.write(f"ERROR: cannot write the run's files in {run}: {why}; its {kept} "
                          f"records are kept in {run / RECORDS} (latest not moved)\n")
