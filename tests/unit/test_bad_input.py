@@ -227,6 +227,12 @@ PYTEST = {
                                r"bad\.yaml: malformed YAML: nested too deeply"),
     "contract-extends-chain": Case(lambda w: ["--contract", str(_extends_chain(w, 40))],
                                    r"c0\.yaml: extends chain longer than 32 contracts"),
+    "contract-gate-nan": Case(contract("gates: {transplant: {donor_recovery: .nan}}\n"),
+                              r"bad\.yaml: gates\.transplant\.donor_recovery: expected .*from 0 to 1, got nan"),
+    "contract-gate-infinite": Case(contract("gates: {transplant: {donor_recovery: -.inf}}\n"),
+                                   r"bad\.yaml: gates\.transplant\.donor_recovery: expected .*from 0 to 1, got -inf"),
+    "contract-huge-integer": Case(contract("caps: {branch: " + "9" * 5001 + "}\n"),
+                                  r"bad\.yaml: malformed YAML: Exceeds the limit \(4300 digits\)"),
     "contract-unknown-key": Case(contract("cpas: {branch: 4}\n"), r"bad\.yaml: unknown field 'cpas'; did you mean"),
     "contract-cpu-isa": Case(contract("environment: {cpu_isa: AVX-512}\n"),
                              r"bad\.yaml: environment\.cpu_isa: expected DEFAULT, AVX2 or AVX512"),
@@ -478,4 +484,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 108, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 111, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

@@ -540,3 +540,17 @@ def schema_paths(node, path: str = ""):
 def test_docs_name_every_key(path):
     docs = (REPO / "docs" / "contract.md").read_text(encoding="utf-8")
     assert f"`{path}`" in docs, f"docs/contract.md does not document `{path}`"
+
+
+def test_a_yaml_merge_key_is_plain_yaml_not_a_duplicate(tmp_path, repo):
+    """`<<: *anchor` merges a mapping and lets keys after it override it; only a key written twice by hand is
+    refused."""
+    text = (f"extends: {repo / 'contracts' / 'cpu-tiny.yaml'}\nname: merge\n"
+            "cells:\n  f16: &half {dtype: float16}\n  f16b: {<<: *half, sdpa_backend: math}\n")
+    path = tmp_path / "merge.yaml"
+    path.write_text(text, encoding="utf-8")
+    cells_ = load_contract(path).cells
+    assert (cells_["f16b"].dtype, cells_["f16b"].sdpa_backend) == ("float16", "math"), cells_["f16b"]
+    path.write_text(text + "  f16b: {dtype: float32}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"duplicate key 'f16b'"):
+        load_contract(path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,6 +331,9 @@ class _Fields:
             raise self.error(path, f"expected {wanted}, got {got}{quote}")
         if node.choices and value not in node.choices:
             raise self.error(path, f"expected {node.expect or _one_of(node.choices)}, got {short(value)}")
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+            wanted = node.expect or (_range(node) if node.low is not None else "a finite number")
+            raise self.error(path, f"expected {wanted}, got {short(value)}")
         if (node.low is not None and value < node.low) or (node.high is not None and value > node.high):
             raise self.error(path, f"expected {node.expect or _range(node)}, got {short(value)}")
         if node.pattern and not re.fullmatch(node.pattern, value):
@@ -433,6 +437,8 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges another mapping (its keys may be overridden)
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key != "<<" and isinstance(key, str | int | float | bool) and key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {short(key)}", key_node.start_mark)
@@ -447,6 +453,8 @@ def read_yaml(path: Path, what: str = "contract") -> object:
         return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only, never objects
     except RecursionError:
         raise ConfigError(f"{path}: malformed YAML: nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise ConfigError(f"{path}: malformed YAML: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
