@@ -233,9 +233,23 @@ def test_a_contract_that_moved_is_no_cause(tmp_path):
     assert causes(run, run | {"contract": run["contract"] | {"path": "/b/c.yaml"}}) == [], "a path alone is no cause"
 
 
-def test_cli_compare_passes_identical_runs(runs, capsys):
+def test_cli_compare_passes_identical_runs_and_says_they_are_one(runs, capsys):
     code = main(["compare", str(runs[0]), str(runs[0])])
-    assert (code, capsys.readouterr().out.splitlines()[-1]) == (0, "PASS"), f"exit {code}"
+    lines = capsys.readouterr().out.splitlines()
+    assert (code, lines[-1]) == (0, "PASS"), f"exit {code}"
+    assert "both sides hold the same records (one run given twice?)" in lines[0], lines[0]
+
+
+def test_cli_compare_refuses_runs_in_which_nothing_could_be_judged(tmp_path, capsys):
+    """Every record failed closed in one run: nothing was judged, so no PASS."""
+    records = diverging("crossing", 4, 0)
+    excluded = [r | {"status": "excluded", "reason": "PhysicalBatchDesync: copies differ"} for r in records]
+    baseline = write_ledger_file(tmp_path / "base" / "ledger.jsonl", records).parent
+    new = write_ledger_file(tmp_path / "new" / "ledger.jsonl", excluded).parent
+    code = main(["compare", str(baseline), str(new)])
+    err = capsys.readouterr().err
+    assert code == 2 and "each of the 4 records in common failed closed (excluded) in one run or both: nothing could " \
+        "be judged" in err, (code, err)
 
 
 @pytest.mark.parametrize(("content", "message"), [

@@ -115,6 +115,7 @@ class Comparison:
     seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, precision, level) of every finding
     accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # per level, by --expected
     across_runtimes: bool = False  # two runtimes' fingerprints never match: changed bits are counted, not listed
+    same: bool = False  # both sides hold the same records (one run given twice, or a copy): nothing could change
 
     def gated(self, level: str) -> bool:
         """Whether a finding at `level` fails this gate (it does at the gate's level and every coarser one)."""
@@ -158,6 +159,8 @@ class Comparison:
 
     def text(self, verbose: bool = False) -> str:
         first = (f"{self.result} at --gate {self.gate}: {self.levels()}"
+                 + ("; both sides hold the same records (one run given twice?): nothing could have changed"
+                    if self.same else "")
                  + (f"; the runs differ in {self.causes[0]}" if self.causes else ""))
         out = [first, *(f"cause: {cause}" for cause in self.causes), *(f"moved: {line}" for line in self.moved), "",
                plain(Table("verdict", HEADER, tuple(line.cells() for line in self.lines)))]
@@ -420,6 +423,8 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
                           "K/V, the other top-k logits): no bit can match; pass --gate trajectories or --gate rates")
     out = compare(base_records, new_records, alpha, gates_of(contract), gate, known, runtimes)
     out.causes = causes(base_run, new_run)
+    if ledger.merge(base_records) == ledger.merge(new_records):
+        out.same = True
     return out
 
 
@@ -438,8 +443,13 @@ def check_comparable(baseline: tuple[Path, list[dict], dict | None], new: tuple[
     if inputs and not across_inputs:
         raise ConfigError(f"compare {base_path} {new_path}: the runs were made on other inputs ({'; '.join(inputs)});"
                           " pass --across-inputs to compare them anyway")
-    if not {ledger.key(r) for r in base} & {ledger.key(r) for r in new_records}:
+    common = {ledger.key(r) for r in base} & {ledger.key(r) for r in new_records}
+    if not common:
         rows = [sorted({r["row"] for r in records}) for records in (base, new_records)]
         shown = [", ".join(r[:2]) + (", ..." if len(r) > 2 else "") for r in rows]
         raise ConfigError(f"compare {base_path} {new_path}: no (family, row, precision) record in common (baseline "
                           f"rows {shown[0]}; new rows {shown[1]}): nothing to compare")
+    judged = [{ledger.key(r) for r in records if r["status"] == "ok"} & common for records in (base, new_records)]
+    if not judged[0] & judged[1]:
+        raise ConfigError(f"compare {base_path} {new_path}: each of the {len(common)} records in common failed closed "
+                          "(excluded) in one run or both: nothing could be judged")
