@@ -233,6 +233,10 @@ PYTEST = {
                                    r"bad\.yaml: gates\.transplant\.donor_recovery: expected .*from 0 to 1, got -inf"),
     "contract-huge-integer": Case(contract("caps: {branch: " + "9" * 5001 + "}\n"),
                                   r"bad\.yaml: malformed YAML: Exceeds the limit \(4300 digits\)"),
+    "contract-zero-controls": Case(contract("panels: {replication: {min_exact_controls: 0}}\n"),
+                                   r"bad\.yaml: panels\.replication\.min_exact_controls: expected .*from 1 to"),
+    "contract-empty-transplant-panel": Case(contract("panels: {transplant: {divergent: 0, exact_controls: 0}}\n"),
+                                            r"bad\.yaml: panels\.transplant\.divergent: expected .*from 1 to"),
     "contract-unknown-key": Case(contract("cpas: {branch: 4}\n"), r"bad\.yaml: unknown field 'cpas'; did you mean"),
     "contract-cpu-isa": Case(contract("environment: {cpu_isa: AVX-512}\n"),
                              r"bad\.yaml: environment\.cpu_isa: expected DEFAULT, AVX2 or AVX512"),
@@ -484,4 +488,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 111, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 113, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

@@ -181,14 +181,14 @@ SCHEMA = Section({
         "live": _pin(int, low=1, high=MAX_COUNT),
         "bridge": Value(int, default=12, low=1, high=MAX_COUNT),
         "transplant": Section({
-            "divergent": Value(int, default=24, low=0, high=MAX_COUNT),
-            "exact_controls": Value(int, default=8, low=0, high=MAX_COUNT),
+            "divergent": Value(int, default=24, low=1, high=MAX_COUNT),
+            "exact_controls": Value(int, default=8, low=1, high=MAX_COUNT),
             "layers": Value(str, default="all", choices=("all",)),
             "directions": Value(str, default="both", choices=("both",)),
         }, default={}),
         "replication": Section({
             "rows": Value(int, default=48, low=1, high=MAX_COUNT),
-            "min_exact_controls": Value(int, default=6, low=0, high=MAX_COUNT),
+            "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT),
         }, default={}),
     }, default={}),
     "gates": Section({
