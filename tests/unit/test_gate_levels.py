@@ -233,3 +233,13 @@ def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, divergent, failur
     assert len(found) == failures, found
     assert all(f["check"] == "baseline rates" and f["message"].startswith("divergence rate changed beyond chance: "
                                                                          "crossing/bf16") for f in found), found
+
+
+@pytest.mark.parametrize("family", ["crosing", "serving"], ids=["typo", "family-no-run-holds"])
+def test_an_expected_entry_that_can_match_nothing_fails(tmp_path, family):
+    path = write_expected(tmp_path, KNOWN + KNOWN.split("changes:\n")[1].replace("crossing", family))
+    result = compare(run(), bits_only(run()), expected=Expected.load(path))
+    unmatched = [r for r in result.reasons if r.startswith("unmatched: ")]
+    assert len(unmatched) == 1 and f"{family}/fp32 is not a family and cell both runs hold" in unmatched[0], \
+        result.reasons
+    assert not [r for r in result.reasons if not r.startswith("unmatched: ")], "the matching entry stopped accepting"

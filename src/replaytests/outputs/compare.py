@@ -398,7 +398,8 @@ def compare(baseline: list[dict], new: list[dict], alpha: float = ALPHA, gates: 
         if runtimes and group[0] in FAMILIES:
             _cross_runtime(out, group, base, current, runtimes)
     if expected is not None:
-        out.reasons += expected.improved(out.seen, base_groups.keys() & new_groups.keys())
+        compared = base_groups.keys() & new_groups.keys()
+        out.reasons += expected.improved(out.seen, compared) + expected.unmatched(compared)
     out.moved = localization.lines(baseline, new)
     return out
 

@@ -82,3 +82,10 @@ class Expected:
         return [f"improved: {'/'.join(key)} no longer changes at {entry.level} ({self.path}: {entry}); "
                 "narrow or remove the entry" for key, entry in sorted(self.entries.items())
                 if key in compared and (*key, entry.level) not in found]
+
+    def unmatched(self, compared: set[tuple[str, str]]) -> list[str]:
+        """A reason for each entry whose (family, precision) the two runs do not both hold: it can accept
+        nothing (a typo, or a family or cell these runs did not run), so it would be ignored for ever."""
+        held = ", ".join("/".join(key) for key in sorted(compared)) or "none"
+        return [f"unmatched: {self.path}: {'/'.join(key)} is not a family and cell both runs hold (they hold "
+                f"{held}); fix or remove the entry" for key in sorted(self.entries) if key not in compared]
