@@ -1,6 +1,7 @@
 """Exception types, and the shortening of values quoted in messages. Every message is one line naming
 the file, row, field or step at fault, and never echoes a value longer than a line."""
 
+import re
 import reprlib
 
 
@@ -15,6 +16,17 @@ _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxother = 
 def short(value: object, limit: int = 120) -> str:
     """A value's repr, cut to `limit` characters (built within bounds: a YAML alias bomb is never expanded)."""
     return shorten(_REPR.repr(value), limit)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def control_character(text: str) -> str | None:
+    """The first control character of `text` ("U+001B at index 4"), or None. A name, id or label that ends up
+    in a terminal line, a Markdown report or JUnit XML must hold none: a newline fakes a line, an escape code
+    drives the terminal, and XML 1.0 cannot hold most of them at all."""
+    found = _CONTROL.search(text)
+    return None if found is None else f"control character U+{ord(found.group()):04X} at index {found.start()}"
 
 
 class ReplaytestsError(Exception):

@@ -109,6 +109,18 @@ def read_text(path: Path, what: str, error: type[Exception], limit: int = MAX_IN
         raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen = set()
+        raise _DuplicateKey(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return value
+
+
 def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[int, dict]]:
     """(line number, object) of each non-blank line of a JSONL text; a line that is not a JSON object
     is `error`, naming the file and the line."""
@@ -117,7 +129,10 @@ def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[i
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json.loads(line, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise error(f"{path}:{number}: field {exc.args[0]!r} written twice in one object (JSON would keep "
+                        "the last)") from None
         except json.JSONDecodeError as exc:
             raise error(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:

@@ -86,6 +86,19 @@ def _bank_row(ws: Workspace, edit: Callable[[dict], None]) -> Path:
     return path
 
 
+def _bank_text(ws: Workspace, edit: Callable[[str], str]) -> Path:
+    """The bank with its first line's text edited (what json.dumps cannot write: a key twice)."""
+    lines = ws.bank.read_text().splitlines()
+    path = ws.write("edited/tiny.jsonl", "\n".join([edit(lines[0]), *lines[1:]]) + "\n")
+    shutil.copy(manifest_path(ws.bank), manifest_path(path))
+    return path
+
+
+def _named(ws: Workspace, name: str) -> Path:
+    """A contract named `name` (a YAML double-quoted string: escapes such as \\n and \\e apply)."""
+    return ws.write("bad.yaml", f'extends: {DEFAULT_CONTRACT}\nname: "{name}"\n')
+
+
 def _manifest(ws: Workspace, edit: Callable[[dict], None]) -> Path:
     manifest = json.loads(manifest_path(ws.bank).read_text())
     edit(manifest)
@@ -252,6 +265,20 @@ PYTEST = {
     "bank-missing": Case(lambda w: ["--bank", str(w.root / "none.jsonl")], r"none\.jsonl: cannot read bank: No such"),
     "bank-row-grammar": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r["tokens"].pop()))],
                              r"edited/tiny\.jsonl:1 \(row tiny-000\): field 'tokens' must end with the single "),
+    "bank-row-id-empty": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(id="")))],
+                              r"tiny\.jsonl:1: field 'id' is empty; expected a name of printable characters"),
+    "bank-row-id-control": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(id="r\x1b[2Jx")))],
+                                r"tiny\.jsonl:1: field 'id' holds a control character U\+001B at index 1"),
+    "bank-row-id-newline": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(id="r0\nPASS")))],
+                                r"field 'id' holds a control character U\+000A at index 2"),
+    "bank-row-id-long": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(id="r" * 201)))],
+                             r"field 'id' has 201 characters, more than 200"),
+    "bank-duplicate-key": Case(lambda w: ["--bank", str(_bank_text(w, lambda line: '{"id": "dup", ' + line[1:]))],
+                               r"tiny\.jsonl:1: field 'id' written twice in one object \(JSON would keep the last\)"),
+    "contract-name-newline": Case(lambda w: ["--contract", str(_named(w, "bad\\nverdict: PASS (999 passed)"))],
+                                  r"bad\.yaml: name: expected 1 to 200 characters, none a control character"),
+    "contract-name-escape": Case(lambda w: ["--contract", str(_named(w, "bad\\e[31m"))],
+                                 r"bad\.yaml: name: expected 1 to 200 characters, none a control character"),
     "bank-fifo": Case(lambda w: ["--bank", str(_fifo(w, "b.jsonl"))], r"b\.jsonl: cannot read bank: a FIFO"),
     "bank-deep-json": Case(lambda w: ["--bank", str(w.write("deep/tiny.jsonl", "[" * 100000 + "]" * 100000 + "\n"))],
                            r"deep/tiny\.jsonl:1: JSON nested too deeply"),
@@ -375,6 +402,8 @@ COMMANDS = {
                                      r"h\.jsonl:1: field 'families' must be a dict", "history"),
     "history-numeric-date": Case(lambda w: ["show", str(_history(w, date=20261201))],
                                  r"h\.jsonl:1: field 'date' must be a str, got 20261201", "history"),
+    "history-label-escape": Case(lambda w: ["show", str(_history(w, label="night\x1b]0;pwned\x07"))],
+                                 r"h\.jsonl:1: field 'label' holds a control character U\+001B at index 5", "history"),
     "history-bad-date": Case(lambda w: ["show", str(_history(w, date="yesterday"))],
                              r"h\.jsonl:1: field 'date' is not an ISO 8601 date", "history"),
     "freeze-out-a-directory": Case(lambda w: ["--out", str(w.root)], r"--out .*: is a directory; expected a file",
@@ -488,4 +517,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 113, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 121, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -92,8 +93,10 @@ def test_h200_contract_extends_the_paper(repo):
     paper = load_contract(repo / "contracts" / "paper-b200.yaml")
     got = (c.name, c.device, c.hardware["gpu_name"], c.hardware["compute_capability"], c.hardware["gpus"],
            c.attention, c.caps, c.bank["prefix_len"], c.software["torch"], c.cells, c.gates)
+    # BF16 attention pinned to SDPA's math kernel (the others desynced a physical batch on the H200)
+    cells_ = paper.cells | {"bf16": dataclasses.replace(paper.cells["bf16"], sdpa_backend="math")}
     expected = ("h200", "cuda", "NVIDIA H200", "9.0", 1, "sdpa", Caps(32, 24, 8), {"min": 123, "max": 374},
-                None, paper.cells, paper.gates)
+                None, cells_, paper.gates)
     assert got == expected, f"h200 contract: got {got}, expected {expected}"
     assert "extends" not in c.raw, "the merged contract still holds its 'extends' key"
 

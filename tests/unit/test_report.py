@@ -320,9 +320,11 @@ def test_html_has_the_three_kinds_of_plot(hostile):
     assert kinds == expected, f"plots: {titles}"
 
 
-def test_markdown_escapes_table_pipes(hostile):
+def test_markdown_escapes_table_pipes_and_html(hostile):
+    """A row id or a reason is text in report.md: a pipe does not split a cell, and a tag is not HTML."""
     text = hostile[1].read_text(encoding="utf-8")
-    assert "| crossing | <script>alert(1)</script> | bf16 | Boom: a \\| b & <c> |" in text.splitlines(), text
+    assert "| crossing | &lt;script>alert(1)&lt;/script> | bf16 | Boom: a \\| b & &lt;c> |" in text.splitlines(), text
+    assert "<script>" not in text and "<c>" not in text, "raw HTML from a record reached report.md"
 
 
 def test_write_report_leaves_no_temporary_files(hostile):

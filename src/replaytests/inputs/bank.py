@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replaytests import __version__
-from replaytests.errors import BankError, ConfigError, short
+from replaytests.errors import BankError, ConfigError, control_character, short
 from replaytests.files import jsonl_objects, read_text, sha256_file, sha256_json, write_set
 from replaytests.inputs import models
 from replaytests.inputs.contract import Contract
@@ -68,6 +68,19 @@ def _field(obj: dict, key: str, kind: type | tuple, where: str):
     return obj[key]
 
 
+MAX_ID = 200  # characters: a row id names test ids, records and report lines
+
+
+def _row_id(obj: dict, where: str) -> str:
+    """A row's id as the suite names it: non-empty, at most MAX_ID characters, no control character."""
+    row_id = str(_field(obj, "id", (str, int), where))
+    problem = ("is empty" if not row_id.strip() else f"has {len(row_id)} characters, more than {MAX_ID}"
+               if len(row_id) > MAX_ID else f"holds a {found}" if (found := control_character(row_id)) else None)
+    if problem:
+        raise BankError(f"{where}: field 'id' {problem}; expected a name of printable characters")
+    return row_id
+
+
 def _expected_answer(obj: dict, where: str) -> str | None:
     answer = obj.get("expected_answer")
     if answer is not None and not isinstance(answer, str):
@@ -78,7 +91,7 @@ def _expected_answer(obj: dict, where: str) -> str | None:
 def read_problems(path: Path) -> list[Problem]:
     problems = []
     for where, obj in _read_jsonl(path, "problem"):
-        problems.append(Problem(str(_field(obj, "id", (str, int), where)),
+        problems.append(Problem(_row_id(obj, where),
                                 _field(obj, "prompt", str, where), _expected_answer(obj, where)))
     _check_unique([p.id for p in problems], path)
     return problems
@@ -88,7 +101,7 @@ def read_bank(path: Path, grammar: Grammar, max_positions: int, suffix_room: int
     """Read and validate every row: types, the block grammar, roles and the position budget."""
     rows = []
     for where, obj in _read_jsonl(path, "bank"):
-        row_id = str(_field(obj, "id", (str, int), where))
+        row_id = _row_id(obj, where)
         where = f"{where} (row {row_id})"
         tokens = _field(obj, "tokens", list, where)
         roles = _field(obj, "roles", list, where)

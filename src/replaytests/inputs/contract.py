@@ -120,8 +120,9 @@ _NUMBER = (int, float)
 SCHEMA = Section({
     "schema": Value(str, default=SCHEMA_ID, choices=(SCHEMA_ID,)),
     "extends": _pin(),  # resolved before validation; listed so that a misspelling gets a suggestion
-    "name": Value(str),
-    "description": Value(str, default=""),
+    "name": Value(str, pattern=r"[^\x00-\x1f\x7f-\x9f]{1,200}", expect="1 to 200 characters, none a control character"),
+    "description": Value(str, default="", pattern=r"[^\x00-\x08\x0b-\x1f\x7f-\x9f]*",
+                         expect="text without control characters (newlines and tabs allowed)"),
     "software": Section({key: _pin() for key in ("python", "torch", "transformers", "cuda", "cudnn")}, default={}),
     "hardware": Section({
         "device_kind": _pin(choices=("cpu", "cuda")),

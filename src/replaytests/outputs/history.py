@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.errors import ReplaytestsError, short
+from replaytests.errors import ReplaytestsError, control_character, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.files import exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
@@ -102,6 +102,8 @@ def _problem(entry_: dict) -> str | None:
         return f"field 'date' is not an ISO 8601 date: {short(entry_['date'])}"
     if entry_.get("label") is not None and not isinstance(entry_["label"], str):
         return f"field 'label' must be a string or null, got {short(entry_['label'])}"
+    if entry_.get("label") and (found := control_character(entry_["label"])):  # it is printed to a terminal
+        return f"field 'label' holds a {found}"
     if not isinstance(entry_.get("causal", {}), dict):  # absent in lines written before it was tracked
         return f"field 'causal' must be an object, got {short(entry_['causal'])}"
     for family, precisions in entry_["families"].items():

@@ -7,7 +7,7 @@ from collections import defaultdict
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import Gates, replicas_exact, unmeasured
 from replaytests.outputs import causal, verdict
-from replaytests.outputs.tables import Table, fmt_proportion, plain
+from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
@@ -125,9 +125,9 @@ def metrics(record: dict) -> dict:
 def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (), causal: list[str] = (),
              outcome: dict | None = None) -> str:
     lines = ["# replaytests run summary", "", *(f"    {line}" for line in verdict.lines(outcome)), ""]
-    lines += [f"- **{name}**: {value}" for name, value in header.items()]
+    lines += [f"- **{name}**: {md_cell(str(value))}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(records)]
+    lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in table_rows(records)]
     headline = "; ".join(f"{name}: {' and '.join(f.headline)}" for name, f in FAMILIES.items())
     lines += ["", f"Cache and divergence columns compare each family's headline arms ({headline}); "
               "each count is k/n over the rows that passed every fail-closed check.", ""]
@@ -137,6 +137,6 @@ def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (
         lines += ["```", *causal, "```", ""]
     excluded = [r for r in records if r["status"] != "ok"]
     if excluded:
-        lines += ["## Excluded rows", ""] + [f"- {r['family']} {r['row']} {r['precision']}: {r['reason']}"
+        lines += ["## Excluded rows", ""] + [md_cell(f"- {r['family']} {r['row']} {r['precision']}: {r['reason']}")
                                               for r in excluded] + [""]
     return "\n".join(lines)

@@ -3,6 +3,7 @@ HTML, and the cell formats every output shares (proportions with their interval,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from html import escape
 
@@ -35,8 +36,16 @@ def plain(table: Table) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")  # what would open raw HTML in Markdown (`R<-D` stays as written)
+
+
 def md_cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Text as Markdown shows it literally, inside a table cell or a list item: a `|` or a backslash is not
+    syntax, a control character or a newline is a space, and `<script>` or `<img onerror=...>` from a
+    contract name, a row id or a path is text, never HTML."""
+    text = text.replace("\\", "\\\\").replace("|", "\\|")
+    return _TAG.sub("&lt;", _CONTROL.sub(" ", text))
 
 
 def markdown(table: Table, level: int = 3) -> list[str]:
@@ -44,7 +53,7 @@ def markdown(table: Table, level: int = 3) -> list[str]:
     lines = [f"{'#' * level} {md_cell(table.title)}", ""] if level and table.title else []
     lines += ["| " + " | ".join(map(md_cell, table.header)) + " |", "|" + "---|" * len(table.header)]
     lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in table.rows]
-    return lines + (["", table.note, ""] if table.note else [""])
+    return lines + (["", md_cell(table.note), ""] if table.note else [""])
 
 
 LONG = 48  # characters: a longer cell (a sentence, a list) may wrap; shorter ones never do
