@@ -55,12 +55,16 @@ def write_atomic(path: Path, text: str) -> None:
 def write_set(files: dict[Path, str]) -> None:
     """Write several files as one: every one to a temporary file beside it first (flushed to disk), and
     only once all of them are written, each renamed over its path. A failure while writing (a full
-    disk) leaves every existing file as it was. A path that is a link is written through to its target
-    (the link stays a link)."""
+    disk) leaves every existing file as it was. A path that is a symbolic link is refused, never written
+    through: a link planted where a report goes would otherwise aim the write at any file the user can
+    write (the folders on the way may be links: `reports/latest/` is one)."""
     temporaries: dict[Path, str] = {}
     try:
         for path, text in files.items():
-            path = Path(os.path.realpath(path))
+            path = Path(os.path.abspath(path))
+            if path.is_symlink():
+                raise OSError(errno.ELOOP, f"a symbolic link (to {os.readlink(path)}), never written through",
+                              str(path))
             if path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(path))
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -413,6 +413,9 @@ COMMANDS = {
                                         r"--out \(its manifest\) .*f/b\.manifest\.json: is a directory", "freeze"),
     "freeze-out-under-a-file": Case(lambda w: ["--out", str(w.write("o.txt", "x") / "b.jsonl")],
                                     r"--out .*o\.txt/b\.jsonl: cannot create", "freeze"),
+    "report-force-through-a-link": Case(lambda w: [str(_planted_link(w)), "--force"],
+                                        r"cannot write report: a symbolic link \(to .*bashrc\), never written through",
+                                        "report"),
     "report-over-a-report": Case(lambda w: [str(_reported(w))], r"holds report\.json, report\.md, report\.html "
                                                                 r"already; pass --out DIR", "report"),
     "report-empty-ledger": Case(lambda w: [str(w.write("e/ledger.jsonl", ""))], r"ledger\.jsonl: empty ledger",
@@ -472,6 +475,14 @@ def _reported(ws: Workspace) -> Path:
     return run
 
 
+def _planted_link(ws: Workspace) -> Path:
+    """A run whose report.md is a link to a file of the user's (report --force must not write it)."""
+    run = _reported(ws)
+    (run / "report.md").unlink()
+    (run / "report.md").symlink_to(ws.write("bashrc", "the user's own file\n"))
+    return run
+
+
 def digests(*directories: Path) -> dict[str, str]:
     # Not the lock (a run writes it) nor a sparse file of gigabytes (a case's own input, never written).
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for d in directories for p in sorted(d.rglob("*"))
@@ -517,4 +528,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 121, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 122, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

@@ -39,13 +39,18 @@ def test_a_set_is_written_whole_or_not_at_all(tmp_path):
     assert not left, f"temporary files left behind: {left}"
 
 
-def test_a_link_is_written_through_and_stays_a_link(tmp_path):
-    # history append --into a link to a shared file: the shared file gains the line, the link stays.
-    shared = tmp_path / "shared" / "history.jsonl"
-    shared.parent.mkdir()
-    shared.write_text("night 1\n")
-    link = tmp_path / "mine.jsonl"
-    link.symlink_to(shared)
-    write_set({link: "night 1\nnight 2\n"})
-    assert link.is_symlink(), "the link was replaced by a private file"
-    assert shared.read_text() == "night 1\nnight 2\n", f"the link's target holds {shared.read_text()!r}"
+def test_a_link_is_never_written_through(tmp_path):
+    """report --force over a planted `report.md -> ~/.bashrc`: refused, the target and the link untouched, and
+    no file of the set written (a link in the folders on the way, like reports/latest, is fine)."""
+    target = tmp_path / "bashrc"
+    target.write_text("mine\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.md").symlink_to(target)
+    (tmp_path / "latest").symlink_to(run)
+    with pytest.raises(OSError, match=r"a symbolic link .*never written through"):
+        write_set({tmp_path / "latest" / "report.json": "{}", tmp_path / "latest" / "report.md": "# x\n"})
+    assert target.read_text() == "mine\n" and (run / "report.md").is_symlink(), "the link was followed or replaced"
+    assert not (run / "report.json").exists(), "a file of the refused set was written"
+    write_set({tmp_path / "latest" / "summary.md": "ok\n"})
+    assert (run / "summary.md").read_text() == "ok\n", "a folder that is a link was not written through"
