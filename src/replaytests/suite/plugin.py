@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import sys
@@ -238,7 +239,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         if selects_conformance(session.config):  # records reach the run's directory as they are computed
             run = session.config.stash[run_key] = root.new_run(replay.options.run_name)
             replay.sink = run / RECORDS
-        if not session.config.pluginmanager.hasplugin("dsession"):  # under xdist, xdist handles Ctrl-C itself
+        if session.config.pluginmanager.hasplugin("dsession"):  # the xdist controller
+            interrupt_workers_too()
+        elif not hasattr(session.config, "workerinput"):  # one process; a worker stops at once (Python's default)
             stop_gracefully_on_interrupt(session)
         if not hasattr(session.config, "workerinput"):
             terminate_like_interrupt()
@@ -258,6 +261,37 @@ def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
         signal.signal(signal.SIGINT, previous)
 
     signal.signal(signal.SIGINT, interrupt)
+
+
+def interrupt_workers_too() -> None:
+    """Under xdist, a Ctrl-C or SIGTERM that reaches the controller alone (the audit forwards it to its child
+    pytest, a CI runner signals one process) reaches the workers too: else each one computes its row until
+    execnet kills it 10 s later, and the run took 10-16 s to stop. The controller then stops as xdist does on
+    Ctrl-C (KeyboardInterrupt), and writes what the workers finished (a record appended whole, or a torn line
+    that is left out)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum, frame) -> None:
+        for pid in _children():  # SIGTERM: execnet's workers ignore SIGINT; a row cut short is not a record
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+
+
+def _children() -> list[int]:
+    """The pids of this process's children (Linux /proc; none elsewhere)."""
+    me, found = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = Path(entry.path, "stat").read_text()
+                    if int(stat[stat.rfind(")") + 2:].split()[1]) == me:
+                        found.append(int(entry.name))
+    return found
 
 
 def terminate_like_interrupt() -> None:
