@@ -150,7 +150,34 @@ def test_a_committed_input_set_takes_the_baseline_made_on_this_cpu(monkeypatch, 
             for path in committed.baselines}
     assert len(made) == len(committed.baselines), f"two baselines made on one CPU: {made}"
     monkeypatch.setattr(cpu_isa, "cpu_model", lambda: cpu)
-    assert committed.baseline == made.get(cpu, committed.baselines[0]), f"{cpu}: {committed.baseline}"
+    assert committed.baseline() == made.get(cpu, committed.baselines[0]), f"{cpu}: {committed.baseline()}"
+
+
+@pytest.mark.parametrize(("gpu", "capability", "chosen"), [
+    pytest.param("NVIDIA H200", (9, 0), 1, id="same-gpu"),
+    pytest.param("NVIDIA H200", (9, 1), 0, id="other-capability"),
+    pytest.param("NVIDIA B200", (10, 0), 0, id="other-gpu"),
+])
+def test_a_gpu_run_takes_the_baseline_made_on_its_gpu(tmp_path, monkeypatch, gpu, capability, chosen):
+    """A GPU baseline is chosen by the GPU model and compute capability its run.json records (a GPU platform
+    has no hardware.cpu: chosen by the CPU, it could never be selected)."""
+    import torch
+
+    from replaytests.inputs.options import Committed
+
+    platforms = [{"hardware.device_kind": "cpu", "hardware.cpu": "AMD EPYC"},
+                 {"hardware.device_kind": "cuda", "hardware.gpu_name": "NVIDIA H200",
+                  "hardware.compute_capability": "9.0"}]
+    baselines = []
+    for i, platform in enumerate(platforms):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "run.json").write_text(json.dumps({"platform": platform}))
+        baselines.append(tmp_path / str(i) / "ledger.jsonl")
+    committed = Committed(tmp_path / "bank.jsonl", tmp_path / "c.yaml", tuple(baselines), tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    assert committed.baseline("cuda") == baselines[chosen], f"{gpu} {capability}: {committed.baseline('cuda')}"
 
 
 def _lora_files(tmp_path: Path, metadata: dict | None, rows: int = 6, extra: dict | None = None) -> tuple[Path, Path]:

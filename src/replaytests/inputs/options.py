@@ -57,19 +57,38 @@ class Committed:
     def later_model(self) -> Path | None:
         return self.later if isinstance(self.later, Path) else models.prepared(self.later)
 
-    @property
-    def baseline(self) -> Path:
-        """The baseline made on this machine's CPU (its run.json's `hardware.cpu`), else the reference
-        one (a check against it here is then platform drift, reported as such)."""
-        here = cpu_isa.cpu_model()
+    def baseline(self, device: str = "cpu") -> Path:
+        """The baseline made on this machine (the same GPU model and compute capability on a GPU, the same CPU
+        model on a CPU; its run.json's platform), else the reference one (a check against it here is then
+        platform drift, reported as such)."""
+        here = machine(device)
         return next((path for path in self.baselines if _made_on(path) == here), self.baselines[0])
 
 
-def _made_on(baseline: Path) -> str | None:
-    """The CPU a committed baseline was made on, as its run.json's platform records it."""
+def machine(device: str) -> tuple[str | None, ...]:
+    """What a run's numbers depend on of the machine it runs on, as `platform_machine` reads it from a
+    run.json: ("cuda", GPU model, compute capability) on a GPU, ("cpu", CPU model) on a CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            index = torch.device(device).index or 0
+            return ("cuda", torch.cuda.get_device_name(index), "{}.{}".format(*torch.cuda.get_device_capability(index)))
+    return ("cpu", cpu_isa.cpu_model())
+
+
+def platform_machine(platform: dict) -> tuple[str | None, ...]:
+    """`machine` of the platform a run.json records."""
+    if platform.get("hardware.device_kind") == "cuda":
+        return ("cuda", platform.get("hardware.gpu_name"), platform.get("hardware.compute_capability"))
+    return ("cpu", platform.get("hardware.cpu"))
+
+
+def _made_on(baseline: Path) -> tuple[str | None, ...] | None:
+    """The machine a committed baseline was made on, as its run.json's platform records it."""
     try:
-        return json.loads((baseline.parent / "run.json").read_text(encoding="utf-8"))["platform"]["hardware.cpu"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return platform_machine(json.loads((baseline.parent / "run.json").read_text(encoding="utf-8"))["platform"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -180,7 +199,8 @@ class Options:
         if self.baseline is not None:
             return ledger_of(self.baseline)
         committed = self.committed
-        return committed.baseline if committed and committed.baseline.is_file() else None
+        baseline = committed.baseline(self.device or "cpu") if committed else None
+        return baseline if baseline is not None and baseline.is_file() else None
 
     @property
     def later_model(self) -> Path | None:
