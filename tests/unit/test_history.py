@@ -216,3 +216,10 @@ def test_append_refuses_what_show_would_refuse(nights, tmp_path, run, message):
     with pytest.raises(history.HistoryError, match=message):
         history.append(nights[1], into)
     assert len(history.read_history(into)) == 1, "the history became unreadable or gained a line"
+
+
+def test_show_orders_runs_by_instant_across_time_zones(nights, tmp_path):
+    into = tmp_path / "history.jsonl"
+    history.append(nights[0], into, "first", "2026-01-02T02:00:00+02:00")  # 00:00 UTC
+    history.append(nights[1], into, "second", "2026-01-02T01:00:00+00:00")
+    assert [e["label"] for e in history.read_history(into)] == ["first", "second"]

@@ -119,7 +119,14 @@ def read_history(path: Path) -> list[dict]:
     entries = _parse(path, read_text(path, "history", HistoryError))
     if not entries:
         raise HistoryError(f"{path}: empty history (no runs)")
-    return sorted(entries, key=lambda e: e["date"])
+    return sorted(entries, key=lambda e: _instant(e["date"]))
+
+
+def _instant(date: str) -> datetime:
+    """A line's date as an instant: 02:00+02:00 comes before 01:00+00:00, which a string sort gets wrong; a
+    date without a zone is read as UTC."""
+    moment = datetime.fromisoformat(date)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def append(source: Path, into: Path, label: str | None = None, date: str | None = None,
