@@ -113,6 +113,20 @@ def read_text(path: Path, what: str, error: type[Exception], limit: int = MAX_IN
         raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
+def read_json(path: Path, what: str, error: type[Exception], limit: int = MAX_INPUT) -> object:
+    """A JSON file read as every input is (read_text: a regular file of bounded size), with nesting bounded
+    and a key written twice refused: anything else is `error`, one line naming the file."""
+    text = read_text(path, what, error, limit)
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise error(f"{path}: cannot read {what}: field {exc.args[0]!r} written twice in one object") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: cannot read {what}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise error(f"{path}: cannot read {what}: JSON nested too deeply") from None
+
+
 class _DuplicateKey(ValueError):
     pass
 

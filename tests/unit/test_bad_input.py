@@ -99,6 +99,12 @@ def _named(ws: Workspace, name: str) -> Path:
     return ws.write("bad.yaml", f'extends: {DEFAULT_CONTRACT}\nname: "{name}"\n')
 
 
+def _manifest_fifo(ws: Workspace) -> Path:
+    bank = ws.write("b/x.jsonl", ws.bank.read_text())
+    os.mkfifo(bank.parent / "x.manifest.json")
+    return bank
+
+
 def _manifest(ws: Workspace, edit: Callable[[dict], None]) -> Path:
     manifest = json.loads(manifest_path(ws.bank).read_text())
     edit(manifest)
@@ -279,6 +285,10 @@ PYTEST = {
                                   r"bad\.yaml: name: expected 1 to 200 characters, none a control character"),
     "contract-name-escape": Case(lambda w: ["--contract", str(_named(w, "bad\\e[31m"))],
                                  r"bad\.yaml: name: expected 1 to 200 characters, none a control character"),
+    "manifest-fifo": Case(lambda w: ["--bank", str(_manifest_fifo(w))],
+                          r"x\.manifest\.json: cannot read bank manifest: a FIFO, not a regular file"),
+    "manifest-deep": Case(lambda w: ["--bank", str(_bank_with_manifest(w, "[" * 100000 + "]" * 100000))],
+                          r"x\.manifest\.json: cannot read bank manifest: JSON nested too deeply"),
     "bank-fifo": Case(lambda w: ["--bank", str(_fifo(w, "b.jsonl"))], r"b\.jsonl: cannot read bank: a FIFO"),
     "bank-deep-json": Case(lambda w: ["--bank", str(w.write("deep/tiny.jsonl", "[" * 100000 + "]" * 100000 + "\n"))],
                            r"deep/tiny\.jsonl:1: JSON nested too deeply"),
@@ -289,7 +299,7 @@ PYTEST = {
     "manifest-old-schema": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m.update(schema="x/1")))],
                                 r"tiny\.manifest\.json: field 'schema' is 'x/1', expected 'replaytests\.bank-manifest"),
     "manifest-not-json": Case(lambda w: ["--bank", str(_bank_with_manifest(w, "{"))],
-                              r"x\.manifest\.json: manifest is not valid JSON"),
+                              r"x\.manifest\.json: cannot read bank manifest: not valid JSON"),
     # models
     "model-missing": Case(lambda w: ["--model", str(w.root / "none")], r"none: model directory not found"),
     "model-no-config": Case(lambda w: ["--model", str(w.model_with("m", lambda p: (p / "config.json").unlink()))],
@@ -416,6 +426,8 @@ COMMANDS = {
     "report-force-through-a-link": Case(lambda w: [str(_planted_link(w)), "--force"],
                                         r"cannot write report: a symbolic link \(to .*bashrc\), never written through",
                                         "report"),
+    "compare-run-json-deep": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(w, "[" * 100000 + "]" * 100000))],
+                                  r"run\.json: cannot read run metadata: JSON nested too deeply", "compare"),
     "report-over-a-report": Case(lambda w: [str(_reported(w))], r"holds report\.json, report\.md, report\.html "
                                                                 r"already; pass --out DIR", "report"),
     "report-empty-ledger": Case(lambda w: [str(w.write("e/ledger.jsonl", ""))], r"ledger\.jsonl: empty ledger",
@@ -475,6 +487,13 @@ def _reported(ws: Workspace) -> Path:
     return run
 
 
+def _run_json(ws: Workspace, text: str) -> Path:
+    """A copy of the committed baseline's run whose run.json is `text`."""
+    run = _reported(ws)
+    (run / "run.json").write_text(text)
+    return run
+
+
 def _planted_link(ws: Workspace) -> Path:
     """A run whose report.md is a link to a file of the user's (report --force must not write it)."""
     run = _reported(ws)
@@ -528,4 +547,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 122, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 125, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"

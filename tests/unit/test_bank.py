@@ -288,7 +288,8 @@ def test_missing_manifest(bank_copy):
 
 def test_manifest_not_json(bank_copy):
     manifest_path(bank_copy).write_text("{not json", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"tiny\.manifest\.json: manifest is not valid JSON \(.+ at line 1\)$"):
+    with pytest.raises(ConfigError,
+                       match=r"tiny\.manifest\.json: cannot read bank manifest: not valid JSON \(.+ at line 1\)$"):
         check_manifest(bank_copy)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from replaytests import __version__
 from replaytests.errors import BankError, ConfigError, control_character, short
-from replaytests.files import jsonl_objects, read_text, sha256_file, sha256_json, write_set
+from replaytests.files import jsonl_objects, read_json, read_text, sha256_file, sha256_json, write_set
 from replaytests.inputs import models
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.models import TOKENIZER_FILES
@@ -181,12 +181,9 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
 def read_manifest(bank: Path) -> dict:
     """The bank's manifest, as written (nothing compared yet)."""
     path = manifest_path(bank)
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except OSError:
-        raise ConfigError(f"{path}: bank manifest not found (freeze the bank with `replaytests freeze`)") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: manifest is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not path.exists():
+        raise ConfigError(f"{path}: bank manifest not found (freeze the bank with `replaytests freeze`)")
+    manifest = read_json(path, "bank manifest", ConfigError)
     if not isinstance(manifest, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
     if manifest.get("schema") != MANIFEST_SCHEMA:

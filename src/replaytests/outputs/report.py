@@ -16,7 +16,7 @@ import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, short
 from replaytests.families.registry import FAMILIES
-from replaytests.files import write_set
+from replaytests.files import read_json, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.gates import bit_exact, replicas_exact
 from replaytests.outputs import causal, flips, ledger, serving, summary
@@ -296,16 +296,16 @@ RUN_FIELDS = {"verdict": dict, "options": dict, "contract": dict, "platform": di
               "environment": dict, "drift": list, "overridden": list}
 
 
+RUN_LIMIT = 64 << 20  # bytes: a run.json of 48 rows and every option is under 100 KiB
+
+
 def read_run(path: Path) -> dict | None:
     """The run.json beside a ledger (a file or a run directory), or None where there is none: the one
     reader of run.json, which checks every field its users read."""
     run_json = ledger_of(Path(path)).parent / "run.json"
     if not run_json.is_file():
         return None
-    try:
-        run = json.loads(run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LedgerError(f"{run_json}: cannot read run metadata: {getattr(exc, 'msg', exc)}") from None
+    run = read_json(run_json, "run metadata", LedgerError, RUN_LIMIT)
     if not isinstance(run, dict):
         raise LedgerError(f"{run_json}: expected a JSON object, got {type(run).__name__}")
     if run.get("schema", RUN_SCHEMA) != RUN_SCHEMA:
