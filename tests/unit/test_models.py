@@ -100,10 +100,33 @@ def test_a_prepared_model_is_found_at_once_and_never_rebuilt(cache, monkeypatch)
     monkeypatch.setattr(models, "_check", lambda spec, work: None)
     path = models.prepare("smollm2")
     assert path == cache / "models" / "smollm2"
-    assert json.loads((path / models.STAMP).read_text()) == {"name": "smollm2", "files": spec.files}
+    assert json.loads((path / models.STAMP).read_text()) == {"name": "smollm2", "files": spec.files,
+                                                             "sizes": {name: len(name) for name in spec.files}}
     monkeypatch.setattr(models, "_build", lambda *a: pytest.fail("a prepared model was built again"))
     assert models.prepare("smollm2") == path
     assert models.label(path) == "models:smollm2"
+    (path / "config.json").write_text("")  # truncated after it was prepared
+    assert models.prepared("smollm2") is None, "a model whose file was truncated still counts as prepared"
+
+
+@pytest.mark.parametrize("where", ["lock-a-directory", "entry-a-link"])
+def test_a_planted_lock_or_cache_entry_is_no_traceback(cache, tmp_path, monkeypatch, where):
+    spec = models.MODELS["smollm2"]
+    monkeypatch.setattr(models, "_build", lambda spec, base, work: [(work / n).write_text(n) for n in spec.files])
+    monkeypatch.setattr(models, "_check", lambda spec, work: None)
+    (cache / "models").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("not the cache's")
+    if where == "lock-a-directory":
+        (cache / "models" / ".smollm2.lock").mkdir()
+        with pytest.raises(ConfigError, match=r"cannot open the lock .*\.smollm2\.lock: Is a directory"):
+            models.prepare("smollm2")
+    else:
+        (cache / "models" / "smollm2").symlink_to(elsewhere)
+        path = models.prepare("smollm2")
+        assert not path.is_symlink() and sorted(p.name for p in path.iterdir()) == sorted([*spec.files, models.STAMP])
+        assert (elsewhere / "keep").read_text() == "not the cache's", "the link's target was touched"
 
 
 @pytest.mark.parametrize("stamp", [None, "not json", {"name": "smollm2", "files": {"config.json": "0"}}],

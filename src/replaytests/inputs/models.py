@@ -155,7 +155,15 @@ def prepared(name: str) -> Path | None:
         stamp = json.loads((path / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return path if stamp.get("files") == model(name).files else None
+    if not isinstance(stamp, dict) or stamp.get("files") != model(name).files:
+        return None
+    # The sizes the files had when they were checked: a file truncated or emptied since is not prepared
+    # (hashing every file at each look would cost seconds; a stamp without sizes predates them).
+    sizes = stamp.get("sizes") or {}
+    try:
+        return path if all((path / file).stat().st_size == size for file, size in sizes.items()) else None
+    except (OSError, TypeError):
+        return None
 
 
 def label(path: Path) -> str | None:
@@ -196,8 +204,11 @@ def prepare(name: str) -> Path:
         try:
             _build(spec, base, work)
             _check(spec, work)
-            write_json_atomic(work / STAMP, {"name": name, "files": spec.files})
-            if final.exists():
+            write_json_atomic(work / STAMP, {"name": name, "files": spec.files,
+                                             "sizes": {file: (work / file).stat().st_size for file in spec.files}})
+            if final.is_symlink() or final.is_file():
+                final.unlink()  # not ours to follow: a link or a file where the directory goes
+            elif final.exists():
                 shutil.rmtree(final)  # a directory left by another version of these digests
             os.replace(work, final)
         finally:
@@ -207,9 +218,17 @@ def prepare(name: str) -> Path:
 
 @contextlib.contextmanager
 def _locked(path: Path):
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    """An exclusive lock on `path`, a regular file (never opened through a link); else one line."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+    except OSError as exc:
+        raise ConfigError(f"models prepare: cannot open the lock {path}: {exc.strerror or exc} (remove it; no "
+                          "preparation is running while nothing holds it)") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def _build(spec: Model, base: Path | None, work: Path) -> None:
