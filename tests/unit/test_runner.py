@@ -84,6 +84,8 @@ def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
 @pytest.mark.parametrize(("case", "message"), [
     pytest.param("missing-rows", "no finished bf16 crossing record of", id="missing-rows"),
     pytest.param("interrupted", "is an interrupted run", id="interrupted"),
+    pytest.param("other-contract", "was run under another contract (cpu-other, sha256 000000000000…; this run's "
+                                   "cpu-tiny", id="other-contract"),
 ])
 def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_path, case, message):
     source = tmp_path / "source"
@@ -92,6 +94,8 @@ def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_p
     ledger.write_ledger(source / "ledger.jsonl", kept)
     meta = json.loads((whole / "run.json").read_text())
     meta["run"]["interrupted"] = case == "interrupted"
+    if case == "other-contract":
+        meta["contract"] |= {"name": "cpu-other", "sha256": "0" * 64}
     (source / "run.json").write_text(json.dumps(meta))
     proc, _ = run(tmp_path / "r", "x", "-m", "causal", "--panel-from", str(source))
     assert proc.returncode == 4, f"expected a usage error, got {proc.returncode}:\n{proc.stdout[-2000:]}"

@@ -91,12 +91,12 @@ def check_window(path: Path, config, longest: int) -> None:
                           "cannot be expressed with it")
 
 
-def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity,
+def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity, contract: Contract,
                       cell_names: tuple[str, ...], accept_interrupted: bool = False) -> dict[tuple[str, str], dict]:
     """The finished crossing records of every selected row in each of `cell_names` (the cells the transplant
     runs on), keyed (cell, row), from the --panel-from ledgers: made from
-    this run's bank and model, by runs that were not interrupted, covering every selected row (a panel
-    drawn from part of the rows would not be this run's panel)."""
+    this run's bank, model and contract, by runs that were not interrupted, covering every selected row (a
+    panel drawn from part of the rows would not be this run's panel)."""
     where = "--panel-from " + " ".join(map(str, paths))
     for path in paths:
         run = read_run(path) or {}
@@ -110,6 +110,11 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
             if recorded is not None and actual is not None and recorded != actual:
                 raise ConfigError(f"{where}: {path} was run on another {name} (sha256 {recorded[:12]}…, this run's "
                                   f"{actual[:12]}…)")
+        recorded = get_path(run, "contract", "sha256")
+        if recorded is not None and recorded != contract.digest:
+            raise ConfigError(f"{where}: {path} was run under another contract ({get_path(run, 'contract', 'name')}, "
+                              f"sha256 {recorded[:12]}…; this run's {contract.name}, {contract.digest[:12]}…): its "
+                              "crossing is not this run's")
     records = {(r["precision"], r["row"]): r for r in collate(list(paths)) if r["family"] == "crossing"}
     for cell in cell_names:
         if missing := [row.id for row in rows if records.get((cell, row.id), {}).get("status") != "ok"]:
@@ -172,7 +177,7 @@ class ReplaySession:
                       tuple(name for name in selected if name not in skipped), skipped)
         session.verified = {options.model: integrity.actual["model"]} | (
             {options.later_model: model_digest(options.later_model)["sha256"]} if options.later_model else {})
-        session.panel_source = (read_panel_source(options.panel_from, rows, integrity, session.causal_cells,
+        session.panel_source = (read_panel_source(options.panel_from, rows, integrity, contract, session.causal_cells,
                                                   options.accept_interrupted) if options.panel_from else None)
         if not session.plan.sharded_rows:
             raise ConfigError(f"--shard {options.shard}: this shard holds none of the {len(rows)} selected row(s); "
