@@ -77,7 +77,7 @@ def test_crossing_record_reproduces_the_baseline(checkpoint, crossing, index, pr
     proc, run_dir = crossing
     bank = CHECKPOINTS[checkpoint[0]][0]
     row = json.loads(bank.read_text(encoding="utf-8").splitlines()[index])["id"]
-    baseline_path = next(c for c in COMMITTED if c.bank == bank).baseline
+    baseline_path = next(c for c in COMMITTED if c.bank == bank).baseline()
     assert (run_dir / "ledger.jsonl").is_file(), f"no ledger written:\n{proc.stdout[-3000:]}"
     here = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["platform"]
     made = json.loads((baseline_path.parent / "run.json").read_text(encoding="utf-8"))["platform"]
@@ -95,7 +95,7 @@ def test_the_protocol_checkpoint_answers_in_the_baseline(precision):
     """The premise of the protocol checkpoint's answer and correctness rows: in its committed baseline the
     model answers at each precision, its incremental accuracy inside the range the issue fixed (20-80%)
     on all 48 rows."""
-    records = [r for r in ledger.read_ledger(next(c for c in COMMITTED if c.bank == PROTOCOL_BANK).baseline)
+    records = [r for r in ledger.read_ledger(next(c for c in COMMITTED if c.bank == PROTOCOL_BANK).baseline())
                if (r["family"], r["precision"], r["status"]) == ("crossing", precision, "ok")]
     labels = [r["arms"]["incremental"]["correct"] for r in records]
     assert len(labels) >= 48 and None not in labels, f"{precision}: {len(labels)} labelled crossing rows, expected 48"

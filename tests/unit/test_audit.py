@@ -74,3 +74,18 @@ def test_a_field_absent_from_a_baseline_of_the_same_schema_is_a_change():
     current["comparisons"]["incremental~prefill"]["first_token_equal"] = True
     assert [str(c) for c in audit_record(RECORD, current).changes] == [
         "comparisons.incremental~prefill.first_token_equal: baseline (absent), now true"]
+
+
+@pytest.mark.parametrize(("field", "value", "trajectory"), [
+    pytest.param("logits_exact", False, False, id="logits-exact"),
+    pytest.param("argmax_equal", False, False, id="argmax-equal"),
+    pytest.param("cache_exact", False, False, id="cache-exact"),
+    pytest.param("stored_exact", False, False, id="stored-exact"),
+    pytest.param("k_rel_l2", 0.5, False, id="k-rel-l2"),
+    pytest.param("suffix_equal", False, True, id="suffix-equal"),
+])
+def test_only_what_a_trajectory_is_counts_as_one(field, value, trajectory):
+    """Bits (digests, exactness flags, distances) changing alone is not a changed trajectory; a suffix is."""
+    current = changed(f"comparisons.incremental~prefill.{field}", value)
+    result = audit_record(RECORD, current)
+    assert result.changes and bool(result.trajectory_changes) == trajectory, (field, result.trajectory_changes)

@@ -28,7 +28,8 @@ _ABSENT = object()
 # a trajectory, and so does any leaf not named here: an unknown field is never taken for mere bits.
 NUMERIC_FIELDS = frozenset({
     "cache_digest", "layer_digests", "logits_digest", "cache_exact",
-    "stored_digest", "stored_exact",  # a quantized cache's codes, scales and residual "logits_exact", "argmax_equal",
+    "stored_digest", "stored_exact",  # a quantized cache's codes, scales and residual
+    "logits_exact", "argmax_equal",
     "logits_max_abs", "margins_at_divergence", "top1_at_divergence", "margins",
     "steps_digest", "steps_exact", "steps_first_difference", "steps_max_abs",  # a serving engine's suffix steps
     *(f"{part}_{name}" for part in "kv" for name in ("rel_l2", "max_abs", "rel_l2_per_layer", "max_abs_per_layer")),
