@@ -214,13 +214,16 @@ def test_cli_gate_levels_and_the_old_spelling(tmp_path, capsys):
     assert "--allow-changes is the old spelling of --gate rates" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("gate", "divergent", "failures"), [
-    pytest.param("rates", 10, 1, id="rates-beyond-chance-fails-the-run"),
-    pytest.param("rates", 2, 0, id="rates-within-chance"),
-    pytest.param("trajectories", 10, 0, id="other-gates-judge-per-record"),
+@pytest.mark.parametrize(("gate", "elsewhere", "divergent", "failures"), [
+    pytest.param("rates", False, 10, 1, id="rates-beyond-chance-fails-the-run"),
+    pytest.param("rates", False, 2, 0, id="rates-within-chance"),
+    pytest.param("trajectories", True, 10, 0, id="other-gates-judge-per-record"),
+    pytest.param(None, True, 10, 1, id="baseline-of-another-platform-judged-by-rates"),
+    pytest.param(None, False, 10, 0, id="baseline-of-this-platform-judged-bit-for-bit"),
 ])
-def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, divergent, failures):
-    """The controller's rates check of a run under --gate rates (suite/artifacts.baseline_rates)."""
+def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, elsewhere, divergent, failures):
+    """The controller's rates check of a run under --gate rates, or against a baseline made on another
+    platform (suite/artifacts.baseline_rates)."""
     from types import SimpleNamespace
 
     from replaytests.inputs.contract import default_gates
@@ -228,7 +231,8 @@ def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, divergent, failur
 
     baseline = diverging("crossing", 20, 0)
     replay = SimpleNamespace(options=SimpleNamespace(gate=gate), baseline=baseline, contract=SimpleNamespace(
-        gates=default_gates()), plan=SimpleNamespace(audited=lambda records: records))
+        gates=default_gates()), plan=SimpleNamespace(audited=lambda records: records),
+        baseline_platform=["hardware.cpu Intel (baseline) vs AMD (here)"] if elsewhere else [])
     found = baseline_rates(replay, diverging("crossing", 20, divergent))
     assert len(found) == failures, found
     assert all(f["check"] == "baseline rates" and f["message"].startswith("divergence rate changed beyond chance: "
@@ -243,3 +247,24 @@ def test_an_expected_entry_that_can_match_nothing_fails(tmp_path, family):
     assert len(unmatched) == 1 and f"{family}/fp32 is not a family and cell both runs hold" in unmatched[0], \
         result.reasons
     assert not [r for r in result.reasons if not r.startswith("unmatched: ")], "the matching entry stopped accepting"
+
+
+@pytest.mark.parametrize(("level", "cell", "elsewhere", "outcome"), [
+    pytest.param("bits", "fp32", True, "recorded", id="bits-elsewhere-are-drift"),
+    pytest.param("trajectories", "fp32", True, "fail", id="exact-cell-trajectory-elsewhere-fails"),
+    pytest.param("trajectories", "bf16", True, "recorded", id="divergent-cell-trajectory-elsewhere-is-counted"),
+    pytest.param("bits", "fp32", False, "fail", id="bits-here-fail"),
+    pytest.param("trajectories", "bf16", False, "fail", id="trajectory-here-fails"),
+])
+def test_a_baseline_of_another_platform_is_judged_by_trajectories(repo, level, cell, elsewhere, outcome):
+    """Across CPUs (or GPUs) only bits are platform drift: an FP32 trajectory must still match its baseline."""
+    from types import SimpleNamespace
+
+    from replaytests.inputs.contract import load_contract
+    from replaytests.suite.session import ReplaySession
+
+    replay = SimpleNamespace(options=SimpleNamespace(gate=None, strict_contract=False),
+                             contract=load_contract(repo / "contracts" / "cpu-tiny.yaml"),
+                             baseline_platform=["hardware.cpu Intel (baseline) vs AMD (here)"] if elsewhere else [])
+    judged = ReplaySession.judge_against_baseline(replay, "crossing row r0: suffix changed", level, cell)
+    assert judged.outcome == outcome, judged

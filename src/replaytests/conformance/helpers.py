@@ -29,7 +29,7 @@ def audit_against_baseline(audit_record, replay, baseline_record: dict) -> None:
         f"{family} row {row} ({precision}): {len(result.changes)} of {result.leaves} leaves differ from the "
         f"baseline, {f'{len(moved)} of a trajectory' if moved else 'bits only (no trajectory changed)'}; "
         f"first: {(moved or result.changes)[0]}")
-    judge(replay.judge_against_baseline(problem, "trajectories" if moved else "bits"))
+    judge(replay.judge_against_baseline(problem, "trajectories" if moved else "bits", precision))
 
 
 def judge(*judgements: Judgement) -> None:

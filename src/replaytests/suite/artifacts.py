@@ -69,10 +69,13 @@ def facts(record: dict) -> dict:
 
 
 def baseline_rates(replay: ReplaySession, records: list[dict]) -> list[dict]:
-    """Under --gate rates, the failures of the rates level against the baseline (outputs/compare.py: exact
-    McNemar per family, precision and headline pair, on the rows both hold): the one check of a run that
-    needs every row of a family at once, so the controller makes it from the run's records."""
-    if replay.options.gate != "rates" or not replay.baseline:
+    """Under --gate rates, or against a baseline made on another platform (where a cell that may diverge is
+    judged by its rates, not row by row), the failures of the rates level against the baseline
+    (outputs/compare.py: exact McNemar per family, precision and headline pair, on the rows both hold): the
+    one check of a run that needs every row of a family at once, so the controller makes it from the run's
+    records."""
+    across = replay.options.gate is None and bool(replay.baseline_platform)
+    if (replay.options.gate != "rates" and not across) or not replay.baseline:
         return []
     found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
     return [{"check": "baseline rates", "message": reason} for reason in found.reasons

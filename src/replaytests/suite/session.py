@@ -286,12 +286,23 @@ class ReplaySession:
         here = PASS if problem is None else Judgement("fail", problem)
         return artifact(here, self.bank_platform, self.options.strict_contract, "bank")
 
-    def judge_against_baseline(self, problem: str | None, level: str = "bits") -> Judgement:
+    def judge_against_baseline(self, problem: str | None, level: str = "bits", cell: str | None = None) -> Judgement:
         """A ledger-audit check against the baseline, under gates.audit.reproduce; `level` is the coarsest
-        level the change reaches (bits, or trajectories). Under --gate, a change finer than the gate is
-        recorded and one at it fails, on any platform; without it, a change on another platform is
-        recorded as platform drift."""
+        level the change reaches (bits, or trajectories), `cell` the record's. Under --gate, a change finer
+        than the gate is recorded and one at it fails, on any platform. Without it, on the baseline's own
+        platform every bit must reproduce; on another platform (another CPU or GPU) only bits may differ and
+        are recorded as platform drift, while a trajectory (suffix, answer, correctness) must still match in
+        a cell whose crossing may not diverge (FP32), and in one that may (BF16) a changed trajectory is
+        counted and judged by the rates of the whole run (artifacts.baseline_rates)."""
         gate = self.options.gate
+        if problem is not None and gate is None and level == "trajectories" and self.baseline_platform \
+                and not self.options.strict_contract:
+            drift = f"the baseline was made on another platform: {'; '.join(self.baseline_platform)}"
+            if cell is not None and self.contract.may_diverge(cell):
+                return Judgement("recorded", f"{problem} ({drift}; a cell that may diverge: counted, judged by "
+                                             "its rates)")
+            return self.contract.gates.audit(f"{problem} ({drift}; only bits may differ across platforms, and "
+                                             "this cell's trajectory changed)")
         if problem is None or gate is None:
             return artifact(self.contract.gates.audit(problem), self.baseline_platform, self.options.strict_contract,
                             "baseline")
