@@ -18,14 +18,14 @@ def short(value: object, limit: int = 120) -> str:
     return shorten(_REPR.repr(value), limit)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters, DEL
 
 
 def control_character(text: str) -> str | None:
     """The first control character of `text` ("U+001B at index 4"), or None. A name, id or label that ends up
     in a terminal line, a Markdown report or JUnit XML must hold none: a newline fakes a line, an escape code
     drives the terminal, and XML 1.0 cannot hold most of them at all."""
-    found = _CONTROL.search(text)
+    found = CONTROL.search(text)
     return None if found is None else f"control character U+{ord(found.group()):04X} at index {found.start()}"
 
 

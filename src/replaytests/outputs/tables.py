@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from html import escape
 
+from replaytests.errors import CONTROL
+
 
 @dataclass(frozen=True)
 class Table:
@@ -36,7 +38,6 @@ def plain(table: Table) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _TAG = re.compile(r"<(?=[A-Za-z/!?])")  # what would open raw HTML in Markdown (`R<-D` stays as written)
 
 
@@ -45,7 +46,7 @@ def md_cell(text: str) -> str:
     syntax, a control character or a newline is a space, and `<script>` or `<img onerror=...>` from a
     contract name, a row id or a path is text, never HTML."""
     text = text.replace("\\", "\\\\").replace("|", "\\|")
-    return _TAG.sub("&lt;", _CONTROL.sub(" ", text))
+    return _TAG.sub("&lt;", CONTROL.sub(" ", text))
 
 
 def markdown(table: Table, level: int = 3) -> list[str]:
