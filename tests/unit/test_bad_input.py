@@ -105,6 +105,11 @@ def _manifest_fifo(ws: Workspace) -> Path:
     return bank
 
 
+def _huge_tokenizer(path: Path) -> None:
+    with open(path / "tokenizer.json", "r+b") as handle:  # sparse: 300 MiB that take no disk
+        handle.truncate(300 << 20)
+
+
 def _manifest(ws: Workspace, edit: Callable[[dict], None]) -> Path:
     manifest = json.loads(manifest_path(ws.bank).read_text())
     edit(manifest)
@@ -289,6 +294,9 @@ PYTEST = {
                           r"x\.manifest\.json: cannot read bank manifest: a FIFO, not a regular file"),
     "manifest-deep": Case(lambda w: ["--bank", str(_bank_with_manifest(w, "[" * 100000 + "]" * 100000))],
                           r"x\.manifest\.json: cannot read bank manifest: JSON nested too deeply"),
+    "tokenizer-sparse-huge": Case(lambda w: ["--model", str(w.model_with("m", _huge_tokenizer)), "--accept-changed",
+                                             "model"],
+                                  r"tokenizer\.json: expected a regular file of at most 256 MiB .*got 314572800 bytes"),
     "bank-fifo": Case(lambda w: ["--bank", str(_fifo(w, "b.jsonl"))], r"b\.jsonl: cannot read bank: a FIFO"),
     "bank-deep-json": Case(lambda w: ["--bank", str(w.write("deep/tiny.jsonl", "[" * 100000 + "]" * 100000 + "\n"))],
                            r"deep/tiny\.jsonl:1: JSON nested too deeply"),
@@ -547,4 +555,4 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
 
 
 def test_the_table_is_large_enough():
-    assert len(PYTEST) + len(COMMANDS) >= 125, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
+    assert len(PYTEST) + len(COMMANDS) >= 126, f"{len(PYTEST) + len(COMMANDS)} bad-input cases"
