@@ -203,7 +203,10 @@ def behaviour_table() -> str:
     return _markdown([header, *rows])
 
 
-CELL_RUNS = {"tiny": "cpu-tiny-cells", "SmolLM2 + protocol adapter (24 rows)": "cpu-smollm2-protocol-cells"}
+# model -> its committed cells runs (one run directory, or the run directories of its row ranges)
+CELL_RUNS = {"tiny": ("cpu-tiny-cells",),
+             "SmolLM2 + protocol adapter": ("cpu-smollm2-protocol-cells/rows-00-24",
+                                            "cpu-smollm2-protocol-cells/rows-24-48")}
 CELL_LABELS = ("rows", "replicas exact", "crossing: suffixes differ", "answers differ", "correctness differs",
                "first split, median (range)", "live vs prefill: suffixes differ", "transplant: follows donor",
                "suffixes differ vs paired cell (paired, McNemar)")
@@ -232,9 +235,9 @@ def _cell_row(report: dict, cell: str) -> list[str]:
 
 def cells_table() -> str:
     rows = [["model", "cell", *CELL_LABELS]]
-    for model, name in CELL_RUNS.items():
-        path = LEDGERS / name
-        report = build_report(collate([path]), report_meta([path]))
+    for model, names in CELL_RUNS.items():
+        paths = [LEDGERS / name for name in names]
+        report = build_report(collate(paths), report_meta(paths))
         rows += [[model, cell, *_cell_row(report, cell)] for cell in report["families"]["crossing"]["precisions"]]
     return _markdown(rows)
 
