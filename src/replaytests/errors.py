@@ -45,6 +45,10 @@ class LedgerError(ReplaytestsError):
     """A ledger file that cannot be read as the versioned ledger format."""
 
 
+class RecordNotKept(ReplaytestsError):
+    """A finished record could not be appended to the run's records file (a full disk, a quota)."""
+
+
 class FailClosed(ReplaytestsError):
     """A check that stops a row from contributing numbers."""
 

@@ -48,3 +48,33 @@ def test_a_full_disk_at_the_end_keeps_the_records_and_says_so(full_disk):
         f"the finished records were not kept: {[(r['family'], r['row']) for r in kept]}")
     assert f"its {len(kept)} records are kept in {root / 'full' / RECORDS}" in errors[0], errors[0]
     assert not (root / LATEST).exists(), "latest was moved to a run whose files were not written"
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 12 KiB tmpfs: the run's records file fills it after a record or two."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    if not sys.platform.startswith("linux") or shutil.which("mount") is None:
+        pytest.skip("needs Linux mount(8) for a small tmpfs")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(mount)], capture_output=True,
+                          text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip() or made.returncode}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_disk_that_fills_during_the_appends_stops_the_run_without_tracebacks(tiny_disk):
+    root = tiny_disk / "reports"
+    argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:xdist", "-p",
+            "no:cacheprovider", "--rows", "2", "--precision", "fp32", "--report-dir", str(root), "--run-name", "full"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=os.environ | {"CI": "1"}, timeout=600,
+                          check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == WRITE_FAILED, f"exit {done.returncode}, expected {WRITE_FAILED}:\n{out[-3000:]}"
+    assert "Traceback" not in out and "OSError" not in out, f"a traceback reached the user:\n{out[-3000:]}"
+    assert "; the run stops, keeping the records appended before it" in out, out[-3000:]
+    failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    assert len(failed) <= 2, f"the run went on after the disk filled: {failed}"
+    assert not (root / LATEST).exists(), "latest was moved to a run whose records were not all kept"

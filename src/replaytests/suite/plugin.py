@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from replaytests.errors import ReplaytestsError
+from replaytests.errors import RecordNotKept, ReplaytestsError
 from replaytests.families.registry import FAMILIES, MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
@@ -446,6 +446,30 @@ def audit_params(replay: ReplaySession, causal: bool) -> list:
         return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
                                       f"({replay.options.baseline_ledger})")
     return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
+
+
+def _not_kept(item: pytest.Item, exc: RecordNotKept):
+    """A record that could not be kept (a full disk) fails its test in one line and stops the run: every
+    test after it would fail the same way, each with a traceback. Records are computed in fixtures (setup)
+    and in tests (call)."""
+    item.session.shouldstop = str(exc)
+    pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    try:
+        return (yield)
+    except RecordNotKept as exc:
+        _not_kept(item, exc)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    try:
+        return (yield)
+    except RecordNotKept as exc:
+        _not_kept(item, exc)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -18,7 +18,7 @@ from replaytests.engine import backend
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import environment
 from replaytests.engine.protocol import Delimiters, Grammar
-from replaytests.errors import ConfigError, short
+from replaytests.errors import ConfigError, RecordNotKept, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.inputs import cells, cpu_isa, platforms
@@ -401,7 +401,12 @@ class ReplaySession:
         result = self._compute(family, row, precision)
         self._here.add((family, row.id, precision))
         if self.sink is not None and result["status"] in ("ok", "excluded"):
-            ledger.append_record(self.sink, result)
+            try:
+                ledger.append_record(self.sink, result)
+            except OSError as exc:
+                raise RecordNotKept(f"cannot append the record {family}/{row.id}/{precision} to {self.sink}: "
+                                    f"{exc.strerror or exc}; the run stops, keeping the records appended before "
+                                    "it") from None
         return result
 
     def read(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
