@@ -95,13 +95,38 @@ def _software(run: Path) -> dict:
 @nox.session(python=False)
 def upgrade(session: nox.Session) -> None:
     """Gate a runtime upgrade: the same audit in an old and a new environment, compared at a level."""
+    _gate_sides(session, _arguments(session))
+
+
+@nox.session(python=False)
+def newest(session: nox.Session) -> None:
+    """The nightly look ahead: the versions constraints.txt pins (those the committed baselines were made
+    with) against the newest versions pyproject.toml allows, gated at trajectories by default; torch stays
+    the pinned CPU build on both sides. Where nothing newer is out, it says so and passes.
+
+        nox -s newest [-- gate=trajectories rows=0:6 out=reports/newest]
+    """
+    pins = [line.strip() for line in Path("constraints.txt").read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+    names = [Requirement(pin).name for pin in pins]
+    newest_side = [pin if Requirement(pin).name == "torch" else name for pin, name in zip(pins, names, strict=True)]
+    session.posargs[:0] = [f"old={' '.join(pins)}", f"new={' '.join(newest_side)}", "gate=trajectories",
+                           "out=reports/newest"]
     args = _arguments(session)
+    args["pip"] = f"{args['pip']} --upgrade".strip()
+    _gate_sides(session, args, nothing_new_passes=True)
+
+
+def _gate_sides(session: nox.Session, args: dict[str, str], nothing_new_passes: bool = False) -> None:
     root = Path(args["out"])
     if root.exists() and any((root / side).exists() for side in ("old", "new")):
         session.error(f"upgrade: {root} holds an earlier upgrade's runs; pass out=ANOTHER or remove them")
     runs = {side: _side(session, side, shlex.split(args[side]), args, root) for side in ("old", "new")}
     before, after = _software(runs["old"]), _software(runs["new"])
     if before == after:
+        if nothing_new_passes:
+            session.log(f"newest: the newest allowed versions are the pinned ones ({before}): nothing to compare")
+            return
         session.error(f"upgrade: the two environments recorded the same software ({before}): nothing was upgraded, "
                       "so the comparison would pass on nothing")
     changed = {k: (before.get(k), after.get(k)) for k in sorted(before.keys() | after.keys())

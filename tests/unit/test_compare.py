@@ -237,7 +237,19 @@ def test_cli_compare_passes_identical_runs_and_says_they_are_one(runs, capsys):
     code = main(["compare", str(runs[0]), str(runs[0])])
     lines = capsys.readouterr().out.splitlines()
     assert (code, lines[-1]) == (0, "PASS"), f"exit {code}"
-    assert "both sides hold the same records (one run given twice?)" in lines[0], lines[0]
+    assert "both sides are one run (given twice, or a copy)" in lines[0], lines[0]
+
+
+def test_two_runs_with_equal_records_are_not_called_one_run(tmp_path, capsys):
+    """An upgrade that moved nothing gives equal records from two runs: that is a result, not a mistake."""
+    records = diverging("crossing", 4, 1)
+    runs = [write_ledger_file(tmp_path / name / "ledger.jsonl", records).parent for name in ("old", "new")]
+    for run, started in zip(runs, ("2026-12-01T00:00:00", "2026-12-02T00:00:00"), strict=True):
+        (run / "run.json").write_text(json.dumps({"run": {"name": run.name, "started": started}}), encoding="utf-8")
+    assert main(["compare", str(runs[0]), str(runs[1])]) == 0
+    assert "one run" not in capsys.readouterr().out.splitlines()[0]
+    assert main(["compare", str(runs[0]), str(runs[0] / "ledger.jsonl")]) == 0
+    assert "both sides are one run" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_cli_compare_refuses_runs_in_which_nothing_could_be_judged(tmp_path, capsys):

@@ -47,6 +47,7 @@ from replaytests.outputs.report import (
     mcnemar_paired,
     read_run,
 )
+from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.stats import wilson
 from replaytests.outputs.tables import Table, plain
 
@@ -115,7 +116,7 @@ class Comparison:
     seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, precision, level) of every finding
     accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # per level, by --expected
     across_runtimes: bool = False  # two runtimes' fingerprints never match: changed bits are counted, not listed
-    same: bool = False  # both sides hold the same records (one run given twice, or a copy): nothing could change
+    same: bool = False  # both sides are one run (given twice, or a copy of it): nothing could change
 
     def gated(self, level: str) -> bool:
         """Whether a finding at `level` fails this gate (it does at the gate's level and every coarser one)."""
@@ -159,7 +160,7 @@ class Comparison:
 
     def text(self, verbose: bool = False) -> str:
         first = (f"{self.result} at --gate {self.gate}: {self.levels()}"
-                 + ("; both sides hold the same records (one run given twice?): nothing could have changed"
+                 + ("; both sides are one run (given twice, or a copy): nothing could have changed"
                     if self.same else "")
                  + (f"; the runs differ in {self.causes[0]}" if self.causes else ""))
         out = [first, *(f"cause: {cause}" for cause in self.causes), *(f"moved: {line}" for line in self.moved), "",
@@ -424,8 +425,11 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
                           "K/V, the other top-k logits): no bit can match; pass --gate trajectories or --gate rates")
     out = compare(base_records, new_records, alpha, gates_of(contract), gate, known, runtimes)
     out.causes = causes(base_run, new_run)
-    if ledger.merge(base_records) == ledger.merge(new_records):
-        out.same = True
+    # One run given twice (the same ledger file, or copies of one run: the same run name and start time);
+    # two runs whose records are equal are not that, they are an upgrade that moved nothing.
+    base_id, new_id = (get_path(run or {}, "run") for run in (base_run, new_run))
+    out.same = ledger_of(Path(baseline)).resolve() == ledger_of(Path(new)).resolve() or (
+        base_id is not None and base_id == new_id)
     return out
 
 
