@@ -41,12 +41,21 @@ FAMILIES = {
 }
 # Families transformers runs with eager attention only (a contract then says environment.attention: eager).
 EAGER = ("gemma2",)
-# Families where a property does not hold on this CPU, and why (measured; strict: a fix turns them red).
+# Families whose two physical-batch copies may disagree, and why: measured on some CPUs (an AMD EPYC), not on
+# others. The expectation comes from the run's own data: where the copies desync (the check fails closed with
+# PhysicalBatchDesync) the test is an expected failure; where they agree, every property must hold.
 KNOWN = {
     "qwen2_moe": "qwen2_moe: the two physical-batch copies' logits differ in their last bits at FP32 (max |diff| "
                  "about 1e-8 from the first decode steps; its expert dispatch is the likely cause): every row "
                  "fails closed, so no other property can be checked",
 }
+DESYNC = "PhysicalBatchDesync"
+
+
+def _desync_known(family: str, found) -> None:
+    """An expected failure where a KNOWN family's copies desynced in this run (and only for that cause)."""
+    if family in KNOWN and any(c.outcome != "ok" and DESYNC in c.detail for c in found):
+        pytest.xfail(KNOWN[family])
 
 
 def build_model(family: str, attention: str = "sdpa", **extra):
@@ -79,24 +88,23 @@ def checked(tiny_contract, tokenizer, delims):
     return get
 
 
-def _family_params(families=FAMILIES):
-    return [pytest.param(f, marks=[pytest.mark.xfail(reason=KNOWN[f], strict=True)] if f in KNOWN else [])
-            for f in families]
-
-
 @pytest.mark.parametrize("prop", checks.PROPERTIES)
-@pytest.mark.parametrize("family", _family_params())
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_holds_each_replay_property(family, prop, checked):
-    check = {c.name: c for c in checked(family).checks}[prop]
+    found = checked(family).checks
+    check = {c.name: c for c in found}[prop]
+    if check.outcome != "ok":
+        _desync_known(family, found)
     assert check.outcome == "ok", f"{family} at FP32: {prop} {check.outcome}: {check.detail}"
 
 
-@pytest.mark.parametrize("family", _family_params())
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_static_cache_keeps_every_property_and_the_fp32_trajectories(family, checked):
     # The cache class a contract names (environment.cache): a preallocated cache attends over the model's
     # whole context with the unused part hidden, so its K/V need not be bit-equal to the dynamic cache's;
     # at FP32 every property must still hold and every construction must take the same trajectory.
     static, dynamic = checked(family, "static"), checked(family)
+    _desync_known(family, [*static.checks, *dynamic.checks])
     failed = [f"{c.name} {c.outcome}: {c.detail}" for c in static.checks if c.outcome != "ok"]
     assert not failed, f"{family} with a static cache: " + "; ".join(failed)
     assert static.suffixes == dynamic.suffixes, (
@@ -194,9 +202,10 @@ def test_check_model_on_a_random_checkpoint_of_each_family(family, tmp_path, cap
     capsys.readouterr()  # transformers' own progress output while saving
     code = main(["check-model", "--model", str(model), "--contract", str(contract)])
     out = capsys.readouterr().out
-    if family in KNOWN:  # the known failure is reported, and the verdict says so
-        assert code == 1 and re.search(r"^  fp32 +batch +fail: PhysicalBatchDesync", out, re.MULTILINE), out
-        assert out.rstrip().endswith("verdict: FAIL (a property replay rests on does not hold; see above)"), out
+    if family in KNOWN and re.search(rf"^  fp32 +batch +fail: {DESYNC}", out, re.MULTILINE):
+        # the known failure, where it occurs here: reported, and the verdict says so
+        assert code == 1 and out.rstrip().endswith("verdict: FAIL (a property replay rests on does not hold; see "
+                                                   "above)"), out
     else:
         assert code == 0 and out.rstrip().endswith("verdict: PASS (every judged property holds)"), out
 
