@@ -8,8 +8,10 @@ typed Gates object carries but no judging method uses.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
+import textwrap
 
 import pytest
 from test_contract import schema_paths
@@ -103,8 +105,43 @@ def test_every_contract_key_has_a_reader(path, captured):
     assert reader is not None, f"contract key {path!r} has no reader: validation admits more than one value, drift " \
                                f"does not compare it and READERS names no function that reads it"
     word = path.rpartition(".")[2]
-    assert re.search(rf"\b{re.escape(word)}\b", inspect.getsource(reader)), (
-        f"contract key {path!r}: its reader {reader.__qualname__} never names {word!r}")
+    assert spelled_in_code(reader, word), (
+        f"contract key {path!r}: its reader {reader.__qualname__} never names {word!r} in its code")
+
+
+def spelled_in_code(function, word: str) -> bool:
+    """Whether `function`'s code (not its docstring, not a comment) names `word`: as an identifier, an
+    attribute, an argument or keyword, or a whole word of a string constant (a key such as "branch")."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    pattern = re.compile(rf"\b{re.escape(word)}\b")
+    for node in (n for statement in body for n in ast.walk(statement)):
+        found = (node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute)
+                 else node.arg if isinstance(node, ast.arg | ast.keyword) else
+                 node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None)
+        if found and pattern.search(found):
+            return True
+    return False
+
+
+def _named_in_a_comment_only(settings):
+    """Reads branch."""
+    # branch
+    return settings["merge"]
+
+
+def _named_in_code(settings):
+    return settings["caps"]["branch"], settings.branch
+
+
+@pytest.mark.parametrize(("function", "named"), [
+    pytest.param(_named_in_a_comment_only, False, id="comment-and-docstring-only"),
+    pytest.param(_named_in_code, True, id="key-and-attribute"),
+])
+def test_a_key_named_only_in_a_comment_has_no_reader(function, named):
+    assert spelled_in_code(function, "branch") == named
 
 
 @pytest.mark.parametrize("field", [pytest.param(f, id=f) for f in gates.Gates.__dataclass_fields__])
