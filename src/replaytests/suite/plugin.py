@@ -4,8 +4,10 @@ Registered through the `pytest11` entry point, so it is imported into every pyte
 environment where replaytests is installed: it imports no torch at module level. Before any conftest
 is imported it reads the run's contract and pins the CPU instruction set the contract names
 (cpu_isa), so that torch dispatches its first kernel at that level. State lives in one ReplaySession
-kept in config.stash; records ride on report.user_properties so xdist workers hand them to the
-controller, which writes the ledger, run.json and the report, each starting with the verdict.
+kept in config.stash. Each worker appends the records it computes to the run's records file as it finishes
+them; each test's key facts ride on report.user_properties (JUnit properties, the progress line); at the end
+the controller writes the ledger, run.json and the report from the records file, each starting with the
+verdict.
 """
 
 from __future__ import annotations
