@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, short
-from replaytests.families.registry import FAMILIES
+from replaytests.families.registry import CROSS, FAMILIES
 from replaytests.files import read_json, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.gates import bit_exact, replicas_exact
@@ -195,7 +195,6 @@ def cell_order(meta: dict) -> tuple[str, ...]:
 COMPARISON_FIELDS = {"cache_exact": (bool, type(None)), "logits_exact": bool, "suffix_equal": bool,
                      "answer_equal": bool, "correct_equal": bool}
 ARM_FIELDS = {"suffix": list, "answer": str, "cache_digest": (str, type(None)), "logits_digest": str}
-CROSS_PAIR = "incremental~prefill"  # the transplant and replication records' crossing
 
 
 def _layer_digests_ok(value: object) -> bool:
@@ -232,7 +231,7 @@ def _problem(record: dict) -> str | None:
         return (f"ledger record {where}: arms.{arm}.layer_digests must be null or {{\"k\": [hex...], \"v\": [hex...]}} "
                 "of equal lengths")
     family = record["family"]
-    headline = SHAPES[family].headline if family in SHAPES else (CROSS_PAIR,) if family in CAUSAL else ()
+    headline = SHAPES[family].headline if family in SHAPES else (CROSS,) if family in CAUSAL else ()
     if missing := [pair for pair in headline if pair not in record["comparisons"]]:
         return f"ledger record {where}: comparisons lack the {family} family's pair {missing[0]!r}"
     return None
