@@ -10,10 +10,12 @@ from collections.abc import Callable
 
 from replaytests.families.registry import CROSS, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.inputs.cells import PAPER
+from replaytests.inputs.contract import SCHEMA
 from replaytests.inputs.gates import replicas_exact
 from replaytests.outputs.stats import proportion
 
-MIN_EXACT_CONTROLS = 6  # the registered minimum of exact controls for a strong replication
+# The registered minimum of exact controls for a strong replication, where a run names none: the contract's default.
+MIN_EXACT_CONTROLS = SCHEMA.keys["panels"].keys["replication"].keys["min_exact_controls"].default
 PARTIAL = ("k_only", "v_only")  # the partial transplants (K or V alone) a transplant record holds
 INVALID = "TransplantInvalid"  # the reason an excluded record begins with when the validity control failed
 
