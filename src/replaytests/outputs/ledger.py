@@ -93,7 +93,8 @@ def read_appended(path: Path) -> tuple[list[dict], list[int]]:
         return [], []
     lines = text.split("\n")
     torn = [number for number, line in enumerate(lines, start=1) if line.strip() and record_line(line) is None]
-    kept = "\n".join("" if number in torn else line for number, line in enumerate(lines, start=1))
+    cut = set(torn)
+    kept = "\n".join("" if number in cut else line for number, line in enumerate(lines, start=1))
     return parse_versioned_jsonl(path, kept, READABLE, LedgerError), torn
 
 
