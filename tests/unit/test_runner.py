@@ -84,8 +84,6 @@ def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
 @pytest.mark.parametrize(("case", "message"), [
     pytest.param("missing-rows", "no finished bf16 crossing record of", id="missing-rows"),
     pytest.param("interrupted", "is an interrupted run", id="interrupted"),
-    pytest.param("other-contract", "was run under another contract (cpu-other, sha256 000000000000…; this run's "
-                                   "cpu-tiny", id="other-contract"),
 ])
 def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_path, case, message):
     source = tmp_path / "source"
@@ -94,10 +92,28 @@ def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_p
     ledger.write_ledger(source / "ledger.jsonl", kept)
     meta = json.loads((whole / "run.json").read_text())
     meta["run"]["interrupted"] = case == "interrupted"
-    if case == "other-contract":
-        meta["contract"] |= {"name": "cpu-other", "sha256": "0" * 64}
     (source / "run.json").write_text(json.dumps(meta))
     proc, _ = run(tmp_path / "r", "x", "-m", "causal", "--panel-from", str(source))
     assert proc.returncode == 4, f"expected a usage error, got {proc.returncode}:\n{proc.stdout[-2000:]}"
     errors = [line for line in proc.stderr.splitlines() if "ERROR" in line or "error" in line]
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_panel_source_made_under_another_contract_names_both(whole, tmp_path):
+    """Its crossing is not this run's: refused before any row, naming both contracts (each row failed as
+    not contemporaneous, with no word of the contract)."""
+    from replaytests.errors import ConfigError
+    from replaytests.inputs.options import Options
+    from replaytests.suite.session import ReplaySession, read_panel_source
+
+    source = tmp_path / "source"
+    source.mkdir()
+    ledger.write_ledger(source / "ledger.jsonl", ledger.read_ledger(whole / "ledger.jsonl"))
+    meta = json.loads((whole / "run.json").read_text())
+    meta["contract"] |= {"name": "cpu-other", "sha256": "0" * 64}
+    (source / "run.json").write_text(json.dumps(meta))
+    replay = ReplaySession.open(Options(rows="0:2"))
+    with pytest.raises(ConfigError, match=r"was run under another contract \(cpu-other, sha256 000000000000…; this "
+                                          r"run's cpu-tiny, "):
+        read_panel_source((source,), replay.rows, replay.integrity, replay.contract, ("bf16",))
