@@ -18,16 +18,31 @@ from replaytests.outputs.rundir import LATEST, RECORDS
 from replaytests.suite.plugin import WRITE_FAILED
 
 
-@pytest.fixture
-def full_disk(tmp_path):
+def _tmpfs(tmp_path: Path, size: str) -> Path:
+    """A tmpfs of `size` mounted under tmp_path (skipped where this machine does not let a test mount one)."""
     mount = tmp_path / "tmpfs"
     mount.mkdir()
     if not sys.platform.startswith("linux") or shutil.which("mount") is None:
         pytest.skip("needs Linux mount(8) for a small tmpfs")
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)], capture_output=True,
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True,
                           text=True, check=False)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip() or made.returncode}")
+    return mount
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """48 KiB: the records of one row fit, the reports do not."""
+    mount = _tmpfs(tmp_path, "48k")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """12 KiB: the run's records file fills it after a record or two."""
+    mount = _tmpfs(tmp_path, "12k")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -49,20 +64,6 @@ def test_a_full_disk_at_the_end_keeps_the_records_and_says_so(full_disk):
     assert f"its {len(kept)} records are kept in {root / 'full' / RECORDS}" in errors[0], errors[0]
     assert not (root / LATEST).exists(), "latest was moved to a run whose files were not written"
 
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 12 KiB tmpfs: the run's records file fills it after a record or two."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    if not sys.platform.startswith("linux") or shutil.which("mount") is None:
-        pytest.skip("needs Linux mount(8) for a small tmpfs")
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(mount)], capture_output=True,
-                          text=True, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip() or made.returncode}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_disk_that_fills_during_the_appends_stops_the_run_without_tracebacks(tiny_disk):
