@@ -18,7 +18,8 @@ def short(value: object, limit: int = 120) -> str:
     return shorten(_REPR.repr(value), limit)
 
 
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0 and C1 control characters, DEL
+CONTROLS = r"\x00-\x1f\x7f-\x9f"  # C0 and C1 control characters and DEL, as a regex class's body
+CONTROL = re.compile(f"[{CONTROLS}]")
 
 
 def control_character(text: str) -> str | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from replaytests.errors import ConfigError, short
+from replaytests.errors import CONTROLS, ConfigError, short
 from replaytests.files import read_text, sha256_json
 from replaytests.inputs import cells
 from replaytests.inputs.blocks import CACHES, DELIMITER_NAMES, Caps
@@ -120,7 +120,7 @@ _NUMBER = (int, float)
 SCHEMA = Section({
     "schema": Value(str, default=SCHEMA_ID, choices=(SCHEMA_ID,)),
     "extends": _pin(),  # resolved before validation; listed so that a misspelling gets a suggestion
-    "name": Value(str, pattern=r"[^\x00-\x1f\x7f-\x9f]{1,200}", expect="1 to 200 characters, none a control character"),
+    "name": Value(str, pattern=rf"[^{CONTROLS}]{{1,200}}", expect="1 to 200 characters, none a control character"),
     "description": Value(str, default="", pattern=r"[^\x00-\x08\x0b-\x1f\x7f-\x9f]*",
                          expect="text without control characters (newlines and tabs allowed)"),
     "software": Section({key: _pin() for key in ("python", "torch", "transformers", "cuda", "cudnn")}, default={}),
