@@ -141,17 +141,19 @@ def _check_model(args: argparse.Namespace) -> int:
     precisions (the paper's cells), and what a crossing row would cost at the contract's bank lengths; exit 1 if any
     judged property fails."""
     contract, _ = _pin(args.contract)
+    from replaytests.engine.backend import check_window
     from replaytests.engine.hf import checks
+    from replaytests.engine.hf.inspection import inspect
     from replaytests.engine.hf.runtime import Runtime
     from replaytests.inputs import cells
-    from replaytests.suite.session import check_model, check_window
 
-    _, config = check_model(args.model, contract, "--model")
+    facts = inspect(args.model, contract, "--model")
     lengths = contract.bank["prefix_len"]
-    check_window(args.model, config, lengths["max"] + contract.caps.suffix_room())
-    print(f"check-model: {args.model} ({'/'.join(getattr(config, 'architectures', None) or ['?'])}, "
-          f"{config.num_hidden_layers} layers) under contract {contract.name}; window: "
-          f"{_window(config)}; cache: {contract.cache}")
+    check_window(facts, lengths["max"] + contract.caps.suffix_room())
+    window = ("none (every layer sees the whole sequence)" if facts.sliding_window is None
+              else f"sliding, {facts.sliding_window} tokens")
+    print(f"check-model: {args.model} ({facts.summary}) under contract {contract.name}; window: {window}; "
+          f"cache: {contract.cache}")
     failed = False
     for precision in cells.select("both", contract.cells, contract.path):  # the paper's cells: the model's properties
         runtime = Runtime.load(args.model, contract, precision, args.device)
@@ -174,13 +176,6 @@ def _check_model(args: argparse.Namespace) -> int:
     print("verdict: FAIL (a property replay rests on does not hold; see above)" if failed else
           "verdict: PASS (every judged property holds)")
     return 1 if failed else 0
-
-
-def _window(config) -> str:
-    from replaytests.engine.hf import adapter as hf_adapter
-
-    window = hf_adapter.sliding_window(config)
-    return "none (every layer sees the whole sequence)" if window is None else f"sliding, {window} tokens"
 
 
 def _report(args: argparse.Namespace) -> int:

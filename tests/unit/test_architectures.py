@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from replaytests.engine.backend import ModelFacts, check_window
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import checks
 from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import Grammar
 from replaytests.errors import ConfigError
-from replaytests.suite.session import check_window
 
 VOCAB = 320  # the embedded tokenizer's ids, delimiters included
 SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -140,11 +140,13 @@ def test_a_window_shorter_than_the_sequence_is_refused(family, window, refused):
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(family, **({"sliding_window": window} if window else {}))
+    facts = ModelFacts(None, 1024, hf_adapter.sliding_window(config), family, f"{family}/config.json")
     if refused:
-        with pytest.raises(ConfigError, match=rf"sliding_window {window} is shorter than the longest sequence"):
-            check_window(Path(family), config, 200)
+        with pytest.raises(ConfigError, match=rf"^{family}/config.json: sliding_window {window} is shorter than the "
+                                              "longest sequence"):
+            check_window(facts, 200)
     else:
-        check_window(Path(family), config, 200)
+        check_window(facts, 200)
 
 
 def test_the_mask_check_fails_a_model_that_ignores_the_mask(fp32_runtime, monkeypatch):

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 from test_contract import schema_paths
 
-from replaytests.engine.hf import adapter, environment, runtime, weights
+from replaytests.engine.hf import adapter, environment, inspection, runtime, weights
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.inputs import contract, gates
@@ -50,7 +50,7 @@ READERS = {
     "caps.merge": Caps.of,
     "caps.answer": Caps.of,
     "delimiters": Delimiters.resolve,
-    "banned_tokens": session.check_model,
+    "banned_tokens": inspection.inspect,
     "boundary_checks": contract._check_together,
     "panels.live": planner.Plan.panel_size,
     "panels.bridge": planner.Plan.panel_size,

@@ -83,6 +83,28 @@ class Backend(Protocol):
         """The first copy of a physical batch as a storage-isolated singleton boundary (`batch_size`)."""
 
 
+class ModelFacts(NamedTuple):
+    """What a backend reads of a model before loading its weights (its `inspect`): the session validates
+    the bank and the sequence lengths against it before any model work."""
+
+    grammar: Grammar  # the contract's delimiters, caps and banned tokens resolved in the model's vocabulary
+    max_positions: int  # the longest sequence the model takes
+    sliding_window: int | None  # the attention window some layer applies; None where every layer sees all
+    summary: str  # architecture and layer count, as check-model prints them
+    source: str  # the file a limit was read from, named in errors
+
+
+def check_window(facts: ModelFacts, longest: int) -> None:
+    """A model whose layers attend through a sliding window shorter than the longest sequence a row
+    needs is refused: its cache would drop keys the visibility contract keeps visible, so no replay of
+    it means what the protocol says."""
+    window = facts.sliding_window
+    if window is not None and window < longest:
+        raise ConfigError(f"{facts.source}: sliding_window {window} is shorter than the longest sequence "
+                          f"this bank needs ({longest} tokens, prefix and suffix): the visibility contract "
+                          "cannot be expressed with it")
+
+
 class CellProblem(NamedTuple):
     """Why a backend cannot run a cell: the cell's field and what is wrong. `missing_library`: the cell
     is one the backend runs, with a library that is not installed here (its tests are skipped, saying

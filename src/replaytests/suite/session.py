@@ -15,9 +15,7 @@ from pathlib import Path
 import torch
 
 from replaytests.engine import backend
-from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import environment
-from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, RecordNotKept, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
@@ -58,37 +56,12 @@ def check_device(device: str | None) -> None:
         raise ConfigError(f"--device {device}: this machine has no MPS device (Apple silicon, a torch built for it)")
 
 
-def check_model(path: Path, contract: Contract, option: str) -> tuple[Grammar, object]:
-    """Everything about a model directory that can be known before loading its weights: config, whole
-    safetensors files, a tokenizer that gives each delimiter as one token, a vocabulary that holds
-    them and the contract's banned tokens. Returns the grammar and the config."""
-    hf_adapter.check_model_dir(path)
-    hf_adapter.check_weights(path)
-    config = hf_adapter.load_config(path)  # first: the tokenizer's loader reads config.json too
-    tokenizer = hf_adapter.load_tokenizer(path)
-    try:
-        delims = Delimiters.resolve(tokenizer, contract.delimiters)
-    except ConfigError as exc:
-        raise ConfigError(f"{path} ({option}) with contract {contract.path}: {exc}") from None
-    if outside := [i for i in delims.all_ids if i >= config.vocab_size]:
-        raise ConfigError(f"{path}/config.json: vocab_size {config.vocab_size} does not hold the delimiter ids "
-                          f"{outside} of its own tokenizer ({option})")
-    try:
-        grammar = Grammar(delims, contract.caps, config.vocab_size, len(tokenizer), contract.banned_tokens)
-    except ConfigError as exc:
-        raise ConfigError(f"{contract.path}: {exc} of {path} ({option})") from None
-    return grammar, config
+def inspect_model(backend_class: type, path: Path, contract: Contract, option: str) -> backend.ModelFacts:
+    """What the backend reads of a model before loading its weights (engine.backend.ModelFacts); a backend
+    that names no `inspect` serves Hugging Face directories."""
+    from replaytests.engine.hf import inspection
 
-
-def check_window(path: Path, config, longest: int) -> None:
-    """A model whose layers attend through a sliding window shorter than the longest sequence a row
-    needs is refused: its cache would drop keys the visibility contract keeps visible, so no replay of
-    it means what the protocol says."""
-    window = hf_adapter.sliding_window(config)
-    if window is not None and window < longest:
-        raise ConfigError(f"{path}/config.json: sliding_window {window} is shorter than the longest sequence "
-                          f"this bank needs ({longest} tokens, prefix and suffix): the visibility contract "
-                          "cannot be expressed with it")
+    return getattr(backend_class, "inspect", inspection.inspect)(path, contract, option)
 
 
 def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity, contract: Contract,
@@ -161,17 +134,19 @@ class ReplaySession:
         pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
         # after the pin: what a backend can run may depend on the kernels it allows (vLLM's fp8 cache)
         skipped = {name: reason for name in selected if (reason := backend.check_cell(backend_class, contract, name))}
-        grammar, config = check_model(options.model, contract, "--model")
-        rows = read_bank(options.bank, grammar, config.max_position_embeddings, contract.caps.suffix_room())
+        facts = inspect_model(backend_class, options.model, contract, "--model")
+        rows = read_bank(options.bank, facts.grammar, facts.max_positions, contract.caps.suffix_room())
         rows = select_rows(rows, options.rows)
         longest = max(row.prefix_len for row in rows) + contract.caps.suffix_room()
-        check_window(options.model, config, longest)
-        integrity = verify_inputs(options.bank, options.model, list(grammar.delims.all_ids), options.accept_changed)
-        if integrity.actual["model"] != get_path(integrity.manifest, "model", "sha256"):
-            hf_adapter.check_tensors(options.model)  # the bank's own model loaded whole when it was frozen
+        backend.check_window(facts, longest)
+        integrity = verify_inputs(options.bank, options.model, list(facts.grammar.delims.all_ids),
+                                  options.accept_changed)
+        loadable = getattr(backend_class, "check_loadable", None)
+        if loadable and integrity.actual["model"] != get_path(integrity.manifest, "model", "sha256"):
+            loadable(options.model)  # the bank's own model loaded whole when it was frozen
         if options.later_model is not None:
-            check_window(options.later_model, check_model(options.later_model, contract, "--replication-model")[1],
-                         longest)
+            backend.check_window(inspect_model(backend_class, options.later_model, contract, "--replication-model"),
+                                 longest)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
         session = cls(options, contract, rows, integrity, baseline, pinned, backend_class,
                       tuple(name for name in selected if name not in skipped), skipped)

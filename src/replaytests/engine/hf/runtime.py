@@ -22,7 +22,7 @@ from replaytests.engine.arms import Arms
 from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import as_int, bitwise_equal
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import weights
+from replaytests.engine.hf import inspection, weights
 from replaytests.engine.protocol import Delimiters, Grammar
 from replaytests.errors import ConfigError, PhysicalBatchDesync
 from replaytests.inputs.cells import RUNTIME_KV_FORMATS, Cell
@@ -108,6 +108,8 @@ class Runtime:
 
     name: ClassVar[str] = "hf"
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES) - SERVING
+    inspect = staticmethod(inspection.inspect)  # a model directory before its weights load (backend.ModelFacts)
+    check_loadable = staticmethod(hf_adapter.check_tensors)  # its tensors are the ones its architecture needs
 
     precision: str
     flags: Cell

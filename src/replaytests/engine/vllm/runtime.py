@@ -34,6 +34,8 @@ import torch
 from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import inspection
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
 from replaytests.inputs.contract import Contract
@@ -128,6 +130,8 @@ class Runtime:
 
     name: ClassVar[str] = "vllm"
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill"})
+    inspect = staticmethod(inspection.inspect)  # vLLM serves Hugging Face directories
+    check_loadable = staticmethod(hf_adapter.check_tensors)
 
     def __init__(self, model_dir: Path, contract: Contract, precision: str, device: str, vllm) -> None:
         self.model_dir, self.contract, self.precision, self._vllm = model_dir, contract, precision, vllm
