@@ -270,6 +270,9 @@ def _models(args: argparse.Namespace) -> int:
             state = "prepared" if models.prepared(name) else "not prepared"
             print(f"{name}: {spec.description}\n  {models.directory(name)} ({state})")
         return 0
+    if args.action == "gguf":
+        print(models.shipped_gguf(args.name))
+        return 0
     # Training arithmetic is pinned to its recorded kernels before torch starts: its bytes depend on them.
     for train in {models.model(name).training for name in args.names} - {None}:
         from replaytests.inputs import cpu_isa
@@ -363,6 +366,9 @@ def parser() -> argparse.ArgumentParser:
     prepare.add_argument("names", nargs="+", metavar="NAME",
                          help="smollm2, smollm2-later, smollm2-protocol, smollm2-protocol-later")
     model_actions.add_parser("list", help="the models replaytests can prepare, and where they go")
+    gguf = model_actions.add_parser("gguf", help="print the GGUF file a model's package ships (the llamacpp "
+                                                 "backend's --model)")
+    gguf.add_argument("name", metavar="NAME", help="smollm2")
     return top
 
 

@@ -149,7 +149,8 @@ def check_cell(backend: type, contract: Contract, name: str) -> str | None:
 
 
 BUILT_IN = {"hf": "replaytests.engine.hf.runtime:Runtime",  # name -> module:class
-            "vllm": "replaytests.engine.vllm.runtime:Runtime"}
+            "vllm": "replaytests.engine.vllm.runtime:Runtime",
+            "llamacpp": "replaytests.engine.llamacpp.runtime:Runtime"}
 
 
 def resolve(spec: str) -> type:

@@ -168,6 +168,11 @@ SCHEMA = Section({
         "max_num_seqs": Value(int, default=4, low=1, high=MAX_BATCH),
         "kv_cache_gib": Value(int, default=1, low=1, high=MAX_DEVICES),
         "logprobs": Value(int, default=8, low=2, high=20),
+    }, default={}), "llamacpp": Section({
+        "version": _pin(),
+        "n_ctx": Value(int, default=1024, low=16, high=MAX_COUNT),
+        "chunk": Value(int, default=64, low=1, high=MAX_COUNT),
+        "flash_attention": Value(bool, default=False),
     }, default={})}, default={}),
     "caps": Section({key: Value(int, low=1, high=MAX_COUNT) for key in ("branch", "merge", "answer")}),
     "delimiters": KeyedBy(DELIMITER_NAMES, "delimiter", Value(str), default={}),
@@ -251,6 +256,7 @@ class Contract:
     cache = property(lambda self: self.settings["environment"]["cache"])
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
     vllm = property(lambda self: self.settings["runtime"]["vllm"])
+    llamacpp = property(lambda self: self.settings["runtime"]["llamacpp"])
     cell_pairs = property(lambda self: [tuple(pair) for pair in self.settings["cell_pairs"]])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])

