@@ -1,5 +1,6 @@
-"""replaytests.engine.hf.transplant and the transplant family (docs/protocol.md §7.5): provenance refusals, transplant
-mechanics, outcome classification, the minimal layer range, the panel, and one row of each role."""
+"""replaytests.engine.transplant (the seam's checks, each backend's copy) and the transplant family
+(docs/protocol.md §7.5): provenance refusals, transplant mechanics, outcome classification, the minimal layer
+range, the panel, and one row of each role."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from replaytests.engine.boundary import bitwise_equal
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf.transplant import transplant
+from replaytests.engine.transplant import transplant as checked
 from replaytests.errors import StorageAliasing, TransplantInvalid, TransplantRefused
 from replaytests.families import crossing
 from replaytests.families import transplant as family
@@ -25,6 +26,13 @@ from replaytests.outputs import causal
 @pytest.fixture
 def layers(layers_factory):
     return layers_factory(n_layers=3, seq=5, seed=11)
+
+
+def transplant(runtime, recipient, donor, layers=None, parts=PARTS):
+    """runtime.transplant, or the seam's checks alone where there is no runtime (a refusal comes first)."""
+    if runtime is None:
+        return checked(recipient, donor, layers, parts, splice=None)
+    return runtime.transplant(recipient, donor, layers, parts)
 
 
 def _copies(layers):

@@ -23,7 +23,6 @@ from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.hf import constructions
 from replaytests.engine.hf.decoder import DecodeState, decode_suffix
 from replaytests.engine.hf.runtime import Runtime
-from replaytests.engine.hf.transplant import transplant
 from replaytests.engine.protocol import parse_prefix, prompt_of
 from replaytests.errors import FailClosed
 
@@ -129,7 +128,7 @@ def check_runtime(runtime: Runtime, z: list[int], exact: bool) -> Result:
                 "live": constructions.live(runtime, prompt_of(z, runtime.grammar.delims))}
         arms["bridge"] = constructions.build(runtime, "incremental", arms["live"].tokens)
         suffixes = {arm: decode_suffix(runtime, boundary) for arm, boundary in arms.items()}
-        moved = decode_suffix(runtime, transplant(runtime, arms["prefill_replica"], arms["prefill"]))
+        moved = decode_suffix(runtime, runtime.transplant(arms["prefill_replica"], arms["prefill"]))
         checks = [check_mask(runtime, z), Check("batch", name, "ok")]
     except FailClosed as exc:  # the property it breaks fails; what comes after it cannot run
         broken = FAILS.get(type(exc).__name__, "batch")

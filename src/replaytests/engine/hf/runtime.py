@@ -219,9 +219,12 @@ class Runtime:
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
-        from replaytests.engine.hf.transplant import transplant
+        from replaytests.engine.transplant import transplant
 
-        return transplant(self, recipient, donor, layers, parts)
+        def splice(chosen: list[int], selected: tuple[str, ...]) -> tuple[object, None]:
+            return hf_adapter.transplanted_cache(self.model, recipient.cache, donor.cache, chosen, selected), None
+
+        return transplant(recipient, donor, layers, parts, splice)
 
     def with_batch(self, batch: int) -> Runtime:
         """The same model with another physical batch (its own arms: a boundary depends on the batch)."""

@@ -5,15 +5,15 @@ the selected layers' K and/or V come from the donor (all layers, K and V, by def
 validated before the result is returned, and a transplant that fails it is refused with one line
 naming the field: source constructions, layer count, cache sequence length, tokens, roles, each
 tensor's shape, stride, dtype and device, and shared storage (inputs and result).
+
+The checks are the seam's; each backend copies the tensors its own way (`splice`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from replaytests.engine.boundary import Boundary, bitwise_equal, check_same_state, check_storage_isolated
-from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf.runtime import Runtime
 from replaytests.errors import TransplantRefused, short
 from replaytests.inputs.blocks import PARTS, direction
 
@@ -81,14 +81,15 @@ def _check_result(result: Boundary, recipient: Boundary, donor: Boundary, layers
                                         f"{source.construction} {'donor' if source is donor else 'recipient'}")
 
 
-def transplant(runtime: Runtime, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
-               parts: Sequence[str] = PARTS) -> Boundary:
-    """The recipient's boundary with the selected layers' K and/or V copied from the donor."""
+def transplant(recipient: Boundary, donor: Boundary, layers: Sequence[int] | None, parts: Sequence[str],
+               splice: Callable[[list[int], tuple[str, ...]], tuple[object, object]]) -> Boundary:
+    """The recipient's boundary with the selected layers' K and/or V copied from the donor: `splice(layers,
+    parts)` is the backend's copy, returning the new boundary's cache and state."""
     where = f"transplant {direction(recipient.construction, donor.construction)}"
     check_provenance(recipient, donor, where)
     chosen, parts = _selection(layers, parts, len(recipient.layers), where)
-    cache = hf_adapter.transplanted_cache(runtime.model, recipient.cache, donor.cache, chosen, parts)
+    cache, state = splice(chosen, parts)
     result = Boundary(_label(recipient, donor, chosen, parts), list(recipient.tokens), list(recipient.roles),
-                      cache, recipient.logits.clone())
+                      cache, recipient.logits.clone(), state)
     _check_result(result, recipient, donor, chosen, parts, f"{where} ({result.construction})")
     return result
