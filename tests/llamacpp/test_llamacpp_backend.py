@@ -14,13 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 if os.environ.get("REPLAYTESTS_REQUIRE_LLAMACPP") != "1":
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (bash tools/install-llamacpp.sh)")
 
 from replaytests.engine.llamacpp.runtime import Runtime
+from replaytests.engine.llamacpp.state import StateCache, StateLayout
 from replaytests.engine.protocol import prompt_of
-from replaytests.errors import ConfigError
+from replaytests.errors import ConfigError, TransplantRefused
 from replaytests.inputs.bank import read_bank
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.models import shipped_gguf
@@ -142,9 +144,9 @@ def conformance_run(gguf, tmp_path_factory):
 def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run):
     proc, run = conformance_run
     assert proc.returncode == 0, f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
-    assert "backend llamacpp lacks kv_tensors" in proc.stdout, "no skip names the missing capability"
+    assert "backend llamacpp lacks batch_size" in proc.stdout, "no skip names the missing capability"
     records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
-    assert {r["family"] for r in records} == {"live", "crossing"}, {r["family"] for r in records}
+    assert {r["family"] for r in records} == {"live", "crossing", "bridge"}, {r["family"] for r in records}
     assert all(r["status"] == "ok" and r["precision"] == "fp32" for r in records), records
 
 
@@ -154,3 +156,38 @@ def test_the_run_records_the_build_it_ran_on(conformance_run):
     settings = meta["platform"]["runtime.llamacpp"]
     assert settings["build_isa"] and "AVX2 = 1" in settings["system_info"], settings
     assert meta["environment"]["llamacpp_build"]["cmake_args"], meta["environment"].get("llamacpp_build")
+
+
+def test_k_and_v_are_read_from_llamacpps_state(runtime, z):
+    boundary = runtime.build("prefill", z)
+    layers = boundary.layers
+    assert len(layers) == 30, len(layers)
+    for k, v in layers:
+        assert k.shape == v.shape == (1, 1, len(z), 192) and k.dtype == torch.float32, (k.shape, v.shape, k.dtype)
+    assert any(bool(k.abs().sum()) for k, _ in layers), "every K is zero: not the cache's bytes"
+
+
+def test_a_transplanted_state_is_what_llamacpp_loads(runtime, z):
+    """The validity control of the transplant on llama.cpp: prefill's K/V spliced into its own replica
+    continues as prefill does, and llama.cpp reads back exactly the spliced bytes."""
+    prefill, replica = runtime.build("prefill", z), runtime.build("prefill_replica", z)
+    moved = runtime.transplant(replica, prefill, layers=[0, 29], parts=("v",))
+    runtime.context.load(moved.state.state, moved.state.length)
+    assert runtime.context.save() == moved.state.state, "llama.cpp did not load the spliced state as written"
+    assert runtime.suffix(moved).tokens == runtime.suffix(prefill).tokens
+
+
+def test_a_transplant_keeps_the_recipient_and_refuses_another_prefix(runtime, z, rows):
+    """Between two constructions of one prefix (live, and the prefill of what live reached) a transplant
+    keeps the recipient's tokens and boundary logits; from another row's state it is refused."""
+    live = runtime.live(prompt_of(z, runtime.grammar.delims))
+    prefill = runtime.build("prefill", live.tokens)
+    moved = runtime.transplant(prefill, live)
+    assert moved.tokens == prefill.tokens and bool((moved.logits == prefill.logits).all())
+    with pytest.raises(TransplantRefused, match="differs"):
+        runtime.transplant(runtime.build("incremental", rows[1].tokens), live)
+
+
+def test_a_state_in_another_layout_is_refused():
+    with pytest.raises(StateLayout, match=r"ends early|magic"):
+        StateCache(b"\xd8\x3c\x14\xaf" + b"\0" * 3)

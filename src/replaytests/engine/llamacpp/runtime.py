@@ -10,14 +10,16 @@ Its constructions, each on seq 0 of a llama.cpp context:
   reuse is proven by llama.cpp's own count of the tokens it evaluated (`Served.evaluated`);
 - `*_replica`: the same construction in a fresh context.
 
-A boundary keeps the sequence state llama.cpp serializes (its K/V cells and positions); the shared suffix
-decoder loads it into a context and continues greedily under the structural mask. llama.cpp attends
+A boundary keeps the sequence state llama.cpp serializes (its K/V cells and positions), read as K/V
+tensors (engine/llamacpp/state.py); the shared suffix decoder loads it into a context and continues
+greedily under the structural mask, and a transplant splices layers of one state into another. llama.cpp attends
 causally and takes no role masks, so a contract's visibility must be causal, as on vLLM.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -28,7 +30,9 @@ from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.llamacpp.context import Context, DecodeFailed, Model, build_record, system_info, version
+from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
+from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
 from replaytests.inputs.contract import Contract
 
@@ -65,7 +69,7 @@ class Runtime:
     """One GGUF model at one cell on llama.cpp."""
 
     name: ClassVar[str] = "llamacpp"
-    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy"})
 
     def __init__(self, model: Model, contract: Contract, precision: str) -> None:
         self.model, self.contract, self.precision = model, contract, precision
@@ -167,9 +171,18 @@ class Runtime:
 
     def _boundary(self, construction: str, context: Context, tokens: list[int], logits: torch.Tensor,
                   evaluated: int) -> Boundary:
-        roles = self.grammar.parse(tokens, f"llamacpp {construction} ({self.precision})")
-        return Boundary(construction, list(tokens), roles, None, logits,
-                        Saved(context.save(), context.length, evaluated))
+        where = f"llamacpp {construction} ({self.precision})"
+        roles = self.grammar.parse(tokens, where)
+        saved = Saved(context.save(), context.length, evaluated)
+        return Boundary(construction, list(tokens), roles, self._cache(saved.state, where), logits, saved)
+
+    @staticmethod
+    def _cache(state: bytes, where: str) -> StateCache:
+        try:
+            return StateCache(state)
+        except StateLayout as exc:
+            raise BoundaryMismatch(f"{where}: llama.cpp's sequence state is not in the layout this backend reads "
+                                   f"({exc}); K/V cannot be compared") from None
 
     def _live(self, context: Context, prompt_block: list[int], construction: str) -> tuple[list[int], torch.Tensor]:
         """Greedy generation from the prompt block until <|merge|> is consumed: its tokens and last logits."""
@@ -264,8 +277,17 @@ class Runtime:
             logits = self._feed(context, [token], f"suffix token {len(tokens) - 1} of {boundary.construction}")
         return Suffix(tokens, margins, self.model.decode(answer), top1)
 
-    def transplant(self, recipient, donor, layers=None, parts=("k", "v")) -> Boundary:
-        raise Unsupported(f"backend {self.name} exposes no K/V tensors to transplant")
+    def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
+                   parts: Sequence[str] = ("k", "v")) -> Boundary:
+        """The recipient's saved state with the selected layers' K and/or V bytes from the donor's, which
+        llama.cpp loads as any saved state (engine.transplant checks provenance and the result)."""
+        where = f"llamacpp transplant {recipient.construction}<-{donor.construction}"
+
+        def copy(chosen: list[int], selected: tuple[str, ...]) -> tuple[StateCache, Saved]:
+            state = splice(recipient.state.state, donor.state.state, chosen, selected, where)
+            return self._cache(state, where), Saved(state, recipient.state.length, 0)
+
+        return transplant(recipient, donor, layers, parts, copy)
 
     def with_batch(self, batch: int) -> Runtime:
         raise Unsupported(f"backend {self.name} runs one sequence per context")
