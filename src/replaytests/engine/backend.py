@@ -105,6 +105,14 @@ def check_window(facts: ModelFacts, longest: int) -> None:
                           "cannot be expressed with it")
 
 
+def require_causal(contract: Contract, runtime: str, docs: str) -> None:
+    """A runtime that attends causally and takes no role masks replays only a causal contract's banks."""
+    if contract.visibility != "causal":
+        raise ConfigError(f"{contract.path}: protocol.visibility is {contract.visibility!r}, but {runtime} attends "
+                          "causally and takes no role masks: freeze and replay a bank under a contract with "
+                          f"protocol: {{visibility: causal}} ({docs})")
+
+
 class CellProblem(NamedTuple):
     """Why a backend cannot run a cell: the cell's field and what is wrong. `missing_library`: the cell
     is one the backend runs, with a library that is not installed here (its tests are skipped, saying

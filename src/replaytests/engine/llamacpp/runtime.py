@@ -130,10 +130,7 @@ class Runtime:
 
     @classmethod
     def load(cls, model_path: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
-        if contract.visibility != "causal":
-            raise ConfigError(f"{contract.path}: protocol.visibility is {contract.visibility!r}, but llama.cpp "
-                              "attends causally and takes no role masks: replay a bank frozen under a contract "
-                              "with protocol: {visibility: causal} (docs/llamacpp.md)")
+        backend.require_causal(contract, "llama.cpp", "docs/llamacpp.md")
         if (device or contract.device) != "cpu":
             raise ConfigError(f"--device {device or contract.device}: the llamacpp backend runs on the CPU only")
         check_gguf(model_path, "--model")

@@ -177,10 +177,7 @@ class Runtime:
 
     @classmethod
     def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
-        if contract.visibility != "causal":
-            raise ConfigError(f"{contract.path}: protocol.visibility is {contract.visibility!r}, but vLLM attends "
-                              "causally and takes no role masks: freeze and replay a bank under a contract with "
-                              "protocol: {visibility: causal} (docs/vllm.md)")
+        backend.require_causal(contract, "vLLM", "docs/vllm.md")
         contract.cell(precision)
         device = device or contract.device
         block = contract.vllm["block_size"]
