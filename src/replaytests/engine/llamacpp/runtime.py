@@ -29,7 +29,15 @@ import torch
 from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
-from replaytests.engine.llamacpp.context import Context, DecodeFailed, Model, build_record, system_info, version
+from replaytests.engine.llamacpp.context import (
+    Context,
+    DecodeFailed,
+    Model,
+    build_record,
+    import_llama_cpp,
+    system_info,
+    version,
+)
 from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
 from replaytests.engine.transplant import transplant
@@ -76,7 +84,6 @@ class Runtime:
         self.cell = contract.cell(precision)
         self.settings = contract.llamacpp
         self.grammar = grammar_of(model, contract, str(model.path))
-        self.tokenizer = model
         self.context = self._context(self.settings["n_ctx"])
 
     # --- the model before its weights ------------------------------------------------------------
@@ -121,8 +128,6 @@ class Runtime:
         version, the contract's settings, the ISA the build was pinned to and the CPU features llama.cpp says
         it runs with (system_info, which names llamafile's kernels where they are built in); beside it, the
         whole build record of tools/install-llamacpp.sh."""
-        from replaytests.engine.llamacpp.context import import_llama_cpp
-
         build = build_record() or {}
         settings = {**contract.llamacpp, "version": version(), "build_isa": build.get("isa"),
                     "system_info": system_info(import_llama_cpp())}
