@@ -146,8 +146,22 @@ def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run):
     assert proc.returncode == 0, f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
     assert "backend llamacpp lacks batch_size" in proc.stdout, "no skip names the missing capability"
     records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
-    assert {r["family"] for r in records} == {"live", "crossing", "bridge"}, {r["family"] for r in records}
+    assert {r["family"] for r in records} == {"live", "crossing", "bridge", "serving"}, {r["family"] for r in records}
     assert all(r["status"] == "ok" and r["precision"] == "fp32" for r in records), records
+
+
+def test_every_prompt_cache_hit_in_the_run_is_proven_by_llamacpps_count(conformance_run):
+    """The serving family on llama.cpp: each hit reused every token of the prefix but the last (llama.cpp
+    evaluated one), past the prompt block live computed in one call; every other arm read nothing cached."""
+    _, run = conformance_run
+    records = [r for r in map(json.loads, (run / "ledger.jsonl").read_text().splitlines()) if r["family"] == "serving"]
+    assert len(records) == 2, len(records)
+    for record in records:
+        hit = record["prefix_hit"]
+        assert hit["covers_decode"] and hit["cached_tokens"] > hit["prompt_block_tokens"], (record["row"], hit)
+        cached = {arm: values["served"]["cached_tokens"] for arm, values in record["arms"].items()}
+        assert all(n == 0 for arm, n in cached.items() if arm != "prefix_hit"), (record["row"], cached)
+        assert record["arms"]["chunked"]["served"]["prefill_steps"] > 1, record["arms"]["chunked"]["served"]
 
 
 def test_the_run_records_the_build_it_ran_on(conformance_run):

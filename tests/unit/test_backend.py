@@ -31,7 +31,7 @@ def test_the_hugging_face_backend_has_every_capability_but_a_serving_engines_and
     cls = resolve("hf")
     assert cls.capabilities == frozenset(CAPABILITIES) - SERVING, sorted(CAPABILITIES.keys() - cls.capabilities)
     assert isinstance(bf16_runtime, Backend), "Runtime does not satisfy engine.backend.Backend"
-    assert list(BUILT_IN) == ["hf", "vllm"]
+    assert list(BUILT_IN) == ["hf", "vllm", "llamacpp"]
 
 
 def test_the_vllm_backend_resolves_without_vllm_and_declares_a_serving_engine():
@@ -41,6 +41,23 @@ def test_the_vllm_backend_resolves_without_vllm_and_declares_a_serving_engine():
     assert missing(resolve("hf").capabilities, FAMILIES["serving"].requires, "hf") is not None
 
 
+def test_the_llamacpp_backend_resolves_without_llama_cpp_and_declares_k_v_without_a_physical_batch():
+    cls = resolve("llamacpp")
+    assert {"kv_tensors", "state_copy", "prefix_cache", "chunked_prefill"} <= cls.capabilities, cls.capabilities
+    assert not cls.capabilities & {"role_visibility", "physical_batch", "batch_size"}, cls.capabilities
+
+
+def test_without_a_llamacpp_build_the_backend_names_the_install_script(repo, tmp_path, monkeypatch):
+    from replaytests.engine.llamacpp.runtime import Runtime
+    from replaytests.inputs.contract import load_contract
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # an import that fails, as where it was never built
+    with pytest.raises(ConfigError, match=r"cannot import llama_cpp .*; build it with bash tools/install-llamacpp.sh"):
+        Runtime.inspect(model, load_contract(repo / "contracts" / "cpu-smollm2-llamacpp.yaml"), "--model")
+
+
 def test_missing_names_each_capability_and_what_it_gives():
     reason = missing(frozenset({"kv_tensors"}), ("kv_tensors", "state_copy"), "toy")
     assert reason == f"backend toy lacks state_copy ({CAPABILITIES['state_copy']})", reason
@@ -48,7 +65,7 @@ def test_missing_names_each_capability_and_what_it_gives():
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    pytest.param("sglang", "expected one of hf, vllm or module:Class", id="unknown-name"),
+    pytest.param("sglang", "expected one of hf, vllm, llamacpp or module:Class", id="unknown-name"),
     pytest.param("no_such_module:X", "cannot import no_such_module:X", id="no-module"),
     pytest.param("replaytests.engine.backend:Nothing", "cannot import", id="no-attribute"),
     pytest.param("replaytests.engine.backend:Unsupported", "is not a backend class", id="not-a-backend"),

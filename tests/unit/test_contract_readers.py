@@ -17,6 +17,7 @@ import pytest
 from test_contract import schema_paths
 
 from replaytests.engine.hf import adapter, environment, inspection, runtime, weights
+from replaytests.engine.llamacpp import runtime as llamacpp_runtime
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.inputs import contract, gates
@@ -71,6 +72,10 @@ READERS = {
     "runtime.vllm.logprobs": vllm_runtime.Runtime._engine,
     "runtime.vllm.chunk_budget": vllm_runtime.Runtime.chunked_engine.fget,
     "runtime.vllm.kv_cache_gib": vllm_runtime.environment,
+    "runtime.llamacpp.version": llamacpp_runtime.Runtime.load,
+    "runtime.llamacpp.n_ctx": llamacpp_runtime.Runtime._context,
+    "runtime.llamacpp.chunk": llamacpp_runtime.Runtime.build,
+    "runtime.llamacpp.flash_attention": llamacpp_runtime.Runtime._context,
 }
 
 

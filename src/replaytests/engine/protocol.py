@@ -70,6 +70,15 @@ def prompt_of(z: list[int], delims: Delimiters) -> list[int]:
     return z[: z.index(delims.closers[PROMPT]) + 1]
 
 
+def companions(z: list[int], delims: Delimiters) -> list[list[int]]:
+    """Two other requests of z's problem that a batched construction runs beside z, sharing no prefix
+    with it: its prompt block with the content reversed (decoding beside z) and z with its prompt content
+    reversed (a prefill of the same length)."""
+    prompt = prompt_of(z, delims)
+    flipped = [prompt[0], *reversed(prompt[1:-1]), prompt[-1]]
+    return [flipped, flipped + z[len(prompt):]]
+
+
 @functools.cache
 def _visibility_on(device: torch.device, visibility: str) -> torch.Tensor:
     return VISIBILITIES[visibility].to(device)

@@ -38,6 +38,7 @@ TINY_VLLM_CONTRACT = REPO / "contracts" / "cpu-tiny-vllm.yaml"
 SMOLLM2_CAUSAL_BANK = REPO / "fixtures" / "banks" / "smollm2-causal.jsonl"
 SMOLLM2_VLLM_CONTRACT = REPO / "contracts" / "cpu-smollm2-vllm.yaml"
 SMOLLM2_VLLM_AVX512_CONTRACT = REPO / "contracts" / "cpu-smollm2-vllm-avx512.yaml"
+SMOLLM2_LLAMACPP_CONTRACT = REPO / "contracts" / "cpu-smollm2-llamacpp.yaml"
 ACCEPT_OPTION = "--accept-changed"
 OVERRIDES = ("bank", "model", "tokenizer")  # inputs whose change since the bank was frozen can be accepted
 
@@ -46,15 +47,17 @@ OVERRIDES = ("bank", "model", "tokenizer")  # inputs whose change since the bank
 class Committed:
     """A committed bank with its contract, and what goes with them on one backend: the committed baseline
     ledgers, one per platform they were made on (the first is the reference, the others are keyed by their
-    CPU), and the later checkpoint replication runs on (a name prepared by `replaytests models prepare`, or
-    a path)."""
+    CPU), and the later checkpoint replication runs on (a name prepared by `replaytests models prepare`, a
+    path, or None where the backend has none in its format)."""
     bank: Path
     contract: Path
     baselines: tuple[Path, ...]
-    later: Path | str
+    later: Path | str | None
     backend: str = "hf"
 
     def later_model(self) -> Path | None:
+        if self.later is None:
+            return None
         return self.later if isinstance(self.later, Path) else models.prepared(self.later)
 
     def baseline(self, device: str = "cpu") -> Path:
@@ -111,6 +114,8 @@ COMMITTED = (
               "smollm2-later", "vllm"),
     Committed(DEFAULT_BANK, REPO / "contracts" / "cpu-tiny-cells.yaml", (LEDGERS / "cpu-tiny-cells" / "ledger.jsonl",),
               DEFAULT_LATER_MODEL),
+    Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_LLAMACPP_CONTRACT, (LEDGERS / "llamacpp-smollm2" / "ledger.jsonl",), None,
+              "llamacpp"),
 )
 
 

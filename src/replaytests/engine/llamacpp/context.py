@@ -129,14 +129,18 @@ class Model:
 
 
 class Context:
-    """One llama.cpp context on a loaded model: its own K/V cache, threads, batch sizes and cache types."""
+    """One llama.cpp context on a loaded model: its own K/V cache, threads, batch sizes and cache types.
+    Its K/V buffer is unified across sequences (one stream), so a sequence's saved state loads into any
+    context of this kind, whatever its sequence count; seq 0 is the one under test."""
 
-    def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, kv_type: str, flash: bool) -> None:
+    def __init__(self, model: Model, n_ctx: int, n_batch: int, threads: int, kv_type: str, flash: bool,
+                 sequences: int = 1) -> None:
         lib = self.llama_cpp = model.llama_cpp
         params = lib.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = sequences
+        params.kv_unified = True
         params.n_threads = params.n_threads_batch = threads
         params.type_k = params.type_v = KV_TYPES[kv_type]
         params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -149,6 +153,7 @@ class Context:
         self.memory = lib.llama_get_memory(self.ptr)
         self.batch = lib.llama_batch_init(n_batch, 0, 1)
         self.length = 0  # tokens of seq 0 in the cache
+        self.calls = 0  # llama_decode calls so far
 
     def clear(self) -> None:
         """An empty cache: the next token is at position 0."""
@@ -162,24 +167,38 @@ class Context:
         self.length = length
 
     def feed(self, tokens: list[int], step: str) -> np.ndarray:
-        """Evaluate `tokens` at the next positions, in calls of at most n_batch tokens; the logits of the
-        last one (float32, one per vocabulary id)."""
-        lib, batch = self.llama_cpp, self.batch
+        """Evaluate `tokens` of seq 0 at its next positions, in calls of at most n_batch tokens; the logits
+        of the last one (float32, one per vocabulary id)."""
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
-            batch.n_tokens = len(chunk)
-            for i, token in enumerate(chunk):
-                batch.token[i] = token
-                batch.pos[i] = self.length + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = i == len(chunk) - 1
-            code = lib.llama_decode(self.ptr, batch)
-            if code != 0:
-                raise DecodeFailed(f"{step}: llama_decode returned {code} at position {self.length} "
-                                   f"(context of {self.n_ctx} tokens)")
+            self._decode([(0, self.length, chunk)], step)
             self.length += len(chunk)
         return self.last_logits()
+
+    def feed_together(self, sequences: list[list[int]], step: str) -> np.ndarray:
+        """Evaluate each sequence from position 0 as seq 0, 1, ... of one llama_decode call (a batch of
+        requests); the logits of seq 0's last token."""
+        if sum(map(len, sequences)) > self.n_batch:
+            raise DecodeFailed(f"{step}: {sum(map(len, sequences))} tokens do not fit one call of {self.n_batch}")
+        self._decode([(seq, 0, tokens) for seq, tokens in enumerate(sequences)], step)
+        self.length = len(sequences[0])
+        return self.last_logits()
+
+    def _decode(self, parts: list[tuple[int, int, list[int]]], step: str) -> None:
+        """One llama_decode call of (seq, first position, tokens) parts; logits of seq 0's last token only."""
+        batch, i = self.batch, 0
+        for seq, first, tokens in parts:
+            for offset, token in enumerate(tokens):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, first + offset, 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = seq == 0 and offset == len(tokens) - 1
+                i += 1
+        batch.n_tokens = i
+        code = self.llama_cpp.llama_decode(self.ptr, batch)
+        self.calls += 1
+        if code != 0:
+            raise DecodeFailed(f"{step}: llama_decode returned {code} at position {self.length} "
+                               f"(context of {self.n_ctx} tokens)")
 
     def last_logits(self) -> np.ndarray:
         row = self.llama_cpp.llama_get_logits_ith(self.ptr, -1)
@@ -202,7 +221,7 @@ class Context:
         return bytes(buf)
 
     def load(self, state: bytes, length: int) -> None:
-        """Replace seq 0 by a saved state of `length` tokens."""
+        """Replace seq 0 by a saved state of `length` tokens (from a context of any sequence count)."""
         self.clear()
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if self.llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(state), 0) != len(state):

@@ -19,6 +19,7 @@ causally and takes no role masks, so a contract's visibility must be causal, as 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.llamacpp.context import (
+    INSTALL,
     Context,
     DecodeFailed,
     Model,
@@ -39,29 +41,43 @@ from replaytests.engine.llamacpp.context import (
     version,
 )
 from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
-from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
+from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, companions, prompt_of
 from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
 from replaytests.inputs.contract import Contract
 
-CONSTRUCTIONS = ("incremental", "prefill", "chunked", "prefix_hit")
+CONSTRUCTIONS = ("incremental", "prefill", "chunked", "prefix_hit", "batched")
+TOP_K = 8  # the logits kept per suffix step for the serving comparisons (as vLLM's logprobs)
 GGUF_MAGIC = b"GGUF"
 COMPUTE_DTYPE = "float32"  # llama.cpp's CPU backend computes activations in f32 whatever the weights' format
 
 
 @dataclass
 class Saved:
-    """What a llama.cpp boundary keeps to continue from: the sequence state and its length, and the
-    tokens llama.cpp evaluated to build it (its own counter)."""
+    """What a llama.cpp boundary keeps to continue from (its sequence state and length) and what llama.cpp
+    counted building it, as a serving engine's counters (families.serving.SERVED)."""
 
     state: bytes
     length: int
-    evaluated: int
+    evaluated: int  # tokens llama.cpp evaluated to build it (n_p_eval + n_eval)
+    prompt_block_tokens: int = 0  # the prompt block's tokens: what live computed in one call, not by decoding
+    prefill_steps: int | None = None  # llama_decode calls that computed the prefix
     digest: str = ""  # sha256 of the state (K/V cells, positions)
     suffix: Suffix | None = field(default=None, repr=False)  # decoded once per boundary
+    steps: tuple = field(default=(), repr=False)  # every suffix step's top-k (id, logit), in rank order
 
     def __post_init__(self) -> None:
         self.digest = hashlib.sha256(self.state).hexdigest()
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prefix tokens read from the cache, not evaluated (llama.cpp's own count): a hit's reuse."""
+        return self.length - self.evaluated
+
+    @property
+    def steps_digest(self) -> str:
+        return hashlib.sha256(json.dumps([[[t, float(v).hex()] for t, v in step] for step in self.steps])
+                              .encode()).hexdigest()
 
 
 def check_gguf(path: Path, option: str) -> None:
@@ -77,7 +93,8 @@ class Runtime:
     """One GGUF model at one cell on llama.cpp."""
 
     name: ClassVar[str] = "llamacpp"
-    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy",
+                                                        "prefix_cache", "chunked_prefill"})
 
     def __init__(self, model: Model, contract: Contract, precision: str) -> None:
         self.model, self.contract, self.precision = model, contract, precision
@@ -139,13 +156,18 @@ class Runtime:
         if (device or contract.device) != "cpu":
             raise ConfigError(f"--device {device or contract.device}: the llamacpp backend runs on the CPU only")
         check_gguf(model_path, "--model")
+        wanted = contract.llamacpp["version"]
+        if wanted is not None and wanted != version():
+            raise ConfigError(f"{contract.path}: runtime.llamacpp.version: the contract pins {wanted!r}, this venv "
+                              f"has llama-cpp-python {version()!r} ({INSTALL})")
         if problem := cls.cell_problem(contract.cell(precision)):
             raise ConfigError(f"{contract.path}: cells.{precision}.{problem.field}: {problem.message}")
         return cls(Model(model_path), contract, precision)
 
-    def _context(self, n_batch: int) -> Context:
-        return Context(self.model, self.settings["n_ctx"], n_batch, self.contract.cpu_threads, "f32",
-                       self.settings["flash_attention"])
+    def _context(self, n_batch: int, sequences: int = 1) -> Context:
+        """A context of n_ctx tokens per sequence, evaluating at most n_batch tokens per call."""
+        return Context(self.model, self.settings["n_ctx"] * sequences, n_batch, self.contract.cpu_threads, "f32",
+                       self.settings["flash_attention"], sequences)
 
     def activate(self) -> None:
         """Nothing to re-apply: each context holds its own threads and types."""
@@ -165,17 +187,21 @@ class Runtime:
         except DecodeFailed as exc:
             raise BoundaryMismatch(f"llamacpp ({self.precision}): {exc}") from None
 
-    def _choose(self, logits: torch.Tensor, cursor: Cursor) -> tuple[int, float, float]:
-        """The greedy token under the structural mask (the first maximal id), its logit and its margin."""
+    def _choose(self, logits: torch.Tensor, cursor: Cursor) -> tuple[int, float, float, tuple]:
+        """The greedy token under the structural mask (the first maximal id), its logit, its margin and the
+        top-k (id, logit) of the masked row, ties to the lower id."""
         masked = torch.where(self.grammar.eligible(cursor), logits, torch.tensor(float("-inf")))
-        top = torch.topk(masked, 2)
-        return int(masked.argmax()), float(top.values[0]), float(top.values[0] - top.values[1])
+        best = torch.topk(masked, TOP_K)
+        ranked = tuple(sorted(zip(best.indices.tolist(), best.values.tolist(), strict=True),
+                              key=lambda item: (-item[1], item[0])))
+        return int(masked.argmax()), ranked[0][1], ranked[0][1] - ranked[1][1], ranked
 
     def _boundary(self, construction: str, context: Context, tokens: list[int], logits: torch.Tensor,
-                  evaluated: int) -> Boundary:
+                  evaluated: int, prefill_steps: int | None) -> Boundary:
         where = f"llamacpp {construction} ({self.precision})"
         roles = self.grammar.parse(tokens, where)
-        saved = Saved(context.save(), context.length, evaluated)
+        saved = Saved(context.save(), context.length, evaluated, len(prompt_of(tokens, self.grammar.delims)),
+                      prefill_steps)
         return Boundary(construction, list(tokens), roles, self._cache(saved.state, where), logits, saved)
 
     @staticmethod
@@ -211,7 +237,7 @@ class Runtime:
             context.clear()
             before = context.evaluated()
             tokens, logits = self._live(context, prompt_block, construction)
-            return self._boundary(construction, context, tokens, logits, context.evaluated() - before)
+            return self._boundary(construction, context, tokens, logits, context.evaluated() - before, 1)
         finally:
             if context is not self.context:
                 context.close()
@@ -224,11 +250,13 @@ class Runtime:
         replica = construction != kind
         if kind == "chunked":
             context = self._context(self.settings["chunk"])
+        elif kind == "batched":
+            context = self._context(3 * self.settings["n_ctx"], sequences=3)  # z and its two companions
         else:
             context = self._fresh() if replica else self.context
         try:
             context.clear()
-            before = context.evaluated()
+            before, calls = context.evaluated(), context.calls
             if kind == "incremental":
                 for i, token in enumerate(z):
                     logits = self._feed(context, [token], f"{construction} token {i}")
@@ -237,12 +265,17 @@ class Runtime:
                 if live != z:
                     raise BoundaryMismatch(f"llamacpp {construction} ({self.precision}): the live request reached "
                                            "another prefix than z (a live replica that differs); no hit to test")
-                before = context.evaluated()  # the hit: what the request after the live one evaluates
+                before, calls = context.evaluated(), context.calls  # the hit: the request after the live one
                 context.truncate(len(z) - 1)
                 logits = self._feed(context, z[-1:], f"{construction} last token")
+            elif kind == "batched":
+                others = companions(z, self.grammar.delims)
+                logits = self._logits(context.feed_together([z, *others], construction), construction)
+                before += sum(map(len, others))  # llama.cpp counts the whole call; the companions' tokens are theirs
             else:
                 logits = self._feed(context, z, construction)
-            return self._boundary(construction, context, z, logits, context.evaluated() - before)
+            return self._boundary(construction, context, z, logits, context.evaluated() - before,
+                                  context.calls - calls)
         finally:
             if context is not self.context:
                 context.close()
@@ -264,10 +297,11 @@ class Runtime:
         except DecodeFailed as exc:
             raise BoundaryMismatch(f"llamacpp suffix of {boundary.construction}: {exc}") from None
         cursor, logits = Cursor(block=MERGE, open=True, count=0), boundary.logits
-        tokens, margins, top1, answer = [], [], [], []
+        tokens, margins, top1, answer, steps = [], [], [], [], []
         delims = set(self.grammar.delims.all_ids)
         while True:
-            token, best, margin = self._choose(logits, cursor)
+            token, best, margin, ranked = self._choose(logits, cursor)
+            steps.append(ranked)
             if cursor.role_of_next() == ANSWER and token not in delims:
                 answer.append(token)
             cursor.advance(token, self.grammar)
@@ -277,6 +311,7 @@ class Runtime:
             if cursor.done:
                 break
             logits = self._feed(context, [token], f"suffix token {len(tokens) - 1} of {boundary.construction}")
+        saved.steps = tuple(steps)
         return Suffix(tokens, margins, self.model.decode(answer), top1)
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,

@@ -59,7 +59,7 @@ def parse(state: bytes) -> list[tuple[Part, Part]]:
     try:
         magic, _seq, streams = read("<IiI")
         if magic != MAGIC or streams != 1:
-            raise StateLayout(f"magic {magic:#x}, {streams} streams (expected {MAGIC:#x}, 1)")
+            raise StateLayout(f"magic {magic:#x}, {streams} streams (expected {MAGIC:#x}, 1: a unified K/V buffer)")
         (cells,) = read("<I")
         for _ in range(cells):
             _pos, n_seq = read("<iI")

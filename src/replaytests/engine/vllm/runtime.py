@@ -36,7 +36,7 @@ from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import inspection
-from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, prompt_of
+from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, companions, prompt_of
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.cpu_isa import ATEN, ONEDNN, cpu_flags
@@ -353,17 +353,9 @@ class Runtime:
             out, steps = self._request([prompt], forced=z[len(prompt):])
             return self._served(construction, prompt, len(z), out, steps)
         engine = self.chunked_engine if kind == "chunked" else None
-        prompts = [z, *self.companions(z)] if kind == "batched" else [z]
+        prompts = [z, *companions(z, self.grammar.delims)] if kind == "batched" else [z]
         out, steps = self._request(prompts, engine=engine, reset=kind != "prefix_hit")
         return self._served(construction, z, len(z), out, steps)
-
-    def companions(self, z: list[int]) -> list[list[int]]:
-        """Two other requests of z's problem, sharing no full block with it: its prompt block with the
-        content reversed (decoding live beside z) and z with its prompt content reversed (a prefill of
-        the same length)."""
-        prompt = prompt_of(z, self.grammar.delims)
-        flipped = [prompt[0], *reversed(prompt[1:-1]), prompt[-1]]
-        return [flipped, flipped + z[len(prompt):]]
 
     def suffix(self, boundary: Boundary) -> Suffix:
         return boundary.state.suffix
