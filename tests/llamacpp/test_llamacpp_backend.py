@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -205,3 +206,26 @@ def test_a_transplant_keeps_the_recipient_and_refuses_another_prefix(runtime, z,
 def test_a_state_in_another_layout_is_refused():
     with pytest.raises(StateLayout, match=r"ends early|magic"):
         StateCache(b"\xd8\x3c\x14\xaf" + b"\0" * 3)
+
+
+def test_a_q8_0_cache_is_read_as_attention_reads_it(gguf, z):
+    """The kv-q8 cell (flash attention on): llama.cpp's q8_0 rows dequantized, block scale times int8."""
+    contract = load_contract(REPO / "contracts" / "cpu-smollm2-llamacpp-fa.yaml")
+    runtime = Runtime.load(gguf, contract, "kv-q8")
+    boundary = runtime.build("prefill", z)
+    part = boundary.cache.parts[0][0]  # layer 0 K
+    assert part.ggml_type == 8 and part.size == len(z) * (192 // 32) * 34, part
+    k = boundary.layers[0][0]
+    assert k.shape == (1, 1, len(z), 192) and k.dtype == torch.float32
+    raw = boundary.state.state[part.offset:part.offset + 34]  # the first block of the first cell
+    scale = float(np.frombuffer(raw[:2], dtype=np.float16)[0])
+    first = np.frombuffer(raw[2:], dtype=np.int8).astype(np.float32) * np.float32(scale)
+    assert np.array_equal(k[0, 0, 0, :32].numpy(), first), "the dequantized block is not scale x int8"
+
+
+def test_a_q8_0_cache_without_flash_attention_is_refused(gguf, tmp_path):
+    contract = tmp_path / "c.yaml"
+    contract.write_text(f"extends: {REPO / 'contracts' / 'cpu-smollm2-llamacpp-fa.yaml'}\nname: no-fa\n"
+                        "runtime: {llamacpp: {flash_attention: false}}\n")
+    with pytest.raises(ConfigError, match=r"runtime.llamacpp.flash_attention: expected true for the q8_0 K/V"):
+        Runtime.load(gguf, load_contract(contract), "kv-q8")

@@ -27,8 +27,10 @@ NAME_PATTERN = r"[a-z0-9][a-z0-9._+-]{0,39}"  # a test id and a file name: no co
 SELECTORS = ("both", "all")  # --precision words that are not cell names
 
 # The K/V cache formats. `quantized` is Hugging Face's quantized cache through one of KV_LIBRARIES; the
-# fp8 formats are a serving engine's own (vLLM's kv_cache_dtype).
-KV_FORMATS = ("native", "quantized", "fp8", "fp8_e4m3", "fp8_e5m2")
+# others are a runtime's own: the fp8 formats vLLM's kv_cache_dtype, f16 and q8_0 llama.cpp's type_k/type_v.
+VLLM_KV_FORMATS = ("fp8", "fp8_e4m3", "fp8_e5m2")
+LLAMACPP_KV_FORMATS = ("f16", "q8_0")
+KV_FORMATS = ("native", "quantized", *VLLM_KV_FORMATS, *LLAMACPP_KV_FORMATS)
 RUNTIME_KV_FORMATS = KV_FORMATS[2:]
 # library -> (the bits it offers, the group sizes it offers) for transformers' QuantizedCache
 KV_LIBRARIES = {"hqq": ((1, 2, 3, 4, 8), (32, 64, 128)), "quanto": ((2, 4), (32, 64, 128))}

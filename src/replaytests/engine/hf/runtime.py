@@ -151,8 +151,9 @@ class Runtime:
         """What keeps this backend from running `cell` as it names it (engine.backend.cell_problem)."""
         kv = cell.kv_cache
         if kv.format in RUNTIME_KV_FORMATS:
-            return CellProblem("kv_cache.format", f"{kv.format} is a serving engine's own K/V format (vLLM's "
-                                                  "kv_cache_dtype); the hf backend runs native or quantized caches")
+            return CellProblem("kv_cache.format", f"{kv.format} is another runtime's own K/V format (vLLM's "
+                                                  "kv_cache_dtype, llama.cpp's type_k/type_v); the hf backend runs "
+                                                  "native or quantized caches")
         if kv.format == "quantized" and not hf_adapter.quantized_cache_installed(kv.library):
             return CellProblem("kv_cache.library", f"{kv.library} is not installed here (pip install "
                                                    f"{hf_adapter.QUANTIZED_CACHE_PACKAGES[kv.library]}); the cell is "

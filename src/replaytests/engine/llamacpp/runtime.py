@@ -44,6 +44,7 @@ from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, companions, prompt_of
 from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
+from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
 
 CONSTRUCTIONS = ("incremental", "prefill", "chunked", "prefix_hit", "batched")
@@ -123,16 +124,17 @@ class Runtime:
 
     @classmethod
     def cell_problem(cls, cell) -> CellProblem | None:
-        """llama.cpp computes in f32 with the GGUF's own weights and an f32 K/V cache here: a cell naming
-        anything else would not run in its format."""
+        """llama.cpp computes in f32 with the GGUF's own weights, its K/V cache in f32 (native), f16 or q8_0
+        (its type_k/type_v): a cell naming anything else would not run in its format."""
         if cell.dtype != COMPUTE_DTYPE:
             return CellProblem("dtype", f"llama.cpp's CPU backend computes activations in {COMPUTE_DTYPE}, got "
                                         f"{cell.dtype} (select a float32 cell: --precision fp32)")
         if not cell.weights.native:
             return CellProblem("weights.format", "llamacpp runs the GGUF's weights as stored, not weights "
                                                  "quantized at load")
-        if not cell.kv_cache.native:
-            return CellProblem("kv_cache.format", "llamacpp runs a native (f32) K/V cache here")
+        if not cell.kv_cache.native and cell.kv_cache.format not in LLAMACPP_KV_FORMATS:
+            return CellProblem("kv_cache.format", f"llamacpp runs native (f32), {' or '.join(LLAMACPP_KV_FORMATS)} K/V "
+                                                  f"caches, got {cell.kv_cache}")
         return None
 
     @property
@@ -160,13 +162,18 @@ class Runtime:
         if wanted is not None and wanted != version():
             raise ConfigError(f"{contract.path}: runtime.llamacpp.version: the contract pins {wanted!r}, this venv "
                               f"has llama-cpp-python {version()!r} ({INSTALL})")
-        if problem := cls.cell_problem(contract.cell(precision)):
+        cell = contract.cell(precision)
+        if problem := cls.cell_problem(cell):
             raise ConfigError(f"{contract.path}: cells.{precision}.{problem.field}: {problem.message}")
+        if cell.kv_cache.format == "q8_0" and not contract.llamacpp["flash_attention"]:
+            raise ConfigError(f"{contract.path}: runtime.llamacpp.flash_attention: expected true for the q8_0 K/V "
+                              f"cache of cell {precision} (llama.cpp quantizes a V cache only with flash attention)")
         return cls(Model(model_path), contract, precision)
 
     def _context(self, n_batch: int, sequences: int = 1) -> Context:
         """A context of n_ctx tokens per sequence, evaluating at most n_batch tokens per call."""
-        return Context(self.model, self.settings["n_ctx"] * sequences, n_batch, self.contract.cpu_threads, "f32",
+        kv = "f32" if self.cell.kv_cache.native else self.cell.kv_cache.format
+        return Context(self.model, self.settings["n_ctx"] * sequences, n_batch, self.contract.cpu_threads, kv,
                        self.settings["flash_attention"], sequences)
 
     def activate(self) -> None:

@@ -27,7 +27,8 @@ import torch
 from replaytests.errors import TransplantRefused
 
 MAGIC = 0xAF143CD8
-DTYPES = {0: torch.float32, 1: torch.float16}  # ggml_type -> torch (a quantized cache has no tensor view here)
+DTYPES = {0: torch.float32, 1: torch.float16}  # ggml_type -> torch: rows read as they are stored
+Q8_0, Q8_0_BLOCK, Q8_0_BYTES = 8, 32, 34  # ggml's q8_0: blocks of 32 int8 with one f16 scale in front
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,21 @@ def parse(state: bytes) -> list[tuple[Part, Part]]:
 
 
 def _elements(ggml_type: int, row: int) -> int:
+    if ggml_type == Q8_0:
+        return row // Q8_0_BYTES * Q8_0_BLOCK
     dtype = DTYPES.get(ggml_type)
     return row // dtype.itemsize if dtype is not None else 0
 
 
 def tensor(buffer: bytearray, part: Part) -> torch.Tensor:
-    """The part as a [1, 1, cells, n_embd] tensor over `buffer` (no copy)."""
+    """The part as a [1, 1, cells, n_embd] tensor: over `buffer` (no copy) for f32 and f16 rows; for q8_0
+    rows, what attention reads of them (each block's int8 times its f16 scale, in float32, a copy)."""
+    if part.ggml_type == Q8_0 and not part.transposed:
+        raw = torch.frombuffer(buffer, dtype=torch.uint8, count=part.size, offset=part.offset)
+        blocks = raw.view(part.cells, part.n_embd // Q8_0_BLOCK, Q8_0_BYTES)
+        scale = blocks[..., :2].contiguous().view(torch.float16).float()
+        values = blocks[..., 2:].contiguous().view(torch.int8).float() * scale
+        return values.reshape(part.cells, part.n_embd).unsqueeze(0).unsqueeze(0)
     dtype = DTYPES.get(part.ggml_type)
     if dtype is None:
         raise StateLayout(f"a K/V cache of ggml type {part.ggml_type} has no tensor view here")

@@ -38,6 +38,7 @@ from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import inspection
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, companions, prompt_of
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
+from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.cpu_isa import ATEN, ONEDNN, cpu_flags
 
@@ -158,6 +159,9 @@ class Runtime:
     def cell_problem(cls, cell) -> CellProblem | None:
         """vLLM runs a cell's dtype with a native K/V cache or one of its own fp8 caches (kv_cache_dtype), with
         native weights (engine.backend.cell_problem)."""
+        if cell.kv_cache.format in LLAMACPP_KV_FORMATS:
+            return CellProblem("kv_cache.format", f"{cell.kv_cache.format} is llama.cpp's K/V format; vllm runs "
+                                                  "native or its own fp8 K/V caches (fp8, fp8_e4m3, fp8_e5m2)")
         if cell.kv_cache.format == "quantized":
             return CellProblem("kv_cache.format", "vllm runs native or its own fp8 K/V caches (fp8, fp8_e4m3, "
                                                   "fp8_e5m2), not a library-quantized one")

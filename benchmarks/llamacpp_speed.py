@@ -1,0 +1,67 @@
+"""The suite's llama.cpp decoding against llama.cpp's own generation, side by side in one process
+(docs/llamacpp.md).
+
+Per row of the causal SmolLM2 bank: the suite's live construction (the prompt block in one call, then
+one greedy token per call under the structural mask, K/V saved at the boundary) and llama-cpp-python's
+own `Llama.generate` of as many tokens from the same prompt block (greedy, no mask), same GGUF, threads,
+K/V type and flash-attention setting, each in a context created before the clock starts. The two
+alternate per row, `--repeats` times; the ratio is of the summed times.
+
+    .venv-llamacpp/bin/python benchmarks/llamacpp_speed.py [--rows 4] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from replaytests.engine.llamacpp.context import import_llama_cpp
+from replaytests.engine.llamacpp.runtime import Runtime
+from replaytests.engine.protocol import prompt_of
+from replaytests.inputs.bank import read_bank
+from replaytests.inputs.contract import load_contract
+from replaytests.inputs.models import shipped_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    contract = load_contract(REPO / "contracts" / "cpu-smollm2-llamacpp.yaml")
+    gguf = shipped_gguf("smollm2")
+    runtime = Runtime.load(gguf, contract, "fp32")
+    rows = read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", runtime.grammar, 8192,
+                     contract.caps.suffix_room())[: args.rows]
+    llama_cpp = import_llama_cpp()
+    settings = contract.llamacpp
+    own = llama_cpp.Llama(str(gguf), n_ctx=settings["n_ctx"], n_batch=settings["n_ctx"], n_ubatch=settings["n_ctx"],
+                          n_threads=contract.cpu_threads, n_threads_batch=contract.cpu_threads, type_k=0, type_v=0,
+                          flash_attn=settings["flash_attention"], verbose=False)
+    suite_s = own_s = 0.0
+    tokens = 0
+    for _ in range(args.repeats):
+        for row in rows:
+            prompt = prompt_of(row.tokens, runtime.grammar.delims)
+            start = time.perf_counter()
+            live = runtime.live(prompt)
+            suite_s += time.perf_counter() - start
+            count = len(live.tokens) - len(prompt)
+            start = time.perf_counter()
+            for i, _token in enumerate(own.generate(prompt, top_k=1, temp=0.0, reset=True), 1):
+                if i == count:
+                    break
+            own_s += time.perf_counter() - start
+            tokens += count
+    print(f"{len(rows)} rows x {args.repeats}, {tokens} generated tokens after their prompt blocks, "
+          f"{contract.cpu_threads} thread(s)")
+    print(f"suite live:          {suite_s:7.2f} s  {1000 * suite_s / tokens:6.1f} ms/token")
+    print(f"llama.cpp generate:  {own_s:7.2f} s  {1000 * own_s / tokens:6.1f} ms/token")
+    print(f"ratio suite / llama.cpp: {suite_s / own_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
