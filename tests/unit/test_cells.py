@@ -96,8 +96,8 @@ def fp8_contract(tmp_path, repo):
 
 
 def test_fp8_cache_on_the_hf_backend_is_refused_before_model_work(fp8_contract):
-    with pytest.raises(ConfigError, match=r"contract\.yaml: cells\.kv-fp8\.kv_cache\.format: fp8_e4m3 is a serving "
-                                          r"engine's own K/V format"):
+    with pytest.raises(ConfigError, match=r"contract\.yaml: cells\.kv-fp8\.kv_cache\.format: fp8_e4m3 is another "
+                                          r"runtime's own K/V format \(vLLM's kv_cache_dtype"):
         backend.check_cell(Runtime, fp8_contract, "kv-fp8")
 
 
