@@ -229,3 +229,19 @@ def test_a_q8_0_cache_without_flash_attention_is_refused(gguf, tmp_path):
                         "runtime: {llamacpp: {flash_attention: false}}\n")
     with pytest.raises(ConfigError, match=r"runtime.llamacpp.flash_attention: expected true for the q8_0 K/V"):
         Runtime.load(gguf, load_contract(contract), "kv-q8")
+
+
+def test_the_run_is_audited_against_the_committed_llamacpp_baseline(conformance_run):
+    """The committed baseline (fixtures/ledgers/llamacpp-smollm2/) is this bank's, contract's and backend's:
+    every record of the two rows reproduces it, or differs only as the platform drift of another CPU."""
+    proc, run = conformance_run
+    assert "llamacpp-smollm2/ledger.jsonl" in proc.stdout, proc.stdout[:3000]
+    outcomes = [line for line in proc.stdout.splitlines() if "record_reproduces" in line
+                and line.startswith(("PASSED", "XFAIL", "FAILED", "ERROR"))]
+    baseline = {(r["family"], r["row"], r["precision"]) for r in
+                map(json.loads, (REPO / "fixtures" / "ledgers" / "llamacpp-smollm2" / "ledger.jsonl").open())}
+    audited = sum((r["family"], r["row"], r["precision"]) in baseline
+                  for r in map(json.loads, (run / "ledger.jsonl").open()))
+    assert outcomes and len(outcomes) == audited, (outcomes, audited)
+    bad = [line for line in outcomes if not (line.startswith("PASSED") or "platform drift" in line)]
+    assert not bad, bad
