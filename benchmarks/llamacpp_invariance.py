@@ -43,16 +43,21 @@ def boundary(model: Model, z: list[int], n_batch: int, threads: int, kv: str, fl
         context.close()
 
 
+def smollm2(rows: int):
+    """The llama.cpp contract, the shipped SmolLM2 GGUF and the first `rows` rows of its causal bank."""
+    contract = load_contract(REPO / "contracts" / "cpu-smollm2-llamacpp.yaml")
+    gguf = shipped_gguf("smollm2")
+    facts = Runtime.inspect(gguf, contract, "--model")
+    return contract, gguf, read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", facts.grammar,
+                                     facts.max_positions, contract.caps.suffix_room())[:rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=16)
     args = parser.parse_args()
-    contract = load_contract(REPO / "contracts" / "cpu-smollm2-llamacpp.yaml")
-    gguf = shipped_gguf("smollm2")
-    facts = Runtime.inspect(gguf, contract, "--model")
-    rows = read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", facts.grammar, facts.max_positions,
-                     contract.caps.suffix_room())[: args.rows]
+    _, gguf, rows = smollm2(args.rows)
     model = Model(gguf)
     print(f"{gguf.name}, {len(rows)} rows of smollm2-causal ({min(len(r.tokens) for r in rows)}-"
           f"{max(len(r.tokens) for r in rows)} tokens), chunk {args.chunk}; {system_info(model.llama_cpp)}")

@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
+
+from llamacpp_invariance import smollm2
 
 from replaytests.engine.llamacpp.context import import_llama_cpp
 from replaytests.engine.llamacpp.runtime import Runtime
 from replaytests.engine.protocol import prompt_of
-from replaytests.inputs.bank import read_bank
-from replaytests.inputs.contract import load_contract
-from replaytests.inputs.models import shipped_gguf
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -31,11 +27,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    contract = load_contract(REPO / "contracts" / "cpu-smollm2-llamacpp.yaml")
-    gguf = shipped_gguf("smollm2")
+    contract, gguf, rows = smollm2(args.rows)
     runtime = Runtime.load(gguf, contract, "fp32")
-    rows = read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", runtime.grammar, 8192,
-                     contract.caps.suffix_room())[: args.rows]
     llama_cpp = import_llama_cpp()
     settings = contract.llamacpp
     own = llama_cpp.Llama(str(gguf), n_ctx=settings["n_ctx"], n_batch=settings["n_ctx"], n_ubatch=settings["n_ctx"],
