@@ -8,6 +8,7 @@ tokens, roles, positions, padding (none) and cache metadata, and must never shar
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 
 import torch
@@ -124,6 +125,12 @@ class Suffix:
     margins: list[float]  # top-1 minus top-2 masked logit at each choice
     answer: str
     top1: list[float] = ()  # the top-1 masked logit at each choice (what a margin is measured against)
+
+
+def steps_digest(steps) -> str:
+    """sha256 of every suffix step's top-k (id, logit) rows, each logit by its exact bits (float.hex): what
+    a serving arm records, so that two arms' steps are compared bit for bit."""
+    return hashlib.sha256(json.dumps([[[t, float(v).hex()] for t, v in step] for step in steps]).encode()).hexdigest()
 
 
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -19,7 +19,6 @@ causally and takes no role masks, so a contract's visibility must be causal, as 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch
 
 from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
-from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.llamacpp.context import (
     INSTALL,
     Context,
@@ -77,8 +76,7 @@ class Saved:
 
     @property
     def steps_digest(self) -> str:
-        return hashlib.sha256(json.dumps([[[t, float(v).hex()] for t, v in step] for step in self.steps])
-                              .encode()).hexdigest()
+        return steps_digest(self.steps)
 
 
 def check_gguf(path: Path, option: str) -> None:
@@ -194,10 +192,14 @@ class Runtime:
         except DecodeFailed as exc:
             raise BoundaryMismatch(f"llamacpp ({self.precision}): {exc}") from None
 
+    def _masked(self, logits: torch.Tensor, cursor: Cursor) -> torch.Tensor:
+        """The logits with every token the structural mask forbids at -inf."""
+        return torch.where(self.grammar.eligible(cursor), logits, torch.tensor(float("-inf")))
+
     def _choose(self, logits: torch.Tensor, cursor: Cursor) -> tuple[int, float, float, tuple]:
         """The greedy token under the structural mask (the first maximal id), its logit, its margin and the
-        top-k (id, logit) of the masked row, ties to the lower id."""
-        masked = torch.where(self.grammar.eligible(cursor), logits, torch.tensor(float("-inf")))
+        top-k (id, logit) of the masked row, ties to the lower id (what a suffix step records)."""
+        masked = self._masked(logits, cursor)
         best = torch.topk(masked, TOP_K)
         ranked = tuple(sorted(zip(best.indices.tolist(), best.values.tolist(), strict=True),
                               key=lambda item: (-item[1], item[0])))
@@ -230,7 +232,7 @@ class Runtime:
             if len(tokens) >= room:
                 raise BoundaryMismatch(f"llamacpp {construction} ({self.precision}): no <|merge|> within "
                                        f"{room} tokens")
-            token = self._choose(logits, cursor)[0]
+            token = int(self._masked(logits, cursor).argmax())  # live records no top-k: the choice alone
             cursor.advance(token, self.grammar)
             tokens.append(token)
             logits = self._feed(context, [token], f"{construction} token {len(tokens) - 1}")

@@ -22,7 +22,6 @@ Each `X_replica` is the same request again on an empty cache.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import torch
 
 from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, Unsupported
-from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import inspection
 from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, companions, prompt_of
@@ -313,10 +312,9 @@ class Runtime:
         top1 = [values[0][1] for values in steps[start:]]
         margins = [values[0][1] - values[1][1] for values in steps[start:]]
         suffix = Suffix(suffix_tokens, margins, self._answer(z, suffix_tokens), top1)
-        digest = hashlib.sha256(json.dumps([[[t, float(v).hex()] for t, v in s] for s in steps[start:]]).encode())
         served = Served(out.num_cached_tokens or 0, len(prompt_of(z, self.grammar.delims)) //
                         self.settings["block_size"] * self.settings["block_size"], prefill_steps,
-                        digest.hexdigest(), suffix, tuple(tuple(step) for step in steps[start:]))
+                        steps_digest(steps[start:]), suffix, tuple(tuple(step) for step in steps[start:]))
         return Boundary(construction, z, self.grammar.parse(z, where), None, self._logits(steps[start]), served)
 
     def _logits(self, step: list[tuple[int, float]]) -> torch.Tensor:
