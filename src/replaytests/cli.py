@@ -271,7 +271,19 @@ def _models(args: argparse.Namespace) -> int:
             print(f"{name}: {spec.description}\n  {models.directory(name)} ({state})")
         return 0
     if args.action == "gguf":
-        print(models.shipped_gguf(args.name))
+        if args.type is None:
+            print(models.shipped_gguf(args.name))
+            return 0
+        from replaytests.engine.llamacpp.conversion import to_gguf
+
+        if args.name in models.MODELS:
+            source, name = models.prepare(args.name), args.name
+        elif Path(args.name).is_dir():
+            source, name = Path(args.name).resolve(), Path(args.name).resolve().name
+        else:
+            raise ConfigError(f"models gguf {args.name}: neither a model name ({', '.join(models.MODELS)}) nor a "
+                              "Hugging Face model directory")
+        print(to_gguf(source, args.type, name))
         return 0
     # Training arithmetic is pinned to its recorded kernels before torch starts: its bytes depend on them.
     for train in {models.model(name).training for name in args.names} - {None}:
@@ -366,9 +378,12 @@ def parser() -> argparse.ArgumentParser:
     prepare.add_argument("names", nargs="+", metavar="NAME",
                          help="smollm2, smollm2-later, smollm2-protocol, smollm2-protocol-later")
     model_actions.add_parser("list", help="the models replaytests can prepare, and where they go")
-    gguf = model_actions.add_parser("gguf", help="print the GGUF file a model's package ships (the llamacpp "
-                                                 "backend's --model)")
-    gguf.add_argument("name", metavar="NAME", help="smollm2")
+    gguf = model_actions.add_parser("gguf", help="print the GGUF file a model's package ships, or with --type "
+                                                 "make (once) and print a model's GGUF (the llamacpp backend's --model)")
+    gguf.add_argument("name", metavar="NAME", help="smollm2; with --type, any model name or a Hugging Face directory")
+    gguf.add_argument("--type", default=None, metavar="TYPE",
+                      help="convert with llama.cpp's own converter and quantizer (in the llama.cpp venv): f32, f16, "
+                           "bf16, q8_0, q4_1, q4_0, q5_0, q5_1, q2_k, q3_k_m, q4_k_m, q5_k_m, q6_k")
     return top
 
 

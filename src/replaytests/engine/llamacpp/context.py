@@ -233,3 +233,16 @@ class Context:
             self.llama_cpp.llama_batch_free(self.batch)
             self.llama_cpp.llama_free(self.ptr)
             self.ptr = None
+
+
+def quantize(source: Path, out: Path, kind: str, threads: int) -> None:
+    """`source` (a GGUF) quantized to `kind` (q8_0, q4_1, …) by llama.cpp's own quantizer, written to `out`."""
+    lib = import_llama_cpp()
+    ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}", None)
+    if ftype is None:
+        raise ConfigError(f"--type {kind}: llama-cpp-python {version()} has no such quantization type")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads
+    if lib.llama_model_quantize(os.fsencode(source), os.fsencode(out), ctypes.byref(params)) != 0:
+        raise ConfigError(f"{source}: llama.cpp could not quantize it to {kind}")

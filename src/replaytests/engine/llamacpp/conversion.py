@@ -1,0 +1,95 @@
+"""A Hugging Face checkpoint made into the GGUF llama.cpp runs, with llama.cpp's own tools
+(`replaytests models gguf NAME --type TYPE`, docs/llamacpp.md).
+
+llama.cpp's converter (convert_hf_to_gguf.py, which tools/install-llamacpp.sh keeps beside the build, from
+the same sdist) writes the weights at their stored width: bf16 stays bf16, so nothing is rounded on the
+way. A quantized type (q8_0, q4_1, …) is then made from that file by llama.cpp's quantizer
+(`llama_model_quantize`), as `llama-quantize` makes it. Both are deterministic: the same checkpoint and
+build give the same bytes, whose sha256 a run records as the model's digest.
+
+The file goes to the cache ($REPLAYTESTS_CACHE/gguf/), named by the checkpoint's digest, with a record
+beside it (`.json`: the source directory and its model digest, the type, the converter's version, the
+file's sha256). A second call with the same checkpoint and build finds it and returns at once; a file is
+written beside its place and renamed, so a GGUF in the cache is always whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from replaytests.engine.llamacpp.context import INSTALL, quantize, version
+from replaytests.errors import ConfigError
+from replaytests.files import sha256_file, write_json_atomic
+from replaytests.inputs.bank import model_digest
+from replaytests.inputs.models import cache_root
+
+CONVERTER = "llamacpp-converter"  # the folder tools/install-llamacpp.sh puts in the venv
+WIDTHS = ("f32", "f16", "bf16")   # written by the converter itself
+QUANTIZED = ("q8_0", "q6_k", "q5_1", "q5_0", "q5_k_m", "q4_1", "q4_0", "q4_k_m", "q3_k_m", "q2_k")
+TYPES = WIDTHS + QUANTIZED
+
+
+def to_gguf(source: Path, kind: str, name: str) -> Path:
+    """The GGUF of the Hugging Face directory `source` at `kind`, made once and kept in the cache."""
+    if kind not in TYPES:
+        raise ConfigError(f"--type {kind}: expected one of {', '.join(TYPES)}")
+    digest = model_digest(source)["sha256"]
+    out = cache_root() / "gguf" / f"{name}-{digest[:12]}.{kind}.gguf"
+    record = out.with_name(out.name + ".json")
+    wanted = {"source": str(source), "source_model_sha256": digest, "type": kind,
+              "llama_cpp_python": version()}
+    if out.is_file() and not out.is_symlink() and _matches(record, wanted, out):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
+        width = kind if kind in WIDTHS else _stored_width(source)
+        converted = Path(work) / f"{name}.{width}.gguf"
+        _convert(source, converted, width, name)
+        made = converted
+        if kind not in WIDTHS:
+            made = Path(work) / out.name
+            quantize(converted, made, kind, os.cpu_count() or 1)
+        sha = sha256_file(made)
+        os.replace(made, out)
+    write_json_atomic(record, {**wanted, "sha256": sha})
+    return out
+
+
+def _matches(record: Path, wanted: dict, out: Path) -> bool:
+    """The record beside a cached GGUF names this checkpoint, type and converter, and the file's bytes."""
+    try:
+        found = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(found, dict) and all(found.get(key) == value for key, value in wanted.items())
+            and found.get("sha256") == sha256_file(out))
+
+
+def _stored_width(source: Path) -> str:
+    """bf16 where the checkpoint stores bf16 (converted without rounding), else f32."""
+    try:
+        config = json.loads((source / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{source / 'config.json'}: not readable as JSON ({exc}); a Hugging Face "
+                          "model directory is expected") from None
+    stored = config.get("dtype") or config.get("torch_dtype")
+    return "bf16" if stored == "bfloat16" else "f32"
+
+
+def _convert(source: Path, out: Path, width: str, name: str) -> None:
+    converter = Path(sys.prefix) / CONVERTER
+    if not (converter / "convert_hf_to_gguf.py").is_file():
+        raise ConfigError(f"{converter}: llama.cpp's converter is not in this venv; install it with {INSTALL}")
+    command = [sys.executable, "-m", "replaytests.engine.llamacpp.hf_to_gguf", str(converter), str(source),
+               "--outfile", str(out), "--outtype", width, "--model-name", name]
+    # The converter's own gguf-py, not whatever gguf is installed: NO_LOCAL_GGUF would pick the latter.
+    env = {key: value for key, value in os.environ.items() if key != "NO_LOCAL_GGUF"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0 or not out.is_file():
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise ConfigError(f"{source}: llama.cpp's converter failed ({lines[-1] if lines else done.returncode})")
