@@ -275,6 +275,7 @@ def _models(args: argparse.Namespace) -> int:
             print(models.shipped_gguf(args.name))
             return 0
         from replaytests.engine.llamacpp.conversion import to_gguf
+        from replaytests.inputs.bank import model_digest
 
         if args.name in models.MODELS:
             source, name = models.prepare(args.name), args.name
@@ -283,7 +284,7 @@ def _models(args: argparse.Namespace) -> int:
         else:
             raise ConfigError(f"models gguf {args.name}: neither a model name ({', '.join(models.MODELS)}) nor a "
                               "Hugging Face model directory")
-        print(to_gguf(source, args.type, name))
+        print(to_gguf(source, model_digest(source)["sha256"], args.type, name, models.cache_root() / "gguf"))
         return 0
     # Training arithmetic is pinned to its recorded kernels before torch starts: its bytes depend on them.
     for train in {models.model(name).training for name in args.names} - {None}:
@@ -378,8 +379,8 @@ def parser() -> argparse.ArgumentParser:
     prepare.add_argument("names", nargs="+", metavar="NAME",
                          help="smollm2, smollm2-later, smollm2-protocol, smollm2-protocol-later")
     model_actions.add_parser("list", help="the models replaytests can prepare, and where they go")
-    gguf = model_actions.add_parser("gguf", help="print the GGUF file a model's package ships, or with --type "
-                                                 "make (once) and print a model's GGUF (the llamacpp backend's --model)")
+    gguf = model_actions.add_parser("gguf", help="print the GGUF file a model's package ships, or with --type make "
+                                                 "(once) and print a model's GGUF (the llamacpp backend's --model)")
     gguf.add_argument("name", metavar="NAME", help="smollm2; with --type, any model name or a Hugging Face directory")
     gguf.add_argument("--type", default=None, metavar="TYPE",
                       help="convert with llama.cpp's own converter and quantizer (in the llama.cpp venv): f32, f16, "

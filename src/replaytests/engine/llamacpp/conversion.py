@@ -7,7 +7,7 @@ way. A quantized type (q8_0, q4_1, …) is then made from that file by llama.cpp
 (`llama_model_quantize`), as `llama-quantize` makes it. Both are deterministic: the same checkpoint and
 build give the same bytes, whose sha256 a run records as the model's digest.
 
-The file goes to the cache ($REPLAYTESTS_CACHE/gguf/), named by the checkpoint's digest, with a record
+The file goes to the cache (the CLI's is $REPLAYTESTS_CACHE/gguf/), named by the checkpoint's digest, with a record
 beside it (`.json`: the source directory and its model digest, the type, the converter's version, the
 file's sha256). A second call with the same checkpoint and build finds it and returns at once; a file is
 written beside its place and renamed, so a GGUF in the cache is always whole.
@@ -25,8 +25,6 @@ from pathlib import Path
 from replaytests.engine.llamacpp.context import INSTALL, quantize, version
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file, write_json_atomic
-from replaytests.inputs.bank import model_digest
-from replaytests.inputs.models import cache_root
 
 CONVERTER = "llamacpp-converter"  # the folder tools/install-llamacpp.sh puts in the venv
 WIDTHS = ("f32", "f16", "bf16")   # written by the converter itself
@@ -34,12 +32,12 @@ QUANTIZED = ("q8_0", "q6_k", "q5_1", "q5_0", "q5_k_m", "q4_1", "q4_0", "q4_k_m",
 TYPES = WIDTHS + QUANTIZED
 
 
-def to_gguf(source: Path, kind: str, name: str) -> Path:
-    """The GGUF of the Hugging Face directory `source` at `kind`, made once and kept in the cache."""
+def to_gguf(source: Path, digest: str, kind: str, name: str, cache: Path) -> Path:
+    """The GGUF of the Hugging Face directory `source` (its model digest `digest`) at `kind`, made once and
+    kept in the folder `cache`."""
     if kind not in TYPES:
         raise ConfigError(f"--type {kind}: expected one of {', '.join(TYPES)}")
-    digest = model_digest(source)["sha256"]
-    out = cache_root() / "gguf" / f"{name}-{digest[:12]}.{kind}.gguf"
+    out = cache / f"{name}-{digest[:12]}.{kind}.gguf"
     record = out.with_name(out.name + ".json")
     wanted = {"source": str(source), "source_model_sha256": digest, "type": kind,
               "llama_cpp_python": version()}
