@@ -100,6 +100,13 @@ class Model:
         n = self.llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         return None if n < 0 else buf.value.decode("utf-8", "replace")
 
+    def weights(self) -> str:
+        """The GGUF's weight format as llama.cpp names its file types (Q4_1, Q8_0, BF16, …)."""
+        code = self.meta("general.file_type")
+        names = [name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_") for name in dir(self.llama_cpp)
+                 if name.startswith("LLAMA_FTYPE_") and str(getattr(self.llama_cpp, name)) == code]
+        return names[0] if names else f"file type {code}"
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """The token ids of `text`, special tokens parsed (a delimiter's name is its one token)."""
         raw = text.encode("utf-8")

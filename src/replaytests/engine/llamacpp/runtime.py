@@ -115,10 +115,11 @@ class Runtime:
             positions = int(model.meta(f"{arch}.context_length") or 0)
             window = model.meta(f"{arch}.attention.sliding_window")
             layers = model.meta(f"{arch}.block_count") or "?"
+            weights = model.weights()
         finally:
             model.close()
-        return ModelFacts(grammar, positions, int(window) if window else None, f"{arch}, {layers} layers (GGUF)",
-                          f"{path}")
+        return ModelFacts(grammar, positions, int(window) if window else None,
+                          f"{arch}, {layers} layers (GGUF, {weights} weights)", f"{path}")
 
     @classmethod
     def cell_problem(cls, cell) -> CellProblem | None:

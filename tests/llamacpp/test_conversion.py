@@ -1,0 +1,132 @@
+"""A Hugging Face checkpoint made into a GGUF by llama.cpp's own converter and quantizer
+(`replaytests models gguf NAME --type TYPE`, engine/llamacpp/conversion.py), on the embedded tiny model.
+
+Runs where llama-cpp-python is installed with its converter (`bash tools/install-llamacpp.sh`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("REPLAYTESTS_REQUIRE_LLAMACPP") != "1":
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (bash tools/install-llamacpp.sh)")
+
+import torch
+from safetensors.torch import load_file
+
+from replaytests.engine.llamacpp import conversion
+from replaytests.engine.llamacpp.context import Model
+from replaytests.engine.llamacpp.hf_to_gguf import splits_as_gpt2
+from replaytests.errors import ConfigError
+from replaytests.files import sha256_file
+from replaytests.inputs.bank import model_digest
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "fixtures" / "models" / "tiny-qwen2"
+DIGEST = model_digest(TINY)["sha256"]
+
+
+def convert(kind: str, cache: Path) -> Path:
+    return conversion.to_gguf(TINY, DIGEST, kind, "tiny-qwen2", cache)
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory) -> Path:
+    return convert("bf16", tmp_path_factory.mktemp("gguf"))
+
+
+def test_a_conversion_is_the_same_bytes_each_time_and_made_once(bf16, tmp_path):
+    """The committed baselines name a converted GGUF by its sha256: a second conversion elsewhere gives
+    the same bytes, and a second call on the same cache finds the file instead of writing it again."""
+    again = convert("bf16", tmp_path)
+    assert sha256_file(again) == sha256_file(bf16), "two conversions of one checkpoint differ"
+    written = again.stat().st_mtime_ns
+    assert convert("bf16", tmp_path) == again and again.stat().st_mtime_ns == written, "converted twice"
+    record = json.loads(again.with_name(again.name + ".json").read_text())
+    assert record["sha256"] == sha256_file(again) and record["source_model_sha256"] == DIGEST, record
+
+
+def test_the_stored_width_keeps_every_weight_bit_for_bit(bf16):
+    """bf16 as stored: the GGUF's embedding and every layer's V projection are the checkpoint's bits."""
+    sys.path.insert(0, str(Path(sys.prefix) / conversion.CONVERTER / "gguf-py"))
+    try:
+        from gguf import GGUFReader
+    finally:
+        sys.path.pop(0)
+    tensors = {t.name: t for t in GGUFReader(bf16).tensors}
+    weights = load_file(TINY / "model.safetensors")
+    pairs = {"token_embd.weight": "model.embed_tokens.weight",
+             **{f"blk.{i}.attn_v.weight": f"model.layers.{i}.self_attn.v_proj.weight" for i in range(4)}}
+    for gguf_name, hf_name in pairs.items():
+        theirs = weights[hf_name].view(torch.int16).numpy().tobytes()
+        assert tensors[gguf_name].data.tobytes() == theirs, f"{gguf_name} differs from {hf_name}"
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+def test_a_quantized_gguf_is_in_the_format_it_names(kind, bf16):
+    """llama.cpp itself reads the file type of what its quantizer wrote."""
+    path = convert(kind, bf16.parent)
+    model = Model(path, vocab_only=True)
+    try:
+        assert model.weights() == kind.upper(), (path, model.weights())
+    finally:
+        model.close()
+    assert path.stat().st_size < bf16.stat().st_size * (0.6 if kind == "q8_0" else 0.4), "not quantized"
+
+
+BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+
+@pytest.mark.parametrize(("normalizer", "pre", "gpt2"), [
+    (None, BYTE_LEVEL, True),
+    (None, {**BYTE_LEVEL, "add_prefix_space": True}, False),
+    (None, {**BYTE_LEVEL, "use_regex": False}, False),
+    ({"type": "NFC"}, BYTE_LEVEL, False),
+    (None, {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, BYTE_LEVEL]}, False),
+], ids=["gpt2", "prefix-space", "no-regex", "normalized", "digits-first"])
+def test_only_gpt2s_own_split_is_written_as_gpt2(normalizer, pre, gpt2, tmp_path):
+    """The converter's table names a tokenizer it knows; one it does not know is called GPT-2's only where
+    it splits exactly as GPT-2 does."""
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"normalizer": normalizer, "pre_tokenizer": pre}))
+    assert splits_as_gpt2(tmp_path) is gpt2
+    assert splits_as_gpt2(TINY), "the tiny model's tokenizer is GPT-2's byte-level split"
+
+
+def test_the_converted_tiny_model_runs_the_suite(bf16, tmp_path):
+    """The conversion's GGUF is a model the llama.cpp backend runs: two rows of the tiny causal bank pass,
+    and the run names the converted file's sha256 as its model."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-q", "-p", "no:cacheprovider",
+         "--backend", "llamacpp", "--model", str(bf16), "--bank", str(REPO / "fixtures/banks/tiny-causal.jsonl"),
+         "--contract", str(REPO / "contracts/cpu-tiny-llamacpp.yaml"), "--precision", "fp32", "--rows", "2",
+         "--accept-changed", "model", "--accept-changed", "tokenizer", "--report-dir", str(tmp_path),
+         "--run-name", "tiny"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "verdict: PASS" in done.stdout
+    recorded = json.loads((tmp_path / "tiny" / "run.json").read_text())["environment"]["inputs"]["model_sha256"]
+    digest = model_digest(bf16)
+    assert recorded == digest["sha256"] and sha256_file(bf16) in digest["files"].values(), recorded
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["fixtures/models/tiny-qwen2", "--type", "q9"], "--type q9: expected one of"),
+    (["fixtures/models", "--type", "q8_0"], "a Hugging Face model directory is expected"),
+    (["no-such-model", "--type", "q8_0"], "neither a model name"),
+], ids=["unknown-type", "not-a-model-directory", "no-such-model"])
+def test_bad_conversion_input_is_one_line(args, message, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "replaytests.cli", "models", "gguf", *args], capture_output=True,
+                          text=True, cwd=REPO, env={**os.environ, "REPLAYTESTS_CACHE": str(tmp_path)})
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_venv_without_the_converter_is_told_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(conversion, "CONVERTER", "no-converter-here")
+    with pytest.raises(ConfigError, match="install-llamacpp.sh"):
+        convert("q8_0", tmp_path)
