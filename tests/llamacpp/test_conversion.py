@@ -128,5 +128,5 @@ def test_bad_conversion_input_is_one_line(args, message, tmp_path):
 
 def test_a_venv_without_the_converter_is_told_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(conversion, "CONVERTER", "no-converter-here")
-    with pytest.raises(ConfigError, match="install-llamacpp.sh"):
+    with pytest.raises(ConfigError, match=r"install-llamacpp\.sh"):
         convert("q8_0", tmp_path)
