@@ -1,0 +1,64 @@
+"""The suite's vLLM requests against vLLM's own `generate` of the same requests, side by side in one engine
+(docs/vllm.md).
+
+Per row of the causal SmolLM2 bank: the suite's live construction (one request from the prompt block,
+greedy under the structural mask, the contract's top-k logprobs on every step, stopped at <|/answer|>)
+and `LLM.generate` of the same prompt for as many tokens (greedy, no mask, no logprobs, no stop), in the
+same engine, so that its start-up is counted once and for neither. Both reset the prefix cache first: no
+request is a cache hit. The two alternate per row, `--repeats` times; the ratio is of the summed times.
+
+    .venv-vllm/bin/python benchmarks/vllm_speed.py [--rows 4] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from replaytests.engine.protocol import prompt_of
+from replaytests.engine.vllm.runtime import Runtime
+from replaytests.inputs.bank import read_bank
+from replaytests.inputs.contract import load_contract
+from replaytests.inputs.models import prepare
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    contract = load_contract(REPO / "contracts" / "cpu-smollm2-vllm.yaml")
+    model = prepare("smollm2")
+    runtime = Runtime.load(model, contract, "bf16")
+    rows = read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", runtime.grammar, 8192,
+                     contract.caps.suffix_room())[:args.rows]
+    vllm, engine = runtime._vllm, runtime.engine
+    suite_s = own_s = 0.0
+    tokens = 0
+    for _ in range(args.repeats):
+        for row in rows:
+            prompt = prompt_of(row.tokens, runtime.grammar.delims)
+            start = time.perf_counter()
+            live = runtime.live(prompt)
+            suite_s += time.perf_counter() - start
+            count = len(live.tokens) + len(live.served.suffix.tokens) - len(prompt)
+            params = vllm.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True, detokenize=False,
+                                         seed=0)
+            start = time.perf_counter()
+            engine.reset_prefix_cache()
+            out = engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=prompt)], [params], use_tqdm=False)
+            own_s += time.perf_counter() - start
+            assert len(out[0].outputs[0].token_ids) == count, (len(out[0].outputs[0].token_ids), count)
+            tokens += count
+    print(f"{len(rows)} rows x {args.repeats}, {tokens} generated tokens after their prompt blocks, "
+          f"{contract.cpu_threads} thread(s), bf16, vLLM {runtime.describe(contract)['software']['vllm']}")
+    print(f"suite live:      {suite_s:7.2f} s  {1000 * suite_s / tokens:6.1f} ms/token")
+    print(f"vLLM generate:   {own_s:7.2f} s  {1000 * own_s / tokens:6.1f} ms/token")
+    print(f"ratio suite / vLLM: {suite_s / own_s:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
