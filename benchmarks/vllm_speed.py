@@ -44,7 +44,7 @@ def main() -> None:
             start = time.perf_counter()
             live = runtime.live(prompt)
             suite_s += time.perf_counter() - start
-            count = len(live.tokens) + len(live.served.suffix.tokens) - len(prompt)
+            count = len(live.tokens) + len(live.state.suffix.tokens) - len(prompt)
             params = vllm.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True, detokenize=False,
                                          seed=0)
             start = time.perf_counter()
