@@ -31,7 +31,11 @@ def control_character(text: str) -> str | None:
 
 
 class ReplaytestsError(Exception):
-    """Base class: an error the suite reports as one line, without a traceback."""
+    """Base class: an error the suite reports as one line, without a traceback. Its text shows a control
+    character it quotes (a model path's newline or escape code) as an escape, never raw."""
+
+    def __str__(self) -> str:
+        return CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), super().__str__())
 
 
 class ConfigError(ReplaytestsError):

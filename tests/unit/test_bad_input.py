@@ -310,6 +310,9 @@ PYTEST = {
                               r"x\.manifest\.json: cannot read bank manifest: not valid JSON"),
     # models
     "model-missing": Case(lambda w: ["--model", str(w.root / "none")], r"none: model directory not found"),
+    # a path is quoted with its control characters escaped: no fake line, no escape code reaches the terminal
+    "model-path-controls": Case(lambda w: ["--model", str(w.root / "a\x1b[31m\nverdict: PASS")],
+                                r"a\\x1b\[31m\\nverdict: PASS: model directory not found"),
     "model-no-config": Case(lambda w: ["--model", str(w.model_with("m", lambda p: (p / "config.json").unlink()))],
                             r"/m: no config\.json"),
     "model-pickle-only": Case(lambda w: ["--model", str(w.model_with("m", lambda p: (p / "model.safetensors").rename(
@@ -459,6 +462,8 @@ COMMANDS = {
                                          r"interrupted \(baseline\) is an interrupted run", "compare"),
     "history-interrupted-night": Case(lambda w: ["append", str(_interrupted(w)), "--into", str(w.root / "h.jsonl")],
                                       r"interrupted: an interrupted run .*not a night of the history", "history"),
+    "check-model-path-controls": Case(lambda w: ["--model", str(w.root / "m\x07\x9b2J")],
+                                      r"m\\x07\\x9b2J: no config\.json|m\\x07\\x9b2J.*not found", "check-model"),
     "check-model-nan-weights": Case(lambda w: ["--model", str(w.model_with("m", _poison(float("nan"))))],
                                     r"m/model\.safetensors: tensor 'model\.norm\.weight' holds 3 NaN", "check-model"),
     "check-model-deleted-tensor": Case(lambda w: ["--model", str(w.model_with("m", _drop_tensor))],
