@@ -130,7 +130,9 @@ def vllm_table() -> str:
 
 
 # column label: (the llama.cpp run, its cell, the transformers run of the same causal bank)
-LLAMACPP = {"SmolLM2 Q4_1, f32 K/V": ("llamacpp-smollm2", "fp32", "cpu-smollm2-causal")}
+LLAMACPP = {"tiny, GGUF f32": ("llamacpp-tiny-f32", "fp32", "cpu-tiny-causal"),
+            "tiny, GGUF bf16": ("llamacpp-tiny", "fp32", "cpu-tiny-causal"),
+            "SmolLM2 Q4_1, f32 K/V": ("llamacpp-smollm2", "fp32", "cpu-smollm2-causal")}
 
 
 def llamacpp_table() -> str:
