@@ -100,17 +100,18 @@ def test_only_gpt2s_own_split_is_written_as_gpt2(normalizer, pre, gpt2, tmp_path
 
 def test_the_converted_tiny_model_runs_the_suite(bf16, tmp_path):
     """The conversion's GGUF is a model the llama.cpp backend runs: two rows of the tiny causal bank pass,
-    and the run names the converted file's sha256 as its model."""
+    with no --accept-changed (its record says it is the bank's model converted), and the run names the
+    converted file's sha256 as its model."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-q", "-p", "no:cacheprovider",
          "--backend", "llamacpp", "--model", str(bf16), "--bank", str(REPO / "fixtures/banks/tiny-causal.jsonl"),
          "--contract", str(REPO / "contracts/cpu-tiny-llamacpp.yaml"), "--precision", "fp32", "--rows", "2",
-         "--accept-changed", "model", "--accept-changed", "tokenizer", "--report-dir", str(tmp_path),
-         "--run-name", "tiny"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+         "--report-dir", str(tmp_path), "--run-name", "tiny"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "verdict: PASS" in done.stdout
-    recorded = json.loads((tmp_path / "tiny" / "run.json").read_text())["environment"]["inputs"]["model_sha256"]
-    digest = model_digest(bf16)
+    inputs = json.loads((tmp_path / "tiny" / "run.json").read_text())["environment"]["inputs"]
+    recorded, digest = inputs["model_sha256"], model_digest(bf16)
+    assert any("accepted: the bank's model converted to bf16" in line for line in inputs["overridden"]), inputs
     assert recorded == digest["sha256"] and sha256_file(bf16) in digest["files"].values(), recorded
 
 

@@ -172,3 +172,35 @@ def test_manifest_without_a_recorded_digest(inputs, drop, field):
     with pytest.raises(ConfigError, match=rf"tiny\.manifest\.json: manifest has no field '{re.escape(field)}' "
                                           r"\(freeze the bank again\)$"):
         inputs.verify()
+
+
+def _gguf(inputs: Inputs, record: dict | None, name: str = "m.q4_1.gguf") -> Path:
+    """A stand-in GGUF file (its bytes are all a digest reads) and, unless None, the conversion record beside
+    it (`replaytests models gguf --type` writes one)."""
+    path = inputs.model.parent / name
+    path.write_bytes(b"GGUF stand-in weights")
+    if record is not None:
+        source = inputs.manifest["model"]["sha256"]
+        base = {"sha256": sha256_file(path), "source_model_sha256": source, "type": "q4_1", "llama_cpp_python": "0"}
+        path.with_name(path.name + ".json").write_text(json.dumps(base | record), encoding="utf-8")
+    return path
+
+
+def test_a_gguf_converted_from_the_banks_model_needs_no_flag_and_is_recorded(inputs):
+    gguf = _gguf(inputs, {})
+    result = verify_inputs(inputs.bank, gguf, inputs.delimiter_ids)
+    assert [line.split("; accepted: ")[-1] for line in result.overridden] == [
+        "the bank's model converted to q4_1 by llama.cpp's converter (llama-cpp-python 0; m.q4_1.gguf.json)"] * 2
+    assert result.actual["model"] == model_digest(gguf)["sha256"], "the run must name the file it ran"
+
+
+@pytest.mark.parametrize(("record", "delimiters"), [
+    (None, None),                                  # no record: nothing says where the file came from
+    ({"sha256": "0" * 64}, None),                  # the record is of other bytes
+    ({"source_model_sha256": "0" * 64}, None),     # converted from another model
+    ({}, [0, 1]),                                  # the GGUF resolves other delimiter ids than the bank's
+], ids=["no-record", "other-bytes", "other-source", "other-delimiters"])
+def test_a_gguf_not_verifiably_the_banks_model_is_refused(inputs, record, delimiters):
+    gguf = _gguf(inputs, record)
+    with pytest.raises(ConfigError, match="refused"):
+        verify_inputs(inputs.bank, gguf, delimiters or inputs.delimiter_ids)

@@ -5,19 +5,34 @@ weight file), a tokenizer whose digest changed (any tokenizer file, or the delim
 from them): each is refused with a message naming what changed, unless the user accepts that change
 by name (`--accept-changed=bank|model|tokenizer`); an accepted change is returned so the report
 records it.
+
+One change needs no flag: a GGUF file that is the bank's own model in llama.cpp's format, and says so
+verifiably (`derived_from`). Its model and tokenizer digests differ from the manifest's by construction;
+the delimiter ids it resolves must still be the manifest's, and the run records the relation.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from replaytests.errors import ConfigError
-from replaytests.files import sha256_file
-from replaytests.inputs.bank import changed_since_frozen, manifest_field, model_digest, read_manifest, tokenizer_digest
+from replaytests.files import sha256_file, sha256_json
+from replaytests.inputs.bank import (
+    MODEL_FILES,
+    changed_since_frozen,
+    manifest_field,
+    model_digest,
+    read_manifest,
+    tokenizer_digest,
+)
 from replaytests.inputs.contract import suggest
+from replaytests.inputs.models import MODELS
 from replaytests.inputs.options import ACCEPT_OPTION, OVERRIDES
+
+CONVERSION_RECORD = ".json"  # beside a GGUF `replaytests models gguf --type` made (engine/llamacpp/conversion.py)
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,34 @@ def _which(recorded: dict, actual: dict) -> str:
     return f" ({', '.join(changed)})" if changed else ""
 
 
+def derived_from(model: Path, manifest: dict, bank: Path) -> str | None:
+    """How the GGUF file `model` is the bank's own model, or None:
+    - the GGUF the bank's prepared model (`models:NAME`, its digest the one recorded for NAME) was
+      dequantized from, by that file's recorded sha256; or
+    - the bank's model converted by `replaytests models gguf --type`: the record beside the file names the
+      bank's model digest as its source and this file's sha256 as what it wrote."""
+    if not model.is_file():
+        return None
+    source = manifest_field(manifest, "model.sha256", bank)
+    digest = sha256_file(model)
+    label = str((manifest.get("model") or {}).get("path") or "")
+    spec = MODELS.get(label.removeprefix("models:")) if label.startswith("models:") else None
+    if spec is not None and spec.gguf is not None and spec.gguf.sha256 == digest:
+        weights = {name: sha for name, sha in sorted(spec.files.items())
+                   if name in MODEL_FILES or name.endswith(".safetensors")}
+        if sha256_json(weights) == source:
+            return f"the GGUF the bank's model {label} was dequantized from ({spec.gguf.distribution})"
+    record = model.with_name(model.name + CONVERSION_RECORD)
+    try:
+        made = json.loads(record.read_text(encoding="utf-8")) if record.stat().st_size < 1 << 16 else None
+    except (OSError, ValueError):
+        return None
+    if isinstance(made, dict) and made.get("sha256") == digest and made.get("source_model_sha256") == source:
+        return (f"the bank's model converted to {made.get('type')} by llama.cpp's converter "
+                f"(llama-cpp-python {made.get('llama_cpp_python')}; {record.name})")
+    return None
+
+
 def verify_inputs(bank: Path, model_dir: Path, delimiter_ids: list[int],
                   accept: frozenset[str] = frozenset()) -> Integrity:
     """Compare the bank, the model and the tokenizer (with its delimiter ids) with the manifest."""
@@ -58,12 +101,19 @@ def verify_inputs(bank: Path, model_dir: Path, delimiter_ids: list[int],
         ("tokenizer", model_dir, "tokenizer.sha256", lambda: tokenizer_digest(model_dir, delimiter_ids)),
     ]
     overridden, actual = [], {}
+    derived = None
     for name, where, key, compute in checks:
         recorded, digest = manifest_field(manifest, key, bank), compute()
         actual[name] = digest["sha256"]
         if recorded != digest["sha256"]:
             change = changed_since_frozen(where, f"{name} sha256", key, _short(digest["sha256"]), _short(recorded),
                                           name) + _which(manifest.get(name) if name != "bank" else {}, digest)
+            if name == "model":
+                derived = derived_from(model_dir, manifest, bank)
+            delimiters = manifest_field(manifest, "tokenizer.delimiter_ids", bank)
+            if derived and name != "bank" and (name == "model" or list(delimiter_ids) == delimiters):
+                overridden.append(f"{change}; accepted: {derived}")
+                continue
             if name not in accept:
                 raise ConfigError(f"{change}; refused (pass {ACCEPT_OPTION}={name} to use it anyway; "
                                   "the report records it)")
