@@ -106,7 +106,8 @@ def test_the_converted_tiny_model_runs_the_suite(bf16, tmp_path):
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-q", "-p", "no:cacheprovider",
          "--backend", "llamacpp", "--model", str(bf16), "--bank", str(REPO / "fixtures/banks/tiny-causal.jsonl"),
          "--contract", str(REPO / "contracts/cpu-tiny-llamacpp.yaml"), "--precision", "fp32", "--rows", "2",
-         "--report-dir", str(tmp_path), "--run-name", "tiny"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+         "--report-dir", str(tmp_path), "--run-name", "tiny"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "verdict: PASS" in done.stdout
     inputs = json.loads((tmp_path / "tiny" / "run.json").read_text())["environment"]["inputs"]
