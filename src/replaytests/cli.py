@@ -37,15 +37,26 @@ def _freeze(args: argparse.Namespace) -> int:
 
     _check_writable(args.out, "--out")
     _check_writable(manifest_path(args.out), "--out (its manifest)")
-    _pin(args.contract)
-    from replaytests.engine.hf.freeze import freeze
+    contract, _ = _pin(args.contract)
+    from replaytests.engine import backend
+    from replaytests.engine.freeze import live_boundaries
+    from replaytests.engine.hf.environment import capture_run
+    from replaytests.inputs import platforms
+    from replaytests.inputs.bank import read_problems, write_bank
 
+    runtime_class = backend.resolve(args.backend)
+    backend.check_cell(runtime_class, contract, args.precision)
+    facts = runtime_class.inspect(args.model, contract, "--model")
+    problems = read_problems(args.problems)
+    runtime = runtime_class.load(args.model, contract, args.precision, None)
+    rows = live_boundaries(runtime, problems, facts.max_positions, args.problems)
+    platform = platforms.platform_of(capture_run(contract, runtime_class))
     try:
-        rows = freeze(args.model, args.problems, args.contract, args.out)
+        write_bank(args.out, rows, args.model, runtime.grammar, contract, args.precision, platform)
     except OSError as exc:
         raise ConfigError(f"--out {args.out}: cannot write the bank and its manifest: {exc.strerror or exc} (the "
                           "bank there, if any, is unchanged)") from None
-    print(f"froze {len(rows)} rows into {args.out} (prefix lengths "
+    print(f"froze {len(rows)} rows into {args.out} on {runtime_class.name} at {args.precision} (prefix lengths "
           f"{min(r.prefix_len for r in rows)}-{max(r.prefix_len for r in rows)})")
     return 0
 
@@ -138,25 +149,27 @@ def _print_run(run_dir: Path) -> None:
 
 def _check_model(args: argparse.Namespace) -> int:
     """The replay properties of a checkpoint on two short synthetic rows at each of the contract's
-    precisions (the paper's cells), and what a crossing row would cost at the contract's bank lengths; exit 1 if any
-    judged property fails."""
+    precisions (the paper's cells) the backend runs, and what a crossing row would cost at the contract's
+    bank lengths; exit 1 if any judged property fails."""
     contract, _ = _pin(args.contract)
-    from replaytests.engine.backend import check_window
-    from replaytests.engine.hf import checks
-    from replaytests.engine.hf.inspection import inspect
-    from replaytests.engine.hf.runtime import Runtime
+    from replaytests.engine import backend, checks
     from replaytests.inputs import cells
 
-    facts = inspect(args.model, contract, "--model")
-    lengths = contract.bank["prefix_len"]
-    check_window(facts, lengths["max"] + contract.caps.suffix_room())
+    runtime_class = backend.resolve(args.backend)
+    facts = runtime_class.inspect(args.model, contract, "--model")
+    lengths = sorted({n for n in contract.bank["prefix_len"].values() if n is not None})  # null: not promised
+    if lengths:
+        backend.check_window(facts, lengths[-1] + contract.caps.suffix_room())
     window = ("none (every layer sees the whole sequence)" if facts.sliding_window is None
               else f"sliding, {facts.sliding_window} tokens")
-    print(f"check-model: {args.model} ({facts.summary}) under contract {contract.name}; window: {window}; "
-          f"cache: {contract.cache}")
+    print(f"check-model: {args.model} ({facts.summary}) on {runtime_class.name} under contract {contract.name}; "
+          f"window: {window}; cache: {contract.cache}")
     failed = False
     for precision in cells.select("both", contract.cells, contract.path):  # the paper's cells: the model's properties
-        runtime = Runtime.load(args.model, contract, precision, args.device)
+        if problem := backend.cell_problem(runtime_class, contract, precision):
+            print(f"  {precision:5s} not run: {problem.message}")
+            continue
+        runtime = runtime_class.load(args.model, contract, precision, args.device)
         found: dict[str, checks.Check] = {}
         cost = None
         for seed in (0, 1):  # two short synthetic rows: a property holds only if it holds on both
@@ -169,8 +182,8 @@ def _check_model(args: argparse.Namespace) -> int:
         for check in found.values():
             failed |= check.outcome == "fail"
             print(f"  {precision:5s} {check.name:16s} {check.outcome}{': ' + check.detail if check.detail else ''}")
-        if cost is not None:
-            estimates = [(n, *checks.row_estimate(cost, n, runtime)) for n in sorted(set(lengths.values()))]
+        if cost is not None and lengths:
+            estimates = [(n, *checks.row_estimate(cost, n, runtime)) for n in lengths]
             print(f"  {precision:5s} a crossing row: " + "; ".join(
                 f"at {n} tokens about {s:.1f} s, {b / 2**20:.1f} MiB of boundary caches" for n, s, b in estimates))
     print("verdict: FAIL (a property replay rests on does not hold; see above)" if failed else
@@ -306,6 +319,10 @@ def parser() -> argparse.ArgumentParser:
                         help="problems JSONL. Default: %(default)s")
     freeze.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     freeze.add_argument("--out", type=Path, required=True, help="bank JSONL to write (manifest beside it)")
+    freeze.add_argument("--backend", default="hf", help="hf, vllm, llamacpp or module:Class. Default: %(default)s")
+    freeze.add_argument("--precision", default="bf16",
+                        help="the contract's cell the boundaries are generated in (fp32 on llamacpp). "
+                             "Default: %(default)s")
 
     audit = sub.add_parser("audit", help="run the conformance suite and print its summary table; "
                                          "arguments after -- go to pytest")
@@ -322,7 +339,9 @@ def parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-model", help="a short check of a checkpoint before a long audit: the replay "
                                                "properties on two synthetic rows per precision, and a row's cost")
-    check.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory. Default: %(default)s")
+    check.add_argument("--model", type=Path, default=DEFAULT_MODEL,
+                       help="model directory (a .gguf file for llamacpp). Default: %(default)s")
+    check.add_argument("--backend", default="hf", help="hf, llamacpp or module:Class. Default: %(default)s")
     check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
 

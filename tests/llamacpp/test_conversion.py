@@ -132,3 +132,39 @@ def test_a_venv_without_the_converter_is_told_how_to_get_it(monkeypatch, tmp_pat
     monkeypatch.setattr(conversion, "CONVERTER", "no-converter-here")
     with pytest.raises(ConfigError, match=r"install-llamacpp\.sh"):
         convert("q8_0", tmp_path)
+
+
+def test_check_model_runs_on_a_gguf(bf16):
+    """`check-model --backend llamacpp`: the replay properties on a GGUF through the seam alone; bf16 is a
+    cell llama.cpp does not run and there is no physical batch, each said, not faked."""
+    done = subprocess.run([sys.executable, "-m", "replaytests.cli", "check-model", "--backend", "llamacpp",
+                           "--model", str(bf16), "--contract", str(REPO / "contracts/cpu-tiny-llamacpp.yaml")],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "verdict: PASS (every judged property holds)" in lines, lines
+    for prop in ("mask", "bridge", "suffix", "self_transplant", "storage"):
+        assert any(line.split()[:3] == ["fp32", prop, "ok"] for line in lines), (prop, lines)
+    assert any(line.split()[:3] == ["fp32", "batch", "not"] for line in lines), lines
+    assert any(line.strip().startswith("bf16  not run: llama.cpp's CPU backend") for line in lines), lines
+
+
+def test_a_bank_frozen_on_llamacpp_is_the_same_bytes_twice_and_names_its_gguf(bf16, tmp_path):
+    """`freeze --backend llamacpp`: the boundaries generated live by llama.cpp, through the seam; the
+    manifest names the GGUF and the llama.cpp build it was frozen on."""
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join((REPO / "fixtures/problems/tiny.jsonl").read_text().splitlines(True)[:3]))
+    made = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.jsonl"
+        done = subprocess.run([sys.executable, "-m", "replaytests.cli", "freeze", "--backend", "llamacpp",
+                               "--precision", "fp32", "--model", str(bf16), "--problems", str(problems),
+                               "--contract", str(REPO / "contracts/cpu-tiny-llamacpp.yaml"), "--out", str(out)],
+                              capture_output=True, text=True, cwd=REPO, timeout=600)
+        assert done.returncode == 0 and "froze 3 rows" in done.stdout, done.stdout + done.stderr[-2000:]
+        made.append(out.read_bytes())
+    assert made[0] == made[1], "two freezes on llama.cpp gave different banks"
+    manifest = json.loads((tmp_path / "a.manifest.json").read_text())
+    assert manifest["model"]["files"] == {bf16.name: sha256_file(bf16)}, manifest["model"]
+    assert manifest["platform"]["runtime.llamacpp"]["build_isa"], manifest["platform"]
+    assert manifest["precision"] == "fp32"

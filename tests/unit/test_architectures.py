@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from replaytests.engine import checks
 from replaytests.engine.backend import ModelFacts, check_window
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import checks
 from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import Grammar
 from replaytests.errors import ConfigError

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from replaytests.engine import protocol
-from replaytests.engine.hf.checks import check_mask
+from replaytests.engine.checks import check_mask
 from replaytests.engine.protocol import VISIBILITIES, Visibility, visibility_rows
 from replaytests.inputs.bank import manifest_path
 from replaytests.inputs.contract import VISIBILITY_MODES, load_contract

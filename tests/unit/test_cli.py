@@ -77,7 +77,8 @@ def frozen(tmp_path_factory):
 def test_freeze_exits_zero_and_reports(frozen):
     code, out, stdout, stderr = frozen
     assert code == 0, f"freeze exit code {code} (stderr: {stderr!r})"
-    assert re.fullmatch(rf"froze 2 rows into {re.escape(str(out))} \(prefix lengths \d+-\d+\)\n", stdout), (
+    assert re.fullmatch(rf"froze 2 rows into {re.escape(str(out))} on hf at bf16 \(prefix lengths \d+-\d+\)\n",
+                        stdout), (
         f"freeze stdout {stdout!r}"
     )
 

@@ -58,6 +58,7 @@ class Backend(Protocol):
     cell_digest: str  # what its records carry: the cell's definition and any library it runs through
     capabilities: frozenset[str]
     grammar: Grammar  # the protocol's delimiters, caps and structural mask, resolved for this model
+    visibility: str  # the contract's protocol.visibility it runs under ("causal" for a runtime without masks)
 
     def activate(self) -> None:
         """Re-apply this precision's numeric settings (another backend may have changed them)."""
@@ -75,6 +76,13 @@ class Backend(Protocol):
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
         """The recipient's boundary with the selected layers' K and/or V copied from the donor; Unsupported
         where the backend has no `state_copy`."""
+
+    def encode(self, text: str) -> list[int]:
+        """`text` in the model's own tokenizer, without added special tokens (a problem's prompt)."""
+
+    def probe(self, tokens: list[int]):
+        """The last position's logits (a [vocab] tensor) of one call over `tokens`, any prefix the grammar
+        accepts (check-model's mask probe); Unsupported where the runtime shows no whole logit row."""
 
     def with_batch(self, batch: int) -> Backend:
         """The same model and precision with another physical batch; Unsupported without `batch_size`."""

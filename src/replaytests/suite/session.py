@@ -204,11 +204,7 @@ class ReplaySession:
     @functools.cached_property
     def environment(self) -> dict:
         """The real environment, captured once: versions, device, flags as read back, input digests."""
-        env = environment.capture(self.contract, self.device, integrity=self.integrity)
-        describe = getattr(self.backend, "describe", None)  # a serving engine's version and settings
-        for section, values in (describe(self.contract) if describe else {}).items():
-            env.setdefault(section, {}).update(values)
-        return env
+        return environment.capture_run(self.contract, self.backend, self.device, self.integrity)
 
     @functools.cached_property
     def drift(self) -> list[environment.Drift]:

@@ -70,6 +70,17 @@ def capture(contract: Contract, device: str | None = None, model: object | None 
     return env
 
 
+def capture_run(contract: Contract, backend: type, device: str | None = None,
+                integrity: Integrity | None = None) -> dict:
+    """The environment of a run on `backend`: `capture`, and what the backend describes of its own runtime
+    (a serving engine's version and settings)."""
+    env = capture(contract, device, integrity=integrity)
+    describe = getattr(backend, "describe", None)
+    for section, values in (describe(contract) if describe else {}).items():
+        env.setdefault(section, {}).update(values)
+    return env
+
+
 def drift(contract: Contract, env: dict) -> list[Drift]:
     """Every field the contract names (not null) that `env` captured with another value, in schema order."""
     return list(_differences(contract.settings, env, ""))

@@ -227,6 +227,19 @@ class Runtime:
 
         return transplant(recipient, donor, layers, parts, splice)
 
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def probe(self, tokens: list[int]) -> torch.Tensor:
+        """The last position's logits of one prefill call over `tokens`."""
+        from replaytests.engine.hf.decoder import DecodeState
+
+        state = DecodeState.empty(self, len(tokens))
+        for token in tokens:
+            state.push(token)
+        state.feed(len(tokens), "probe")
+        return state.boundary("probe").logits
+
     def with_batch(self, batch: int) -> Runtime:
         """The same model with another physical batch (its own arms: a boundary depends on the batch)."""
         return replace(self, batch=batch)

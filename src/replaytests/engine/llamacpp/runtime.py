@@ -92,6 +92,7 @@ class Runtime:
     """One GGUF model at one cell on llama.cpp."""
 
     name: ClassVar[str] = "llamacpp"
+    visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy",
                                                         "prefix_cache", "chunked_prefill"})
 
@@ -289,6 +290,14 @@ class Runtime:
         finally:
             if context is not self.context:
                 context.close()
+
+    def encode(self, text: str) -> list[int]:
+        return self.model.encode(text)
+
+    def probe(self, tokens: list[int]) -> torch.Tensor:
+        """The last position's logits of one call over `tokens`, in the runtime's own context."""
+        self.context.clear()
+        return self._feed(self.context, tokens, "probe")
 
     def _fresh(self) -> Context:
         return self._context(self.settings["n_ctx"])

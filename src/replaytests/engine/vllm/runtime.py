@@ -129,6 +129,7 @@ class Runtime:
     """One model at one precision on vLLM."""
 
     name: ClassVar[str] = "vllm"
+    visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill"})
     inspect = staticmethod(inspection.inspect)  # vLLM serves Hugging Face directories
     check_loadable = staticmethod(hf_adapter.check_tensors)
@@ -364,6 +365,12 @@ class Runtime:
 
     def transplant(self, recipient, donor, layers=None, parts=("k", "v")) -> Boundary:
         raise Unsupported(f"backend {self.name} exposes no K/V tensors to transplant")
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def probe(self, tokens: list[int]):
+        raise Unsupported("backend vllm shows top-k logprobs only, not a whole logit row (full_logits)")
 
     def with_batch(self, batch: int) -> Runtime:
         raise Unsupported(f"backend {self.name} schedules its own batches")

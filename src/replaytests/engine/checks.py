@@ -1,10 +1,11 @@
 """The replay properties of a model, checked on short synthetic rows: what `replaytests check-model`
-reports before a long audit, and what the architecture matrix holds every decoder family to.
+reports before a long audit, and what the architecture matrix holds every decoder family to. Any
+backend: only the seam's methods (engine.backend) and its `probe` are used.
 
 On one runtime (one precision), from a seeded synthetic z (a prompt, three short branches, <|merge|>):
 
 | mask           | a key the visibility contract hides has no influence on a query; a visible one has   |
-| batch          | the physical-batch copies stay bitwise equal in every construction                    |
+| batch          | the physical-batch copies stay bitwise equal in every construction (`physical_batch`) |
 | bridge         | live and incremental of the live z are bit-exact: cache, logits and suffix            |
 | suffix         | incremental and prefill give one suffix (judged in an exact cell, recorded in others) |
 | self_transplant| prefill's cache copied into its own replica reproduces prefill's trajectory            |
@@ -17,12 +18,9 @@ import random
 import time
 from dataclasses import dataclass
 
-from replaytests.engine.arms import Arms
+from replaytests.engine.backend import Backend, Unsupported
 from replaytests.engine.boundary import Boundary, bitwise_equal, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.hf import constructions
-from replaytests.engine.hf.decoder import DecodeState, decode_suffix
-from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import parse_prefix, prompt_of
 from replaytests.errors import FailClosed
 
@@ -55,7 +53,7 @@ class Result:
     suffixes: dict[str, list[int]]  # each construction's suffix (incremental, prefill, live, ...)
 
 
-def synthetic_z(runtime: Runtime, seed: int, prompt: int = 8, branch: int = 6) -> list[int]:
+def synthetic_z(runtime: Backend, seed: int, prompt: int = 8, branch: int = 6) -> list[int]:
     """A valid boundary prefix: a prompt block of `prompt` content tokens, three branches of
     min(branch, cap) content tokens each, then <|merge|>; content ids drawn with `seed`."""
     grammar, delims = runtime.grammar, runtime.grammar.delims
@@ -70,20 +68,11 @@ def synthetic_z(runtime: Runtime, seed: int, prompt: int = 8, branch: int = 6) -
     return z
 
 
-def _content_ids(runtime: Runtime) -> list[int]:
+def _content_ids(runtime: Backend) -> list[int]:
     return [int(i) for i in runtime.grammar.content.nonzero().flatten()]
 
 
-def last_logits(runtime: Runtime, tokens: list[int]):
-    """The last position's logits of one prefill call over `tokens` (any prefix the grammar accepts)."""
-    state = DecodeState.empty(runtime, len(tokens))
-    for token in tokens:
-        state.push(token)
-    state.feed(len(tokens), "probe")
-    return state.boundary("probe").logits
-
-
-def check_mask(runtime: Runtime, z: list[int]) -> Check:
+def check_mask(runtime: Backend, z: list[int]) -> Check:
     """A branch-2 query sees the prompt, never branch 1: changing the last branch-1 token must leave its
     logits bit for bit, changing a prompt token must not (the negative control: the probe reaches the model).
     Under causal visibility branch 1 is seen, so changing it must change the logits too."""
@@ -96,46 +85,48 @@ def check_mask(runtime: Runtime, z: list[int]) -> Check:
         other = next(t for t in content if t != tokens[at])
         return [other if i == at else t for i, t in enumerate(tokens)]
 
-    reference = last_logits(runtime, tokens)
-    moved = not bitwise_equal(last_logits(runtime, changed(branch_1)), reference)
+    try:
+        reference = runtime.probe(tokens)
+    except Unsupported as exc:
+        return Check("mask", name, "not run", str(exc))
+    moved = not bitwise_equal(runtime.probe(changed(branch_1)), reference)
     if moved and runtime.visibility == "roles":
         return Check("mask", name, "fail", f"changing branch-1 token {branch_1} changed a branch-2 query's logits")
     if not moved and runtime.visibility == "causal":
         return Check("mask", name, "fail", f"changing branch-1 token {branch_1} left a branch-2 query's logits "
                                            "unchanged under causal visibility: the mask hides what it should show")
-    if bitwise_equal(last_logits(runtime, changed(seen)), reference):
+    if bitwise_equal(runtime.probe(changed(seen)), reference):
         return Check("mask", name, "fail", f"changing prompt token {seen} left the logits unchanged: the 4D mask "
                                            "or the probe does not reach the model")
     return Check("mask", name, "ok")
 
 
-def check_runtime(runtime: Runtime, z: list[int], exact: bool) -> Result:
+def check_runtime(runtime: Backend, z: list[int], exact: bool) -> Result:
     """Every property on one runtime, what the row cost and the suffixes; a property that could not run
     because an earlier one failed closed is "not run". `exact`: whether incremental and prefill must give
     one suffix in this cell (the contract's crossing gate), else a divergence is recorded."""
     name = runtime.precision
     runtime.activate()
-    held, runtime.arms = runtime.arms, Arms(budget=0)  # every arm here is its own construction
     try:
         started = time.perf_counter()
-        incremental = constructions.build(runtime, "incremental", z)
+        incremental = runtime.build("incremental", z)
         incremental_s = time.perf_counter() - started
         started = time.perf_counter()
-        prefill = constructions.build(runtime, "prefill", z)
+        prefill = runtime.build("prefill", z)
         prefill_s = time.perf_counter() - started
         arms = {"incremental": incremental, "prefill": prefill,
-                "prefill_replica": constructions.build(runtime, "prefill_replica", z),
-                "live": constructions.live(runtime, prompt_of(z, runtime.grammar.delims))}
-        arms["bridge"] = constructions.build(runtime, "incremental", arms["live"].tokens)
-        suffixes = {arm: decode_suffix(runtime, boundary) for arm, boundary in arms.items()}
-        moved = decode_suffix(runtime, runtime.transplant(arms["prefill_replica"], arms["prefill"]))
-        checks = [check_mask(runtime, z), Check("batch", name, "ok")]
+                "prefill_replica": runtime.build("prefill_replica", z),
+                "live": runtime.live(prompt_of(z, runtime.grammar.delims))}
+        arms["bridge"] = runtime.build("incremental", arms["live"].tokens)
+        suffixes = {arm: runtime.suffix(boundary) for arm, boundary in arms.items()}
+        moved = runtime.suffix(runtime.transplant(arms["prefill_replica"], arms["prefill"]))
+        batch = (Check("batch", name, "ok") if "physical_batch" in runtime.capabilities else
+                 Check("batch", name, "not run", f"backend {runtime.name} runs no physical batch"))
+        checks = [check_mask(runtime, z), batch]
     except FailClosed as exc:  # the property it breaks fails; what comes after it cannot run
         broken = FAILS.get(type(exc).__name__, "batch")
         failed = Check(broken, name, "fail", f"{type(exc).__name__}: {exc}")
         return Result([failed, *(Check(p, name, "not run") for p in PROPERTIES if p != broken)], None, {})
-    finally:
-        runtime.arms = held
     checks.append(_bridge(arms["live"], arms["bridge"], suffixes["live"].tokens, suffixes["bridge"].tokens, name))
     checks.append(_suffix(suffixes["incremental"].tokens, suffixes["prefill"].tokens, name, exact))
     own = suffixes["prefill"].tokens
@@ -171,7 +162,7 @@ def _cache_bytes(boundary: Boundary) -> int:
     return sum(t.nbytes for kv in boundary.layers for t in kv)
 
 
-def row_estimate(cost: Cost, prefix_len: int, runtime: Runtime) -> tuple[float, int]:
+def row_estimate(cost: Cost, prefix_len: int, runtime: Backend) -> tuple[float, int]:
     """Seconds and bytes of one crossing row at `prefix_len` tokens: two incremental constructions,
     two prefills and four suffixes at the short row's per-call cost (an estimate: longer caches cost
     more per call, a short row's first calls more than later ones), and four boundary caches held."""
