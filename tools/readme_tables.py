@@ -132,7 +132,23 @@ def vllm_table() -> str:
 # column label: (the llama.cpp run, its cell, the transformers run of the same causal bank)
 LLAMACPP = {"tiny, GGUF f32": ("llamacpp-tiny-f32", "fp32", "cpu-tiny-causal"),
             "tiny, GGUF bf16": ("llamacpp-tiny", "fp32", "cpu-tiny-causal"),
-            "SmolLM2 Q4_1, f32 K/V": ("llamacpp-smollm2", "fp32", "cpu-smollm2-causal")}
+            "SmolLM2 Q4_1, f32 K/V": ("llamacpp-smollm2", "fp32", "cpu-smollm2-causal"),
+            "SmolLM2 + protocol adapter Q4_1, flash attention": ("llamacpp-smollm2-protocol-fa", "fp32", None)}
+# Below the serving rows: what the crossing's answers did on llama.cpp.
+ANSWER_LABELS = ("crossing on llama.cpp: answers differ", "crossing on llama.cpp: correct answers (incremental)",
+                 "crossing on llama.cpp: correct answers (prefill)",
+                 "transplant, divergent rows: recipient follows donor (prefill<-incremental)",
+                 "transplant, divergent rows: recipient follows donor (incremental<-prefill)")
+
+
+def _answers(records: list[dict], cell: str) -> list[str]:
+    crossing, divergent = _ok(records, "crossing", cell), [
+        r for r in _ok(records, "transplant", cell) if r["role"] == "divergent"]
+    return [_count(crossing, lambda r: r["arms"]["incremental"]["answer"] != r["arms"]["prefill"]["answer"]),
+            _count(crossing, lambda r: r["arms"]["incremental"]["correct"] is True),
+            _count(crossing, lambda r: r["arms"]["prefill"]["correct"] is True),
+            *(_count(divergent, lambda r, d=d: r["transplants"][d]["outcome"] == "follows_donor")
+              for d in ("prefill<-incremental", "incremental<-prefill"))]
 
 
 def llamacpp_table() -> str:
@@ -140,10 +156,12 @@ def llamacpp_table() -> str:
     transformers FP32 run of the same causal bank (the same rows both hold)."""
     header, columns = ["", *LLAMACPP], []
     for run, cell, hf_name in LLAMACPP.values():
-        hf = [dict(r, precision=cell) for r in collate([LEDGERS / hf_name]) if r["precision"] == "fp32"]
-        columns.append(column(collate([LEDGERS / run]), hf, cell))
+        hf = [dict(r, precision=cell) for r in collate([LEDGERS / hf_name]) if r["precision"] == "fp32"] \
+            if hf_name else []
+        records = collate([LEDGERS / run])
+        columns.append(column(records, hf, cell) + _answers(records, cell))
     labels = [label.replace("vLLM", "llama.cpp").replace("the engine's count", "llama.cpp's count")
-              for label in LABELS]
+              for label in LABELS] + list(ANSWER_LABELS)
     return _markdown([header, *([label, *cells] for label, *cells in zip(labels, *columns, strict=True))])
 
 
