@@ -8,13 +8,16 @@ import pytest
 import torch
 
 from replaytests.engine.protocol import (
+    ANSWER,
     BLOCKS,
     DELIMITER_NAMES,
+    MERGE,
     VISIBILITY,
     Cursor,
     Delimiters,
     Grammar,
     Visibility,
+    answer_ids,
     parse_prefix,
     visibility_rows,
 )
@@ -443,3 +446,15 @@ def test_resolve_with_a_fake_tokenizer_maps_names_in_order():
     delims = Delimiters.resolve(fake)
     assert delims.openers == tuple(range(1000, 1012, 2)), f"openers {delims.openers}"
     assert delims.closers == tuple(range(1001, 1012, 2)), f"closers {delims.closers}"
+
+
+def test_answer_ids_are_the_answer_blocks_content_only(tiny_grammar):
+    """The one reading of a suffix's answer every backend decodes: the merge's content and every delimiter
+    are left out, the answer's content kept in order."""
+    d = tiny_grammar.delims
+    merge, answer = d.closers[MERGE], d.openers[ANSWER]
+    content = [int(i) for i in tiny_grammar.content.nonzero().flatten()[:5]]
+    suffix = [content[0], content[1], merge, answer, content[2], content[3], d.closers[ANSWER]]
+    assert answer_ids(suffix, tiny_grammar) == [content[2], content[3]]
+    with pytest.raises(ValueError):
+        answer_ids([answer], tiny_grammar)  # the merge block is still open: the grammar forbids it

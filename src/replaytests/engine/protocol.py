@@ -224,6 +224,17 @@ class Cursor:
         return grammar.is_content(token) and self.count < grammar.caps.of(self.block)
 
 
+def answer_ids(suffix: list[int], grammar: Grammar) -> list[int]:
+    """The answer block's content tokens of a suffix (from just after <|merge|> through <|/answer|>): what
+    each backend decodes to the answer text with its own tokenizer."""
+    cursor, delims, ids = Cursor(block=MERGE, open=True, count=0), set(grammar.delims.all_ids), []
+    for token in suffix:
+        if cursor.role_of_next() == ANSWER and token not in delims:
+            ids.append(token)
+        cursor.advance(token, grammar)
+    return ids
+
+
 def parse_prefix(tokens: list[int], grammar: Grammar, where: str) -> list[int]:
     """Check a boundary prefix z against the grammar and return its roles.
 

@@ -16,7 +16,7 @@ import torch
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf.runtime import Runtime, check_batch_equal, copies_differ
-from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Visibility
+from replaytests.engine.protocol import MERGE, Cursor, Visibility, answer_ids
 from replaytests.errors import NonFinite
 
 CHUNK = 64  # calls whose copies are compared in one go; masked logit rows whose top two are taken in one go
@@ -158,10 +158,9 @@ def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
         state.feed(1, f"suffix token {len(state.tokens) - 1 - start}")
     state.settle()
     suffix = state.tokens[start:]
-    answer_ids = _answer_content(suffix, state.roles[start:], runtime)
     top2 = state.top2()  # the margins: top-1 minus top-2 masked logit at each choice
-    return Suffix(suffix, (top2[:, 0] - top2[:, 1]).tolist(), runtime.tokenizer.decode(answer_ids),
-                  top2[:, 0].tolist())
+    return Suffix(suffix, (top2[:, 0] - top2[:, 1]).tolist(),
+                  runtime.tokenizer.decode(answer_ids(suffix, runtime.grammar)), top2[:, 0].tolist())
 
 
 def suffix_of(runtime: Runtime, boundary: Boundary) -> Suffix:
@@ -169,7 +168,3 @@ def suffix_of(runtime: Runtime, boundary: Boundary) -> Suffix:
     as a transplanted one, is decoded each time."""
     return runtime.arms.suffix(boundary, functools.partial(decode_suffix, runtime))
 
-
-def _answer_content(suffix: list[int], roles: list[int], runtime: Runtime) -> list[int]:
-    delims = set(runtime.grammar.delims.all_ids)
-    return [t for t, r in zip(suffix, roles, strict=True) if r == ANSWER and t not in delims]

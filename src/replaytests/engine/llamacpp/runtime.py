@@ -40,7 +40,7 @@ from replaytests.engine.llamacpp.context import (
     version,
 )
 from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
-from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, companions, prompt_of
+from replaytests.engine.protocol import MERGE, Cursor, Delimiters, Grammar, answer_ids, companions, prompt_of
 from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
 from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
@@ -316,13 +316,10 @@ class Runtime:
         except DecodeFailed as exc:
             raise BoundaryMismatch(f"llamacpp suffix of {boundary.construction}: {exc}") from None
         cursor, logits = Cursor(block=MERGE, open=True, count=0), boundary.logits
-        tokens, margins, top1, answer, steps = [], [], [], [], []
-        delims = set(self.grammar.delims.all_ids)
+        tokens, margins, top1, steps = [], [], [], []
         while True:
             token, best, margin, ranked = self._choose(logits, cursor)
             steps.append(ranked)
-            if cursor.role_of_next() == ANSWER and token not in delims:
-                answer.append(token)
             cursor.advance(token, self.grammar)
             tokens.append(token)
             margins.append(margin)
@@ -331,7 +328,7 @@ class Runtime:
                 break
             logits = self._feed(context, [token], f"suffix token {len(tokens) - 1} of {boundary.construction}")
         saved.steps = tuple(steps)
-        return Suffix(tokens, margins, self.model.decode(answer), top1)
+        return Suffix(tokens, margins, self.model.decode(answer_ids(tokens, self.grammar)), top1)
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:

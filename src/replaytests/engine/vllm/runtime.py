@@ -35,7 +35,7 @@ from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import inspection
-from replaytests.engine.protocol import ANSWER, MERGE, Cursor, Delimiters, Grammar, companions, prompt_of
+from replaytests.engine.protocol import ANSWER, MERGE, Delimiters, Grammar, answer_ids, companions, prompt_of
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
 from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
@@ -312,7 +312,7 @@ class Runtime:
         suffix_tokens = tokens[z_len:]
         top1 = [values[0][1] for values in steps[start:]]
         margins = [values[0][1] - values[1][1] for values in steps[start:]]
-        suffix = Suffix(suffix_tokens, margins, self._answer(z, suffix_tokens), top1)
+        suffix = Suffix(suffix_tokens, margins, self.tokenizer.decode(answer_ids(suffix_tokens, self.grammar)), top1)
         served = Served(out.num_cached_tokens or 0, len(prompt_of(z, self.grammar.delims)) //
                         self.settings["block_size"] * self.settings["block_size"], prefill_steps,
                         steps_digest(steps[start:]), suffix, tuple(tuple(step) for step in steps[start:]))
@@ -326,14 +326,6 @@ class Runtime:
             row[token] = _LOWEST if value == float("-inf") else value
         return row
 
-    def _answer(self, z: list[int], suffix: list[int]) -> str:
-        cursor, grammar, ids = Cursor(block=MERGE, open=True, count=0), self.grammar, []
-        delims = set(grammar.delims.all_ids)
-        for token in suffix:
-            if cursor.role_of_next() == ANSWER and token not in delims:
-                ids.append(token)
-            cursor.advance(token, grammar)
-        return self.tokenizer.decode(ids)
 
     # --- the Backend protocol --------------------------------------------------------------------
 
