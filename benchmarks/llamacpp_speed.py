@@ -13,9 +13,9 @@ alternate per row, `--repeats` times; the ratio is of the summed times.
 from __future__ import annotations
 
 import argparse
-import time
 
 from llamacpp_invariance import smollm2
+from side_by_side import alternate, report
 
 from replaytests.engine.llamacpp.context import import_llama_cpp
 from replaytests.engine.llamacpp.runtime import Runtime
@@ -34,26 +34,18 @@ def main() -> None:
     own = llama_cpp.Llama(str(gguf), n_ctx=settings["n_ctx"], n_batch=settings["n_ctx"], n_ubatch=settings["n_ctx"],
                           n_threads=contract.cpu_threads, n_threads_batch=contract.cpu_threads, type_k=0, type_v=0,
                           flash_attn=settings["flash_attention"], verbose=False)
-    suite_s = own_s = 0.0
-    tokens = 0
-    for _ in range(args.repeats):
-        for row in rows:
-            prompt = prompt_of(row.tokens, runtime.grammar.delims)
-            start = time.perf_counter()
-            live = runtime.live(prompt)
-            suite_s += time.perf_counter() - start
-            count = len(live.tokens) - len(prompt)
-            start = time.perf_counter()
-            for i, _token in enumerate(own.generate(prompt, top_k=1, temp=0.0, reset=True), 1):
-                if i == count:
-                    break
-            own_s += time.perf_counter() - start
-            tokens += count
-    print(f"{len(rows)} rows x {args.repeats}, {tokens} generated tokens after their prompt blocks, "
-          f"{contract.cpu_threads} thread(s)")
-    print(f"suite live:          {suite_s:7.2f} s  {1000 * suite_s / tokens:6.1f} ms/token")
-    print(f"llama.cpp generate:  {own_s:7.2f} s  {1000 * own_s / tokens:6.1f} ms/token")
-    print(f"ratio suite / llama.cpp: {suite_s / own_s:.2f}x")
+    prompts = [prompt_of(row.tokens, runtime.grammar.delims) for row in rows]
+
+    def suite(prompt: list[int]) -> int:
+        return len(runtime.live(prompt).tokens) - len(prompt)
+
+    def generate(prompt: list[int], count: int) -> None:
+        for i, _token in enumerate(own.generate(prompt, top_k=1, temp=0.0, reset=True), 1):
+            if i == count:
+                break
+
+    report(f"{len(rows)} rows x {args.repeats}, {contract.cpu_threads} thread(s)", "llama.cpp generate",
+           *alternate(prompts, args.repeats, suite, generate))
 
 
 if __name__ == "__main__":

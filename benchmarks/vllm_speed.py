@@ -13,8 +13,9 @@ request is a cache hit. The two alternate per row, `--repeats` times; the ratio 
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
+
+from side_by_side import alternate, report
 
 from replaytests.engine.protocol import prompt_of
 from replaytests.engine.vllm.runtime import Runtime
@@ -36,28 +37,21 @@ def main() -> None:
     rows = read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", runtime.grammar, 8192,
                      contract.caps.suffix_room())[:args.rows]
     vllm, engine = runtime._vllm, runtime.engine
-    suite_s = own_s = 0.0
-    tokens = 0
-    for _ in range(args.repeats):
-        for row in rows:
-            prompt = prompt_of(row.tokens, runtime.grammar.delims)
-            start = time.perf_counter()
-            live = runtime.live(prompt)
-            suite_s += time.perf_counter() - start
-            count = len(live.tokens) + len(live.state.suffix.tokens) - len(prompt)
-            params = vllm.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True, detokenize=False,
-                                         seed=0)
-            start = time.perf_counter()
-            engine.reset_prefix_cache()
-            out = engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=prompt)], [params], use_tqdm=False)
-            own_s += time.perf_counter() - start
-            assert len(out[0].outputs[0].token_ids) == count, (len(out[0].outputs[0].token_ids), count)
-            tokens += count
-    print(f"{len(rows)} rows x {args.repeats}, {tokens} generated tokens after their prompt blocks, "
-          f"{contract.cpu_threads} thread(s), bf16, vLLM {runtime.describe(contract)['software']['vllm']}")
-    print(f"suite live:      {suite_s:7.2f} s  {1000 * suite_s / tokens:6.1f} ms/token")
-    print(f"vLLM generate:   {own_s:7.2f} s  {1000 * own_s / tokens:6.1f} ms/token")
-    print(f"ratio suite / vLLM: {suite_s / own_s:.2f}x")
+    prompts = [prompt_of(row.tokens, runtime.grammar.delims) for row in rows]
+
+    def suite(prompt: list[int]) -> int:
+        live = runtime.live(prompt)
+        return len(live.tokens) + len(live.state.suffix.tokens) - len(prompt)
+
+    def generate(prompt: list[int], count: int) -> None:
+        params = vllm.SamplingParams(temperature=0.0, max_tokens=count, ignore_eos=True, detokenize=False, seed=0)
+        engine.reset_prefix_cache()
+        out = engine.generate([vllm.inputs.TokensPrompt(prompt_token_ids=prompt)], [params], use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == count, (len(out[0].outputs[0].token_ids), count)
+
+    report(f"{len(rows)} rows x {args.repeats}, {contract.cpu_threads} thread(s), bf16, vLLM "
+           f"{runtime.describe(contract)['software']['vllm']}", "vLLM generate",
+           *alternate(prompts, args.repeats, suite, generate))
 
 
 if __name__ == "__main__":
