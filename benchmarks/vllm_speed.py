@@ -36,7 +36,9 @@ def main() -> None:
     runtime = Runtime.load(model, contract, "bf16")
     rows = read_bank(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl", runtime.grammar, 8192,
                      contract.caps.suffix_room())[:args.rows]
-    vllm, engine = runtime._vllm, runtime.engine
+    import vllm  # imported by Runtime.load, after the contract's pins
+
+    engine = runtime.engine
     prompts = [prompt_of(row.tokens, runtime.grammar.delims) for row in rows]
 
     def suite(prompt: list[int]) -> int:

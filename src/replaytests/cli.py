@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.errors import ConfigError, ReplaytestsError
+from replaytests.inputs.cells import BANK_CELL
 from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
 
@@ -45,7 +46,8 @@ def _freeze(args: argparse.Namespace) -> int:
     from replaytests.inputs.bank import read_problems, write_bank
 
     runtime_class = backend.resolve(args.backend)
-    backend.check_cell(runtime_class, contract, args.precision)
+    if missing := backend.check_cell(runtime_class, contract, args.precision):  # a library not installed here
+        raise ConfigError(missing)
     facts = runtime_class.inspect(args.model, contract, "--model")
     problems = read_problems(args.problems)
     runtime = runtime_class.load(args.model, contract, args.precision, None)
@@ -320,7 +322,7 @@ def parser() -> argparse.ArgumentParser:
     freeze.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     freeze.add_argument("--out", type=Path, required=True, help="bank JSONL to write (manifest beside it)")
     freeze.add_argument("--backend", default="hf", help="hf, vllm, llamacpp or module:Class. Default: %(default)s")
-    freeze.add_argument("--precision", default="bf16",
+    freeze.add_argument("--precision", default=BANK_CELL,
                         help="the contract's cell the boundaries are generated in (fp32 on llamacpp). "
                              "Default: %(default)s")
 

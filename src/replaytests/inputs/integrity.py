@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replaytests.errors import ConfigError
-from replaytests.files import sha256_file, sha256_json
+from replaytests.files import sha256_file
 from replaytests.inputs.bank import (
-    MODEL_FILES,
     changed_since_frozen,
     manifest_field,
     model_digest,
+    model_digest_of,
     read_manifest,
     tokenizer_digest,
 )
@@ -70,11 +70,8 @@ def derived_from(model: Path, manifest: dict, bank: Path) -> str | None:
     digest = sha256_file(model)
     label = str((manifest.get("model") or {}).get("path") or "")
     spec = MODELS.get(label.removeprefix("models:")) if label.startswith("models:") else None
-    if spec is not None and spec.gguf is not None and spec.gguf.sha256 == digest:
-        weights = {name: sha for name, sha in sorted(spec.files.items())
-                   if name in MODEL_FILES or name.endswith(".safetensors")}
-        if sha256_json(weights) == source:
-            return f"the GGUF the bank's model {label} was dequantized from ({spec.gguf.distribution})"
+    if spec and spec.gguf and spec.gguf.sha256 == digest and model_digest_of(spec.files) == source:
+        return f"the GGUF the bank's model {label} was dequantized from ({spec.gguf.distribution})"
     record = model.with_name(model.name + CONVERSION_RECORD)
     try:
         made = json.loads(record.read_text(encoding="utf-8")) if record.stat().st_size < 1 << 16 else None

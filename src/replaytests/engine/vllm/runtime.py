@@ -326,7 +326,6 @@ class Runtime:
             row[token] = _LOWEST if value == float("-inf") else value
         return row
 
-
     # --- the Backend protocol --------------------------------------------------------------------
 
     def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
