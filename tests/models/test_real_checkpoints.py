@@ -1,6 +1,7 @@
 """Real checkpoints end to end (slow; CI runs it): `replaytests models prepare NAME`, then the first two
 rows of the checkpoint's committed bank through the crossing at both precisions, each record judged
-leaf by leaf against the committed baseline ledger. SmolLM2-135M as shipped, and with the protocol
+against the committed baseline ledger: leaf by leaf where it was made on this platform, at the
+trajectories level where it was made on another. SmolLM2-135M as shipped, and with the protocol
 adapter merged (it answers).
 
 The full audits (every family, all 48 rows) are one command each in docs/models.md; these subsets keep
@@ -13,12 +14,14 @@ import importlib.util
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import COMMITTED, PROTOCOL_BANK, PROTOCOL_CONTRACT, SMOLLM2_BANK, SMOLLM2_CONTRACT
+from replaytests.inputs.platforms import platform_differences
 from replaytests.outputs import ledger
 from replaytests.outputs.audit import audit_record
 
@@ -72,29 +75,56 @@ def test_the_crossing_subset_passes(checkpoint, crossing):
     assert f"replaytests contract: {contract}" in proc.stdout, "the header does not name the contract"
 
 
+class PlatformDrift(UserWarning):
+    """Bits that differ from a baseline made on another platform, with every trajectory kept: reported, not
+    a failure (the trajectories are what a run on another CPU is judged on)."""
+
+
+def judge(record: dict, baseline: Path, here: dict, may_diverge: bool) -> tuple[str, str]:
+    """("ok" | "drift" | "counted" | "failed", why) of one crossing record against one committed baseline:
+    leaf by leaf where the baseline was made on this platform; where it was made on another, only bits may
+    differ ("drift", reported), and a trajectory change is a failure in a cell that may not diverge (FP32)
+    and counted data in one that may (BF16), whose rates a full audit judges."""
+    made = json.loads((baseline.parent / "run.json").read_text(encoding="utf-8"))["platform"]
+    old = {ledger.key(r): r for r in ledger.read_ledger(baseline)}[ledger.key(record)]
+    result = audit_record(old, record)
+    what = f"{baseline.parent.name}/: {len(result.changes)} of {result.leaves} leaves differ"
+    if result.reproduced:
+        return "ok", f"{baseline.parent.name}/: every leaf reproduced"
+    if here == made:
+        return "failed", f"{what}, on the platform it was made on; first: {result.changes[0]}"
+    elsewhere = "; ".join(platform_differences(made, here, "baseline", "this run"))
+    moved = result.trajectory_changes
+    if not moved:
+        return "drift", f"{what}, bits only ({elsewhere}); first: {result.changes[0]}"
+    if may_diverge:
+        return "counted", (f"{what}, {len(moved)} of a trajectory in a cell that may diverge ({elsewhere}); "
+                           f"first: {moved[0]}")
+    return "failed", f"{what}, {len(moved)} of a trajectory where only bits may ({elsewhere}); first: {moved[0]}"
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("index", range(ROWS), ids=lambda i: f"row{i}")
-def test_crossing_record_reproduces_the_baseline(checkpoint, crossing, index, precision):
+def test_crossing_record_matches_every_baseline(checkpoint, crossing, index, precision):
+    """The record against every committed baseline of its bank (one per CPU it was made on): bitwise
+    against this platform's, trajectories against the others'. Bits that differ across platforms are a
+    PlatformDrift warning in the summary, not an expected failure."""
     proc, run_dir = crossing
-    bank = CHECKPOINTS[checkpoint[0]][0]
-    row = json.loads(bank.read_text(encoding="utf-8").splitlines()[index])["id"]
-    baseline_path = next(c for c in COMMITTED if c.bank == bank).baseline()
+    committed = next(c for c in COMMITTED if c.bank == CHECKPOINTS[checkpoint[0]][0])
+    row = json.loads(committed.bank.read_text(encoding="utf-8").splitlines()[index])["id"]
     assert (run_dir / "ledger.jsonl").is_file(), f"no ledger written:\n{proc.stdout[-3000:]}"
     here = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["platform"]
-    made = json.loads((baseline_path.parent / "run.json").read_text(encoding="utf-8"))["platform"]
-    current = {ledger.key(r): r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}
-    baseline = {ledger.key(r): r for r in ledger.read_ledger(baseline_path)}
-    result = audit_record(baseline[("crossing", row, precision)], current[("crossing", row, precision)])
-    if here != made and not result.reproduced:
-        # Across platforms only bits may differ: a cell that may not diverge (FP32) keeps its trajectory.
-        moved = result.trajectory_changes
-        assert not moved or load_contract(CHECKPOINTS[checkpoint[0]][1]).may_diverge(precision), (
-            f"crossing {row} {precision}: the trajectory changed from the baseline made on another platform "
-            f"({made} vs {here}), where only bits may: {moved[0]}")
-        pytest.xfail(f"platform drift: the baseline was made on {made}, this run on {here}: "
-                     f"{(moved or result.changes)[0]}{' (a trajectory of a cell that may diverge)' if moved else ''}")
-    assert result.reproduced, (f"crossing {row} {precision}: {len(result.changes)} of {result.leaves} leaves "
-                               f"changed from the committed baseline; first: {result.changes[0]}")
+    record = {ledger.key(r): r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}[("crossing", row, precision)]
+    may_diverge = load_contract(committed.contract).may_diverge(precision)
+    outcomes = [judge(record, baseline, here, may_diverge) for baseline in committed.baselines]
+    failed = [why for outcome, why in outcomes if outcome == "failed"]
+    assert not failed, f"crossing {row} {precision}: " + "; ".join(failed)
+    for outcome, why in outcomes:
+        if outcome == "drift":
+            warnings.warn(PlatformDrift(f"crossing {row} {precision}: {why}"), stacklevel=1)
+    counted = [why for outcome, why in outcomes if outcome == "counted"]
+    if counted:
+        pytest.xfail(f"crossing {row} {precision}: " + "; ".join(counted))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

@@ -7,10 +7,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from pathlib import Path
 
 import pytest
+import torch
 
-from replaytests.engine.vllm.runtime import INSTALL, Runtime, _prefill_steps, cpu_kernels
+from replaytests.engine.vllm import runtime as vllm_runtime
+from replaytests.engine.vllm.runtime import INSTALL, Runtime, _prefill_steps, cpu_kernels, gemm_of
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.contract import load_contract
@@ -122,6 +125,55 @@ def test_vllm_kernels_follow_the_pin_not_the_hardware(monkeypatch, flags, aten, 
         else:
             monkeypatch.setenv(name, value)
     assert cpu_kernels(flags) == expected, f"flags {sorted(flags)}, ATEN {aten}, oneDNN {onednn}"
+
+
+class _Ops:  # the names vLLM's dispatch calls in each layer's cpu_linear
+    onednn_mm = weight_packed_linear_cpu = staticmethod(lambda *a: None)
+
+
+@pytest.mark.parametrize(("cpu_linear", "expected"), [
+    pytest.param(lambda x, weight, bias: _Ops.onednn_mm(None, x, bias), "oneDNN", id="onednn"),
+    pytest.param(lambda x, weight, bias: _Ops.weight_packed_linear_cpu(x, weight, 8, bias), "sgl-kernel", id="sgl"),
+    pytest.param(lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias), "torch", id="fallback"),
+    pytest.param(torch.nn.functional.linear, "torch", id="meta-layer"),
+    pytest.param(lambda x, weight, bias: x, "unknown", id="unknown"),
+])
+def test_gemm_of_reads_the_dispatched_function(cpu_linear, expected):
+    assert gemm_of(cpu_linear) == expected
+
+
+class _Engine:
+    def __init__(self, gemms):
+        self.gemms = gemms
+
+    def apply_model(self, func):
+        layers = [torch.nn.Module() for _ in self.gemms]
+        for layer, gemm in zip(layers, self.gemms, strict=True):
+            layer.cpu_linear = {"oneDNN": lambda x, weight, bias: _Ops.onednn_mm(None, x, bias),
+                                "sgl-kernel": lambda x, weight, bias: _Ops.weight_packed_linear_cpu(x, weight, 8, bias),
+                                "torch": torch.nn.functional.linear}[gemm]
+        return [func(torch.nn.Sequential(*layers))]
+
+
+@pytest.mark.parametrize(("recorded", "engine", "refused"), [
+    pytest.param("torch", ["torch", "torch"], False, id="as-recorded"),
+    pytest.param("oneDNN", ["oneDNN", "sgl-kernel"], False, id="small-weights-aside"),
+    pytest.param("torch", ["oneDNN"], True, id="other-gemm"),
+    pytest.param("oneDNN", ["oneDNN", "torch"], True, id="mixed"),
+    pytest.param("oneDNN", [], True, id="no-linear-layer"),
+])
+def test_the_engine_runs_the_gemm_the_platform_records(monkeypatch, recorded, engine, refused):
+    """runtime.vllm.linear is predicted in the process that writes run.json; each engine is checked against
+    it, so a platform never names a GEMM its records did not run on."""
+    monkeypatch.setattr(vllm_runtime, "dense_gemm", lambda dtype: recorded)
+    runtime = Runtime.__new__(Runtime)
+    runtime.engine, runtime.dtype, runtime.precision = _Engine(engine), "bfloat16", "bf16"
+    runtime.contract = load_contract(Path(__file__).parents[2] / "contracts" / "cpu-tiny-vllm.yaml")
+    if refused:
+        with pytest.raises(ConfigError, match=r"runtime\.vllm\.linear"):
+            runtime._check_gemms()
+    else:
+        runtime._check_gemms()
 
 
 INF = float("-inf")

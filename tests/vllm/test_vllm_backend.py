@@ -49,6 +49,18 @@ def test_the_run_passes_and_skips_what_needs_k_v_with_the_capability(vllm_run):
     assert families == {"live", "crossing", "serving"}, families
 
 
+def test_the_platform_records_the_gemm_each_cell_ran(vllm_run):
+    """runtime.vllm.linear names the GEMM of each cell's linear layers (vLLM's own kernels, oneDNN, or its
+    fallback to torch's linear); every engine of the run was checked against it when it started, so a run
+    that passed ran them."""
+    proc, run = vllm_run
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    settings = json.loads((run / "run.json").read_text())["platform"]["runtime.vllm"]
+    ran = {json.loads(line)["precision"] for line in (run / "ledger.jsonl").read_text().splitlines()}
+    assert ran <= settings.get("linear", {}).keys(), f"cells run {sorted(ran)}, recorded {settings.get('linear')}"
+    assert set(settings["linear"].values()) <= {"oneDNN", "torch", "sgl-kernel", "zentorch"}, settings["linear"]
+
+
 def _baseline_outcomes(proc) -> list[str]:
     """The outcome lines (-rA) of a run's baseline audit: PASSED, or XFAIL as platform drift elsewhere."""
     return [line for line in proc.stdout.splitlines() if "record_reproduces" in line

@@ -22,6 +22,7 @@ Each `X_replica` is the same request again on an empty cache.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -65,6 +66,32 @@ def cpu_kernels(flags: set[str] | None = None) -> str:
     if "avx512f" in flags and aten in (None, "avx512"):
         return "AVX512"
     return "below AVX512"
+
+
+GEMMS = {"onednn_mm": "oneDNN", "weight_packed_linear_cpu": "sgl-kernel", "zentorch_linear_unary": "zentorch"}
+SMALL_WEIGHT_GEMM = "sgl-kernel"  # vLLM's choice for small weights (router and gate projections) on AMX
+
+
+def gemm_of(cpu_linear) -> str:
+    """The GEMM vLLM's CPU dispatch (model_executor/layers/utils.py, dispatch_cpu_unquantized_gemm) bound to a
+    linear layer, read from the function it stored as the layer's `cpu_linear`: "torch" is its fallback to
+    torch.nn.functional.linear ("fallback to torch linear" in its log)."""
+    if cpu_linear is torch.nn.functional.linear:
+        return "torch"
+    names = getattr(getattr(cpu_linear, "__code__", None), "co_names", ())
+    return next((kind for name, kind in GEMMS.items() if name in names), "torch" if "linear" in names else "unknown")
+
+
+@functools.cache
+def dense_gemm(dtype: str) -> str:
+    """The GEMM vLLM binds a dense projection of this dtype to here, under this process's pin: its own dispatch
+    run on a 1024x1024 layer (over the 1 MiB below which it may take the small-weight path). Under the AVX2
+    pin BF16 and FP16 fall back to torch's linear (oneDNN cannot make their matmul), FP32 runs oneDNN."""
+    from vllm.model_executor.layers import utils
+
+    layer = torch.nn.Linear(1024, 1024, bias=False, dtype=getattr(torch, dtype))
+    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+    return gemm_of(layer.cpu_linear)
 
 
 def _follow_pin() -> None:
@@ -239,6 +266,10 @@ class Runtime:
         settings = {**contract.vllm, "version": version()}
         if contract.device == "cpu":
             settings["cpu_kernels"] = cpu_kernels()
+            if version() is not None:  # the GEMM of each cell's dense projections (checked against the engine)
+                import_vllm(contract)
+                settings["linear"] = {name: dense_gemm(cell.dtype) for name, cell in contract.cells.items()
+                                      if cls.cell_problem(cell) is None}
         return {"software": {"vllm": version()}, "runtime": {"vllm": settings}}
 
     def attention_backend(self) -> str | None:
@@ -268,6 +299,18 @@ class Runtime:
                 raise ConfigError(f"{self.contract.path}: cells.{self.precision}.{key}: the cell names "
                                   f"{wanted[key]!r}, the engine runs {actual!r}; refused: the cell would not run in "
                                   "its format")
+        if self.contract.device == "cpu":
+            self._check_gemms()
+
+    def _check_gemms(self) -> None:
+        """The engine's linear layers run the GEMM the run's platform records for this cell (describe's
+        dense_gemm), small weights aside, which vLLM may give its small-weight kernel."""
+        gemms = self.engine.apply_model(lambda model: sorted({gemm_of(module.cpu_linear) for module in model.modules()
+                                                              if hasattr(module, "cpu_linear")}))[0]
+        recorded = dense_gemm(self.dtype)
+        if recorded not in gemms or set(gemms) - {recorded, SMALL_WEIGHT_GEMM}:
+            raise ConfigError(f"{self.contract.path}: cells.{self.precision}: the run records vLLM's linear layers "
+                              f"on {recorded!r} (runtime.vllm.linear), the engine runs {', '.join(gemms) or 'none'}")
 
     def activate(self) -> None:
         """Nothing to re-apply: each engine holds its own dtype and threads."""
