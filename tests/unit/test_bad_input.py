@@ -409,13 +409,13 @@ PYTEST = {
 
 COMMANDS = {
     "compare-comparisons-null": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons=None))],
-                                     r"bad\.jsonl:1: ledger record .* field 'comparisons' must be a non-empty object",
+                                     r"bad\.jsonl:1: ledger record .* field 'comparisons': expected a non-empty object",
                                      "compare"),
     "compare-comparisons-empty": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons={}))],
-                                      r"bad\.jsonl:1: .* field 'comparisons' must be a non-empty object, got \{\}",
+                                      r"bad\.jsonl:1: .* field 'comparisons': expected a non-empty object .*, got \{\}",
                                       "compare"),
     "compare-comparisons-text": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons="x"))],
-                                     r"bad\.jsonl:1: .* field 'comparisons' must be a non-empty object, got 'x'",
+                                     r"bad\.jsonl:1: .* field 'comparisons': expected an object, got 'x'",
                                      "compare"),
     "compare-missing": Case(lambda w: [str(w.root / "none.jsonl"), str(DEFAULT_BASELINE_DIR)],
                             r"none\.jsonl: cannot read ledger", "compare"),

@@ -33,6 +33,7 @@ def comparison(*, cache_exact: bool = True, suffix_equal: bool = True, answer_eq
     return {"cache_exact": cache_exact, **drift, **per_layer, "logits_exact": cache_exact,
             "logits_max_abs": logits_max_abs, "argmax_equal": True, "suffix_equal": suffix_equal,
             "first_divergence": first_divergence, "margins_at_divergence": None if suffix_equal else [0.5, 0.25],
+            "top1_at_divergence": None if suffix_equal else [1.5, 1.25], "first_token_equal": first_divergence != 0,
             "answer_equal": answer_equal, "correct_equal": correct_equal}
 
 
@@ -41,14 +42,15 @@ def record(family: str, row: str, precision: str, comparisons: dict, correct: di
     names = sorted({arm for pair in comparisons for arm in pair.split("~")})
     arms = {arm: {"suffix": [1, 2], "answer": "a", "correct": (correct or {}).get(arm), "cache_digest": "c" * 64,
                   "layer_digests": {"k": ["k" * 16] * LAYERS, "v": ["v" * 16] * LAYERS},
-                  "logits_digest": "l" * 64, "z_sha256": "z" * 64} for arm in names}
+                  "logits_digest": "l" * 64, "z_sha256": "z" * 64, "margins": [0.5, None]} for arm in names}
     return {"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "prefix_len": 10,
-            "expected_answer": "a", "status": "ok", "arms": arms, "comparisons": comparisons, **extra}
+            "cell_digest": "d" * 64, "expected_answer": "a", "status": "ok", "arms": arms, "comparisons": comparisons,
+            **extra}
 
 
 def excluded(family: str, row: str, precision: str, reason: str) -> dict:
     return {"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "prefix_len": 10,
-            "expected_answer": "a", "status": "excluded", "reason": reason}
+            "cell_digest": "d" * 64, "expected_answer": "a", "status": "excluded", "reason": reason}
 
 
 def crossing(row: str, precision: str = "bf16", correct: dict | None = None, **headline) -> dict:
@@ -368,27 +370,48 @@ def test_collate_refuses_the_same_row_with_different_results(tmp_path):
     pytest.param(json.dumps(crossing("a")) + "\n" + json.dumps(crossing("b"))[:40] + "\n",
                  ":2: not valid JSON", id="truncated-line"),
     pytest.param(json.dumps({"schema": ledger.SCHEMA, "family": "crossing", "row": "a", "precision": "bf16",
-                             "status": "ok"}) + "\n", ":1: ledger record crossing/a/bf16: missing field 'arms'",
-                 id="ok-without-arms"),
+                             "status": "ok"}) + "\n", ":1: ledger record crossing/a/bf16: field 'prefix_len': missing",
+                 id="ok-without-fields"),
+    pytest.param(json.dumps({k: v for k, v in crossing("a").items() if k != "arms"}) + "\n",
+                 ":1: ledger record crossing/a/bf16: field 'arms': expected a non-empty object in an 'ok' record, "
+                 "got None", id="ok-without-arms"),
+    pytest.param(json.dumps(crossing("a") | {"cell": "bf16"}) + "\n",
+                 ":1: ledger record crossing/a/bf16: field 'cell': no Record field has this name", id="misspelt-field"),
+    pytest.param(json.dumps(crossing("a") | {"schema": "replaytests.ledger/4", "cell_digest": "d"}) + "\n",
+                 ":1: ledger record crossing/a/bf16: field 'cell_digest': not a field of replaytests.ledger/4 records "
+                 "(it came with replaytests.ledger/5)", id="a-later-field-in-an-earlier-version"),
     pytest.param(json.dumps(excluded("crossing", "a", "bf16", "x") | {"status": "skipped"}) + "\n",
-                 ":1: ledger record crossing/a/bf16: field 'status' is 'skipped', expected 'ok' or 'excluded'",
+                 ":1: ledger record crossing/a/bf16: field 'status': expected 'ok' or 'excluded', got 'skipped'",
                  id="unknown-status"),
     *(pytest.param(json.dumps(crossing("a") | {"comparisons": value}) + "\n",
-                   f":1: ledger record crossing/a/bf16: field 'comparisons' must be a non-empty object, got {shown}",
+                   f":1: ledger record crossing/a/bf16: field 'comparisons': expected {shown}",
                    id=f"comparisons-{name}")
-      for name, value, shown in (("null", None, "None"), ("empty", {}, "{}"), ("text", "x", "'x'"))),
+      for name, value, shown in (("null", None, "a non-empty object in an 'ok' record, got None"),
+                                 ("empty", {}, "a non-empty object in an 'ok' record, got {}"),
+                                 ("text", "x", "an object, got 'x'"))),
     pytest.param(json.dumps(crossing("a") | {"arms": {}}) + "\n",
-                 ":1: ledger record crossing/a/bf16: field 'arms' must be a non-empty object, got {}", id="arms-empty"),
+                 ":1: ledger record crossing/a/bf16: field 'arms': expected a non-empty object in an 'ok' record, "
+                 "got {}", id="arms-empty"),
     pytest.param(json.dumps(crossing("a") | {"comparisons": {"incremental~prefill": {"cache_exact": True}}}) + "\n",
-                 ":1: ledger record crossing/a/bf16: comparisons.incremental~prefill lacks 'logits_exact'",
+                 ":1: ledger record crossing/a/bf16: field 'comparisons.incremental~prefill.k_max_abs': missing",
                  id="hollow-comparison"),
+    pytest.param(json.dumps(crossing("a") | {"arms": crossing("a")["arms"] | {"prefill": {**crossing("a")["arms"][
+        "prefill"], "suffix": [1, "2"]}}}) + "\n",
+                 ":1: ledger record crossing/a/bf16: field 'arms.prefill.suffix[1]': expected an integer, got '2'",
+                 id="suffix-token-a-string"),
+    pytest.param(json.dumps(crossing("a") | {"arms": crossing("a")["arms"] | {"prefill": {**crossing("a")["arms"][
+        "prefill"], "correct": 1}}}) + "\n",
+                 ":1: ledger record crossing/a/bf16: field 'arms.prefill.correct': expected true or false or null, "
+                 "got 1",
+                 id="label-an-integer"),
     pytest.param(json.dumps(crossing("a") | {"comparisons": {"x~y": comparison()}}) + "\n",
                  ":1: ledger record crossing/a/bf16: comparisons lack the crossing family's pair 'incremental~prefill'",
                  id="no-headline-pair"),
     pytest.param(json.dumps(excluded("crossing", "a", "bf16", "x") | {"reason": None}) + "\n",
-                 ":1: ledger record crossing/a/bf16: excluded without a reason", id="excluded-without-reason"),
+                 ":1: ledger record crossing/a/bf16: field 'reason': missing: an excluded record says why",
+                 id="excluded-without-reason"),
     pytest.param(json.dumps(crossing("a") | {"row": 7}) + "\n",
-                 ":1: ledger record crossing/7/bf16: fields family, row, precision must be non-empty strings",
+                 ":1: ledger record crossing/7/bf16: field 'row': expected a string, got 7",
                  id="numeric-row"),
 ])
 def test_collate_bad_ledger_is_one_line_error(tmp_path, content, message):

@@ -1,15 +1,8 @@
-"""The ledger: one JSON object per (family, row, cell), the public, versioned run output.
+"""The ledger: one JSON object per (family, row, cell), the public, versioned run output (docs/ledger.md).
 
-Schema `replaytests.ledger/5` (see docs/ledger.md):
-  schema, family, row, precision (the cell's name), cell_digest, prefix_len, status ("ok" | "excluded"),
-  reason (excluded only),
-  expected_answer, arms: {arm: {suffix, margins, answer, correct, cache_digest, layer_digests,
-  logits_digest, z_sha256}}, comparisons: {"A~B": {the comparison metrics}}. Version 5 added the cell's
-digest (inputs/cells.py: its definition, and a library's version where it runs through one); version 4 each arm's
-per-step decision margins (margins) and each comparison's top-1 logits where the suffixes split
-(top1_at_divergence); version 3 each arm's per-layer K and V digests (layer_digests); version 2
-first_token_equal in every comparison, z_first_difference in live records and the validity control's
-arms in transplant and replication records; versions 1 to 4 are still read (their cells are the paper's).
+Its records' fields, their types and the version each came with are written once, as the result types of
+outputs/records.py; this module appends, merges, writes and reads the lines, and refuses a line that is not
+a record there, naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -24,9 +17,11 @@ from pathlib import Path
 
 from replaytests.errors import LedgerError, short
 from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
+from replaytests.outputs.records import READABLE, SCHEMA, Record, RecordError
 
-SCHEMA = "replaytests.ledger/5"
-READABLE = ("replaytests.ledger/1", "replaytests.ledger/2", "replaytests.ledger/3", "replaytests.ledger/4", SCHEMA)
+__all__ = ["KEY_FIELDS", "READABLE", "SCHEMA", "append_record", "key", "merge", "parse_versioned_jsonl",
+           "read_appended", "read_ledger", "record_line", "record_problem", "write_ledger"]
+
 KEY_FIELDS = ("family", "row", "precision")
 
 
@@ -114,6 +109,19 @@ def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...], 
     return objects
 
 
+def record_problem(value: dict) -> str | None:
+    """What makes an object unreadable as a ledger record (records.Record names the field), or None."""
+    try:
+        Record.from_json(value)
+    except RecordError as exc:
+        return f"ledger record {'/'.join(str(value.get(f)) for f in KEY_FIELDS)}: {exc}"
+    return None
+
+
 def read_ledger(path: Path, problem: Callable[[dict], str | None] | None = None) -> list[dict]:
-    """A ledger's records; `problem` rejects the unreadable ones, naming the line."""
-    return parse_versioned_jsonl(path, read_text(path, "ledger", LedgerError), READABLE, LedgerError, problem)
+    """A ledger's records, each a readable record (record_problem) and, given `problem`, one it accepts; an
+    unreadable one is a LedgerError naming the file, the line and the field."""
+    def unreadable(value: dict) -> str | None:
+        return record_problem(value) or (problem(value) if problem else None)
+
+    return parse_versioned_jsonl(path, read_text(path, "ledger", LedgerError), READABLE, LedgerError, unreadable)

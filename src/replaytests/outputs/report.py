@@ -192,54 +192,23 @@ def cell_order(meta: dict) -> tuple[str, ...]:
 
 # What every comparison and arm of an ok record holds (docs/ledger.md), and the pair each family is read by.
 # A cache field is null where the backend exposes no K/V tensors (not measured).
-COMPARISON_FIELDS = {"cache_exact": (bool, type(None)), "logits_exact": bool, "suffix_equal": bool,
-                     "answer_equal": bool, "correct_equal": bool}
-ARM_FIELDS = {"suffix": list, "answer": str, "cache_digest": (str, type(None)), "logits_digest": str}
-
-
-def _layer_digests_ok(value: object) -> bool:
-    """A ledger/3 arm's per-layer digests: null (no K/V) or one K and one V digest string per layer."""
-    return value is None or (isinstance(value, dict) and set(value) == {"k", "v"}
-                             and all(isinstance(v, list) and all(isinstance(d, str) for d in v) for v in value.values())
-                             and len(value["k"]) == len(value["v"]))
-
-
 def _problem(record: dict) -> str | None:
-    """What makes a record unreadable as a ledger record (docs/ledger.md), or None: a hollow record
-    (no arms, no comparisons, or comparisons without their fields) is never read as a result."""
-    where = "/".join(str(record.get(f)) for f in ledger.KEY_FIELDS)
-    needed = (*ledger.KEY_FIELDS, "status") + (("arms", "comparisons") if record.get("status") == "ok" else ())
-    if missing := [f for f in needed if f not in record]:
-        return f"ledger record {where}: missing field {missing[0]!r}"
-    if not all(isinstance(record[f], str) and record[f] for f in ledger.KEY_FIELDS):
-        return f"ledger record {where}: fields {', '.join(ledger.KEY_FIELDS)} must be non-empty strings"
-    if record["status"] not in ("ok", "excluded"):
-        return f"ledger record {where}: field 'status' is {short(record['status'])}, expected 'ok' or 'excluded'"
-    if record["status"] == "excluded":
-        return None if isinstance(record.get("reason"), str) else f"ledger record {where}: excluded without a reason"
-    for name, fields in (("arms", ARM_FIELDS), ("comparisons", COMPARISON_FIELDS)):
-        value = record[name]
-        if not isinstance(value, dict) or not value:
-            return f"ledger record {where}: field {name!r} must be a non-empty object, got {short(value)}"
-        for key, item in value.items():
-            bad = [f for f, kind in fields.items() if not isinstance(item, dict) or f not in item
-                   or not isinstance(item[f], kind)]
-            if bad:
-                return f"ledger record {where}: {name}.{key} lacks {bad[0]!r} (or it has the wrong type)"
-    if record.get("schema") in ledger.READABLE[3:] and (arm := next(
-            (a for a, item in record["arms"].items() if not _layer_digests_ok(item.get("layer_digests", ""))), None)):
-        return (f"ledger record {where}: arms.{arm}.layer_digests must be null or {{\"k\": [hex...], \"v\": [hex...]}} "
-                "of equal lengths")
+    """What makes a readable record (ledger.record_problem) unfit for a report, or None: an ok record without
+    its family's headline pair."""
+    if record["status"] != "ok":
+        return None
     family = record["family"]
     headline = SHAPES[family].headline if family in SHAPES else (CROSS,) if family in CAUSAL else ()
     if missing := [pair for pair in headline if pair not in record["comparisons"]]:
+        where = "/".join(str(record.get(f)) for f in ledger.KEY_FIELDS)
         return f"ledger record {where}: comparisons lack the {family} family's pair {missing[0]!r}"
     return None
 
 
 def build_report(records: list[dict], meta: dict) -> dict:
     """The report.json content of ledger records (docs/report.md); `meta` is carried as given."""
-    if problem := next(filter(None, map(_problem, records)), None):
+    problems = (ledger.record_problem(record) or _problem(record) for record in records)
+    if problem := next(filter(None, problems), None):
         raise LedgerError(problem)
     by_family: dict[str, list[dict]] = defaultdict(list)
     for record in records:

@@ -1,0 +1,364 @@
+"""Result objects: a ledger record and its parts as frozen types, read from the ledger's JSON and written
+back to it (docs/ledger.md holds the schema; this module is its one reading).
+
+- `from_json` reads a record of every readable ledger version and refuses a malformed one with a
+  `RecordError` naming the field by its path (`arms.prefill.suffix[3]`); the ledger reader adds the file
+  and the line.
+- `to_json` writes a record back as the JSON it was read from, byte for byte under `json.dumps(...,
+  sort_keys=True)` (tests/unit/test_records.py runs the round trip over every committed ledger).
+- `None` is the one spelling of "not measured" (a K/V comparison where a runtime exposes no K/V, a
+  correctness label without an expected answer). A field that a record's version or family does not carry
+  reads as `None` too; the record keeps the names of those (`absent`) only to write them back as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from replaytests.errors import short
+
+JSON = Any  # a JSON value kept as read (lists as tuples, objects as read-only mappings)
+SCHEMA_PREFIX = "replaytests.ledger/"
+LATEST = 5  # the ledger version families write
+SCHEMA = f"{SCHEMA_PREFIX}{LATEST}"
+READABLE = tuple(f"{SCHEMA_PREFIX}{n}" for n in range(1, LATEST + 1))
+
+
+class RecordError(ValueError):
+    """A record that is not one: `field` is the path of the offending value, `problem` what is wrong."""
+
+    def __init__(self, field_path: str, problem: str) -> None:
+        super().__init__(f"field {field_path!r}: {problem}" if field_path else problem)
+        self.field, self.problem = field_path, problem
+
+
+OPTIONAL = types.MappingProxyType({"optional": True})  # a field a record may lack (another family's, a runtime's)
+
+
+def since(version: int) -> dict:
+    """A field every record of this ledger version and later carries; an earlier one lacks it."""
+    return {"since": version}
+
+
+@dataclass(frozen=True)
+class Part:
+    """What every result type shares: reading itself from JSON, strictly, and writing itself back."""
+
+    absent: frozenset[str] = field(default=frozenset(), repr=False, compare=False, kw_only=True)
+
+    @classmethod
+    def _fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if f.name != "absent"]
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "", version: int = LATEST):
+        """The result `value` holds, read as a record of ledger `version` writes it."""
+        if not isinstance(value, dict):
+            raise RecordError(where, f"expected an object, got {short(value)}")
+        plan = _plan(cls)
+        if unknown := sorted(set(value) - plan.keys()):
+            raise RecordError(_join(where, unknown[0]), f"no {cls.__name__} field has this name")
+        read, absent = {}, set()
+        for name, (first, reader) in plan.items():
+            if name in value:
+                if version < first < math.inf:
+                    raise RecordError(_join(where, name), f"not a field of {SCHEMA_PREFIX}{version} records (it came "
+                                                          f"with {SCHEMA_PREFIX}{first})")
+                read[name] = reader(value[name], _join(where, name), version)
+            elif version < first:
+                absent.add(name)
+            else:
+                raise RecordError(_join(where, name), "missing")
+        record = cls(**read, absent=frozenset(absent))
+        record.check(where)
+        return record
+
+    def check(self, where: str) -> None:
+        """What a type requires beyond its fields' types (nothing, unless a subclass says)."""
+
+    def to_json(self) -> dict:
+        return {f.name: _write(getattr(self, f.name)) for f in self._fields() if f.name not in self.absent}
+
+
+@functools.cache
+def _plan(cls: type[Part]) -> dict[str, tuple[float, object]]:
+    """Each field of a result type: the first ledger version whose records all carry it (never, for one a
+    record may lack), and the reader of its value."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (math.inf if f.metadata.get("optional") else f.metadata.get("since", 1), _reader(hints[f.name]))
+            for f in cls._fields()}
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+# bool is an int in Python and an int is a number in JSON: a float field keeps an integer as written
+_SCALARS = {str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool),
+            int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+            float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), type(None): lambda v: v is None}
+
+
+@functools.cache
+def _scalar_test(hint: object):
+    """A test of one value for a scalar hint or a union of scalars, else None."""
+    kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if not all(kind in _SCALARS for kind in kinds):
+        return None
+    tests = [_SCALARS[kind] for kind in kinds]
+    return tests[0] if len(tests) == 1 else lambda v: any(test(v) for test in tests)
+
+
+@functools.cache
+def _reader(hint: object):
+    """The function `(value, path, version)` that reads a value of `hint`: a Part, a tuple, a mapping of
+    strings, a scalar, or a union of those (built once per hint: a ledger holds many records)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if (test := _scalar_test(hint)) is not None:
+        def scalar(value, path, version):
+            if not test(value):
+                raise RecordError(path, f"expected {_describe(hint)}, got {short(value)}")
+            return value
+        return scalar
+    if origin in (typing.Union, types.UnionType):
+        kinds = [a for a in args if a is not type(None)]
+        inner = [_reader(kind) for kind in kinds]
+
+        def union(value, path, version):
+            if value is None and type(None) in args:
+                return None
+            if len(inner) == 1:
+                return inner[0](value, path, version)
+            for read in inner:
+                try:
+                    return read(value, path, version)
+                except RecordError:
+                    continue
+            raise RecordError(path, f"expected {_describe(hint)}, got {short(value)}")
+        return union
+    if isinstance(hint, type) and issubclass(hint, Part):
+        return hint.from_json
+    if origin is tuple:
+        item_test, read_item = _scalar_test(args[0]), _reader(args[0])
+
+        def sequence(value, path, version):
+            if not isinstance(value, list):
+                raise RecordError(path, f"expected a list, got {short(value)}")
+            if item_test is not None:
+                bad = next((i for i, item in enumerate(value) if not item_test(item)), None)
+                if bad is not None:
+                    read_item(value[bad], f"{path}[{bad}]", version)  # raises, naming the item
+                return tuple(value)
+            return tuple(read_item(item, f"{path}[{i}]", version) for i, item in enumerate(value))
+        return sequence
+    if origin is Mapping:
+        read_item = _reader(args[1])
+
+        def mapping(value, path, version):
+            if not isinstance(value, dict):
+                raise RecordError(path, f"expected an object, got {short(value)}")
+            return types.MappingProxyType({key: read_item(item, _join(path, key), version)
+                                           for key, item in value.items()})
+        return mapping
+    if hint is JSON:
+        return lambda value, path, version: _freeze(value)
+    raise TypeError(f"records: no reader for {hint!r}")
+
+
+def _describe(hint: object) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(map(_describe, typing.get_args(hint)))
+    if isinstance(hint, type) and issubclass(hint, Part):
+        return f"a {hint.__name__.lower()} object"
+    return "a list" if origin is tuple else "an object" if origin is Mapping else _NAMES.get(hint, str(hint))
+
+
+def _freeze(value: object) -> object:
+    if isinstance(value, list):
+        return tuple(map(_freeze, value))
+    if isinstance(value, dict):
+        return types.MappingProxyType({key: _freeze(item) for key, item in value.items()})
+    return value
+
+
+def _write(value: object) -> object:
+    if isinstance(value, Part):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return [_write(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: _write(item) for key, item in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class LayerDigests(Part):
+    """One K and one V digest per layer, in layer order."""
+
+    k: tuple[str, ...]
+    v: tuple[str, ...]
+
+    def check(self, where: str) -> None:
+        if len(self.k) != len(self.v):
+            raise RecordError(where, f"{len(self.k)} K and {len(self.v)} V digests: expected one each per layer")
+
+
+@dataclass(frozen=True)
+class Served(Part):
+    """A serving engine's own counters for one request (families/serving.py)."""
+
+    cached_tokens: int
+    prompt_block_tokens: int
+    prefill_steps: int | None
+    steps_digest: str
+
+
+@dataclass(frozen=True)
+class Arm(Part):
+    """One construction's boundary fingerprints and the suffix decoded from it."""
+
+    suffix: tuple[int, ...]
+    answer: str
+    correct: bool | None
+    cache_digest: str | None  # None: the runtime exposes no K/V
+    logits_digest: str
+    z_sha256: str
+    layer_digests: LayerDigests | None = field(default=None, metadata=since(3))
+    # each suffix step's top-1 minus top-2 logit; None at a step where one token was eligible
+    margins: tuple[float | None, ...] | None = field(default=None, metadata=since(4))
+    served: Served | None = field(default=None, metadata=OPTIONAL)
+    stored_digest: str | None = field(default=None, metadata=OPTIONAL)  # a quantized cache's codes, scales, residual
+
+
+@dataclass(frozen=True)
+class Comparison(Part):
+    """Two arms compared: their boundaries (K/V, logits) and their suffixes."""
+
+    cache_exact: bool | None
+    k_max_abs: float | None
+    k_rel_l2: float | None
+    v_max_abs: float | None
+    v_rel_l2: float | None
+    k_max_abs_per_layer: tuple[float, ...] | None
+    k_rel_l2_per_layer: tuple[float, ...] | None
+    v_max_abs_per_layer: tuple[float, ...] | None
+    v_rel_l2_per_layer: tuple[float, ...] | None
+    logits_exact: bool
+    logits_max_abs: float
+    argmax_equal: bool
+    suffix_equal: bool
+    first_divergence: int | None
+    answer_equal: bool
+    correct_equal: bool
+    margins_at_divergence: tuple[float | None, ...] | None
+    first_token_equal: bool | None = field(default=None, metadata=since(2))
+    top1_at_divergence: JSON = field(default=None, metadata=since(4))
+    stored_exact: bool | None = field(default=None, metadata=OPTIONAL)
+    steps_exact: bool | None = field(default=None, metadata=OPTIONAL)
+    steps_first_difference: int | None = field(default=None, metadata=OPTIONAL)
+    steps_max_abs: float | None = field(default=None, metadata=OPTIONAL)
+
+
+@dataclass(frozen=True)
+class Outcome(Part):
+    """Where a transplanted construction's suffix went: its donor's trajectory or its own."""
+
+    outcome: str
+    first_divergence_vs_donor: int | None
+    first_divergence_vs_own: int | None
+
+
+@dataclass(frozen=True)
+class PartOutcome(Outcome):
+    """A transplant of one part of the cache (K only, V only), with its result."""
+
+    cache_digest: str
+    suffix: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ZDifference(Part):
+    """Where a live z first differs from the bank row's (None past an end)."""
+
+    index: int
+    live: int | None
+    bank: int | None
+
+
+@dataclass(frozen=True)
+class PrefixHit(Part):
+    """A serving engine's prefix-cache hit, and whether it reused a block the live request decoded."""
+
+    cached_tokens: int
+    prompt_block_tokens: int
+    covers_decode: bool
+
+
+STATUSES = ("ok", "excluded")
+
+
+@dataclass(frozen=True)
+class Record(Part):
+    """One (family, row, cell) result: the ledger's line."""
+
+    schema: str
+    family: str
+    row: str
+    precision: str
+    prefix_len: int
+    status: str
+    expected_answer: str | None
+    reason: str | None = field(default=None, metadata=OPTIONAL)
+    cell_digest: str | None = field(default=None, metadata=since(5))
+    arms: Mapping[str, Arm] | None = field(default=None, metadata=OPTIONAL)
+    comparisons: Mapping[str, Comparison] | None = field(default=None, metadata=OPTIONAL)
+    z_matches_bank: bool | None = field(default=None, metadata=OPTIONAL)
+    z_first_difference: ZDifference | None = field(default=None, metadata=OPTIONAL)
+    batch: Mapping[str, int] | None = field(default=None, metadata=OPTIONAL)
+    prefix_hit: PrefixHit | None = field(default=None, metadata=OPTIONAL)
+    transplants: Mapping[str, Outcome] | None = field(default=None, metadata=OPTIONAL)
+    role: str | None = field(default=None, metadata=OPTIONAL)
+    layers: int | None = field(default=None, metadata=OPTIONAL)
+    parts: Mapping[str, Mapping[str, PartOutcome]] | None = field(default=None, metadata=OPTIONAL)
+    layer_search: str | None = field(default=None, metadata=OPTIONAL)
+    layer_ranges: JSON = field(default=None, metadata=OPTIONAL)
+    minimal_layers: JSON = field(default=None, metadata=OPTIONAL)
+
+    @classmethod
+    def from_json(cls, value: object, where: str = "", version: int | None = None) -> Record:
+        """A ledger record of the version its `schema` names."""
+        schema = value.get("schema") if isinstance(value, dict) else None
+        number = schema.removeprefix(SCHEMA_PREFIX) if isinstance(schema, str) else ""
+        if not (isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX) and number.isdigit()
+                and 1 <= int(number) <= LATEST):
+            raise RecordError(_join(where, "schema"), f"expected {SCHEMA_PREFIX}1 to {SCHEMA_PREFIX}{LATEST}, "
+                                                      f"got {short(schema)}")
+        return super().from_json(value, where, int(number))
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.family, self.row, self.precision
+
+    def check(self, where: str) -> None:
+        for name in ("family", "row", "precision"):
+            if not getattr(self, name):
+                raise RecordError(_join(where, name), "expected a non-empty string")
+        if self.status not in STATUSES:
+            raise RecordError(_join(where, "status"), f"expected 'ok' or 'excluded', got {short(self.status)}")
+        if self.status == "excluded":
+            if self.reason is None:
+                raise RecordError(_join(where, "reason"), "missing: an excluded record says why")
+            return
+        for name in ("arms", "comparisons"):
+            if not getattr(self, name):
+                raise RecordError(_join(where, name), "expected a non-empty object in an 'ok' record, got "
+                                                      f"{short(_write(getattr(self, name)))}")

@@ -1,0 +1,120 @@
+"""outputs.records: every committed ledger read as result objects and written back byte for byte, and a
+malformed record refused naming its field."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from replaytests.outputs.records import LATEST, Arm, Comparison, Record, RecordError
+
+REPO = Path(__file__).resolve().parents[2]
+LEDGERS = sorted((REPO / "fixtures" / "ledgers").glob("**/ledger.jsonl"))
+EMBEDDED = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
+
+
+@pytest.mark.parametrize("path", LEDGERS, ids=lambda p: str(p.parent.relative_to(REPO / "fixtures" / "ledgers")))
+def test_every_committed_ledger_round_trips_byte_for_byte(path):
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    for number, line in enumerate(lines, start=1):
+        record = Record.from_json(json.loads(line))
+        written = json.dumps(record.to_json(), sort_keys=True) + "\n"
+        assert written == line, f"{path}:{number} ({'/'.join(record.key)}) is not written back as it was read"
+
+
+def test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_claims():
+    """The premise of the round trip: it covers ledger versions 2 to LATEST and every family."""
+    seen = {(json.loads(line)["schema"], json.loads(line)["family"]) for path in LEDGERS
+            for line in path.read_text(encoding="utf-8").splitlines()}
+    versions = {int(schema.rsplit("/", 1)[1]) for schema, _ in seen}
+    families = {family for _, family in seen}
+    assert versions == set(range(2, LATEST + 1)), sorted(versions)
+    assert families == {"crossing", "live", "bridge", "batch", "replication", "transplant", "serving"}, families
+
+
+def _first(family: str) -> dict:
+    for path in LEDGERS:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record["family"] == family and record["schema"].endswith(f"/{LATEST}"):
+                return record
+    raise AssertionError(f"no committed ledger/{LATEST} {family} record")
+
+
+def _broken(family: str, change) -> dict:
+    record = copy.deepcopy(_first(family))
+    change(record)
+    return record
+
+
+def _arm(record: dict) -> dict:
+    return next(iter(record["arms"].values()))
+
+
+def _comparison(record: dict) -> dict:
+    return next(iter(record["comparisons"].values()))
+
+
+@pytest.mark.parametrize(("family", "change", "field", "problem"), [
+    pytest.param("crossing", lambda r: r.pop("prefix_len"), "prefix_len", "missing", id="missing"),
+    pytest.param("crossing", lambda r: r.update(prefix_len="12"), "prefix_len", "expected an integer, got '12'",
+                 id="integer-as-text"),
+    pytest.param("crossing", lambda r: r.update(prefix_len=True), "prefix_len", "expected an integer, got True",
+                 id="bool-as-integer"),
+    pytest.param("crossing", lambda r: _arm(r)["suffix"].__setitem__(2, 1.5), "arms.incremental.suffix[2]",
+                 "expected an integer, got 1.5", id="suffix-token"),
+    pytest.param("crossing", lambda r: _arm(r).pop("z_sha256"), "arms.incremental.z_sha256", "missing",
+                 id="arm-field-missing"),
+    pytest.param("crossing", lambda r: _arm(r).update(answr="4"), "arms.incremental.answr",
+                 "no Arm field has this name", id="misspelt-arm-field"),
+    pytest.param("crossing", lambda r: _arm(r)["layer_digests"]["v"].pop(), "arms.incremental.layer_digests",
+                 "K and", id="layer-digests-unequal"),
+    pytest.param("crossing", lambda r: _comparison(r).update(cache_exact="yes"),
+                 "comparisons.incremental~incremental_replica.cache_exact", "expected true or false or null",
+                 id="comparison-flag"),
+    pytest.param("crossing", lambda r: _comparison(r)["k_max_abs_per_layer"].append(None),
+                 "comparisons.incremental~incremental_replica.k_max_abs_per_layer[", "expected a number, got None",
+                 id="per-layer-null"),
+    pytest.param("serving", lambda r: r["prefix_hit"].update(covers_decode=None), "prefix_hit.covers_decode",
+                 "expected true or false, got None", id="serving-premise"),
+    pytest.param("serving", lambda r: r["arms"]["live"]["served"].pop("cached_tokens"),
+                 "arms.live.served.cached_tokens", "missing", id="served-counter"),
+    pytest.param("transplant", lambda r: next(iter(r["transplants"].values())).update(outcome=3),
+                 "transplants.incremental<-prefill.outcome", "expected a string, got 3", id="transplant-outcome"),
+    pytest.param("crossing", lambda r: r.update(schema="replaytests.ledger/0"), "schema",
+                 "expected replaytests.ledger/1 to", id="unknown-version"),
+])
+def test_a_malformed_record_is_refused_naming_its_field(family, change, field, problem):
+    with pytest.raises(RecordError) as caught:
+        Record.from_json(_broken(family, change))
+    assert caught.value.field.startswith(field), f"named {caught.value.field!r}, expected {field!r}: {caught.value}"
+    assert problem in caught.value.problem, f"said {caught.value.problem!r}, expected {problem!r}"
+
+
+def test_not_measured_is_none_whether_written_null_or_not_carried():
+    """A runtime without K/V writes null; an older version does not carry the field: both read as None,
+    and each is written back as it was."""
+    records = [Record.from_json(json.loads(line)) for path in LEDGERS
+               for line in path.read_text(encoding="utf-8").splitlines()]
+    null = next(arm for r in records if r.arms for arm in r.arms.values() if "cache_digest" not in arm.absent
+                and arm.cache_digest is None)
+    older = next(r for r in records if r.schema.endswith("/2"))
+    assert null.to_json()["cache_digest"] is None, "a null is written back as null"
+    assert next(iter(older.arms.values())).margins is None and "margins" in next(iter(older.arms.values())).absent
+    assert "margins" not in next(iter(older.arms.values())).to_json()
+
+
+def test_records_are_frozen():
+    record = Record.from_json(json.loads(EMBEDDED.read_text(encoding="utf-8").splitlines()[0]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.status = "excluded"
+    with pytest.raises(TypeError):
+        record.arms["another"] = next(iter(record.arms.values()))
+    assert isinstance(next(iter(record.arms.values())), Arm)
+    assert isinstance(next(iter(record.comparisons.values())), Comparison)
+    assert isinstance(next(iter(record.arms.values())).suffix, tuple)
