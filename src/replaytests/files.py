@@ -14,6 +14,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
+def lookup(tree: object, *keys: str, default: object = None) -> object:
+    """The value under `keys` in nested JSON objects (run.json, a manifest, a contract, a report), or
+    `default` where a key is absent or a value on the way is not an object: the one reader of such paths."""
+    for key in keys:
+        if not isinstance(tree, dict) or key not in tree:
+            return default
+        tree = tree[key]
+    return tree
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from replaytests import __version__
 from replaytests.errors import BankError, ConfigError, control_character, short
-from replaytests.files import jsonl_objects, read_json, read_text, sha256_file, sha256_json, write_set
+from replaytests.files import jsonl_objects, lookup, read_json, read_text, sha256_file, sha256_json, write_set
 from replaytests.inputs import models
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.models import TOKENIZER_FILES
@@ -205,13 +205,14 @@ def read_manifest(bank: Path) -> dict:
     return manifest
 
 
+_MISSING = object()
+
+
 def manifest_field(manifest: dict, dotted: str, bank: Path):
     """manifest['a']['b'] for 'a.b'; a ConfigError naming the manifest where it is missing."""
-    value = manifest
-    for key in dotted.split("."):
-        if not isinstance(value, dict) or key not in value:
-            raise ConfigError(f"{manifest_path(bank)}: manifest has no field {dotted!r} (freeze the bank again)")
-        value = value[key]
+    value = lookup(manifest, *dotted.split("."), default=_MISSING)
+    if value is _MISSING:
+        raise ConfigError(f"{manifest_path(bank)}: manifest has no field {dotted!r} (freeze the bank again)")
     return value
 
 

@@ -6,6 +6,7 @@ check against one is a check only on the same platform (docs/contract.md, `envir
 
 from __future__ import annotations
 
+from replaytests.files import lookup
 from replaytests.inputs.contract import show
 
 # A serving engine's or llama.cpp's version and settings (runtime.*) are null for the Hugging Face backend.
@@ -16,15 +17,6 @@ PLATFORM = {"cpu": ("hardware.device_kind", "hardware.cpu", "environment.cpu_isa
                      "software.transformers", "software.cuda", "software.vllm", "runtime.vllm")}
 
 
-def lookup(tree: dict, path: str):
-    """The value at a dotted path of nested dicts, or None where the path is absent."""
-    for key in path.split("."):
-        if not isinstance(tree, dict) or key not in tree:
-            return None
-        tree = tree[key]
-    return tree
-
-
 # Left out where null: a platform without that runtime.
 RUNTIME_ONLY = ("software.vllm", "runtime.vllm", "software.llama_cpp", "runtime.llamacpp")
 
@@ -32,7 +24,7 @@ RUNTIME_ONLY = ("software.vllm", "runtime.vllm", "software.llama_cpp", "runtime.
 def platform_of(env: dict) -> dict:
     """The platform of a captured environment: its PLATFORM fields, keyed by their dotted paths."""
     kind = env["hardware"]["device_kind"] or env["environment"]["device"].split(":")[0]
-    found = {path: lookup(env, path) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
+    found = {path: lookup(env, *path.split(".")) for path in PLATFORM.get(kind, PLATFORM["cpu"])}
     return {path: value for path, value in found.items() if value is not None or path not in RUNTIME_ONLY}
 
 

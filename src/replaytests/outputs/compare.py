@@ -31,23 +31,16 @@ from pathlib import Path
 
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
+from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import BRIDGE_PAIR, LEVELS, Gates, gated, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences
 from replaytests.outputs import ledger, localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
-from replaytests.outputs.report import (
-    DIVERGENCES,
-    FLAGS,
-    MANIFEST_DIGESTS,
-    SHAPES,
-    collate,
-    get_path,
-    mcnemar_paired,
-    read_run,
-)
+from replaytests.outputs.report import MANIFEST_DIGESTS, collate, mcnemar_paired, read_run
 from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES
 from replaytests.outputs.stats import wilson
 from replaytests.outputs.tables import Table, plain
 
@@ -339,7 +332,7 @@ def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
     manifests = [run.get("manifest") or {} for run in (base_run, new_run)]
     same_schema = manifests[0].get("schema") == manifests[1].get("schema")  # model and tokenizer digests are
     for name, path in MANIFEST_DIGESTS.items():                            # defined by the manifest's schema
-        before, after = (get_path(manifest, *path) for manifest in manifests)
+        before, after = (lookup(manifest, *path) for manifest in manifests)
         if before != after and name != "contract_sha256" and (same_schema or name == "bank_sha256"):
             out.append(f"the input {name.removesuffix('_sha256')}: sha256 {str(before)[:12]}… (baseline) vs "
                        f"{str(after)[:12]}… (new)")
@@ -416,7 +409,7 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
     base_run, new_run = read_run(baseline), read_run(new)
     check_comparable((baseline, base_records, base_run), (new, new_records, new_run), across_inputs,
                      accept_interrupted)
-    runtimes = tuple(get_path(run or {}, "options", "backend") or "hf" for run in (base_run, new_run))
+    runtimes = tuple(lookup(run or {}, "options", "backend") or "hf" for run in (base_run, new_run))
     if runtimes[0] == runtimes[1]:
         runtimes = None
     elif gate == "bits":
@@ -427,7 +420,7 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
     out.causes = causes(base_run, new_run)
     # One run given twice (the same ledger file, or copies of one run: the same run name and start time);
     # two runs whose records are equal are not that, they are an upgrade that moved nothing.
-    base_id, new_id = (get_path(run or {}, "run") for run in (base_run, new_run))
+    base_id, new_id = (lookup(run or {}, "run") for run in (base_run, new_run))
     out.same = ledger_of(Path(baseline)).resolve() == ledger_of(Path(new)).resolve() or (
         base_id is not None and base_id == new_id)
     return out
@@ -440,7 +433,7 @@ def check_comparable(baseline: tuple[Path, list[dict], dict | None], new: tuple[
     digests; unless across_inputs), or no (family, row, precision) record in common. Each side is its
     (path, records, run.json)."""
     for name, (path, _, run) in (("baseline", baseline), ("new", new)):
-        if get_path(run or {}, "run", "interrupted") and not accept_interrupted:
+        if lookup(run or {}, "run", "interrupted") and not accept_interrupted:
             raise ConfigError(f"compare: {path} ({name}) is an interrupted run (it holds only what it finished); "
                               "pass --accept-interrupted to compare it anyway")
     (base_path, base, base_run), (new_path, new_records, new_run) = baseline, new

@@ -19,12 +19,13 @@ from replaytests.files import exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
 from replaytests.outputs import causal, ledger, plots, report, report_html
 from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.shapes import DIVERGENCES
 from replaytests.outputs.tables import Table, plain
 from replaytests.outputs.tables import html as html_table
 
 SCHEMA = "replaytests.history/1"
 HEADER = ("date", "label", "family", "precision", "rows", "excl.", "replicas exact",
-          *(name.split("_")[0] + " div." for name in report.DIVERGENCES), "causal")
+          *(name.split("_")[0] + " div." for name in DIVERGENCES), "causal")
 
 
 class HistoryError(ReplaytestsError):
@@ -38,7 +39,7 @@ def summarize(records: list[dict]) -> tuple[dict, dict]:
     built = report.build_report(records, {})
     families = {family: {precision: {"rows": s["rows"], "excluded": s["excluded"],
                                      **({"replicas_exact": s["replicas_exact"]} if "replicas_exact" in s else {}),
-                                     "pairs": {pair: {name: s["pairs"][pair][name] for name in report.DIVERGENCES
+                                     "pairs": {pair: {name: s["pairs"][pair][name] for name in DIVERGENCES
                                                       if name in s["pairs"][pair]}
                                                for pair in _headline(family, s)}}
                          for precision, s in summary["precisions"].items()}
@@ -201,7 +202,7 @@ def _family_label(family: str, pair: str | None) -> str:
 def table(entries: list[dict]) -> Table:
     rows = tuple((_when(e), e["label"] or "", _family_label(family, pair), precision, str(s["rows"]),
                   str(s["excluded"]), _count(s.get("replicas_exact")), *(_count(s["pairs"].get(pair, {}).get(name))
-                                                      for name in report.DIVERGENCES),
+                                                      for name in DIVERGENCES),
                   causal_cell(e, family))
                  for e, family, precision, pair, s in _lines(entries))
     return Table("history", HEADER, rows, "k/n over the rows that passed every fail-closed check; divergences "
@@ -221,7 +222,7 @@ def family_tables(entries: list[dict]) -> list[Table]:
         cells = rows.setdefault(title, {}).setdefault(e["ledger_sha256"], [_when(e), e["label"] or ""])
         columns = headers.setdefault(title, ["date", "label"])
         measures = [("rows", str(s["rows"] - s["excluded"])), ("replicas", _count(s.get("replicas_exact"))),
-                    *((name.split("_")[0], _count(s["pairs"].get(pair, {}).get(name))) for name in report.DIVERGENCES)]
+                    *((name.split("_")[0], _count(s["pairs"].get(pair, {}).get(name))) for name in DIVERGENCES)]
         for name, cell in measures:
             if f"{precision} {name}" not in columns:
                 columns.append(f"{precision} {name}")

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, short
-from replaytests.families.registry import CROSS, FAMILIES
-from replaytests.files import read_json, write_set
+from replaytests.families.registry import CROSS
+from replaytests.files import lookup, read_json, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.gates import bit_exact, replicas_exact
-from replaytests.outputs import causal, flips, ledger, serving, summary
+from replaytests.outputs import causal, flips, ledger, report_html, sections, serving, summary
 from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.shapes import CAUSAL, DIVERGENCES, FLAGS, PER_LAYER, SHAPES, SPREADS, Shape
 from replaytests.outputs.stats import (
     LEVEL,
     RESAMPLES,
@@ -36,36 +36,6 @@ SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")
 
 
-@dataclass(frozen=True)
-class Shape:
-    """How the report reads a family: which pairs are its result and which must be exact."""
-
-    headline: tuple[str, ...] = ()
-    replicas: tuple[str, ...] = ()
-    accuracy: tuple[str, str] | None = None  # (first, second): difference = second - first
-    reductions: bool = False
-
-
-# From the family registry (the report reads the ledger format, not the engine): families with a headline
-# table; the causal ones have tables of their own, and families it does not know are rendered generically.
-SHAPES = {f.name: Shape(f.headline, f.replicas, f.accuracy, f.reductions) for f in FAMILIES.values()
-          if f.headline_table}
-CAUSAL = ("transplant", "replication")
-# report name: (comparison field, whether the count is of rows where the field is false)
-FLAGS = {
-    "cache_exact": ("cache_exact", False),
-    "logits_exact": ("logits_exact", False),
-    "argmax_differs": ("argmax_equal", True),
-    "suffix_divergence": ("suffix_equal", True),
-    "answer_divergence": ("answer_equal", True),
-    "correctness_divergence": ("correct_equal", True),
-    "steps_exact": ("steps_exact", False),  # a serving engine: every suffix step's top-k logits bitwise equal
-}
-DIVERGENCES = ("suffix_divergence", "answer_divergence", "correctness_divergence")
-# report name: the comparison fields whose per-row maximum it summarises
-SPREADS = {"cache_max_abs": ("k_max_abs", "v_max_abs"), "k_rel_l2": ("k_rel_l2",), "v_rel_l2": ("v_rel_l2",),
-           "logits_max_abs": ("logits_max_abs",), "steps_max_abs": ("steps_max_abs",)}
-PER_LAYER = ("k_rel_l2_per_layer", "v_rel_l2_per_layer")
 
 
 def _has(comps: list[dict], *fields: str) -> bool:
@@ -250,12 +220,6 @@ def _causal(records: list[dict], meta: dict) -> dict:
     return out
 
 
-def get_path(summary: dict, *path: str):
-    for step in path:
-        summary = summary.get(step) if isinstance(summary, dict) else None
-    return summary
-
-
 # ---- files ----
 
 # run.json (written by suite.artifacts.run_metadata; docs/report.md): the fields its readers read, by type.
@@ -294,7 +258,7 @@ def run_meta(run: dict) -> dict:
     each for software and device, the options to those given; every other key as given."""
     meta = dict(run)
     if isinstance(run.get("manifest"), dict):
-        digests = {name: get_path(run["manifest"], *path) for name, path in MANIFEST_DIGESTS.items()}
+        digests = {name: lookup(run["manifest"], *path) for name, path in MANIFEST_DIGESTS.items()}
         meta["manifest"] = {name: value for name, value in digests.items() if value is not None}
     if isinstance(run.get("environment"), dict) and {"software", "hardware"} <= set(run["environment"]):
         meta["environment"] = _environment_lines(run["environment"])
@@ -351,8 +315,6 @@ def collate(paths: list[Path]) -> list[dict]:
 
 def write_report(report_dir: Path, records: list[dict], meta: dict) -> list[Path]:
     """Write report.json, report.md and report.html (each atomically); returns their paths."""
-    from replaytests.outputs import report_html, sections  # the renderers read this module's content
-
     report_dir = Path(report_dir)
     report = build_report(records, meta)
     paths = [report_dir / name for name in REPORT_FILES]

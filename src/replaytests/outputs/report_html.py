@@ -12,7 +12,7 @@ from html import escape
 
 from replaytests.families.registry import FAMILIES
 from replaytests.outputs import plots, sections
-from replaytests.outputs.report import DIVERGENCES
+from replaytests.outputs.shapes import DIVERGENCES
 from replaytests.outputs.tables import html as html_table
 
 STYLE = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;max-width:80em;

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from replaytests.families.registry import FAMILIES, LAYERS
+from replaytests.files import lookup
 from replaytests.outputs import causal, ledger, verdict
-from replaytests.outputs.report import DIVERGENCES, SHAPES, get_path
+from replaytests.outputs.shapes import DIVERGENCES, SHAPES
 from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
 from replaytests.outputs.tables import markdown as md_table
 
@@ -30,7 +31,7 @@ class Section:
 
 
 def title(report: dict) -> str:
-    name = get_path(report.get("meta") or {}, "contract", "name")
+    name = lookup(report.get("meta") or {}, "contract", "name")
     return "replaytests report" + (f": {name}" if name else "")
 
 
@@ -89,7 +90,7 @@ def _replica(report: dict) -> Section:
     for family, summary in report["families"].items():
         replicas = SHAPES[family].replicas if family in SHAPES else ()
         for precision, s in summary["precisions"].items():
-            rows += [(family, precision, pair, fmt_proportion(get_path(s, "pairs", pair, "bit_exact")))
+            rows += [(family, precision, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
                      for pair in replicas if pair in s["pairs"]]
     for cell, summaries in (report.get("causal_cells") or {}).items():
         if replication := summaries.get("replication"):
@@ -126,11 +127,11 @@ class Line(NamedTuple):
 
 
 def _pair_cell(name: str, fmt: Callable = fmt_proportion, *path: str) -> Callable[[dict, str], str]:
-    return lambda s, pair: fmt(get_path(s, "pairs", pair, name, *path))
+    return lambda s, pair: fmt(lookup(s, "pairs", pair, name, *path))
 
 
 def _rel_l2(s: dict, pair: str) -> str:
-    cells = [fmt_number(get_path(s, "pairs", pair, name, "median")) for name in ("k_rel_l2", "v_rel_l2")]
+    cells = [fmt_number(lookup(s, "pairs", pair, name, "median")) for name in ("k_rel_l2", "v_rel_l2")]
     return "-" if cells == ["-", "-"] else " / ".join(cells)
 
 
@@ -173,14 +174,14 @@ TABLE_NOTE = ("k/n = rate [Wilson 95% CI]; paired differences: percentile bootst
 
 
 def _accuracy_lines(first: str, second: str) -> list[Line]:
-    return [*(Line(f"accuracy {arm}", lambda s, pair, a=arm: fmt_proportion(get_path(s, "accuracy", "arms", a)))
+    return [*(Line(f"accuracy {arm}", lambda s, pair, a=arm: fmt_proportion(lookup(s, "accuracy", "arms", a)))
               for arm in (first, second)),
             Line(f"accuracy {second} - {first}, paired", lambda s, pair: fmt_paired(s.get("accuracy")))]
 
 
 def _headline_table(family: str, pair: str, summary: dict) -> Table:
     precisions = list(summary["precisions"])
-    reductions = get_path(summary, "reductions", pair) or []
+    reductions = lookup(summary, "reductions", pair) or []
     accuracy = SHAPES[family].accuracy
     lines = [*HEADLINE_LINES, *(_accuracy_lines(*accuracy) if accuracy else ())]
     rows = [(line.label, *(line.cell(summary["precisions"][p], pair) for p in precisions),
@@ -200,7 +201,7 @@ def _pairs_table(family: str, summary: dict) -> Table:
     rows = tuple(
         (precision, pair, str(s["rows"]), *(fmt_proportion(s.get(n)) for n in ("cache_exact", "logits_exact",
                                                                                  *DIVERGENCES)),
-         fmt_number(get_path(s, "cache_max_abs", "max")), fmt_positions(s.get("first_divergence")))
+         fmt_number(lookup(s, "cache_max_abs", "max")), fmt_positions(s.get("first_divergence")))
         for precision, p in summary["precisions"].items() for pair, s in p["pairs"].items())
     return Table(f"{family}: every pair", PAIR_COLUMNS, rows)
 
@@ -268,7 +269,7 @@ SERVING_LINES = (
 def _serving_premise(report: dict) -> Table:
     """The engine's own counters behind the serving family's comparisons, with the runtime's settings."""
     premise = report["serving"]
-    settings = get_path(report.get("meta") or {}, "platform", "runtime.vllm")
+    settings = lookup(report.get("meta") or {}, "platform", "runtime.vllm")
     runtime = (", ".join(f"{name} {value}" for name, value in settings.items() if value is not None)
                if isinstance(settings, dict) else "not recorded")
     return Table("Serving engine: what the engine counted (the premise of each comparison)",

@@ -19,6 +19,7 @@ from replaytests.engine.hf import environment
 from replaytests.errors import ConfigError, RecordNotKept, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
+from replaytests.files import lookup
 from replaytests.inputs import cells, cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
 from replaytests.inputs.contract import Contract, load_contract
@@ -26,7 +27,7 @@ from replaytests.inputs.gates import PASS, Judgement, artifact, gated
 from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
-from replaytests.outputs.report import collate, get_path, read_run
+from replaytests.outputs.report import collate, read_run
 from replaytests.suite.claims import Claims
 from replaytests.suite.planner import Plan
 
@@ -73,19 +74,19 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
     where = "--panel-from " + " ".join(map(str, paths))
     for path in paths:
         run = read_run(path) or {}
-        if get_path(run, "run", "interrupted") and not accept_interrupted:
+        if lookup(run, "run", "interrupted") and not accept_interrupted:
             raise ConfigError(f"{where}: {path} is an interrupted run; a panel is drawn from a finished crossing only "
                               "(--accept-interrupted to use what it finished)")
         for name, (field_path, actual) in {"bank": (("manifest", "bank_sha256"), integrity.actual.get("bank")),
                                            "model": (("manifest", "model", "sha256"), integrity.actual.get("model"))
                                            }.items():
-            recorded = get_path(run, *field_path)
+            recorded = lookup(run, *field_path)
             if recorded is not None and actual is not None and recorded != actual:
                 raise ConfigError(f"{where}: {path} was run on another {name} (sha256 {recorded[:12]}…, this run's "
                                   f"{actual[:12]}…)")
-        recorded = get_path(run, "contract", "sha256")
+        recorded = lookup(run, "contract", "sha256")
         if recorded is not None and recorded != contract.digest:
-            raise ConfigError(f"{where}: {path} was run under another contract ({get_path(run, 'contract', 'name')}, "
+            raise ConfigError(f"{where}: {path} was run under another contract ({lookup(run, 'contract', 'name')}, "
                               f"sha256 {recorded[:12]}…; this run's {contract.name}, {contract.digest[:12]}…): its "
                               "crossing is not this run's")
     records = {(r["precision"], r["row"]): r for r in collate(list(paths)) if r["family"] == "crossing"}
@@ -142,7 +143,7 @@ class ReplaySession:
         integrity = verify_inputs(options.bank, options.model, list(facts.grammar.delims.all_ids),
                                   options.accept_changed)
         loadable = getattr(backend_class, "check_loadable", None)
-        if loadable and integrity.actual["model"] != get_path(integrity.manifest, "model", "sha256"):
+        if loadable and integrity.actual["model"] != lookup(integrity.manifest, "model", "sha256"):
             loadable(options.model)  # the bank's own model loaded whole when it was frozen
         if options.later_model is not None:
             backend.check_window(inspect_model(backend_class, options.later_model, contract, "--replication-model"),
@@ -167,7 +168,7 @@ class ReplaySession:
         committed inputs, not asked for, holding none of this run's cells is no error: the audit tests are
         then skipped, saying so."""
         path = self.options.baseline_ledger
-        if get_path(read_run(path) or {}, "run", "interrupted") and not self.options.accept_interrupted:
+        if lookup(read_run(path) or {}, "run", "interrupted") and not self.options.accept_interrupted:
             raise ConfigError(f"--baseline {path}: an interrupted run (it holds only what it finished); pass "
                               "--accept-interrupted to audit against it anyway")
         if not self.plan.audited(self.baseline) and self.options.baseline is not None:

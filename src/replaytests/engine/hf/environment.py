@@ -19,7 +19,8 @@ import torch
 
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import runtime
-from replaytests.inputs import cpu_isa, platforms
+from replaytests.files import lookup
+from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import Contract, show
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def _differences(wanted: dict, actual: dict, path: str):
 
 def describe(contract: Contract, env: dict) -> list[str]:
     """The environment beside the contract, one line per captured field, then one line per drift."""
-    rows = [(path, platforms.lookup(contract.settings, path), value) for path, value in _leaves(env, "")]
+    rows = [(path, lookup(contract.settings, *path.split(".")), value) for path, value in _leaves(env, "")]
     width = max(len(path) for path, _, _ in rows)
     lines = [f"contract {contract.name} ({contract.path}), sha256 {contract.digest[:12]}…",
              f"{'field':<{width}}  {'contract':<24}  actual"]

@@ -1,0 +1,42 @@
+"""How the report reads each family's records: which pairs are its result, which must be exact, and the
+comparison fields each report measure counts or summarises. The report, its renderers and compare all read
+these; they import nothing of the report's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replaytests.families.registry import FAMILIES
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How the report reads a family: which pairs are its result and which must be exact."""
+
+    headline: tuple[str, ...] = ()
+    replicas: tuple[str, ...] = ()
+    accuracy: tuple[str, str] | None = None  # (first, second): difference = second - first
+    reductions: bool = False
+
+
+# From the family registry (the report reads the ledger format, not the engine): families with a headline
+# table; the causal ones have tables of their own, and families it does not know are rendered generically.
+SHAPES = {f.name: Shape(f.headline, f.replicas, f.accuracy, f.reductions) for f in FAMILIES.values()
+          if f.headline_table}
+CAUSAL = ("transplant", "replication")
+# report name: (comparison field, whether the count is of rows where the field is false)
+FLAGS = {
+    "cache_exact": ("cache_exact", False),
+    "logits_exact": ("logits_exact", False),
+    "argmax_differs": ("argmax_equal", True),
+    "suffix_divergence": ("suffix_equal", True),
+    "answer_divergence": ("answer_equal", True),
+    "correctness_divergence": ("correct_equal", True),
+    "steps_exact": ("steps_exact", False),  # a serving engine: every suffix step's top-k logits bitwise equal
+}
+DIVERGENCES = ("suffix_divergence", "answer_divergence", "correctness_divergence")
+# report name: the comparison fields whose per-row maximum it summarises
+SPREADS = {"cache_max_abs": ("k_max_abs", "v_max_abs"), "k_rel_l2": ("k_rel_l2",), "v_rel_l2": ("v_rel_l2",),
+           "logits_max_abs": ("logits_max_abs",), "steps_max_abs": ("steps_max_abs",)}
+PER_LAYER = ("k_rel_l2_per_layer", "v_rel_l2_per_layer")
