@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from replaytests.cli import main
-from replaytests.engine.hf import runtime
+from replaytests.engine.hf import forward
 from replaytests.engine.hf.environment import Drift, _cudnn_version, capture, describe, drift, needs_cuda
 from replaytests.errors import ConfigError
 from replaytests.inputs.cells import Cell
@@ -24,9 +24,9 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks behaviour
 
 @pytest.fixture
 def torch_flags_restored():
-    saved = runtime.read_numeric_flags()
+    saved = forward.read_numeric_flags()
     yield
-    runtime.write_numeric_flags(saved)
+    forward.write_numeric_flags(saved)
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +126,9 @@ def test_capture_records(tiny_contract, torch_flags_restored, path, expected):
 
 
 def test_capture_restores_torch_settings(tiny_contract, torch_flags_restored):
-    before = runtime.read_numeric_flags()
+    before = forward.read_numeric_flags()
     capture(tiny_contract)
-    assert runtime.read_numeric_flags() == before, "capture left torch's numeric settings changed"
+    assert forward.read_numeric_flags() == before, "capture left torch's numeric settings changed"
 
 
 def test_capture_reads_back_a_pinned_sdpa_backend(tiny_contract, torch_flags_restored):
@@ -205,11 +205,11 @@ def test_needs_cuda_not_for_a_cpu_run(repo, contract_file, device):
 ])
 def test_a_flag_that_does_not_take_is_a_config_error(torch_flags_restored, monkeypatch, flag, flags, stuck):
     # The flag's setter is ignored and its reader reports `stuck`, as on a build that cannot honour it.
-    monkeypatch.setitem(runtime._NUMERIC, flag, (lambda: stuck, lambda value: None))
-    wanted = runtime.numeric_settings(Cell("float32", **flags), 1)[flag]
+    monkeypatch.setitem(forward._NUMERIC, flag, (lambda: stuck, lambda value: None))
+    wanted = forward.numeric_settings(Cell("float32", **flags), 1)[flag]
     with pytest.raises(ConfigError, match=rf"^numeric flag {flag}: set {re.escape(repr(wanted))} but it reads back "
                                           rf"{re.escape(repr(stuck))}$"):
-        runtime.apply_numeric_flags(Cell("float32", **flags), 1)
+        forward.apply_numeric_flags(Cell("float32", **flags), 1)
 
 
 @pytest.mark.parametrize(("flags", "flag", "value"), [
@@ -219,14 +219,14 @@ def test_a_flag_that_does_not_take_is_a_config_error(torch_flags_restored, monke
     pytest.param({"tf32_matmul": True, "float32_matmul_precision": "high"}, "tf32_matmul", True, id="tf32-on"),
 ])
 def test_pinned_flags_take_and_read_back(torch_flags_restored, flags, flag, value):
-    got = runtime.apply_numeric_flags(Cell("float32", **flags), 1)[flag]
+    got = forward.apply_numeric_flags(Cell("float32", **flags), 1)[flag]
     assert got == value, f"{flag} read back {got!r} after pinning {value!r}"
 
 
 def test_an_unpinned_flag_goes_back_to_the_default(torch_flags_restored):
-    default = runtime.read_numeric_flags()["sdpa_backend"]
-    runtime.apply_numeric_flags(Cell("float32", sdpa_backend="math"), 1)
-    got = runtime.apply_numeric_flags(Cell("float32"), 1)["sdpa_backend"]
+    default = forward.read_numeric_flags()["sdpa_backend"]
+    forward.apply_numeric_flags(Cell("float32", sdpa_backend="math"), 1)
+    got = forward.apply_numeric_flags(Cell("float32"), 1)["sdpa_backend"]
     assert got == default, f"unpinned SDPA backends after a math-pinned precision: {got!r}, default {default!r}"
 
 

@@ -1,4 +1,4 @@
-"""engine.hf.runtime: numeric flags, the physical-batch forward call and its desync check (protocol.md §2)."""
+"""engine.hf.forward and runtime: numeric flags, the physical-batch forward call, its desync check (protocol.md §2)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from replaytests.engine.hf import constructions
-from replaytests.engine.hf.runtime import Runtime, apply_numeric_flags, check_batch_equal, copies_differ
+from replaytests.engine.hf.forward import apply_numeric_flags, check_batch_equal, copies_differ
+from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import visibility_rows
 from replaytests.errors import ConfigError, NonFinite, PhysicalBatchDesync
 from replaytests.inputs.cells import Cell

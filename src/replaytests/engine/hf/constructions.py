@@ -12,13 +12,13 @@ import dataclasses
 
 from replaytests.engine.boundary import Boundary
 from replaytests.engine.hf.decoder import DecodeState, live_boundary
-from replaytests.engine.hf.runtime import Runtime, check_batch_equal
+from replaytests.engine.hf.forward import Step, check_batch_equal
 from replaytests.engine.protocol import prompt_of
 
 __all__ = ["build", "incremental", "live", "prefill"]
 
 
-def _teacher_forced(runtime: Runtime, z: list[int], chunks: list[int], construction: str) -> Boundary:
+def _teacher_forced(runtime: Step, z: list[int], chunks: list[int], construction: str) -> Boundary:
     state = DecodeState.empty(runtime, len(z) + runtime.grammar.caps.suffix_room())
     consumed = 0
     for size in chunks:
@@ -29,23 +29,23 @@ def _teacher_forced(runtime: Runtime, z: list[int], chunks: list[int], construct
     return _checked(state.boundary(construction))
 
 
-def incremental(runtime: Runtime, z: list[int]) -> Boundary:
+def incremental(runtime: Step, z: list[int]) -> Boundary:
     prompt_len = len(prompt_of(z, runtime.grammar.delims))
     return _teacher_forced(runtime, z, [prompt_len] + [1] * (len(z) - prompt_len), "incremental")
 
 
-def prefill(runtime: Runtime, z: list[int]) -> Boundary:
+def prefill(runtime: Step, z: list[int]) -> Boundary:
     return _teacher_forced(runtime, z, [len(z)], "prefill")
 
 
-def live(runtime: Runtime, prompt_block: list[int], construction: str = "live") -> Boundary:
+def live(runtime: Step, prompt_block: list[int], construction: str = "live") -> Boundary:
     """Ordinary greedy generation from the prompt block; `live_replica` names a second generation.
     Built once per runtime (engine.arms)."""
     return runtime.arms.boundary(construction, prompt_block, lambda: dataclasses.replace(
         _checked(live_boundary(runtime, prompt_block)), construction=construction))
 
 
-def build(runtime: Runtime, construction: str, z: list[int]) -> Boundary:
+def build(runtime: Step, construction: str, z: list[int]) -> Boundary:
     """A construction of z; `*_replica` names a second, independent one. Built once per runtime
     (engine.arms): every family asking for the same construction of the same z gets the same arm."""
     base = construction.removesuffix("_replica")

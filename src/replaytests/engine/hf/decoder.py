@@ -15,7 +15,7 @@ import torch
 
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf.runtime import Runtime, check_batch_equal, copies_differ
+from replaytests.engine.hf.forward import Step, check_batch_equal, copies_differ
 from replaytests.engine.protocol import MERGE, Cursor, Visibility, answer_ids
 from replaytests.errors import NonFinite
 
@@ -34,7 +34,7 @@ class DecodeState:
     (`boundary`, `settle`): a desync anywhere still fails closed, naming its call.
     """
 
-    runtime: Runtime
+    runtime: Step
     tokens: list[int]
     roles: list[int]
     cursor: Cursor
@@ -54,7 +54,7 @@ class DecodeState:
         self._masked = self._top2 = self._minus_inf = None  # allocated at the first choice
 
     @classmethod
-    def empty(cls, runtime: Runtime, capacity: int) -> DecodeState:
+    def empty(cls, runtime: Step, capacity: int) -> DecodeState:
         """A sequence with no token yet (room for `capacity`), on a new cache."""
         return cls(runtime, [], [], Cursor(), runtime.new_cache(), None, capacity)
 
@@ -130,7 +130,7 @@ class DecodeState:
                         self.logits)
 
 
-def live_boundary(runtime: Runtime, prompt_block: list[int]) -> Boundary:
+def live_boundary(runtime: Step, prompt_block: list[int]) -> Boundary:
     """Ordinary generation: the prompt block in one call, then one greedy token per call,
     until the call that consumes <|merge|>."""
     caps = runtime.grammar.caps
@@ -144,7 +144,7 @@ def live_boundary(runtime: Runtime, prompt_block: list[int]) -> Boundary:
     return state.boundary("live")
 
 
-def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
+def decode_suffix(runtime: Step, boundary: Boundary) -> Suffix:
     """Continue from a boundary (on a copy of its cache) through <|/answer|>."""
     cursor = Cursor(block=MERGE, open=True, count=0)
     state = DecodeState(runtime, list(boundary.tokens), list(boundary.roles), cursor,
@@ -163,7 +163,7 @@ def decode_suffix(runtime: Runtime, boundary: Boundary) -> Suffix:
                   runtime.tokenizer.decode(answer_ids(suffix, runtime.grammar)), top2[:, 0].tolist())
 
 
-def suffix_of(runtime: Runtime, boundary: Boundary) -> Suffix:
+def suffix_of(runtime: Step, boundary: Boundary) -> Suffix:
     """decode_suffix, once per boundary the runtime's arms hold (engine.arms); any other boundary, such
     as a transplanted one, is decoded each time."""
     return runtime.arms.suffix(boundary, functools.partial(decode_suffix, runtime))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import runtime
+from replaytests.engine.hf import forward
 from replaytests.files import lookup
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import Contract, show
@@ -128,16 +128,16 @@ def _leaves(tree: dict, path: str):
 def _numeric_flags(contract: Contract) -> tuple[int, dict]:
     """The intra-op threads and each precision's numeric flags as read back after applying its settings;
     torch's state is restored afterwards."""
-    saved = runtime.read_numeric_flags()
+    saved = forward.read_numeric_flags()
     try:
         readback = {}
         for name, flags in contract.cells.items():
-            runtime.write_numeric_flags(runtime.numeric_settings(flags, contract.cpu_threads))
-            readback[name] = runtime.read_numeric_flags()
+            forward.write_numeric_flags(forward.numeric_settings(flags, contract.cpu_threads))
+            readback[name] = forward.read_numeric_flags()
             threads = readback[name].pop("cpu_threads")
         return threads, readback
     finally:
-        runtime.write_numeric_flags(saved)
+        forward.write_numeric_flags(saved)
 
 
 def _software() -> dict:

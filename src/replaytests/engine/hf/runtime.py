@@ -1,107 +1,27 @@
-"""The Hugging Face backend (engine.backend): numeric flags, one model per precision, the physical-batch
-forward call, and the constructions, suffix decoder and transplant served through it.
-
-Every forward call carries `batch` identical copies of the row (2 by default) with an explicit 4D
-visibility mask and explicit flat positions; after each call the copies' logits must be bitwise
-equal, or the run fails closed (docs/protocol.md §2).
+"""The Hugging Face backend (engine.backend): the face the families see, with its capabilities and the
+cells it runs; the work is the forward step's (forward.py), the constructions' and the decoder's.
 """
 
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from replaytests.engine import backend
-from replaytests.engine.arms import Arms
 from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
-from replaytests.engine.boundary import as_int, bitwise_equal
+from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import inspection, weights
-from replaytests.engine.protocol import Delimiters, Grammar
-from replaytests.errors import ConfigError, PhysicalBatchDesync
+from replaytests.engine.hf import constructions, inspection, weights
+from replaytests.engine.hf.decoder import DecodeState, suffix_of
+from replaytests.engine.hf.forward import Step
+from replaytests.engine.transplant import transplant as transplanted
 from replaytests.inputs.cells import RUNTIME_KV_FORMATS, Cell
-from replaytests.inputs.contract import SDPA_BACKENDS, Contract
-
-if TYPE_CHECKING:
-    from replaytests.engine.boundary import Boundary, Suffix
-
-_SDP = {"math": "math", "flash": "flash", "efficient": "mem_efficient", "cudnn": "cudnn"}  # torch's names
 
 
-def _sdpa_backends() -> str:
-    """The SDPA backends torch may pick, '+'-joined in SDPA_BACKENDS order ('math' when pinned to math)."""
-    return "+".join(name for name in SDPA_BACKENDS if getattr(torch.backends.cuda, f"{_SDP[name]}_sdp_enabled")())
-
-
-def _set_sdpa_backends(joined: str) -> None:
-    for name in SDPA_BACKENDS:
-        getattr(torch.backends.cuda, f"enable_{_SDP[name]}_sdp")(name in joined.split("+"))
-
-
-def _switch(owner: str, name: str) -> tuple:
-    """(read, write) of torch.<owner>.<name>, looked up at each call (so a monkeypatched torch is seen)."""
-    get_owner = operator.attrgetter(owner)
-    return lambda: getattr(get_owner(torch), name), lambda on: setattr(get_owner(torch), name, on)
-
-
-# name -> (read, write), written in this order: float32_matmul_precision overrides tf32_matmul in torch.
-_NUMERIC = {
-    "cpu_threads": (lambda: torch.get_num_threads(), lambda n: torch.set_num_threads(n)),
-    "tf32_matmul": _switch("backends.cuda.matmul", "allow_tf32"),
-    "cudnn_tf32": _switch("backends.cudnn", "allow_tf32"),
-    "float32_matmul_precision": (lambda: torch.get_float32_matmul_precision(),
-                                 lambda value: torch.set_float32_matmul_precision(value)),
-    "bf16_reduced_precision_reduction": _switch("backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
-    "sdpa_backend": (_sdpa_backends, _set_sdpa_backends),
-}
-
-
-def read_numeric_flags() -> dict:
-    """Every numeric setting as torch reports it now."""
-    return {name: read() for name, (read, _) in _NUMERIC.items()}
-
-
-# A setting the contract leaves unpinned (null) goes back to torch's default, so that it does not
-# keep what another precision's runtime pinned.
-_TORCH_DEFAULTS = read_numeric_flags()
-
-
-def numeric_settings(flags: Cell, threads: int) -> dict:
-    """Every numeric setting as one precision of the contract asks for it."""
-    wanted = {"cpu_threads": threads, "tf32_matmul": flags.tf32_matmul, "cudnn_tf32": flags.cudnn_tf32,
-              "float32_matmul_precision": flags.float32_matmul_precision,
-              "bf16_reduced_precision_reduction": flags.bf16_reduced_precision_reduction,
-              "sdpa_backend": flags.sdpa_backend}
-    return {name: _TORCH_DEFAULTS[name] if value is None else value for name, value in wanted.items()}
-
-
-def write_numeric_flags(settings: dict) -> None:
-    """Set each named setting (as read_numeric_flags spells it)."""
-    for name, (_, write) in _NUMERIC.items():
-        if name in settings:
-            write(settings[name])
-
-
-def apply_numeric_flags(flags: Cell, threads: int) -> dict:
-    """Apply the contract's numeric settings, then read them back: a flag that did not take is an error.
-    Returns the read-back settings."""
-    wanted = numeric_settings(flags, threads)
-    write_numeric_flags(wanted)
-    actual = read_numeric_flags()
-    for name, value in wanted.items():
-        if actual[name] != value:
-            raise ConfigError(f"numeric flag {name}: set {value!r} but it reads back {actual[name]!r}")
-    return actual
-
-
-@dataclass
-class Runtime:
+class Runtime(Step):
     """One model at one precision, with the protocol's grammar and the physical-batch forward: the Hugging
     Face backend, which has every capability but a serving engine's (one forward call with an explicit 4D
     mask, K/V in hand)."""
@@ -110,41 +30,6 @@ class Runtime:
     capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES) - SERVING
     inspect = staticmethod(inspection.inspect)  # a model directory before its weights load (backend.ModelFacts)
     check_loadable = staticmethod(hf_adapter.check_tensors)  # its tensors are the ones its architecture needs
-
-    precision: str
-    flags: Cell
-    threads: int
-    model: object
-    tokenizer: object
-    grammar: Grammar
-    device: torch.device
-    batch: int = 2
-    cache: str = "dynamic"  # the K/V cache class (blocks.CACHES)
-    visibility: str = "roles"  # the contract's protocol.visibility (protocol.VISIBILITIES)
-
-    @classmethod
-    def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None,
-             batch: int | None = None) -> Runtime:
-        flags = contract.cell(precision)
-        device = device or contract.device
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"{contract.path}: environment.device is {device!r} but CUDA is not available here")
-        if contract.cache == "offloaded" and not device.startswith("cuda"):
-            raise ConfigError(f"{contract.path}: environment.cache offloaded keeps layers on the CPU between uses "
-                              f"of a CUDA device; the device here is {device!r}")
-        if not flags.kv_cache.native and contract.cache != "dynamic":
-            raise ConfigError(f"{contract.path}: cells.{precision}.kv_cache: a quantized K/V cache replaces the "
-                              f"cache class; environment.cache must be dynamic, got {contract.cache!r}")
-        apply_numeric_flags(flags, contract.cpu_threads)
-        tokenizer = hf_adapter.load_tokenizer(model_dir)
-        model = hf_adapter.load_model(model_dir, flags.dtype, device, contract.attention)
-        if not flags.weights.native:
-            weights.quantize(model, flags.weights, f"{model_dir} (cell {precision})")
-        delims = Delimiters.resolve(tokenizer, contract.delimiters)
-        grammar = Grammar(delims, contract.caps, hf_adapter.vocab_size(model), len(tokenizer),
-                          contract.banned_tokens, device)
-        return cls(precision, flags, contract.cpu_threads, model, tokenizer, grammar,
-                   torch.device(device), batch or contract.physical_batch, contract.cache, contract.visibility)
 
     @classmethod
     def cell_problem(cls, cell: Cell) -> CellProblem | None:
@@ -189,89 +74,30 @@ class Runtime:
         """Every record of this runtime carries it: computed once (it reads the libraries' versions)."""
         return backend.cell_digest(type(self), self.flags)
 
-    def __post_init__(self) -> None:
-        self._forward = hf_adapter.Forward(self.model, self.cache, self.flags.kv_cache)
-        self._positions: torch.Tensor | None = None  # [batch, n] of 0, 1, 2, ...: each call's positions are a view
-        self.arms = Arms()  # the boundaries (and suffixes) built with this runtime, shared by every family
-
-    def activate(self) -> None:
-        """Re-apply this precision's flags (another precision's runtime may have changed them)."""
-        apply_numeric_flags(self.flags, self.threads)
-
-    def new_cache(self):
-        """An empty cache of the contract's class (environment.cache)."""
-        return self._forward.new_cache()
-
-    # The Backend protocol (engine.backend); the modules that do the work import this one.
+    # The Backend protocol (engine.backend), served by the constructions and the decoder.
     def build(self, construction: str, z: list[int]) -> Boundary:
-        from replaytests.engine.hf import constructions
-
         return constructions.build(self, construction, z)
 
     def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
-        from replaytests.engine.hf import constructions
-
         return constructions.live(self, prompt_block, construction)
 
     def suffix(self, boundary: Boundary) -> Suffix:
-        from replaytests.engine.hf.decoder import suffix_of
-
         return suffix_of(self, boundary)
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
-        from replaytests.engine.transplant import transplant
-
         def splice(chosen: list[int], selected: tuple[str, ...]) -> tuple[object, None]:
             return hf_adapter.transplanted_cache(self.model, recipient.cache, donor.cache, chosen, selected), None
 
-        return transplant(recipient, donor, layers, parts, splice)
+        return transplanted(recipient, donor, layers, parts, splice)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def probe(self, tokens: list[int]) -> torch.Tensor:
         """The last position's logits of one prefill call over `tokens`."""
-        from replaytests.engine.hf.decoder import DecodeState
-
         state = DecodeState.empty(self, len(tokens))
         for token in tokens:
             state.push(token)
         state.feed(len(tokens), "probe")
         return state.boundary("probe").logits
-
-    def with_batch(self, batch: int) -> Runtime:
-        """The same model with another physical batch (its own arms: a boundary depends on the batch)."""
-        return replace(self, batch=batch)
-
-    def first_copy(self, boundary: Boundary) -> Boundary:
-        """The first copy of a physical batch as a storage-isolated singleton boundary."""
-        return replace(boundary, cache=hf_adapter.first_copy(self.model, boundary.cache))
-
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, cache) -> torch.Tensor:
-        """Process the tokens `ids` [batch, q] at positions start.. under the 4D `mask` [batch, 1, q, k]
-        (protocol.Visibility), every copy the same row. Returns the last position's logits of every copy,
-        [batch, vocab], unchecked: the caller compares the copies (check_batch_equal, or copies_differ
-        where a host sync is not wanted) before it reads them, as DecodeState does for every call."""
-        end = start + ids.shape[1]
-        if self._positions is None or self._positions.shape[1] < end:
-            length = max(end, hf_adapter.max_positions(self.model))
-            self._positions = torch.arange(length, device=self.device).expand(self.batch, -1)
-        with torch.inference_mode():
-            return self._forward(ids, mask, self._positions[:, start:end], cache)
-
-
-def copies_differ(tensor: torch.Tensor) -> torch.Tensor:
-    """Whether any copy along dim 1 (dim 0: calls) differs from its neighbour bitwise, as a 0-d bool
-    tensor on the tensor's device (wrapping integer a - b is 0 exactly when a == b)."""
-    return as_int(tensor).diff(dim=1).any()
-
-
-def check_batch_equal(tensor: torch.Tensor, where: str) -> None:
-    """Fail closed unless every copy along dim 0 equals copy 0 bitwise."""
-    for copy in range(1, tensor.shape[0]):
-        if not bitwise_equal(tensor[copy], tensor[0]):
-            diff = (tensor[copy].double() - tensor[0].double()).abs().max().item()
-            raise PhysicalBatchDesync(
-                f"physical-batch desync at {where}: copy {copy} differs from copy 0, max |diff| {diff:.6g}"
-            )
