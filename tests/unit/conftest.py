@@ -1,7 +1,10 @@
-"""Shared fixtures for the unit tests of replaytests' own machinery.
+"""Shared fixtures for the unit tests of replaytests' own machinery, and their three kinds.
 
 The embedded tiny model is loaded at most once per session (`fp32_runtime`); everything else works
-on the tokenizer, the config or hand-built tensors.
+on the tokenizer, the config or hand-built tensors. Each test is one of three kinds, as markers:
+- `model`: it runs the tiny model (it asks for a loaded runtime, or its module says so);
+- `e2e`: it runs replaytests whole (the pytest plugin under pytester, or a subprocess of the CLI);
+- neither: the machinery alone, `pytest tests/unit -m "not model and not e2e"`, the quick loop.
 """
 
 from __future__ import annotations

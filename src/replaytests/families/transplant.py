@@ -45,6 +45,7 @@ from replaytests.families.registry import (
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import PARTS, direction
+from replaytests.inputs.contract import SCHEMA
 from replaytests.outputs.causal import not_testable_reason
 
 FAMILY = FAMILIES["transplant"]
@@ -52,7 +53,8 @@ BUILT = (*TRANSPLANT_CONSTRUCTIONS, *(replica for replica, _ in REPLICA_DIRECTIO
 PARTIAL = {"k_only": ("k",), "v_only": ("v",)}
 EXHAUSTIVE_MAX_LAYERS = 8
 LAYER_FIELDS = ("layer_search", "minimal_layers", "layer_ranges")  # null for controls
-DIVERGENT, CONTROLS = 24, 8
+_PANEL = SCHEMA.keys["panels"].keys["transplant"].keys  # the contract's defaults, one copy of them
+DIVERGENT, CONTROLS = _PANEL["divergent"].default, _PANEL["exact_controls"].default
 
 
 class Panel(NamedTuple):
