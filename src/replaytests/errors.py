@@ -86,3 +86,8 @@ class NotContemporaneous(FailClosed):
 class TransplantInvalid(FailClosed):
     """A self-transplant did not reproduce its own trajectory: decoding here is not a function of the
     cache values alone, so no transplant outcome means anything."""
+
+
+class PlatformDrift(UserWarning):
+    """Bits that differ from a baseline made on another platform, every trajectory kept: reported, not a
+    failure. A class of an importable module, so that pytest-xdist's controller can rebuild the warning."""

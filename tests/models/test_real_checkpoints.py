@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from replaytests.errors import PlatformDrift
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.options import COMMITTED, PROTOCOL_BANK, PROTOCOL_CONTRACT, SMOLLM2_BANK, SMOLLM2_CONTRACT
 from replaytests.inputs.platforms import platform_differences
@@ -73,11 +74,6 @@ def test_the_crossing_subset_passes(checkpoint, crossing):
     contract = CHECKPOINTS[checkpoint[0]][1].stem
     assert proc.returncode == 0, f"the {checkpoint[0]} crossing subset failed:\n{proc.stdout[-3000:]}"
     assert f"replaytests contract: {contract}" in proc.stdout, "the header does not name the contract"
-
-
-class PlatformDrift(UserWarning):
-    """Bits that differ from a baseline made on another platform, with every trajectory kept: reported, not
-    a failure (the trajectories are what a run on another CPU is judged on)."""
 
 
 def judge(record: dict, baseline: Path, here: dict, may_diverge: bool) -> tuple[str, str]:
