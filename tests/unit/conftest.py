@@ -249,3 +249,29 @@ def conformance_run(directory, *args):
 def two_row_run(tmp_path_factory):
     """Two FP32 rows through every family, in one process."""
     return conformance_run(tmp_path_factory.mktemp("run"), "-p", "no:xdist")
+
+
+MODEL_FIXTURES = {"fp32_runtime", "bf16_runtime"}  # every fixture that loads the model depends on one of these
+E2E_FIXTURES = {"pytester", "two_row_run"}  # two_row_run: a whole conformance run in a subprocess
+# Modules whose tests load models of their own or run the CLI in a subprocess, and such tests of other modules.
+KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_causal_visibility.py": "model",
+         "test_runner.py": "e2e", "test_signals.py": "e2e", "test_write_failures.py": "e2e",
+         "test_closed_pipe.py": "e2e", "test_guest.py": "e2e", "test_benchmarks.py": "e2e", "test_rundir.py": "e2e",
+         "test_models.py": "e2e", "test_claims.py": "e2e",
+         "test_cells.py::test_a_run_over_five_cells_reports_compares_and_tracks_every_cell": "e2e",
+         "test_cli.py::test_audit_prints_the_header_first_and_the_verdict_last": "e2e",
+         "test_history.py::test_appends_from_several_processes_keep_every_line": "e2e",
+         "test_plugin.py::test_json_report_carries_metrics": "e2e",
+         "test_plugin.py::test_junit_xml_carries_row_precision_and_divergence": "e2e"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its kind: from the fixtures it needs, or as KINDS names its module or itself."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        where = item.nodeid.rsplit("/", 1)[-1]
+        kinds = {KINDS.get(where.split("::")[0]), KINDS.get(where.split("[")[0])}
+        if names & MODEL_FIXTURES or "model" in kinds:
+            item.add_marker(pytest.mark.model)
+        if names & E2E_FIXTURES or "e2e" in kinds:
+            item.add_marker(pytest.mark.e2e)

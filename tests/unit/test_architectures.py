@@ -191,7 +191,7 @@ def save_family(family: str, directory: Path, repo: Path, **extra) -> Path:
     return directory
 
 
-@pytest.mark.slow  # saves and loads a checkpoint per family
+@pytest.mark.e2e  # saves and loads a checkpoint per family
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_check_model_on_a_random_checkpoint_of_each_family(family, tmp_path, capsys, repo):
     from replaytests.cli import main

@@ -88,7 +88,7 @@ def toy_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return proc, root / "toy"
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_a_backend_without_kv_runs_the_crossing(toy_run):
     proc, run = toy_run
     assert proc.returncode == 0, f"the logprobs-only run failed:\n{proc.stdout[-3000:]}"
@@ -102,7 +102,7 @@ def test_a_backend_without_kv_runs_the_crossing(toy_run):
         assert isinstance(cross["logits_exact"], bool) and isinstance(cross["suffix_equal"], bool), cross
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_backend_without_kv_gets_the_hugging_face_suffixes(toy_run, two_row_run):
     """The seam changes what is seen at the boundary, not the trajectory: the toy decodes through the
     Hugging Face model, so its suffixes are the Hugging Face run's, arm by arm."""
@@ -117,7 +117,7 @@ def test_a_backend_without_kv_gets_the_hugging_face_suffixes(toy_run, two_row_ru
     assert suffixes(toy) == suffixes(hf) and suffixes(toy), "the logprobs-only suffixes differ from Hugging Face's"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("family", ["transplant", "replication", "bridge", "batch"])
 def test_a_backend_without_kv_skips_what_needs_it_with_the_reason(toy_run, family):
     proc, run = toy_run

@@ -32,7 +32,7 @@ def smoke_run(tmp_path_factory):
     return proc, out
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_smoke_run_succeeds_and_prints_the_tables(smoke_run):
     proc, out = smoke_run
     assert proc.returncode == 0, f"benchmarks/run.py --smoke failed:\n{proc.stderr[-3000:]}"
@@ -41,7 +41,7 @@ def test_smoke_run_succeeds_and_prints_the_tables(smoke_run):
     assert out.with_suffix(".md").read_text(encoding="utf-8") in proc.stdout, "the .md file is not the printed summary"
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_smoke_json_holds_environment_and_every_measurement(smoke_run):
     _, out = smoke_run
     result = json.loads(out.read_text(encoding="utf-8"))
@@ -69,7 +69,7 @@ def test_smoke_json_holds_environment_and_every_measurement(smoke_run):
     assert set(result["fits"]["fp32"]) >= {"suite_outside_per_step_slope", "row_wall_slope", "row_held_bytes_slope"}
 
 
-@pytest.mark.slow  # spawns a whole (one-row) audit
+@pytest.mark.e2e  # spawns a whole (one-row) audit
 def test_audit_benchmark_profiles_every_family_and_times_a_worker_run(tmp_path):
     out = tmp_path / "audit.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "audit.py"), "--rows", "1", "--workers", "1",

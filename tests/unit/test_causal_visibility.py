@@ -72,7 +72,7 @@ def test_the_mask_check_fails_when_the_mask_is_not_the_promised_one(fp32_runtime
     assert check.outcome == "fail" and message in check.detail, (check.outcome, check.detail)
 
 
-@pytest.mark.slow  # freezes three rows and starts a whole run
+@pytest.mark.e2e  # freezes three rows and starts a whole run
 def test_a_causal_bank_is_frozen_and_replayed_end_to_end(pytester, tmp_path, bank_rows_json):
     from replaytests.cli import main
 

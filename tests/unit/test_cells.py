@@ -181,7 +181,7 @@ def test_int8_weights_are_quantized_at_load(cells_contract, repo):
     assert len(native) < len(linear), "no linear weight was quantized"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_run_over_five_cells_reports_compares_and_tracks_every_cell(repo, tmp_path):
     """--precision all on the cells contract: every record names its cell and its digest, the report's
     tables and reductions cover every cell, compare and history read it."""

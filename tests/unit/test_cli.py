@@ -116,7 +116,7 @@ def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
                              "software.torch", "software.transformers"}, sorted(platform)
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_audit_prints_the_header_first_and_the_verdict_last(tmp_path, capsys):
     """`replaytests audit` (a child pytest): the inputs, platform and drift before any test runs, the
     verdict and the report paths at the end."""

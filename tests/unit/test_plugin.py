@@ -24,7 +24,7 @@ REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_di
 
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_run_passes_and_prints_summary(two_row_run):
     proc, _ = two_row_run
     assert proc.returncode == 0, f"conformance run failed:\n{proc.stdout[-3000:]}"
@@ -37,7 +37,7 @@ def test_run_passes_and_prints_summary(two_row_run):
     assert "replaytests contract: cpu-tiny" in proc.stdout, "the header does not name the contract"
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_progress_lines_count_rows_per_family_and_precision(two_row_run):
     """Not a terminal: plain progress lines, one as each family and precision completes its rows."""
     proc, _ = two_row_run
@@ -48,7 +48,7 @@ def test_progress_lines_count_rows_per_family_and_precision(two_row_run):
         assert group in lines[-1], f"{group!r} missing from the last progress line {lines[-1]!r}"
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_ledger_has_one_record_per_family_row_precision(two_row_run):
     _, report_dir = two_row_run
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
@@ -64,14 +64,14 @@ def test_ledger_has_one_record_per_family_row_precision(two_row_run):
     assert len(crossing["comparisons"]["incremental~prefill"]["k_rel_l2_per_layer"]) == 4
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_summary_markdown_is_written(two_row_run):
     _, report_dir = two_row_run
     text = (report_dir / "summary.md").read_text()
     assert "| crossing | fp32 | 2 | 0 | 2/2 |" in text, f"summary.md table row missing:\n{text}"
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
     """pytest -n 2 gives the same records as one process (on the crossing and bridge tests: records
     do not depend on which other tests ran), and every test of one (precision, row) group runs on one
@@ -108,7 +108,7 @@ def _baseline_beside(report_dir, tmp_path, suffix: bool = False, **platform) -> 
     return baseline, here
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     """A baseline (made on this platform) whose cache digest for one record was altered: exactly that
     record fails, naming it."""
@@ -121,7 +121,7 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     assert "ledger audit: 3/4 baseline records reproduce" in proc.stdout, proc.stdout[-2000:]
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 @pytest.mark.parametrize(("gate", "suffix", "platform", "outcome"), [
     pytest.param("trajectories", False, None, "3 passed, 1 xfailed", id="bits-only-passes-trajectories"),
     pytest.param("trajectories", True, None, "1 failed, 3 passed", id="changed-suffix-fails-trajectories"),
@@ -141,7 +141,7 @@ def test_the_baseline_is_judged_at_the_gate(two_row_run, tmp_path, gate, suffix,
     assert f"judged at --gate {gate}" in proc.stdout, proc.stdout[-2000:]
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 @pytest.mark.parametrize(("strict", "outcome"), [pytest.param(False, "3 passed, 1 xfailed", id="drift-is-data"),
                                                   pytest.param(True, "1 failed, 3 passed", id="strict-fails")])
 def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_path, strict, outcome, forced_cpu_isa):
@@ -159,7 +159,7 @@ def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_pat
         assert "platform drift: 1/4 baseline records changed (crossing/tiny-001/fp32)" in proc.stdout, proc.stdout
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_json_report_carries_metrics(tmp_path):
     pytest.importorskip("pytest_jsonreport")
     out = tmp_path / "report.json"
@@ -172,7 +172,7 @@ def test_json_report_carries_metrics(tmp_path):
     assert metadata[0]["comparisons"]["prefill~prefill_replica"]["cache_exact"] is True, metadata[0]
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_junit_xml_carries_row_precision_and_divergence(tmp_path):
     """Each conformance test's JUnit properties name its record (family, row, precision) and carry the
     headline pair's first divergence and margins, not the whole record."""
@@ -229,7 +229,7 @@ def test_bad_input_is_one_line_usage_error(pytester, option, value, message):
     assert "Traceback" not in result.stderr.str() + result.stdout.str(), "a traceback reached the user"
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank_rows, divergent_row):
     """A row that diverges at BF16 on this platform (found by the search, never named): a contract
     that demands exact BF16 suffixes turns that recorded divergence into a failure naming the row."""
@@ -331,7 +331,7 @@ def _user_dispatch(monkeypatch, **variables) -> None:
         monkeypatch.setenv(name, value)
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 @needs_avx2
 def test_a_forced_dispatch_level_is_drift_in_the_verdict(pytester, monkeypatch):
     skip_where_bf16_cannot_run_at_default()
@@ -346,7 +346,7 @@ def test_a_forced_dispatch_level_is_drift_in_the_verdict(pytester, monkeypatch):
         "drift from the contract: environment.cpu_isa: contract AVX2, actual DEFAULT*"])
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 @needs_avx2
 def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatch):
     _user_dispatch(monkeypatch, ATEN_CPU_CAPABILITY="default")
@@ -356,7 +356,7 @@ def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatc
                                  "field(s): environment.cpu_isa: contract AVX2, actual DEFAULT*"])
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 @needs_avx2
 @pytest.mark.parametrize("strict", [pytest.param(False, id="drift-is-data"), pytest.param(True, id="strict-fails")])
 def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_path, monkeypatch, strict):
@@ -377,7 +377,7 @@ def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_p
                                      "platform*--strict-contract*"])
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 @needs_avx2
 def test_torch_that_ran_before_the_contract_is_one_line(pytester, monkeypatch):
     """A plugin that made torch dispatch a kernel (at DEFAULT) before replaytests read the contract."""

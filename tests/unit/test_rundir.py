@@ -142,7 +142,7 @@ def snapshot(directory: Path) -> dict[str, bytes]:
             and p.name != rundir.LOCK}
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_an_interrupted_run_keeps_its_records_and_leaves_latest(completed, tmp_path):
     before = snapshot(completed / "first")
     proc = started(completed, "second", tmp_path)
@@ -160,7 +160,7 @@ def test_an_interrupted_run_keeps_its_records_and_leaves_latest(completed, tmp_p
     assert first_lines[2].startswith("## INTERRUPTED ("), first_lines
 
 
-@pytest.mark.slow  # spawns a whole run
+@pytest.mark.e2e  # spawns a whole run
 def test_a_second_run_into_a_root_in_use_stops_at_once(completed, tmp_path):
     before = snapshot(completed / "first")
     proc = started(completed, "long", tmp_path)

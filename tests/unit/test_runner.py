@@ -37,7 +37,7 @@ def whole(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_selection_of_the_transplant_writes_the_same_transplant_records(whole, tmp_path):
     proc, run_dir = run(tmp_path / "r", "k", "-k", "transplant")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -50,7 +50,7 @@ def test_a_selection_of_the_transplant_writes_the_same_transplant_records(whole,
     assert all(got[k] == full[k] for k in crossing), "a crossing record differs from the whole run's"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_workers_compute_each_record_once_and_write_the_ledger_of_one_process(whole, tmp_path):
     """Under -n 2 the transplant's panel and family gate read records of rows another worker's tests
     own: they are shared (suite.claims), not computed twice, and the ledger is one process's."""
@@ -63,7 +63,7 @@ def test_two_workers_compute_each_record_once_and_write_the_ledger_of_one_proces
     assert computed == len(got), f"{computed} records computed for a ledger of {len(got)}: some were computed twice"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
     root = tmp_path / "r"
     phase1 = [run(root, f"p1-{i}", "--shard", f"{i}/2", "-m", "not causal") for i in (1, 2)]
@@ -80,7 +80,7 @@ def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
                                       f"{sorted(set(merged) ^ set(records(whole)))} or in their values")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(("case", "message"), [
     pytest.param("missing-rows", "no finished bf16 crossing record of", id="missing-rows"),
     pytest.param("interrupted", "is an interrupted run", id="interrupted"),
@@ -99,7 +99,7 @@ def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_p
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_panel_source_made_under_another_contract_names_both(whole, tmp_path):
     """Its crossing is not this run's: refused before any row, naming both contracts (each row failed as
     not contemporaneous, with no word of the contract)."""
