@@ -55,7 +55,7 @@ class Family:
     arms: tuple[str, ...]
     pairs: tuple[tuple[str, str], ...]  # the arm pairs its records compare
     headline: tuple[str, ...]  # the pairs ("A~B") its divergence counts read
-    rows: str  # which rows: "all", or the contract panel it runs on: "bridge", "live", "replication", "transplant"
+    panel: str  # the rows it runs on: "all", or its contract panel: "bridge", "live", "replication", "transplant"
     layers: tuple[str, ...]  # the fidelity layers (pytest markers) whose conformance tests read its records
     # runs only on the cells whose crossing may diverge (its panel is drawn from their divergent rows):
     # in the paper's contract, bf16

@@ -63,8 +63,8 @@ def gates_of(contract: Path | None = None) -> Gates:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """One line of the verdict table."""
+class Measure:
+    """One measure of one family and cell judged between the two runs: a row of compare's table."""
 
     group: Group
     measure: str
@@ -100,7 +100,7 @@ def check_gate(gate: str) -> str:
 class Comparison:
     gate: str = "bits"
     expected: Expected | None = None
-    lines: list[Verdict] = field(default_factory=list)
+    lines: list[Measure] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     causes: list[str] = field(default_factory=list)  # what differs between the runs' run.json (platform, inputs)
@@ -207,7 +207,7 @@ def _exactness(out: Comparison, group: Group, base: dict, new: dict, measure: st
 
     (n_base, bad_base), (n_new, bad_new) = split(base), split(new)
     if n_new:
-        out.lines.append(Verdict(group, measure, n_new, (n_base - len(bad_base), n_base) if n_base else None,
+        out.lines.append(Measure(group, measure, n_new, (n_base - len(bad_base), n_base) if n_base else None,
                                  (n_new - len(bad_new), n_new), None, not bad_new, not required))
     (out.reasons if required else out.notes).extend(f"{measure}: {_where(r)} {'; '.join(bad)}" for r, bad in bad_new)
 
@@ -235,7 +235,7 @@ def _changes(out: Comparison, group: Group, base: dict, new: dict) -> None:
             out.finding("bits", group, f"changed: {_where(record)}: {shown[0]}{more}")
     for measure, level, changed in (("records reproduce", "bits", len(audits)),
                                     ("trajectories reproduce", "trajectories", moved)):
-        out.lines.append(Verdict(group, measure, len(both), None, (len(both) - changed, len(both)), None,
+        out.lines.append(Measure(group, measure, len(both), None, (len(both) - changed, len(both)), None,
                                  not changed, not out.gated(level)))
 
 
@@ -269,7 +269,7 @@ def _rates(out: Comparison, group: Group, base: dict, new: dict, alpha: float) -
             x, y = [not b[flag] for b, _ in paired], [not n[flag] for _, n in paired]
             test = mcnemar_paired(x, y)
             counts = (sum(x), len(paired)), (sum(y), len(paired))
-            out.lines.append(Verdict(group, f"{pair} {name.replace('_', ' ')}", len(paired), *counts, test.p,
+            out.lines.append(Measure(group, f"{pair} {name.replace('_', ' ')}", len(paired), *counts, test.p,
                                      test.p >= alpha))
             if test.p < alpha:
                 measure = f"{'/'.join(group)} {pair} {name.replace('_', ' ')}"
@@ -295,7 +295,7 @@ def _transplant(out: Comparison, group: Group, base: dict, new: dict, gates: Gat
         before = _outcome_counts(base, role, outcome)
         for name, (k, n) in counts.items():
             ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
-            out.lines.append(Verdict(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
+            out.lines.append(Measure(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
     out.reasons += [f"transplant gate: {'/'.join(group)} {message}" for message in failed]
 
 
@@ -352,7 +352,7 @@ def _cross_runtime(out: Comparison, group: Group, base: dict, new: dict, runtime
     for arm in arms if both else ():
         same = sum(b["arms"][arm]["suffix"] == n["arms"][arm]["suffix"]
                    and b["arms"][arm]["z_sha256"] == n["arms"][arm]["z_sha256"] for b, n in both)
-        out.lines.append(Verdict(group, f"{arm}: same z and suffix, {runtimes[0]} vs {runtimes[1]}", len(both), None,
+        out.lines.append(Measure(group, f"{arm}: same z and suffix, {runtimes[0]} vs {runtimes[1]}", len(both), None,
                                  (same, len(both)), None, same == len(both), not out.gated("trajectories")))
 
 

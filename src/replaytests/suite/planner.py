@@ -38,14 +38,14 @@ class Plan:
 
     def panel_size(self, family: str) -> int | None:
         """The size of a family's panel (None: every selected row)."""
-        kind = FAMILIES[family].rows
+        kind = FAMILIES[family].panel
         return {"bridge": self.panels["bridge"], "live": self.panels["live"],
                 "replication": self.panels["replication"]["rows"]}.get(kind)
 
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share
         (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
-        if family in self.unsupported or (FAMILIES[family].rows == "replication" and not self.options.later_model):
+        if family in self.unsupported or (FAMILIES[family].panel == "replication" and not self.options.later_model):
             return []
         size = self.panel_size(family)
         rows = self.rows if size is None else spaced(self.rows, size)

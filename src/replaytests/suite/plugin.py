@@ -678,7 +678,7 @@ def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
     for name, family in FAMILIES.items():
         if name in replay.plan.unsupported:
             continue
-        rows = None if family.rows == "transplant" else len(replay.plan.family_rows(name))
+        rows = None if family.panel == "transplant" else len(replay.plan.family_rows(name))
         for cell in replay.family_cells(name):
             if rows != 0:
                 planned[(name, cell)] = rows

@@ -398,5 +398,5 @@ class ReplaySession:
                 return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
             (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
             return transplant.run(self.runtime(precision), row, read, role)
-        model = self.options.later_model if spec.rows == "replication" else None
+        model = self.options.later_model if spec.panel == "replication" else None
         return spec.run(self.runtime(precision, model), row)
