@@ -1,4 +1,4 @@
-"""`replaytests compare BASELINE NEW`: the gate between a baseline run and a new one (issues 5, 26).
+"""`replaytests compare BASELINE NEW`: the gate between a baseline run and a new one.
 
 A change between the runs is judged at one of three levels (LEVELS, `--gate`), strictest first:
 

@@ -1,4 +1,4 @@
-"""Nightly history (issue 5): one JSON line per run, `replaytests.history/1`, and its table and plots.
+"""Nightly history: one JSON line per run, `replaytests.history/1`, and its table and plots.
 
 `append` summarises a ledger as report.json does (Wilson objects of the headline divergences and of
 the replicas, per family and precision, and the transplant and replication outcomes), dated and

@@ -1,4 +1,4 @@
-"""Where two runs' numbers first moved (issue 26): per precision and construction, the first layer
+"""Where two runs' numbers first moved: per precision and construction, the first layer
 whose K or V digest changed, whether the boundary logits changed, whether any suffix changed.
 
 It reads the arms of the records both runs hold (ok in both), matched by arm name; a replica is its
