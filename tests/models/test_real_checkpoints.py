@@ -10,6 +10,7 @@ the paths exercised on every CI run within its budget.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -76,13 +77,19 @@ def test_the_crossing_subset_passes(checkpoint, crossing):
     assert f"replaytests contract: {contract}" in proc.stdout, "the header does not name the contract"
 
 
+@functools.cache
+def _records(path: Path) -> dict[tuple[str, str, str], dict]:
+    """A committed ledger's records by key, read once for every test that judges against it."""
+    return {ledger.key(r): r for r in ledger.read_ledger(path)}
+
+
 def judge(record: dict, baseline: Path, here: dict, may_diverge: bool) -> tuple[str, str]:
     """("ok" | "drift" | "counted" | "failed", why) of one crossing record against one committed baseline:
     leaf by leaf where the baseline was made on this platform; where it was made on another, only bits may
     differ ("drift", reported), and a trajectory change is a failure in a cell that may not diverge (FP32)
     and counted data in one that may (BF16), whose rates a full audit judges."""
     made = json.loads((baseline.parent / "run.json").read_text(encoding="utf-8"))["platform"]
-    old = {ledger.key(r): r for r in ledger.read_ledger(baseline)}[ledger.key(record)]
+    old = _records(baseline)[ledger.key(record)]
     result = audit_record(old, record)
     what = f"{baseline.parent.name}/: {len(result.changes)} of {result.leaves} leaves differ"
     if result.reproduced:

@@ -186,10 +186,6 @@ def _ok(rows: dict[str, dict]) -> list[dict]:
     return [rows[row] for row in sorted(rows) if rows[row]["status"] == "ok"]
 
 
-def _where(record: dict) -> str:
-    return "/".join(ledger.key(record))
-
-
 def _inexact(record: dict, pairs: list[str]) -> list[str]:
     """`pair (field false, ...)` for each pair of the record that is not bit-exact (cache, logits, suffix)."""
     return [f"{pair} ({', '.join(f'{f} false' for f in failed)})" for pair in pairs
@@ -209,7 +205,8 @@ def _exactness(out: Comparison, group: Group, base: dict, new: dict, measure: st
     if n_new:
         out.lines.append(Measure(group, measure, n_new, (n_base - len(bad_base), n_base) if n_base else None,
                                  (n_new - len(bad_new), n_new), None, not bad_new, not required))
-    (out.reasons if required else out.notes).extend(f"{measure}: {_where(r)} {'; '.join(bad)}" for r, bad in bad_new)
+    (out.reasons if required else out.notes).extend(f"{measure}: {ledger.label(r)} {'; '.join(bad)}"
+                                                    for r, bad in bad_new)
 
 
 def _bridge(record: dict) -> list[str]:
@@ -230,9 +227,9 @@ def _changes(out: Comparison, group: Group, base: dict, new: dict) -> None:
         more = f" (and {len(audit.changes) - 1} more leaves)" if len(audit.changes) > 1 else ""
         if trajectory:
             moved += 1
-            out.finding("trajectories", group, f"trajectory changed: {_where(record)}: {shown[0]}{more}")
+            out.finding("trajectories", group, f"trajectory changed: {ledger.label(record)}: {shown[0]}{more}")
         else:
-            out.finding("bits", group, f"changed: {_where(record)}: {shown[0]}{more}")
+            out.finding("bits", group, f"changed: {ledger.label(record)}: {shown[0]}{more}")
     for measure, level, changed in (("records reproduce", "bits", len(audits)),
                                     ("trajectories reproduce", "trajectories", moved)):
         out.lines.append(Measure(group, measure, len(both), None, (len(both) - changed, len(both)), None,
@@ -250,7 +247,7 @@ def _exact_cell_divergence(out: Comparison, group: Group, new: dict, gates: Gate
         for pair in SHAPES[family].headline:
             metrics = record["comparisons"].get(pair)
             if metrics is not None and not metrics["suffix_equal"]:
-                out.reasons.append(f"{cell} divergence: {_where(record)} {pair} suffixes diverge at suffix index "
+                out.reasons.append(f"{cell} divergence: {ledger.label(record)} {pair} suffixes diverge at suffix index "
                                    f"{metrics['first_divergence']} (gate {family}.suffix_divergence_allowed.{cell}: "
                                    "false)")
 

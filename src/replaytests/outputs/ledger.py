@@ -19,7 +19,7 @@ from replaytests.errors import LedgerError, short
 from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
 from replaytests.outputs.records import READABLE, SCHEMA, Record, RecordError
 
-__all__ = ["KEY_FIELDS", "READABLE", "SCHEMA", "append_record", "key", "merge", "parse_versioned_jsonl",
+__all__ = ["KEY_FIELDS", "READABLE", "SCHEMA", "append_record", "key", "label", "merge", "parse_versioned_jsonl",
            "read_appended", "read_ledger", "record_line", "record_problem", "write_ledger"]
 
 KEY_FIELDS = ("family", "row", "precision")
@@ -27,6 +27,11 @@ KEY_FIELDS = ("family", "row", "precision")
 
 def key(record: dict) -> tuple[str, str, str]:
     return tuple(str(record[f]) for f in KEY_FIELDS)
+
+
+def label(record: dict) -> str:
+    """A record's key as messages name it, `family/row/precision` (a field it lacks shows as None)."""
+    return "/".join(str(record.get(f)) for f in KEY_FIELDS)
 
 
 def merge(records: list[dict]) -> list[dict]:
@@ -114,7 +119,7 @@ def record_problem(value: dict) -> str | None:
     try:
         Record.from_json(value)
     except RecordError as exc:
-        return f"ledger record {'/'.join(str(value.get(f)) for f in KEY_FIELDS)}: {exc}"
+        return f"ledger record {label(value)}: {exc}"
     return None
 
 

@@ -39,12 +39,12 @@ class RecordError(ValueError):
         self.field, self.problem = field_path, problem
 
 
-OPTIONAL = types.MappingProxyType({"optional": True})  # a field a record may lack (another family's, a runtime's)
-
-
-def since(version: int) -> dict:
+def since(version: float) -> dict:
     """A field every record of this ledger version and later carries; an earlier one lacks it."""
     return {"since": version}
+
+
+OPTIONAL = since(math.inf)  # a field no version requires: another family's, or a runtime's
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,7 @@ def _plan(cls: type[Part]) -> dict[str, tuple[float, object]]:
     """Each field of a result type: the first ledger version whose records all carry it (never, for one a
     record may lack), and the reader of its value."""
     hints = typing.get_type_hints(cls)
-    return {f.name: (math.inf if f.metadata.get("optional") else f.metadata.get("since", 1), _reader(hints[f.name]))
-            for f in cls._fields()}
+    return {f.name: (f.metadata.get("since", 1), _reader(hints[f.name])) for f in cls._fields()}
 
 
 def _join(where: str, name: str) -> str:

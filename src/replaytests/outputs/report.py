@@ -36,8 +36,6 @@ SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")
 
 
-
-
 def _has(comps: list[dict], *fields: str) -> bool:
     """A metric is reported only when every comparison of the pair carries its fields."""
     return bool(comps) and all(c.get(f) is not None for c in comps for f in fields)
@@ -160,8 +158,6 @@ def cell_order(meta: dict) -> tuple[str, ...]:
     return cells.PAPER
 
 
-# What every comparison and arm of an ok record holds (docs/ledger.md), and the pair each family is read by.
-# A cache field is null where the backend exposes no K/V tensors (not measured).
 def _problem(record: dict) -> str | None:
     """What makes a readable record (ledger.record_problem) unfit for a report, or None: an ok record without
     its family's headline pair."""
@@ -170,8 +166,7 @@ def _problem(record: dict) -> str | None:
     family = record["family"]
     headline = SHAPES[family].headline if family in SHAPES else (CROSS,) if family in CAUSAL else ()
     if missing := [pair for pair in headline if pair not in record["comparisons"]]:
-        where = "/".join(str(record.get(f)) for f in ledger.KEY_FIELDS)
-        return f"ledger record {where}: comparisons lack the {family} family's pair {missing[0]!r}"
+        return f"ledger record {ledger.label(record)}: comparisons lack the {family} family's pair {missing[0]!r}"
     return None
 
 
