@@ -97,11 +97,12 @@ def profile(rows: str | None, inputs: dict[str, Path]) -> dict:
                     continue
                 current[0] = f"{name} {precision}"
                 begun = time.perf_counter()
-                records = [session.record(name, row, precision) for row in session.plan.family_rows(name)]
+                records = [session.record(name, row, precision) for row in session.plan.family_rows(name)
+                           if session.has_record(name, row, precision)]  # a transplant row only in its panel
                 seconds = time.perf_counter() - begun
                 phases = {phase: round(totals[(current[0], phase)], 3) for phase in PHASES}
                 families.append({"family": name, "precision": precision, "rows": len(records),
-                                 "ok": sum(r["status"] == "ok" for r in records), "seconds": round(seconds, 3),
+                                 "ok": sum(r.ok for r in records), "seconds": round(seconds, 3),
                                  "phases": phases | {"other": round(seconds - sum(phases.values()), 3)}})
     runtimes = session._runtimes.values()
     return {"seconds": round(time.perf_counter() - started, 3), "families": families,
@@ -148,7 +149,7 @@ def extrapolate(profiled: dict, path: Path) -> dict:
     workers (half of it: every record computed once, no worker idle)."""
     from replaytests.outputs import ledger
 
-    counts = collections.Counter((r["family"], r["precision"]) for r in ledger.read_ledger(path))
+    counts = collections.Counter((r.family, r.precision) for r in ledger.read_ledger(path))
     per_record = {(f["family"], f["precision"]): f["seconds"] / f["rows"] for f in profiled["families"] if f["rows"]}
     left_out = {" ".join(key): n for key, n in sorted(counts.items()) if key not in per_record}
     total = sum(per_record[key] * n for key, n in counts.items() if key in per_record)

@@ -328,8 +328,8 @@ def row_benchmark(runtime: Runtime, row: BankRow, reps: int) -> dict:
         allocated = torch.cuda.memory_allocated(runtime.device) if runtime.device.type == "cuda" else 0
         with forward_watch(runtime) as forward, memory_probe(runtime) as memory:
             timing, record = measure(runtime.device, lambda: crossing.run(runtime, row), forward)
-        if record["status"] != "ok":
-            raise RuntimeError(f"crossing row {row.id} ({runtime.precision}): {record['reason']}")
+        if not record.ok:
+            raise RuntimeError(f"crossing row {row.id} ({runtime.precision}): {record.reason}")
         (forward_s, calls), = timing["watched"]
         runs.append({"wall_s": timing["wall_s"], "forward_s": forward_s, "forward_calls": calls, **memory,
                      "peak_bytes": _peak_bytes(runtime.device, allocated)})

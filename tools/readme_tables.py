@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from replaytests.outputs.flips import pair_flips, step_margins  # noqa: E402
+from replaytests.outputs.records import Record  # noqa: E402
 from replaytests.outputs.report import build_report, collate, report_meta  # noqa: E402
 from replaytests.outputs.sections import fmt_paired  # noqa: E402
 from replaytests.outputs.serving import premise  # noqa: E402
@@ -46,51 +48,51 @@ def _cell(k: int, n: int) -> str:
     return f"{k}/{n} [{100 * w.ci_low:.0f}, {100 * w.ci_high:.0f}]"
 
 
-def _count(records: list[dict], test: Callable[[dict], bool]) -> str:
+def _count(records: list[Record], test: Callable[[Record], bool]) -> str:
     return _cell(sum(1 for r in records if test(r)), len(records))
 
 
-def _pair(name: str, field: str, negate: bool = False) -> Callable[[dict], bool]:
-    return lambda r: r["comparisons"][name][field] is not negate
+def _pair(name: str, field: str, negate: bool = False) -> Callable[[Record], bool]:
+    return lambda r: getattr(r.comparisons[name], field) is not negate
 
 
-def _same(arm: str, other: dict) -> Callable[[dict], bool]:
+def _same(arm: str, other: dict[str, Record]) -> Callable[[Record], bool]:
     """The arm reached the same z and suffix on the other runtime's record of the row."""
-    def test(r: dict) -> bool:
-        theirs = other[r["row"]]["arms"][arm]
-        return (r["arms"][arm]["suffix"], r["arms"][arm]["z_sha256"]) == (theirs["suffix"], theirs["z_sha256"])
+    def test(r: Record) -> bool:
+        mine, theirs = r.arms[arm], other[r.row].arms[arm]
+        return (mine.suffix, mine.z_sha256) == (theirs.suffix, theirs.z_sha256)
     return test
 
 
-def _replicas(r: dict) -> bool:
-    return all(r["comparisons"][p]["steps_exact"] and r["comparisons"][p]["suffix_equal"]
+def _replicas(r: Record) -> bool:
+    return all(r.comparisons[p].steps_exact and r.comparisons[p].suffix_equal
                for p in ("live~live_replica", "prefill~prefill_replica"))
 
 
-def _ok(records: list[dict], family: str, precision: str) -> list[dict]:
-    return [r for r in records if (r["family"], r["precision"], r["status"]) == (family, precision, "ok")]
+def _ok(records: list[Record], family: str, precision: str) -> list[Record]:
+    return [r for r in records if r.family == family and r.precision == precision and r.ok]
 
 
-def column(vllm: list[dict], hf: list[dict], precision: str) -> list[str]:
+def column(vllm: list[Record], hf: list[Record], precision: str) -> list[str]:
     serving, counted = _ok(vllm, "serving", precision), premise(vllm).get(precision)
     crossing = _ok(vllm, "crossing", precision)
-    theirs = {family: {r["row"]: r for r in _ok(hf, family, precision)} for family in ("live", "crossing")}
-    both = {family: [r for r in _ok(vllm, family, precision) if r["row"] in theirs[family]]
+    theirs = {family: {r.row: r for r in _ok(hf, family, precision)} for family in ("live", "crossing")}
+    both = {family: [r for r in _ok(vllm, family, precision) if r.row in theirs[family]]
             for family in ("live", "crossing")}  # the rows both runtimes ran
     hits = counted["hit_cached_tokens"] if counted else None
     return [
         _count(serving, _replicas),
-        _count(serving, lambda r: r["prefix_hit"]["covers_decode"]),
+        _count(serving, lambda r: r.prefix_hit.covers_decode),
         f"{hits['median']:g} ({hits['min']}-{hits['max']})" if hits and hits["n"] else "-",
         _count(serving, _pair("live~prefix_hit", "steps_exact")),
         _count(serving, _pair("live~prefill", "steps_exact")),
         _count(serving, _pair("live~prefill", "suffix_equal", negate=True)),
-        _count(serving, lambda r: r["arms"]["chunked"]["served"]["prefill_steps"] >= 2),
+        _count(serving, lambda r: r.arms["chunked"].served.prefill_steps >= 2),
         _count(serving, _pair("prefill~chunked", "steps_exact")),
         _count(serving, _pair("prefill~batched", "steps_exact")),
         _count(serving, _pair("prefill~batched", "suffix_equal", negate=True)),
         _count(crossing, _pair("incremental~prefill", "suffix_equal", negate=True)),
-        _count([theirs["crossing"][r["row"]] for r in both["crossing"]],
+        _count([theirs["crossing"][r.row] for r in both["crossing"]],
                _pair("incremental~prefill", "suffix_equal", negate=True)),
         _count(both["live"], _same("live", theirs["live"])),
         _count(both["crossing"], _same("prefill", theirs["crossing"])),
@@ -141,13 +143,13 @@ ANSWER_LABELS = ("crossing on llama.cpp: answers differ", "crossing on llama.cpp
                  "transplant, divergent rows: recipient follows donor (incremental<-prefill)")
 
 
-def _answers(records: list[dict], cell: str) -> list[str]:
+def _answers(records: list[Record], cell: str) -> list[str]:
     crossing, divergent = _ok(records, "crossing", cell), [
-        r for r in _ok(records, "transplant", cell) if r["role"] == "divergent"]
-    return [_count(crossing, lambda r: r["arms"]["incremental"]["answer"] != r["arms"]["prefill"]["answer"]),
-            _count(crossing, lambda r: r["arms"]["incremental"]["correct"] is True),
-            _count(crossing, lambda r: r["arms"]["prefill"]["correct"] is True),
-            *(_count(divergent, lambda r, d=d: r["transplants"][d]["outcome"] == "follows_donor")
+        r for r in _ok(records, "transplant", cell) if r.role == "divergent"]
+    return [_count(crossing, lambda r: r.arms["incremental"].answer != r.arms["prefill"].answer),
+            _count(crossing, lambda r: r.arms["incremental"].correct is True),
+            _count(crossing, lambda r: r.arms["prefill"].correct is True),
+            *(_count(divergent, lambda r, d=d: r.transplants[d].outcome == "follows_donor")
               for d in ("prefill<-incremental", "incremental<-prefill"))]
 
 
@@ -156,7 +158,7 @@ def llamacpp_table() -> str:
     transformers FP32 run of the same causal bank (the same rows both hold)."""
     header, columns = ["", *LLAMACPP], []
     for run, cell, hf_name in LLAMACPP.values():
-        hf = [dict(r, precision=cell) for r in collate([LEDGERS / hf_name]) if r["precision"] == "fp32"] \
+        hf = [dataclasses.replace(r, precision=cell) for r in collate([LEDGERS / hf_name]) if r.precision == "fp32"] \
             if hf_name else []
         records = collate([LEDGERS / run])
         columns.append(column(records, hf, cell) + _answers(records, cell))
@@ -172,7 +174,7 @@ FLIP_RUNS = {"tiny, transformers": "cpu-tiny-causal", "tiny, vLLM": "vllm-tiny",
 PAIR = "incremental~prefill"
 
 
-def _tied_steps(records: list[dict]) -> str:
+def _tied_steps(records: list[Record]) -> str:
     """The incremental decode steps (with a choice) at an exact top-1/top-2 tie, whether or not they flipped."""
     steps = step_margins(records, "incremental")
     return "not recorded" if steps is None else _cell(sum(m == 0 for m in steps), len(steps))

@@ -26,6 +26,7 @@ from replaytests.inputs.options import COMMITTED, PROTOCOL_BANK, PROTOCOL_CONTRA
 from replaytests.inputs.platforms import platform_differences
 from replaytests.outputs import ledger
 from replaytests.outputs.audit import audit_record
+from replaytests.outputs.records import Record
 
 ROWS = 2
 # name -> (bank, contract); each runs on one worker of its own (it prepares the model and runs the subset once)
@@ -78,18 +79,18 @@ def test_the_crossing_subset_passes(checkpoint, crossing):
 
 
 @functools.cache
-def _records(path: Path) -> dict[tuple[str, str, str], dict]:
+def _records(path: Path) -> dict[tuple[str, str, str], Record]:
     """A committed ledger's records by key, read once for every test that judges against it."""
-    return {ledger.key(r): r for r in ledger.read_ledger(path)}
+    return {r.key: r for r in ledger.read_ledger(path)}
 
 
-def judge(record: dict, baseline: Path, here: dict, may_diverge: bool) -> tuple[str, str]:
+def judge(record: Record, baseline: Path, here: dict, may_diverge: bool) -> tuple[str, str]:
     """("ok" | "drift" | "counted" | "failed", why) of one crossing record against one committed baseline:
     leaf by leaf where the baseline was made on this platform; where it was made on another, only bits may
     differ ("drift", reported), and a trajectory change is a failure in a cell that may not diverge (FP32)
     and counted data in one that may (BF16), whose rates a full audit judges."""
     made = json.loads((baseline.parent / "run.json").read_text(encoding="utf-8"))["platform"]
-    old = _records(baseline)[ledger.key(record)]
+    old = _records(baseline)[record.key]
     result = audit_record(old, record)
     what = f"{baseline.parent.name}/: {len(result.changes)} of {result.leaves} leaves differ"
     if result.reproduced:
@@ -117,7 +118,7 @@ def test_crossing_record_matches_every_baseline(checkpoint, crossing, index, pre
     row = json.loads(committed.bank.read_text(encoding="utf-8").splitlines()[index])["id"]
     assert (run_dir / "ledger.jsonl").is_file(), f"no ledger written:\n{proc.stdout[-3000:]}"
     here = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["platform"]
-    record = {ledger.key(r): r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}[("crossing", row, precision)]
+    record = {r.key: r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}[("crossing", row, precision)]
     may_diverge = load_contract(committed.contract).may_diverge(precision)
     outcomes = [judge(record, baseline, here, may_diverge) for baseline in committed.baselines]
     failed = [why for outcome, why in outcomes if outcome == "failed"]
@@ -136,7 +137,7 @@ def test_the_protocol_checkpoint_answers_in_the_baseline(precision):
     model answers at each precision, its incremental accuracy inside the range the issue fixed (20-80%)
     on all 48 rows."""
     records = [r for r in ledger.read_ledger(next(c for c in COMMITTED if c.bank == PROTOCOL_BANK).baseline())
-               if (r["family"], r["precision"], r["status"]) == ("crossing", precision, "ok")]
-    labels = [r["arms"]["incremental"]["correct"] for r in records]
+               if r.family == "crossing" and r.precision == precision and r.ok]
+    labels = [r.arms["incremental"].correct for r in records]
     assert len(labels) >= 48 and None not in labels, f"{precision}: {len(labels)} labelled crossing rows, expected 48"
     assert 0.2 <= sum(labels) / len(labels) <= 0.8, f"{precision}: incremental accuracy {sum(labels)}/{len(labels)}"

@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from replaytests.outputs.audit import audit_record, leaves
+from replaytests.outputs.audit import compare_leaves, leaves
 
 RECORD = {
     "schema": "replaytests.ledger/1", "family": "crossing", "row": "r-1", "precision": "bf16", "status": "ok",
@@ -28,7 +28,7 @@ def changed(path: str, value):
 
 
 def test_identical_records_reproduce():
-    result = audit_record(RECORD, RECORD)
+    result = compare_leaves(RECORD, RECORD)
     assert result.reproduced and result.leaves == len(list(leaves(RECORD))) == 13, result
 
 
@@ -40,7 +40,7 @@ def test_identical_records_reproduce():
     pytest.param("comparisons.incremental~prefill.suffix_equal", 1, id="bool-vs-int"),
 ])
 def test_one_changed_leaf_is_named(path, value):
-    result = audit_record(RECORD, changed(path, value))
+    result = compare_leaves(RECORD, changed(path, value))
     assert [c.path for c in result.changes] == [path], f"changes {result.changes}"
 
 
@@ -48,14 +48,14 @@ def test_fingerprints_are_named_before_trajectories_and_metrics():
     current = changed("arms.prefill.suffix[2]", 8)
     current["arms"]["prefill"]["cache_digest"] = "cc"
     current["comparisons"]["incremental~prefill"]["suffix_equal"] = False
-    result = audit_record(RECORD, current)
+    result = compare_leaves(RECORD, current)
     assert [c.path for c in result.changes] == [
         "arms.prefill.cache_digest", "arms.prefill.suffix[2]", "comparisons.incremental~prefill.suffix_equal"]
     assert str(result.changes[0]) == 'arms.prefill.cache_digest: baseline "aa", now "cc"'
 
 
 def test_a_longer_suffix_is_a_change_at_the_new_index():
-    result = audit_record(RECORD, changed("arms.prefill.suffix", [5, 6, 7, 8]))
+    result = compare_leaves(RECORD, changed("arms.prefill.suffix", [5, 6, 7, 8]))
     assert [str(c) for c in result.changes] == ["arms.prefill.suffix[3]: baseline (absent), now 8"]
 
 
@@ -63,16 +63,16 @@ def test_a_baseline_of_an_earlier_schema_is_audited_on_its_own_leaves():
     """Fields a later ledger schema added are not changes; every leaf the old record has still counts."""
     current = changed("schema", "replaytests.ledger/2")
     current["comparisons"]["incremental~prefill"]["first_token_equal"] = True
-    result = audit_record(RECORD, current)
+    result = compare_leaves(RECORD, current)
     assert result.reproduced and result.leaves == 12, result
     current["arms"]["prefill"]["answer"] = "41"
-    assert [c.path for c in audit_record(RECORD, current).changes] == ["arms.prefill.answer"]
+    assert [c.path for c in compare_leaves(RECORD, current).changes] == ["arms.prefill.answer"]
 
 
 def test_a_field_absent_from_a_baseline_of_the_same_schema_is_a_change():
     current = changed("comparisons.incremental~prefill.suffix_equal", True)
     current["comparisons"]["incremental~prefill"]["first_token_equal"] = True
-    assert [str(c) for c in audit_record(RECORD, current).changes] == [
+    assert [str(c) for c in compare_leaves(RECORD, current).changes] == [
         "comparisons.incremental~prefill.first_token_equal: baseline (absent), now true"]
 
 
@@ -87,5 +87,5 @@ def test_a_field_absent_from_a_baseline_of_the_same_schema_is_a_change():
 def test_only_what_a_trajectory_is_counts_as_one(field, value, trajectory):
     """Bits (digests, exactness flags, distances) changing alone is not a changed trajectory; a suffix is."""
     current = changed(f"comparisons.incremental~prefill.{field}", value)
-    result = audit_record(RECORD, current)
+    result = compare_leaves(RECORD, current)
     assert result.changes and bool(result.trajectory_changes) == trajectory, (field, result.trajectory_changes)

@@ -409,7 +409,8 @@ PYTEST = {
 
 COMMANDS = {
     "compare-comparisons-null": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons=None))],
-                                     r"bad\.jsonl:1: ledger record .* field 'comparisons': expected a non-empty object",
+                                     r"bad\.jsonl:1: ledger record .* field 'comparisons': expected an object, "
+                                     r"got None",
                                      "compare"),
     "compare-comparisons-empty": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons={}))],
                                       r"bad\.jsonl:1: .* field 'comparisons': expected a non-empty object .*, got \{\}",

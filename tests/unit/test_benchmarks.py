@@ -124,11 +124,12 @@ def test_large_model_contract_extends_h200(tmp_path):
 def test_audit_extrapolation_scales_each_family_and_names_what_it_did_not_time(tmp_path):
     """Seconds per record times a whole run's records; a family the profile did not time is named."""
     from replaytests.outputs import ledger
+    from replaytests.outputs.records import Record
 
     counts = {("crossing", "bf16"): 4, ("crossing", "fp32"): 4, ("transplant", "bf16"): 2, ("replication", "bf16"): 1}
     ledger.write_ledger(tmp_path / "ledger.jsonl", [
-        {"schema": ledger.SCHEMA, "family": f, "row": f"r{n}", "precision": p, "prefix_len": 1, "cell_digest": "d",
-         "expected_answer": None, "status": "excluded", "reason": "counted, not read"}
+        Record.of({"schema": ledger.SCHEMA, "family": f, "row": f"r{n}", "precision": p, "prefix_len": 1,
+                   "cell_digest": "d", "expected_answer": None, "status": "excluded", "reason": "counted, not read"})
         for (f, p), count in counts.items() for n in range(count)])
     profiled = {"families": [{"family": "crossing", "precision": "bf16", "rows": 2, "seconds": 2.0},
                              {"family": "crossing", "precision": "fp32", "rows": 2, "seconds": 1.0},

@@ -11,20 +11,23 @@ from pathlib import Path
 import pytest
 
 from replaytests.outputs import ledger
+from replaytests.outputs.records import Record
 from replaytests.suite.claims import Claims
 
 KEYS = [("crossing", f"tiny/{n:03d}", "bf16") for n in range(8)]  # a row id may hold any character
 
 
-def _record(key) -> dict:
+def _record(key) -> Record:
+    """An excluded record: what claims share, the key, is all these tests read of it."""
     family, row, precision = key
-    return {"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "status": "ok"}
+    return Record.of({"schema": ledger.SCHEMA, "family": family, "row": row, "precision": precision, "prefix_len": 1,
+                      "cell_digest": "d", "expected_answer": None, "status": "excluded", "reason": "a claims test"})
 
 
 def _worker(directory: str, records: str, computed: str, seconds: float, start) -> None:
     """One worker: needs every key, computes what it claims (appending it, as the session does)."""
 
-    def compute(key) -> dict:
+    def compute(key) -> Record:
         time.sleep(seconds)
         result = _record(key)
         ledger.append_record(Path(records), result)
@@ -34,7 +37,7 @@ def _worker(directory: str, records: str, computed: str, seconds: float, start) 
 
     start.wait(30)  # both workers begin together
     found = Claims(Path(directory), Path(records)).shared(KEYS, compute)
-    assert [found[key]["row"] for key in KEYS] == [key[1] for key in KEYS]
+    assert [found[key].row for key in KEYS] == [key[1] for key in KEYS]
 
 
 def test_two_workers_that_need_the_same_rows_compute_each_once_and_split_them(tmp_path):
@@ -70,7 +73,7 @@ def test_a_claim_whose_holder_died_is_taken_over(tmp_path):
     claims = Claims(tmp_path, tmp_path / "records.jsonl")
     claims.path(KEYS[0]).write_text(dead)
     found = claims.shared(KEYS[:1], _record)
-    assert found[KEYS[0]]["row"] == KEYS[0][1], "the dead holder's record was not computed here"
+    assert found[KEYS[0]].row == KEYS[0][1], "the dead holder's record was not computed here"
 
 
 def test_a_failed_computation_releases_its_claim(tmp_path):
@@ -85,7 +88,7 @@ def test_a_failed_computation_releases_its_claim(tmp_path):
 
 def test_a_line_still_being_written_is_read_on_the_next_call(tmp_path):
     records = tmp_path / "records.jsonl"
-    line = json.dumps(_record(KEYS[0]))
+    line = json.dumps(_record(KEYS[0]).to_json())
     records.write_text(line[:20])
     claims = Claims(tmp_path, records)
     assert claims.finished(KEYS[0]) is None
@@ -105,7 +108,7 @@ def test_a_claim_held_by_a_zombie_is_taken_over(tmp_path):
         claims = Claims(tmp_path, tmp_path / "records.jsonl")
         claims.path(KEYS[0]).write_text(str(child.pid))
         found = claims.shared(KEYS[:1], _record)
-        assert found[KEYS[0]]["row"] == KEYS[0][1], "the zombie's record was not computed here"
+        assert found[KEYS[0]].row == KEYS[0][1], "the zombie's record was not computed here"
     finally:
         child.wait()
 
@@ -123,10 +126,10 @@ def test_a_torn_line_costs_only_its_own_record(tmp_path):
     records = tmp_path / "records.jsonl"
     ledger.append_record(records, _record(KEYS[0]))
     with open(records, "a") as handle:
-        handle.write(json.dumps(_record(KEYS[1]))[:25])  # killed mid-write
+        handle.write(json.dumps(_record(KEYS[1]).to_json())[:25])  # killed mid-write
     ledger.append_record(records, _record(KEYS[2]))
     kept, torn = ledger.read_appended(records)
-    assert [r["row"] for r in kept] == [KEYS[0][1], KEYS[2][1]] and torn == [2], (kept, torn)
+    assert [r.row for r in kept] == [KEYS[0][1], KEYS[2][1]] and torn == [2], (kept, torn)
     claims = Claims(tmp_path, records)
     assert claims.finished(KEYS[2]) == _record(KEYS[2]) and claims.finished(KEYS[1]) is None
 

@@ -12,11 +12,17 @@ import re
 from pathlib import Path
 
 import pytest
-from test_report import comparison, record, write_ledger_file
+from test_report import comparison, record, typed, write_ledger_file
 
 from replaytests.cli import main
 from replaytests.inputs.contract import default_gates
-from replaytests.outputs.compare import causes, compare, gates_of
+from replaytests.outputs import compare as comparing
+from replaytests.outputs.compare import causes, gates_of
+
+
+def compare(baseline: list[dict], new: list[dict], *args, **kwargs) -> comparing.Comparison:
+    """The gate on hand-built records (ledger lines), read as the ledger's reader reads them."""
+    return comparing.compare(typed(baseline), typed(new), *args, **kwargs)
 
 CONTRACT = Path(__file__).resolve().parents[2] / "contracts" / "cpu-tiny.yaml"
 # family: (headline pair, replica pairs)
@@ -48,7 +54,9 @@ def transplant(row: str, role: str, *outcomes: str) -> dict:
     """A transplant record (families/transplant.py) with one outcome per direction."""
     directions = ("prefill<-incremental", "incremental<-prefill")
     return record("transplant", row, "bf16", {"incremental~prefill": comparison(suffix_equal=role == "control")},
-                  role=role, transplants={d: {"outcome": o} for d, o in zip(directions, outcomes, strict=True)})
+                  role=role, transplants={d: {"outcome": o, "first_divergence_vs_donor": None,
+                                              "first_divergence_vs_own": None}
+                                          for d, o in zip(directions, outcomes, strict=True)})
 
 
 def test_identical_runs_pass_with_a_verdict_table():

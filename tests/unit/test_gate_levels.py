@@ -1,4 +1,4 @@
-"""Gate levels, localization and known changes of `replaytests compare` (issue 26).
+"""Gate levels, localization and known changes of `replaytests compare`.
 
 Records are hand-built as in test_compare (no model), except the localization on the real tiny model:
 one layer's K projection perturbed, and that layer is named as the first that moved.
@@ -10,14 +10,21 @@ import copy
 
 import pytest
 import torch
-from test_compare import diverging, make, run
+from test_compare import compare, diverging, make, run
+from test_report import typed
 
 from replaytests.cli import main
 from replaytests.engine.arms import Arms
 from replaytests.errors import ConfigError
-from replaytests.outputs.compare import compare
+from replaytests.outputs import localization
 from replaytests.outputs.expected import Expected
-from replaytests.outputs.localization import first_moved, lines
+from replaytests.outputs.localization import first_moved
+from replaytests.outputs.records import LayerDigests
+
+
+def lines(baseline: list[dict], new: list[dict]) -> list[str]:
+    """Localization of hand-built records (ledger lines), read as the ledger's reader reads them."""
+    return localization.lines(typed(baseline), typed(new))
 
 
 def _at(records: list[dict], family: str, row: str, precision: str) -> dict:
@@ -115,9 +122,13 @@ def test_localization_of_a_changed_suffix_is_a_behavioural_change():
 
 def test_localization_against_a_ledger_without_per_layer_digests_says_unknown():
     old = copy.deepcopy(run())
-    for record in old:
+    for record in old:  # as ledger/2 wrote them: before per-layer digests (3), margins (4) and cell digests (5)
+        record["schema"] = "replaytests.ledger/2"
+        del record["cell_digest"]
         for arm in record["arms"].values():
-            del arm["layer_digests"]
+            del arm["layer_digests"], arm["margins"]
+        for metrics in record["comparisons"].values():
+            del metrics["top1_at_divergence"]
     moved = lines(old, bits_only(run()))
     assert moved[1].startswith("fp32: every construction's cache moved, first at unknown (a ledger without "
                                "per-layer digests)"), moved[1]
@@ -127,9 +138,9 @@ def test_localization_against_a_ledger_without_per_layer_digests_says_unknown():
 def test_a_perturbed_layer_of_the_real_model_is_the_first_that_moved(fp32_runtime, shortest_z, layer, part):
     """Scaling one layer's K (or V) projection changes that layer's K (or V) first: every earlier layer's
     digests are unchanged, and the layer is named with the part that moved."""
-    def digests() -> dict:
+    def digests() -> LayerDigests:
         fp32_runtime.arms = Arms()  # built anew, never the arm held from the build before
-        return fp32_runtime.build("prefill", shortest_z).fingerprint()[1]
+        return LayerDigests.from_json(fp32_runtime.build("prefill", shortest_z).fingerprint()[1])
 
     projection = getattr(fp32_runtime.model.model.layers[layer].self_attn, f"{part.lower()}_proj").weight
     before, saved = digests(), projection.detach().clone()
@@ -229,11 +240,11 @@ def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, elsewhere, diverg
     from replaytests.inputs.contract import default_gates
     from replaytests.suite.artifacts import baseline_rates
 
-    baseline = diverging("crossing", 20, 0)
+    baseline = typed(diverging("crossing", 20, 0))
     replay = SimpleNamespace(options=SimpleNamespace(gate=gate), baseline=baseline, contract=SimpleNamespace(
         gates=default_gates()), plan=SimpleNamespace(audited=lambda records: records),
         baseline_platform=["hardware.cpu Intel (baseline) vs AMD (here)"] if elsewhere else [])
-    found = baseline_rates(replay, diverging("crossing", 20, divergent))
+    found = baseline_rates(replay, typed(diverging("crossing", 20, divergent)))
     assert len(found) == failures, found
     assert all(f["check"] == "baseline rates" and f["message"].startswith("divergence rate changed beyond chance: "
                                                                          "crossing/bf16") for f in found), found

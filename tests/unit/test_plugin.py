@@ -17,6 +17,7 @@ from replaytests.inputs import cpu_isa
 from replaytests.inputs.cpu_isa import cpu_flags
 from replaytests.inputs.options import DEFAULT_CONTRACT as CONTRACT
 from replaytests.outputs import ledger
+from replaytests.outputs.records import Record
 from replaytests.suite.plugin import CONFORMANCE
 
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
@@ -52,16 +53,16 @@ def test_progress_lines_count_rows_per_family_and_precision(two_row_run):
 def test_ledger_has_one_record_per_family_row_precision(two_row_run):
     _, report_dir = two_row_run
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
-    keys = [ledger.key(r) for r in records]
+    keys = [r.key for r in records]
     expected = [(f, row, "fp32") for f in ("batch", "bridge", "crossing", "live") for row in ("tiny-000", "tiny-001")]
     assert keys == expected, f"ledger keys {keys}"
     crossing = records[4]
-    assert set(crossing["arms"]) == {"incremental", "incremental_replica", "prefill", "prefill_replica"}
-    for arm, fields in crossing["arms"].items():
+    assert set(crossing.arms) == {"incremental", "incremental_replica", "prefill", "prefill_replica"}
+    for arm, fields in crossing.to_json()["arms"].items():
         missing = REQUIRED_ARM_FIELDS - set(fields)
         assert not missing, f"arm {arm} lacks {sorted(missing)}"
-    assert crossing["comparisons"]["incremental~incremental_replica"]["cache_exact"] is True
-    assert len(crossing["comparisons"]["incremental~prefill"]["k_rel_l2_per_layer"]) == 4
+    assert crossing.comparisons["incremental~incremental_replica"].cache_exact is True
+    assert len(crossing.comparisons["incremental~prefill"].k_rel_l2_per_layer) == 4
 
 
 @pytest.mark.e2e  # spawns a whole run
@@ -94,13 +95,13 @@ def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
 def _baseline_beside(report_dir, tmp_path, suffix: bool = False, **platform) -> tuple[Path, dict]:
     """The run's ledger with one cache digest altered (and with `suffix`, one suffix token too), beside
     its run.json with `platform` changed; and the run's own platform."""
-    records = ledger.read_ledger(report_dir / "ledger.jsonl")
-    target = next(r for r in records if ledger.key(r) == ("crossing", "tiny-001", "fp32"))
+    records = [r.to_json() for r in ledger.read_ledger(report_dir / "ledger.jsonl")]
+    target = next(r for r in records if (r["family"], r["row"], r["precision"]) == ("crossing", "tiny-001", "fp32"))
     target["arms"]["prefill"]["cache_digest"] = "0" * 64
     if suffix:
         target["arms"]["prefill"]["suffix"][0] += 1
     baseline = tmp_path / "elsewhere" / "ledger.jsonl"
-    ledger.write_ledger(baseline, records)
+    ledger.write_ledger(baseline, [Record.of(r) for r in records])
     run = json.loads((report_dir / "run.json").read_text())
     here = dict(run["platform"])
     run["platform"] |= platform

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_report import comparison, crossing, excluded, record
+from test_report import comparison, crossing, excluded, record, typed
 
 from replaytests.families.registry import LAYERS
 from replaytests.outputs import plots, report_html, sections
@@ -33,7 +33,7 @@ def report():
                for i in range(6) for precision in ("bf16", "fp32")]
     records += [record("bridge", "r0", p, {"live~incremental": comparison()}) for p in ("bf16", "fp32")]
     records.append(excluded("crossing", "r9", "bf16", "physical batch rows differ"))
-    return build_report(records, META)
+    return build_report(typed(records), META)
 
 
 def headings(text: str) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from test_report import comparison, excluded, record
 
 from conftest import find_row
 from replaytests.engine.hf.runtime import Runtime
@@ -15,6 +16,7 @@ from replaytests.families.registry import FAMILIES, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.files import sha256_file
 from replaytests.inputs.bank import BankRow
 from replaytests.outputs import causal
+from replaytests.outputs.records import Record
 
 
 @pytest.fixture(scope="module")
@@ -58,27 +60,28 @@ def test_panel_is_spaced_by_prefix_length_and_row_id(size):
 # ---------------------------------------------------------------------------------------------
 # summarize: the strong label needs the registered minimum of exact controls.
 
-FOLLOW = {"outcome": "follows_donor"}
+def _outcome(name: str) -> dict:
+    return {"outcome": name, "first_divergence_vs_donor": None, "first_divergence_vs_own": None}
+
+
+FOLLOW, THIRD, KEEP = _outcome("follows_donor"), _outcome("third"), _outcome("keeps_own")
 
 
 def replication_record(row: str, divergent: bool, first_token_equal: bool = True, outcomes=(FOLLOW, FOLLOW),
-                       replicas_exact: bool = True, status: str = "ok") -> dict:
-    replica = {"cache_exact": replicas_exact, "logits_exact": True, "suffix_equal": replicas_exact}
-    cross = {"suffix_equal": not divergent, "argmax_equal": True, "first_token_equal": first_token_equal,
-             "first_divergence": (3 if first_token_equal else 0) if divergent else None}
-    return {"family": "replication", "row": row, "precision": "bf16", "status": status,
-            "comparisons": {"incremental~prefill": cross, **dict.fromkeys(FAMILIES["replication"].replicas, replica)},
-            "transplants": dict(zip(TRANSPLANTS, outcomes, strict=True)),
-            **({} if status == "ok" else {"reason": "BoundaryMismatch: x"})}
+                       replicas_exact: bool = True, status: str = "ok") -> Record:
+    if status != "ok":
+        return Record.of(excluded("replication", row, "bf16", "BoundaryMismatch: x"))
+    replica = comparison(cache_exact=replicas_exact, suffix_equal=replicas_exact) | {"logits_exact": True}
+    cross = comparison(suffix_equal=not divergent, first_divergence=(3 if first_token_equal else 0) if divergent
+                       else None) | {"first_token_equal": first_token_equal}
+    return Record.of(record("replication", row, "bf16", {"incremental~prefill": cross,
+                                                          **dict.fromkeys(FAMILIES["replication"].replicas, replica)},
+                            transplants=dict(zip(TRANSPLANTS, outcomes, strict=True))))
 
 
-def panel_records(divergent: int, controls: int, **first_divergent) -> list[dict]:
+def panel_records(divergent: int, controls: int, **first_divergent) -> list[Record]:
     records = [replication_record(f"d{i}", True, **(first_divergent if i == 0 else {})) for i in range(divergent)]
     return records + [replication_record(f"c{i}", False) for i in range(controls)]
-
-
-THIRD = {"outcome": "third"}
-KEEP = {"outcome": "keeps_own"}
 
 
 @pytest.mark.parametrize(("records", "replicated", "strong"), [
@@ -114,22 +117,22 @@ def test_summarize_counts():
 
 
 @pytest.fixture(scope="module")
-def later_record(later_dir, tiny_contract, bank_rows) -> dict:
+def later_record(later_dir, tiny_contract, bank_rows) -> Record:
     runtime = Runtime.load(later_dir, tiny_contract, "bf16")
     return replication.run(runtime, find_row(runtime, bank_rows, divergent=True))
 
 
 def test_arms_replicas_and_validity_control(later_record):
-    assert later_record["status"] == "ok", later_record.get("reason")
-    assert tuple(later_record["arms"]) == FAMILIES["replication"].arms, f"arms {list(later_record['arms'])}"
+    assert later_record.ok, later_record.reason
+    assert tuple(later_record.arms) == FAMILIES["replication"].arms, f"arms {list(later_record.arms)}"
     for pair in (*FAMILIES["replication"].replicas, *(f"{name}~{own}" for name, own in VALIDITY_PAIRS)):
-        metrics = later_record["comparisons"][pair]
-        assert metrics["cache_exact"] and metrics["suffix_equal"], f"{later_record['row']} {pair}: {metrics}"
+        metrics = later_record.comparisons[pair]
+        assert metrics.cache_exact and metrics.suffix_equal, f"{later_record.row} {pair}: {metrics}"
 
 
 def test_divergent_row_follows_its_donor_both_ways(later_record):
-    row = later_record["row"]
-    assert not later_record["comparisons"]["incremental~prefill"]["suffix_equal"], (
+    row = later_record.row
+    assert not later_record.comparisons["incremental~prefill"].suffix_equal, (
         f"{row} diverged in the search but not in its replication record")
-    outcomes = {name: t["outcome"] for name, t in later_record["transplants"].items()}
+    outcomes = {name: t.outcome for name, t in later_record.transplants.items()}
     assert outcomes == dict.fromkeys(TRANSPLANTS, "follows_donor"), f"{row} transplants: {outcomes}"

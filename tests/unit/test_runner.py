@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from replaytests.outputs import ledger
+from replaytests.outputs.records import Record
 from replaytests.outputs.report import collate
 
 ROWS = ("--rows", "6", "--precision", "bf16", "-p", "no:cacheprovider")
@@ -26,8 +27,8 @@ def run(root: Path, name: str, *args: str, workers: int = 1) -> tuple[subprocess
     return proc, root / name
 
 
-def records(run_dir: Path) -> dict[tuple, dict]:
-    return {ledger.key(r): r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}
+def records(run_dir: Path) -> dict[tuple, Record]:
+    return {r.key: r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
     assert all(proc.returncode == 0 for proc, _ in phase2), [proc.stdout[-2000:] for proc, _ in phase2]
     assert not any(k[0] == "crossing" for _, d in phase2 for k in records(d)), \
         "the second phase computed crossing records again"
-    merged = {ledger.key(r): r for r in collate([d for _, d in (*phase1, *phase2)])}
+    merged = {r.key: r for r in collate([d for _, d in (*phase1, *phase2)])}
     assert merged == records(whole), (f"the two phases differ from one run in "
                                       f"{sorted(set(merged) ^ set(records(whole)))} or in their values")
 
@@ -88,7 +89,7 @@ def test_two_phases_of_two_shards_write_the_ledger_of_one_run(whole, tmp_path):
 def test_a_panel_source_that_is_not_a_finished_crossing_is_one_line(whole, tmp_path, case, message):
     source = tmp_path / "source"
     source.mkdir()
-    kept = [r for r in ledger.read_ledger(whole / "ledger.jsonl") if case != "missing-rows" or r["row"] != "tiny-003"]
+    kept = [r for r in ledger.read_ledger(whole / "ledger.jsonl") if case != "missing-rows" or r.row != "tiny-003"]
     ledger.write_ledger(source / "ledger.jsonl", kept)
     meta = json.loads((whole / "run.json").read_text())
     meta["run"]["interrupted"] = case == "interrupted"

@@ -11,18 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_report import comparison, record
 
 from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.engine.vllm.runtime import INSTALL, Runtime, _prefill_steps, cpu_kernels, gemm_of
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
+from replaytests.families.serving import prefix_hit
 from replaytests.inputs.contract import load_contract
+from replaytests.outputs.records import Record
 
 SERVING = FAMILIES["serving"]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-def _record(hit_cached=96, prompt_block=64, chunked_steps=4, fresh_cached=0) -> dict:
+def _record(hit_cached=96, prompt_block=64, chunked_steps=4, fresh_cached=0, row="tiny-001") -> Record:
     served = dict.fromkeys(SERVING.arms)
     for arm in SERVING.arms:
         served[arm] = {"cached_tokens": fresh_cached, "prompt_block_tokens": prompt_block, "prefill_steps": 1,
@@ -30,10 +33,10 @@ def _record(hit_cached=96, prompt_block=64, chunked_steps=4, fresh_cached=0) -> 
     served["live"]["cached_tokens"] = 0
     served["prefix_hit"]["cached_tokens"] = hit_cached
     served["chunked"]["prefill_steps"] = chunked_steps
-    return {"family": "serving", "row": "tiny-001", "precision": "bf16",
-            "arms": {arm: {"served": values} for arm, values in served.items()},
-            "prefix_hit": {"cached_tokens": hit_cached, "prompt_block_tokens": prompt_block,
-                           "covers_decode": hit_cached > prompt_block}}
+    fields = record("serving", row, "bf16", {f"{a}~{b}": comparison() for a, b in SERVING.pairs})
+    for arm, values in served.items():
+        fields["arms"][arm]["served"] = values
+    return Record.of(fields | {"prefix_hit": prefix_hit(served["prefix_hit"])})
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +65,8 @@ def test_a_serving_pair_counts_only_where_its_premise_held(gates, record, pair, 
 
 def test_a_hit_is_vacuous_exactly_up_to_the_prompt_blocks_full_blocks():
     """`covers_decode` as the family records it: one token past the prompt block's full blocks counts."""
-    assert _record(hit_cached=65)["prefix_hit"]["covers_decode"]
-    assert not _record(hit_cached=64)["prefix_hit"]["covers_decode"]
+    assert prefix_hit({"cached_tokens": 65, "prompt_block_tokens": 64})["covers_decode"]
+    assert not prefix_hit({"cached_tokens": 64, "prompt_block_tokens": 64})["covers_decode"]
 
 
 @pytest.mark.parametrize(("steps", "uncached", "expected"), [
@@ -201,9 +204,8 @@ def test_the_premise_counts_what_the_engine_counted():
     fresh request that read the cache are each counted where they happened, not averaged away."""
     from replaytests.outputs.serving import premise
 
-    records = [_record(), _record(hit_cached=64), _record(chunked_steps=1), _record(fresh_cached=32)]
-    for n, record in enumerate(records):
-        record |= {"row": f"r{n}", "status": "ok"}
+    records = [_record(row="r0"), _record(hit_cached=64, row="r1"), _record(chunked_steps=1, row="r2"),
+               _record(fresh_cached=32, row="r3")]
     found = premise(records)["bf16"]
     assert (found["hit_covers_decode"]["k"], found["hit_covers_decode"]["n"]) == (3, 4), found
     assert found["hit_cached_tokens"] == {"n": 4, "median": 96, "min": 64, "max": 96}, found

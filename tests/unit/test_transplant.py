@@ -8,6 +8,8 @@ import random
 
 import pytest
 import torch
+from test_report import comparison, record
+from test_report import excluded as excluded_record
 
 from replaytests.engine.boundary import bitwise_equal
 from replaytests.engine.hf import adapter as hf_adapter
@@ -18,6 +20,7 @@ from replaytests.families import transplant as family
 from replaytests.families.registry import DIRECTIONS, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.inputs.blocks import PARTS
 from replaytests.outputs import causal
+from replaytests.outputs.records import Record
 
 # ---------------------------------------------------------------------------------------------
 # Provenance refusals: fake boundaries, refused before any cache is built (so no model is needed).
@@ -220,11 +223,11 @@ def test_minimal_range(follows, n_layers, expected):
 
 
 def crossing_record(row: str, prefix_len: int, suffix_equal: bool, argmax_equal: bool = True,
-                    cache_exact: bool = False, first_token_equal: bool = True, **fields) -> dict:
-    pair = {"suffix_equal": suffix_equal, "argmax_equal": argmax_equal, "cache_exact": cache_exact,
-            "first_token_equal": first_token_equal, "first_divergence": None if suffix_equal else 3}
-    return {"family": "crossing", "row": row, "precision": "bf16", "status": "ok", "prefix_len": prefix_len,
-            "comparisons": {"incremental~prefill": pair}} | fields
+                    cache_exact: bool = False, first_token_equal: bool = True, **fields) -> Record:
+    pair = comparison(cache_exact=cache_exact, suffix_equal=suffix_equal,
+                      first_divergence=None if suffix_equal else 3) | {"argmax_equal": argmax_equal,
+                                                                       "first_token_equal": first_token_equal}
+    return Record.of(record("crossing", row, "bf16", {"incremental~prefill": pair}, prefix_len=prefix_len) | fields)
 
 
 def test_panel_splits_divergent_not_testable_and_controls():
@@ -269,7 +272,7 @@ def test_panel_spaces_rows_by_prefix_length_and_ignores_order():
 
 @pytest.mark.parametrize("other", [
     pytest.param(dict(precision="fp32"), id="fp32"),
-    pytest.param(dict(status="excluded"), id="excluded"),
+    pytest.param(dict(status="excluded", reason="BoundaryMismatch: x"), id="excluded"),
     pytest.param(dict(family="bridge"), id="bridge"),
 ])
 def test_panel_reads_finished_bf16_crossing_records_only(other):
@@ -282,20 +285,20 @@ def test_panel_reads_finished_bf16_crossing_records_only(other):
 
 
 @pytest.fixture(scope="module")
-def crossing_records(bf16_runtime, divergent_row, exact_row) -> dict[str, dict]:
+def crossing_records(bf16_runtime, divergent_row, exact_row) -> dict[str, Record]:
     return {"divergent": crossing.run(bf16_runtime, divergent_row), "control": crossing.run(bf16_runtime, exact_row)}
 
 
 @pytest.fixture(scope="module")
-def divergent_record(bf16_runtime, divergent_row, crossing_records) -> dict:
+def divergent_record(bf16_runtime, divergent_row, crossing_records) -> Record:
     return family.run(bf16_runtime, divergent_row, crossing_records["divergent"], "divergent")
 
 
 def test_divergent_row_follows_its_donor_both_ways(crossing_records, divergent_record, divergent_row):
-    assert not crossing_records["divergent"]["comparisons"]["incremental~prefill"]["suffix_equal"], (
+    assert not crossing_records["divergent"].comparisons["incremental~prefill"].suffix_equal, (
         f"{divergent_row.id} diverged in the search but not in its crossing record")
-    assert divergent_record["status"] == "ok", divergent_record.get("reason")
-    outcomes = {name: t["outcome"] for name, t in divergent_record["transplants"].items()}
+    assert divergent_record.ok, divergent_record.reason
+    outcomes = {name: t.outcome for name, t in divergent_record.transplants.items()}
     assert outcomes == dict.fromkeys(TRANSPLANTS, "follows_donor"), f"{divergent_row.id} transplants: {outcomes}"
 
 
@@ -304,11 +307,11 @@ def test_validity_control_reproduces_each_construction(bf16_runtime, divergent_r
                                                        divergent_record, role):
     record = divergent_record if role == "divergent" else family.run(bf16_runtime, exact_row,
                                                                      crossing_records["control"], "control")
-    assert record["status"] == "ok", record.get("reason")
+    assert record.ok, record.reason
     for name, own in VALIDITY_PAIRS:
-        metrics = record["comparisons"][f"{name}~{own}"]
-        assert metrics["cache_exact"] and metrics["suffix_equal"], f"{record['row']} {name} vs {own}: {metrics}"
-        assert record["arms"][name]["cache_digest"] == record["arms"][own]["cache_digest"], (
+        metrics = record.comparisons[f"{name}~{own}"]
+        assert metrics.cache_exact and metrics.suffix_equal, f"{record.row} {name} vs {own}: {metrics}"
+        assert record.arms[name].cache_digest == record.arms[own].cache_digest, (
             f"{name}: the self-transplanted cache is not {own}'s")
 
 
@@ -327,37 +330,42 @@ def test_a_self_transplant_that_diverges_fails_closed():
 def test_transplanted_cache_is_the_donors_and_logits_the_recipients(divergent_record):
     for recipient, donor in DIRECTIONS:
         name = f"{recipient}<-{donor}"
-        metrics = divergent_record["comparisons"][f"{name}~{donor}"]
-        assert metrics["cache_exact"], f"{name}: cache differs from the {donor} donor's"
-        arms = divergent_record["arms"]
-        assert arms[name]["logits_digest"] == arms[recipient]["logits_digest"], (
+        metrics = divergent_record.comparisons[f"{name}~{donor}"]
+        assert metrics.cache_exact, f"{name}: cache differs from the {donor} donor's"
+        arms = divergent_record.arms
+        assert arms[name].logits_digest == arms[recipient].logits_digest, (
             f"{name}: boundary logits are not the {recipient} recipient's own")
 
 
 def test_divergent_row_reports_parts_and_minimal_layers(divergent_record):
-    assert divergent_record["layer_search"] == "exhaustive", divergent_record["layer_search"]
+    assert divergent_record.layer_search == "exhaustive", divergent_record.layer_search
     for name in TRANSPLANTS:
-        assert {p: divergent_record["parts"][p][name]["outcome"] for p in family.PARTIAL}.keys() == {"k_only", "v_only"}
-        minimal = divergent_record["minimal_layers"][name]
-        assert minimal is None or (0 <= minimal[0] <= minimal[1] < 4 and minimal != [0, 3]), f"{name}: {minimal}"
-        tried = divergent_record["layer_ranges"][name]
-        assert tried and (minimal is None or tried[-1] == [*minimal, "follows_donor"]), f"{name}: tried {tried}"
+        assert {p: divergent_record.parts[p][name].outcome for p in family.PARTIAL}.keys() == {"k_only", "v_only"}
+        minimal = divergent_record.minimal_layers[name]
+        assert minimal is None or (0 <= minimal[0] <= minimal[1] < 4 and minimal != (0, 3)), f"{name}: {minimal}"
+        tried = divergent_record.layer_ranges[name]
+        assert tried and (minimal is None or tried[-1] == (*minimal, "follows_donor")), f"{name}: tried {tried}"
 
 
 def test_control_row_has_no_third_trajectory(bf16_runtime, exact_row, crossing_records):
     record = family.run(bf16_runtime, exact_row, crossing_records["control"], "control")
-    assert record["status"] == "ok", record.get("reason")
-    found = {name: t["outcome"] for name, t in record["transplants"].items()}
-    found |= {f"{p} {name}": record["parts"][p][name]["outcome"] for p in family.PARTIAL for name in TRANSPLANTS}
+    assert record.ok, record.reason
+    found = {name: t.outcome for name, t in record.transplants.items()}
+    found |= {f"{p} {name}": record.parts[p][name].outcome for p in family.PARTIAL for name in TRANSPLANTS}
     assert set(found.values()) == {"follows_donor"}, f"control {exact_row.id} outcomes: {found}"
-    assert record["minimal_layers"] is None, "controls are not searched"
+    assert record.minimal_layers is None, "controls are not searched"
 
 
 WRONG_RECORD = "expected the ok crossing record of this row and precision, got "
 
 
-def _tamper(record: dict, arm: str, field: str, value) -> dict:
-    return record | {"arms": record["arms"] | {arm: record["arms"][arm] | {field: value}}}
+def _tamper(record: Record, arm: str, field: str, value) -> Record:
+    line = record.to_json()
+    return Record.of(line | {"arms": line["arms"] | {arm: line["arms"][arm] | {field: value}}})
+
+
+def _changed(record: Record, **fields) -> Record:
+    return Record.of(record.to_json() | fields)
 
 
 @pytest.mark.parametrize(("tamper", "message"), [
@@ -365,12 +373,12 @@ def _tamper(record: dict, arm: str, field: str, value) -> dict:
                  "rebuilt incremental cache_digest differs from the crossing record", id="cache-digest"),
     pytest.param(lambda r: _tamper(r, "prefill", "logits_digest", "0" * 64),
                  "rebuilt prefill logits_digest differs from the crossing record", id="logits-digest"),
-    pytest.param(lambda r: _tamper(r, "prefill", "suffix", r["arms"]["prefill"]["suffix"][:-1]),
+    pytest.param(lambda r: _tamper(r, "prefill", "suffix", list(r.arms["prefill"].suffix[:-1])),
                  "rebuilt prefill suffix differs from the crossing record", id="suffix"),
-    pytest.param(lambda r: r | {"row": "other"}, f"{WRONG_RECORD}crossing/other/bf16/ok", id="another-row"),
-    pytest.param(lambda r: r | {"precision": "fp32"}, f"{WRONG_RECORD}crossing/ROW/fp32/ok",
+    pytest.param(lambda r: _changed(r, row="other"), f"{WRONG_RECORD}crossing/other/bf16/ok", id="another-row"),
+    pytest.param(lambda r: _changed(r, precision="fp32"), f"{WRONG_RECORD}crossing/ROW/fp32/ok",
                  id="another-precision"),
-    pytest.param(lambda r: r | {"status": "excluded"}, f"{WRONG_RECORD}crossing/ROW/bf16/excluded",
+    pytest.param(lambda r: _changed(r, status="excluded", reason="x"), f"{WRONG_RECORD}crossing/ROW/bf16/excluded",
                  id="excluded-crossing"),
     pytest.param(lambda r: _tamper(r, "prefill_replica", "suffix", []),
                  "rebuilt prefill_replica suffix differs from the crossing record", id="replica-suffix"),
@@ -378,10 +386,10 @@ def _tamper(record: dict, arm: str, field: str, value) -> dict:
 def test_a_crossing_that_does_not_reproduce_excludes_the_row(bf16_runtime, exact_row, crossing_records, tamper,
                                                              message):
     record = family.run(bf16_runtime, exact_row, tamper(crossing_records["control"]), "control")
-    assert record["status"] == "excluded", "a tampered crossing record was accepted as contemporaneous"
+    assert not record.ok, "a tampered crossing record was accepted as contemporaneous"
     expected = (f"NotContemporaneous: transplant row {exact_row.id} (bf16): not contemporaneous: "
                 f"{message.replace('ROW', exact_row.id)}")
-    assert record["reason"] == expected, f"reason {record['reason']!r}, expected {expected!r}"
+    assert record.reason == expected, f"reason {record.reason!r}, expected {expected!r}"
 
 
 def test_unknown_role_is_an_error(bf16_runtime, exact_row, crossing_records):
@@ -395,20 +403,21 @@ def test_unknown_role_is_an_error(bf16_runtime, exact_row, crossing_records):
 
 def test_summarize_counts_outcomes_and_layer_ranges(divergent_record):
     third = family.outcome([9], [1], [1])
-    control = {"family": "transplant", "status": "ok", "role": "control", "layers": 4, "comparisons": {},
-               "transplants": dict.fromkeys(TRANSPLANTS, third),
-               "parts": {p: dict.fromkeys(TRANSPLANTS, third) for p in family.PARTIAL}}
-    excluded = {"family": "transplant", "status": "excluded", "role": "divergent", "row": "r9",
-                "reason": "TransplantInvalid: transplant row r9 (bf16): transplant invalid here: ..."}
+    control = Record.of(record("transplant", "r8", "bf16", {"incremental~prefill": comparison()}, role="control",
+                               layers=4, transplants=dict.fromkeys(TRANSPLANTS, third),
+                               parts={p: dict.fromkeys(TRANSPLANTS, third | {"cache_digest": "c", "suffix": [9]})
+                                      for p in family.PARTIAL}))
+    invalid = "TransplantInvalid: transplant row r9 (bf16): transplant invalid here: ..."
+    excluded = Record.of(excluded_record("transplant", "r9", "bf16", invalid) | {"role": "divergent"})
     summary = causal.transplant([divergent_record, control, excluded,
-                                {"family": "crossing", "precision": "fp32", "status": "ok"}])
+                                Record.of(record("crossing", "r0", "fp32", {"incremental~prefill": comparison()}))])
     assert (summary["rows"], summary["excluded"], summary["divergent"], summary["controls"]) == (3, 1, 1, 1), summary
     reproduced = summary["validity"]["reproduced"]
     assert ((reproduced["k"], reproduced["n"]), summary["validity"]["invalid"]) == ((1, 1), ["r9"]), summary["validity"]
     for name in TRANSPLANTS:
         follows, third_rate = summary["full"][name]["follows_donor"], summary["full"][name]["control_third"]
         assert (follows["k"], follows["n"], third_rate["k"], third_rate["n"]) == (1, 1, 1, 1), summary["full"][name]
-        minimal = divergent_record["minimal_layers"][name]
+        minimal = divergent_record.minimal_layers[name]
         key = "none" if minimal is None else f"{minimal[0]}-{minimal[1]}"
         assert summary["minimal_layers"][name] == {key: 1}, summary["minimal_layers"][name]
         assert len(summary["layer_frequency"][name]) == 4, summary["layer_frequency"][name]

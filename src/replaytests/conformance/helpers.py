@@ -6,20 +6,20 @@ import pytest
 
 from replaytests.families.registry import ROLES
 from replaytests.inputs.gates import Judgement
+from replaytests.outputs.records import Record
 
 
-def ok(record: dict) -> dict:
+def ok(record: Record) -> Record:
     """The record itself; a row excluded by a fail-closed check fails the test that reads it."""
-    if record["status"] != "ok":
-        pytest.fail(f"{record['family']} row {record['row']} ({record['precision']}) excluded: {record['reason']}",
-                    pytrace=False)
+    if not record.ok:
+        pytest.fail(f"{record.family} row {record.row} ({record.precision}) excluded: {record.reason}", pytrace=False)
     return record
 
 
-def audit_against_baseline(audit_record, replay, baseline_record: dict) -> None:
+def audit_against_baseline(audit_record, replay, baseline_record: Record) -> None:
     """Every leaf of a saved record reproduced by this run (gates.audit.reproduce); a transplant record of
     a row outside this run's panel is skipped."""
-    family, row, precision = (baseline_record[k] for k in ("family", "row", "precision"))
+    family, row, precision = baseline_record.key
     if family == "transplant" and replay.transplant_role(replay.row(row), precision) not in ROLES:
         pytest.skip(f"not in this run's transplant panel (drawn from the selected rows' {precision} crossing, "
                     "whose records are audited)")

@@ -16,6 +16,7 @@ from replaytests.conformance.helpers import audit_against_baseline, judge, ok
 from replaytests.families.registry import CROSS, VALIDITY_PAIRS
 from replaytests.inputs.gates import replica_pairs
 from replaytests.outputs import causal
+from replaytests.outputs.records import Record
 
 pytestmark = pytest.mark.causal
 
@@ -29,10 +30,10 @@ def _role(replay, row, cell) -> str:
     return role
 
 
-def _check_valid(result: dict) -> None:
-    broken = {name: result["comparisons"][f"{name}~{own}"]["first_divergence"]
-              for name, own in VALIDITY_PAIRS if not result["comparisons"][f"{name}~{own}"]["suffix_equal"]}
-    assert not broken, f"{result['family']} row {result['row']}: self-transplants diverge (suffix index): {broken}"
+def _check_valid(result: Record) -> None:
+    broken = {name: result.comparisons[f"{name}~{own}"].first_divergence
+              for name, own in VALIDITY_PAIRS if not result.comparisons[f"{name}~{own}"].suffix_equal}
+    assert not broken, f"{result.family} row {result.row}: self-transplants diverge (suffix index): {broken}"
 
 
 def test_transplant_validity_control(record, replay, causal_cell, transplant_row):
@@ -64,10 +65,10 @@ def test_replication_on_later_checkpoint(record, replay, causal_cell, replicatio
     result = ok(record("replication", replication_row, causal_cell))
     _check_valid(result)
     judge(*(replay.contract.gates.replicas(result, pair) for pair in replica_pairs(result)))
-    cross = result["comparisons"][CROSS]
-    if not cross["suffix_equal"] and (reason := causal.not_testable_reason(cross)):
+    cross = result.comparisons[CROSS]
+    if not cross.suffix_equal and (reason := causal.not_testable_reason(cross)):
         pytest.skip(f"divergent, not testable: {reason}")
-    judge(replay.contract.gates.transplant_row(result, "control" if cross["suffix_equal"] else "divergent"))
+    judge(replay.contract.gates.transplant_row(result, "control" if cross.suffix_equal else "divergent"))
 
 
 def test_causal_baseline_record_reproduces(audit_record, replay, causal_baseline_record):

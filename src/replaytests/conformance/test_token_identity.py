@@ -8,15 +8,16 @@ from replaytests.conformance.helpers import judge, ok
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import z_digest
 from replaytests.inputs.gates import same_platform
+from replaytests.outputs.records import Record
 
 pytestmark = pytest.mark.token_identity
 
 
-def _check_consumes_bank_row(result: dict, row) -> None:
+def _check_consumes_bank_row(result: Record, row) -> None:
     expected = z_digest(row.tokens, row.roles)
-    arms = ok(result)["arms"]
-    wrong = sorted(arm for arm in FAMILIES[result["family"]].arms if arms[arm]["z_sha256"] != expected)
-    assert not wrong, (f"{result['family']} row {row.id} ({result['precision']}): arms {wrong} consumed a z "
+    arms = ok(result).arms
+    wrong = sorted(arm for arm in FAMILIES[result.family].arms if arms[arm].z_sha256 != expected)
+    assert not wrong, (f"{result.family} row {row.id} ({result.precision}): arms {wrong} consumed a z "
                        f"other than the bank row's")
 
 
@@ -41,9 +42,9 @@ def test_live_generation_refreezes_bank_row(record, replay, live_row, precision)
                            if frozen[key] != here[key])
         pytest.skip(f"the bank was frozen with other settings: {differ}")
     result = ok(record("live", live_row, precision))
-    difference = result["z_first_difference"]
-    problem = None if result["z_matches_bank"] else (
+    difference = result.z_first_difference
+    problem = None if result.z_matches_bank else (
         f"live row {live_row.id} ({precision}): live generation reached a different z than the frozen bank row: "
-        f"first difference at token index {difference['index']}: live {difference['live']}, bank "
-        f"{difference['bank']} ({result['prefix_len']} and {live_row.prefix_len} tokens)")
+        f"first difference at token index {difference.index}: live {difference.live}, bank "
+        f"{difference.bank} ({result.prefix_len} and {live_row.prefix_len} tokens)")
     judge(replay.judge_against_bank(problem))

@@ -13,11 +13,12 @@ from replaytests.errors import FailClosed
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
+from replaytests.outputs.records import Record
 
 FAMILY = FAMILIES["batch"]
 
 
-def run(runtime: Backend, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> Record:
     singleton = runtime.with_batch(1)
     runtimes = {arm: singleton if arm.endswith("_singleton") else runtime for arm in FAMILY.arms}
     base = record_base(FAMILY.name, row, runtime)
@@ -32,5 +33,5 @@ def run(runtime: Backend, row: BankRow) -> dict:
     except FailClosed as exc:
         return excluded(base, exc)
     arms = {arm: arm_record(views[arm], suffixes[arm], row.expected_answer) for arm in FAMILY.arms}
-    return base | {"status": "ok", "batch": {"pair": runtime.batch, "singleton": 1}, "arms": arms,
-                   "comparisons": compare_arms(FAMILY.pairs, views, suffixes, arms)}
+    return Record.of(base | {"status": "ok", "batch": {"pair": runtime.batch, "singleton": 1}, "arms": arms,
+                             "comparisons": compare_arms(FAMILY.pairs, views, suffixes, arms)})

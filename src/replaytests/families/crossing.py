@@ -9,11 +9,12 @@ from replaytests.engine.backend import Backend
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
+from replaytests.outputs.records import Record
 
 FAMILY = FAMILIES["crossing"]
 
 
-def run(runtime: Backend, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> Record:
     """The ledger record of one row at the runtime's precision."""
     return evaluate(runtime, row, FAMILY,
                     lambda: (runtime.build(arm, row.tokens) for arm in FAMILY.arms))

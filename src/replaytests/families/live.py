@@ -11,9 +11,10 @@ from replaytests.engine.protocol import prompt_of
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
+from replaytests.outputs.records import Record
 
 
-def run(runtime: Backend, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> Record:
     prompt_block = prompt_of(row.tokens, runtime.grammar.delims)
 
     def build():

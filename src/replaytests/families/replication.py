@@ -12,18 +12,18 @@ recovery and no third trajectory).
 from __future__ import annotations
 
 from replaytests.engine.backend import Backend
-from replaytests.errors import TransplantInvalid
 from replaytests.families.registry import DIRECTIONS, FAMILIES, REPLICA_DIRECTIONS
-from replaytests.families.skeleton import evaluate, excluded, record_base
+from replaytests.families.skeleton import evaluate
 from replaytests.families.transplant import check_valid, outcome
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import direction
+from replaytests.outputs.records import Record
 
 FAMILY = FAMILIES["replication"]
 CROSSING_ARMS = FAMILIES["crossing"].arms
 
 
-def run(runtime: Backend, row: BankRow) -> dict:
+def run(runtime: Backend, row: BankRow) -> Record:
     def build():
         built = {}
         for arm in CROSSING_ARMS:
@@ -32,14 +32,11 @@ def run(runtime: Backend, row: BankRow) -> dict:
         for recipient, donor in (*DIRECTIONS, *REPLICA_DIRECTIONS):
             yield runtime.transplant(built[recipient], built[donor])
 
-    record = evaluate(runtime, row, FAMILY, build)
-    if record["status"] != "ok":
-        return record
-    try:
-        check_valid(record["comparisons"], f"{FAMILY.name} row {row.id} ({runtime.precision})")
-    except TransplantInvalid as exc:
-        return excluded(record_base(FAMILY.name, row, runtime), exc)
-    suffix = {arm: fields["suffix"] for arm, fields in record["arms"].items()}
-    record["transplants"] = {direction(r, d): outcome(suffix[direction(r, d)], suffix[d], suffix[r])
-                             for r, d in DIRECTIONS}
-    return record
+    def outcomes(fields: dict) -> dict:
+        """The validity control (TransplantInvalid excludes the row), then each direction's outcome."""
+        check_valid(fields["comparisons"], f"{FAMILY.name} row {row.id} ({runtime.precision})")
+        suffix = {arm: values["suffix"] for arm, values in fields["arms"].items()}
+        return fields | {"transplants": {direction(r, d): outcome(suffix[direction(r, d)], suffix[d], suffix[r])
+                                         for r, d in DIRECTIONS}}
+
+    return evaluate(runtime, row, FAMILY, build, outcomes)

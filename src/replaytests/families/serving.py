@@ -19,6 +19,7 @@ from replaytests.engine.protocol import prompt_of
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import evaluate
 from replaytests.inputs.bank import BankRow
+from replaytests.outputs.records import Record
 
 FAMILY = FAMILIES["serving"]
 SERVED = ("cached_tokens", "prompt_block_tokens", "prefill_steps", "steps_digest")
@@ -39,7 +40,14 @@ def compare_steps(a: tuple, b: tuple, divergence: int | None) -> dict:
     return {"steps_first_difference": first, "steps_max_abs": max(deltas, default=0.0)}
 
 
-def run(runtime: Backend, row: BankRow) -> dict:
+def prefix_hit(served: dict) -> dict:
+    """The prefix-cache hit as the engine counted it, and whether it reused a block the live request wrote
+    while decoding: a token read past the prompt block's full blocks (the live request prefilled those)."""
+    return {"cached_tokens": served["cached_tokens"], "prompt_block_tokens": served["prompt_block_tokens"],
+            "covers_decode": served["cached_tokens"] > served["prompt_block_tokens"]}
+
+
+def run(runtime: Backend, row: BankRow) -> Record:
     prompt_block = prompt_of(row.tokens, runtime.grammar.delims)
     built = {}
 
@@ -51,17 +59,16 @@ def run(runtime: Backend, row: BankRow) -> dict:
                           runtime.build(arm, live.tokens))
             yield built[arm]
 
-    record = evaluate(runtime, row, FAMILY, build)
-    if record["status"] != "ok":
-        return record
-    served = {arm: {name: getattr(boundary.state, name) for name in SERVED} for arm, boundary in built.items()}
-    for arm, values in served.items():
-        record["arms"][arm]["served"] = values
-    for a, b in FAMILY.pairs:
-        comparison = record["comparisons"][f"{a}~{b}"]
-        comparison["steps_exact"] = served[a]["steps_digest"] == served[b]["steps_digest"]
-        comparison |= compare_steps(built[a].state.steps, built[b].state.steps, comparison["first_divergence"])
-    hit = served["prefix_hit"]
-    record["prefix_hit"] = {"cached_tokens": hit["cached_tokens"], "prompt_block_tokens": hit["prompt_block_tokens"],
-                            "covers_decode": hit["cached_tokens"] > hit["prompt_block_tokens"]}
-    return record
+    def served(fields: dict) -> dict:
+        """The arms with the engine's counters, the pairs with their suffix steps compared, the prefix hit."""
+        counted = {arm: {name: getattr(boundary.state, name) for name in SERVED} for arm, boundary in built.items()}
+        comparisons = dict(fields["comparisons"])
+        for a, b in FAMILY.pairs:
+            pair = comparisons[f"{a}~{b}"]
+            comparisons[f"{a}~{b}"] = pair | {"steps_exact": counted[a]["steps_digest"] == counted[b]["steps_digest"]} \
+                | compare_steps(built[a].state.steps, built[b].state.steps, pair["first_divergence"])
+        return fields | {
+            "arms": {arm: values | {"served": counted[arm]} for arm, values in fields["arms"].items()},
+            "comparisons": comparisons, "prefix_hit": prefix_hit(counted["prefix_hit"])}
+
+    return evaluate(runtime, row, FAMILY, build, served)

@@ -1,5 +1,8 @@
 """The skeleton every family shares: a record's base, its arms' records, the comparisons of its pairs,
-the record of an excluded row, and `evaluate`, which builds a row's arms, checks them and compares them."""
+the record of an excluded row, and `evaluate`, which builds a row's arms, checks them and compares them.
+
+A family gathers a record's fields as plain values and makes the `Record` once, from all of them
+(`Record.of`); nothing changes a record after it is made."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from replaytests.families.registry import Family
 from replaytests.files import sha256_json
 from replaytests.inputs.bank import BankRow
 from replaytests.outputs import ledger
+from replaytests.outputs.records import Record
 
 
 def z_digest(tokens: list[int], roles: list[int]) -> str:
@@ -65,19 +69,21 @@ def record_base(family: str, row: BankRow, runtime: Backend) -> dict:
             "cell_digest": runtime.cell_digest, "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
 
 
-def excluded(base: dict, exc: FailClosed) -> dict:
+def excluded(base: dict, exc: FailClosed) -> Record:
     """The record of a row a fail-closed check stopped: the exception type and its message, which
     names the row where the check itself could not."""
     where = f"{base['family']} row {base['row']} ({base['precision']})"
     message = str(exc) if base["row"] in str(exc) else f"{where}: {exc}"
-    return base | {"status": "excluded", "reason": f"{type(exc).__name__}: {message}"}
+    return Record.of(base | {"status": "excluded", "reason": f"{type(exc).__name__}: {message}"})
 
 
-def evaluate(runtime: Backend, row: BankRow, family: Family, build: Callable[[], Iterable[Boundary]]) -> dict:
+def evaluate(runtime: Backend, row: BankRow, family: Family, build: Callable[[], Iterable[Boundary]],
+             extend: Callable[[dict], dict] | None = None) -> Record:
     """Build each arm's boundary (in the family's arm order), check they reached one
     state with no shared storage, continue each with the shared decoder and compare the family's
-    pairs. A fail-closed check anywhere excludes the row. Families whose first arm is live record the
-    live z's length and where it first differs from the bank's."""
+    pairs. Families whose first arm is live record the live z's length and where it first differs from
+    the bank's. `extend`, where given, turns those fields into the family's whole record (what it measures
+    beyond its arms). A fail-closed check anywhere, `extend`'s too, excludes the row."""
     arms = family.arms
     base = record_base(family.name, row, runtime)
     runtime.activate()
@@ -93,5 +99,9 @@ def evaluate(runtime: Backend, row: BankRow, family: Family, build: Callable[[],
     z = boundaries[arms[0]].tokens
     live = {"prefix_len": len(z), "z_matches_bank": z == row.tokens,
             "z_first_difference": z_difference(z, row.tokens)} if arms[0] == "live" else {}
-    return base | live | {"status": "ok", "arms": records,
-                          "comparisons": compare_arms(family.pairs, boundaries, suffixes, records)}
+    fields = base | live | {"status": "ok", "arms": records,
+                            "comparisons": compare_arms(family.pairs, boundaries, suffixes, records)}
+    try:
+        return Record.of(extend(fields) if extend else fields)
+    except FailClosed as exc:
+        return excluded(base, exc)

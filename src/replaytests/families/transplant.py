@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -47,6 +48,7 @@ from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import PARTS, direction
 from replaytests.inputs.contract import SCHEMA
 from replaytests.outputs.causal import not_testable_reason
+from replaytests.outputs.records import Record
 
 FAMILY = FAMILIES["transplant"]
 BUILT = (*TRANSPLANT_CONSTRUCTIONS, *(replica for replica, _ in REPLICA_DIRECTIONS))  # in the order they are built
@@ -69,11 +71,11 @@ class _Ref(NamedTuple):
     prefix_len: int
 
 
-def _spaced(records: list[dict], size: int) -> list[str]:
-    return [ref.id for ref in spaced([_Ref(r["row"], r["prefix_len"]) for r in records], size)]
+def _spaced(records: list[Record], size: int) -> list[str]:
+    return [ref.id for ref in spaced([_Ref(r.row, r.prefix_len) for r in records], size)]
 
 
-def panel(crossing_records: list[dict], cell: str, divergent: int = DIVERGENT, controls: int = CONTROLS) -> Panel:
+def panel(crossing_records: list[Record], cell: str, divergent: int = DIVERGENT, controls: int = CONTROLS) -> Panel:
     """Rows for the transplant in one cell, from that cell's finished crossing records only (nothing else
     is read).
 
@@ -83,19 +85,18 @@ def panel(crossing_records: list[dict], cell: str, divergent: int = DIVERGENT, c
     (the strictest controls), topped up with suffix-equal ones. Each group at spaced order statistics
     of prefix length.
     """
-    finished = [r for r in crossing_records
-                if r["family"] == "crossing" and r["precision"] == cell and r["status"] == "ok"]
-    cross = {r["row"]: r["comparisons"][CROSS] for r in finished}
-    split = [r for r in finished if not cross[r["row"]]["suffix_equal"]]
-    equal = [r for r in finished if cross[r["row"]]["suffix_equal"]]
-    exact = [r for r in equal if cross[r["row"]]["cache_exact"]]
+    finished = [r for r in crossing_records if r.family == "crossing" and r.precision == cell and r.ok]
+    cross = {r.row: r.comparisons[CROSS] for r in finished}
+    split = [r for r in finished if not cross[r.row].suffix_equal]
+    equal = [r for r in finished if cross[r.row].suffix_equal]
+    exact = [r for r in equal if cross[r.row].cache_exact]
     chosen = _spaced(exact, controls)
-    chosen += _spaced([r for r in equal if not cross[r["row"]]["cache_exact"]], controls - len(chosen))
-    testable = _spaced([r for r in split if not not_testable_reason(cross[r["row"]])], divergent)
-    by_length = {r["row"]: (r["prefix_len"], r["row"]) for r in finished}
+    chosen += _spaced([r for r in equal if not cross[r.row].cache_exact], controls - len(chosen))
+    testable = _spaced([r for r in split if not not_testable_reason(cross[r.row])], divergent)
+    by_length = {r.row: (r.prefix_len, r.row) for r in finished}
     return Panel([(row, "divergent") for row in testable]
                  + [(row, "control") for row in sorted(chosen, key=by_length.__getitem__)],
-                 sorted((r["row"], reason) for r in split if (reason := not_testable_reason(cross[r["row"]]))))
+                 sorted((r.row, reason) for r in split if (reason := not_testable_reason(cross[r.row]))))
 
 
 def outcome(suffix: list[int], donor: list[int], own: list[int]) -> dict:
@@ -162,17 +163,18 @@ class _Trial:
         return minimal_range(follows, len(self.boundaries[recipient].layers))[0], tried
 
 
-def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: dict, row: BankRow, precision: str) -> None:
-    """The rebuilt arms must reproduce the crossing record's (digests, suffix, answer, z)."""
+def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: Record, row: BankRow, precision: str) -> None:
+    """The rebuilt arms (as the ledger holds them) must reproduce the crossing record's (digests, suffix,
+    answer, z)."""
     where = f"{FAMILY.name} row {row.id} ({precision}): not contemporaneous"
-    found = (crossing_record.get("family"), crossing_record.get("row"), crossing_record.get("precision"),
-             crossing_record.get("status"))
+    found = (*crossing_record.key, crossing_record.status)
     if found != ("crossing", row.id, precision, "ok"):
         raise NotContemporaneous(f"{where}: expected the ok crossing record of this row and precision, got "
-                                 f"{'/'.join(map(str, found))}")
+                                 f"{'/'.join(found)}")
     for arm, fields in rebuilt.items():
+        held = crossing_record.arms[arm].to_json() if arm in crossing_record.arms else {}
         for field, value in fields.items():
-            if crossing_record.get("arms", {}).get(arm, {}).get(field) != value:
+            if held.get(field) != value:
                 raise NotContemporaneous(f"{where}: rebuilt {arm} {field} differs from the crossing record")
 
 
@@ -189,7 +191,7 @@ def check_valid(comparisons: dict, where: str) -> None:
                 f"boundary logits {'bit-equal' if metrics['logits_exact'] else 'different'})")
 
 
-def run(runtime: Backend, row: BankRow, crossing_record: dict, role: str) -> dict:
+def run(runtime: Backend, row: BankRow, crossing_record: Record, role: str) -> Record:
     """The ledger record of one panel row (`role` "divergent" or "control") at the runtime's precision."""
     if role not in ROLES:
         raise ValueError(f"transplant role must be one of {ROLES}, got {role!r}")
@@ -197,7 +199,7 @@ def run(runtime: Backend, row: BankRow, crossing_record: dict, role: str) -> dic
     runtime.activate()
     try:
         trial = _Trial.build(runtime, row)
-        arms = trial.arm_records()
+        arms = json.loads(json.dumps(trial.arm_records()))  # as the ledger holds them
         check_contemporaneous(arms, crossing_record, row, runtime.precision)
         full = {direction(r, d): trial.attempt(r, d) for r, d in (*DIRECTIONS, *REPLICA_DIRECTIONS)}
         boundaries = trial.boundaries | {name: moved for name, (moved, _, _) in full.items()}
@@ -210,9 +212,9 @@ def run(runtime: Backend, row: BankRow, crossing_record: dict, role: str) -> dic
         layers = _layer_search(trial, full) if role == "divergent" else dict.fromkeys(LAYER_FIELDS)
     except FailClosed as exc:
         return excluded(base, exc)
-    return base | {"status": "ok", "arms": arms, "comparisons": comparisons,
-                   "transplants": {name: full[name][2] for name in TRANSPLANTS}, "parts": parts,
-                   "layers": len(trial.boundaries["prefill"].layers)} | layers
+    return Record.of(base | {"status": "ok", "arms": arms, "comparisons": comparisons,
+                             "transplants": {name: full[name][2] for name in TRANSPLANTS}, "parts": parts,
+                             "layers": len(trial.boundaries["prefill"].layers)} | layers)
 
 
 def _layer_search(trial: _Trial, full: dict[str, tuple]) -> dict:

@@ -16,7 +16,10 @@ suffix all are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from replaytests.outputs.records import Comparison, Record
 
 BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
 REPLICA_SUFFIX = "_replica"
@@ -47,51 +50,53 @@ class Judgement:
 PASS = Judgement("pass")
 
 
-def where(record: dict) -> str:
-    return f"{record['family']} row {record['row']} ({record['precision']})"
+def where(record: Record) -> str:
+    return f"{record.family} row {record.row} ({record.precision})"
 
 
-def inexact(metrics: dict) -> list[str]:
+def inexact(metrics: Comparison) -> list[str]:
     """The bit-exactness fields (cache, logits, suffix; and every suffix step's logits where a serving
     engine recorded them, `steps_exact`) that are not true for one comparison. A cache the backend does
     not expose is recorded as null (not measured): it is not counted either way."""
-    names = (*BIT_EXACT, "steps_exact") if "steps_exact" in metrics else BIT_EXACT
-    return [name for name in names if metrics.get(name) is not True and not unmeasured(metrics, name)]
+    names = (*BIT_EXACT, "steps_exact") if metrics.steps_exact is not None else BIT_EXACT
+    return [name for name in names if getattr(metrics, name) is not True and not unmeasured(metrics, name)]
 
 
-def unmeasured(metrics: dict, name: str = "cache_exact") -> bool:
+def unmeasured(metrics: Comparison, name: str = "cache_exact") -> bool:
     """Whether a comparison records its caches as not measured (a backend without K/V tensors)."""
-    return name == "cache_exact" and name in metrics and metrics[name] is None
+    return name == "cache_exact" and metrics.cache_exact is None
 
 
-def bit_exact(metrics: dict) -> bool:
+def bit_exact(metrics: Comparison) -> bool:
     return not inexact(metrics)
 
 
-def replica_pairs(record: dict) -> list[str]:
+def replica_pairs(record: Record) -> list[str]:
     """The record's replica comparisons (`X~X_replica`)."""
-    return [pair for pair in record.get("comparisons", {}) if pair.endswith(REPLICA_SUFFIX)]
+    return [pair for pair in record.comparisons if pair.endswith(REPLICA_SUFFIX)]
 
 
-def replicas_exact(record: dict) -> bool:
+def replicas_exact(record: Record) -> bool:
     """Every replica pair of the record bit-exact in cache, logits and suffix."""
-    return all(bit_exact(record["comparisons"][pair]) for pair in replica_pairs(record))
+    return all(bit_exact(record.comparisons[pair]) for pair in replica_pairs(record))
 
 
-def differences(metrics: dict, pair: str) -> list[str]:
+def differences(metrics: Comparison, pair: str) -> list[str]:
     """One phrase per quantity of a pair that is not bit-exact, with its size or index."""
     out = []
-    if metrics["cache_exact"] is False:
-        out.append(f"{pair} caches differ (K rel L2 {metrics['k_rel_l2']:.3g}, max |dK| {metrics['k_max_abs']:.3g}; "
-                   f"V rel L2 {metrics['v_rel_l2']:.3g}, max |dV| {metrics['v_max_abs']:.3g})")
-    if not metrics["logits_exact"]:
-        out.append(f"{pair} boundary logits differ (max |d| {metrics['logits_max_abs']:.3g})")
-    if not metrics["suffix_equal"]:
-        out.append(f"{pair} suffixes diverge at suffix index {metrics['first_divergence']} "
-                   f"(top-1 minus top-2 margins {metrics['margins_at_divergence']})")
-    elif metrics.get("steps_exact") is False:
-        out.append(f"{pair} suffix logits differ from step {metrics.get('steps_first_difference')} on (max |d| "
-                   f"{metrics.get('steps_max_abs', float('nan')):.3g}), the tokens do not")
+    if metrics.cache_exact is False:
+        out.append(f"{pair} caches differ (K rel L2 {metrics.k_rel_l2:.3g}, max |dK| {metrics.k_max_abs:.3g}; "
+                   f"V rel L2 {metrics.v_rel_l2:.3g}, max |dV| {metrics.v_max_abs:.3g})")
+    if not metrics.logits_exact:
+        out.append(f"{pair} boundary logits differ (max |d| {metrics.logits_max_abs:.3g})")
+    if not metrics.suffix_equal:
+        margins = metrics.margins_at_divergence
+        out.append(f"{pair} suffixes diverge at suffix index {metrics.first_divergence} "
+                   f"(top-1 minus top-2 margins {None if margins is None else list(margins)})")
+    elif metrics.steps_exact is False:
+        steps_max_abs = float("nan") if metrics.steps_max_abs is None else metrics.steps_max_abs
+        out.append(f"{pair} suffix logits differ from step {metrics.steps_first_difference} on (max |d| "
+                   f"{steps_max_abs:.3g}), the tokens do not")
     return out
 
 
@@ -126,60 +131,60 @@ class Gates:
             audit_reproduce=gates["audit"]["reproduce"],
         )
 
-    def replicas(self, record: dict, pair: str) -> Judgement:
+    def replicas(self, record: Record, pair: str) -> Judgement:
         """A replica pair (layer 1): bit-exact, unless gates.<family>.replicas_exact is false."""
-        problems = differences(record["comparisons"][pair], pair)
+        problems = differences(record.comparisons[pair], pair)
         if not problems:
             return PASS
-        family = record["family"]
+        family = record.family
         return _required(self.replicas_exact.get(family, True), f"{where(record)}: {'; '.join(problems)}",
                          f"{family}.replicas_exact")
 
-    def bridge(self, record: dict) -> Judgement:
+    def bridge(self, record: Record) -> Judgement:
         """Live vs incremental (layer 3): bit-exact in every layer, the logits and the suffix."""
-        problems = differences(record["comparisons"][BRIDGE_PAIR], BRIDGE_PAIR)
+        problems = differences(record.comparisons[BRIDGE_PAIR], BRIDGE_PAIR)
         if not problems:
             return PASS
         return _required(self.bridge_exact, f"{where(record)}: {'; '.join(problems)}", "bridge.exact")
 
-    def divergence(self, record: dict, pair: str) -> Judgement:
+    def divergence(self, record: Record, pair: str) -> Judgement:
         """A headline pair's suffixes: a divergence is recorded where the contract allows it at this
         precision, a failure where it does not."""
-        metrics = record["comparisons"][pair]
-        if metrics["suffix_equal"]:
+        metrics = record.comparisons[pair]
+        if metrics.suffix_equal:
             return PASS
         a, b = pair.split("~")
-        margins = metrics["margins_at_divergence"]
-        detail = (f"{where(record)}: {a} and {b} suffixes diverge at suffix index {metrics['first_divergence']} "
+        margins = metrics.margins_at_divergence
+        detail = (f"{where(record)}: {a} and {b} suffixes diverge at suffix index {metrics.first_divergence} "
                   f"(top-1 minus top-2 margins {margins[0]:.3g} / {margins[1]:.3g}); answers "
-                  f"{'equal' if metrics['answer_equal'] else 'differ'}; boundary K rel L2 "
-                  f"{'not measured' if unmeasured(metrics) else format(metrics['k_rel_l2'], '.3g')}")
-        family, precision = record["family"], record["precision"]
+                  f"{'equal' if metrics.answer_equal else 'differ'}; boundary K rel L2 "
+                  f"{'not measured' if unmeasured(metrics) else format(metrics.k_rel_l2, '.3g')}")
+        family, precision = record.family, record.precision
         if self.suffix_divergence_allowed[family][precision]:
             return Judgement("recorded", f"divergence recorded, allowed by the contract: {detail}")
         return Judgement("fail", f"{detail}; the contract requires {precision} {family} suffixes to be exact "
                                  f"(gate {family}.suffix_divergence_allowed.{precision}: false)")
 
-    def served(self, record: dict, pair: str) -> Judgement:
+    def served(self, record: Record, pair: str) -> Judgement:
         """The premise of a serving pair (families.serving), from the engine's own counters: a fresh
         prefill read nothing from the prefix cache (else the reset did not take: a failure); a prefix hit
         reused a block the live request wrote while decoding, and a chunked prefill took more than one
         scheduler step (else the comparison is vacuous: recorded as such, never passed)."""
-        served = {arm: record["arms"][arm]["served"] for arm in pair.split("~")}
-        stale = {arm: s["cached_tokens"] for arm, s in served.items() if arm not in ("live", "prefix_hit")
-                 and s["cached_tokens"]}
+        served = {arm: record.arms[arm].served for arm in pair.split("~")}
+        stale = {arm: s.cached_tokens for arm, s in served.items() if arm not in ("live", "prefix_hit")
+                 and s.cached_tokens}
         if stale:
             return Judgement("fail", f"{where(record)}: {pair}: requests on an emptied prefix cache read tokens from "
                                      f"it: {stale}")
-        if "prefix_hit" in served and not record["prefix_hit"]["covers_decode"]:
-            hit = record["prefix_hit"]
+        if "prefix_hit" in served and not record.prefix_hit.covers_decode:
+            hit = record.prefix_hit
             return Judgement("recorded", f"{where(record)}: vacuous prefix hit: the engine reused "
-                                         f"{hit['cached_tokens']} tokens, none past the {hit['prompt_block_tokens']} "
+                                         f"{hit.cached_tokens} tokens, none past the {hit.prompt_block_tokens} "
                                          "of the prompt block's full blocks that the live request computed by "
                                          "prefill (no live-decoded block was reused: the hit says nothing about the "
                                          "live state)")
-        if "chunked" in served and (served["chunked"]["prefill_steps"] or 0) < 2:
-            steps = served["chunked"]["prefill_steps"]
+        if "chunked" in served and (served["chunked"].prefill_steps or 0) < 2:
+            steps = served["chunked"].prefill_steps
             return Judgement("recorded", f"{where(record)}: vacuous chunked prefill: the prompt took "
                                          f"{'an unobserved number of' if steps is None else steps} scheduler step(s)")
         return PASS
@@ -188,18 +193,18 @@ class Gates:
         """A baseline record against its recomputation (`message`: what changed, None if it reproduced)."""
         return PASS if message is None else _required(self.audit_reproduce, message, "audit.reproduce")
 
-    def transplant_row(self, record: dict, role: str) -> Judgement:
+    def transplant_row(self, record: Record, role: str) -> Judgement:
         """One transplant row (layer 4): a divergent row's recipients follow their donors, a control's
         never take a third trajectory. Where the gates allow a share of misses, a miss is recorded
         here and the share is judged over the family (`transplant_family`)."""
-        outcomes = {name: t["outcome"] for name, t in record["transplants"].items()}
+        outcomes = {name: t.outcome for name, t in record.transplants.items()}
         if role == "divergent":
             missed = {name: o for name, o in outcomes.items() if o != FOLLOWS}
             if missed:
                 return _required(self.donor_recovery >= 1, f"{where(record)}: the recipient did not follow its "
                                                             f"donor: {missed}", "transplant.donor_recovery")
             return PASS
-        third = {name: record["transplants"][name] for name, o in outcomes.items() if o == THIRD}
+        third = {name: record.transplants[name].to_json() for name, o in outcomes.items() if o == THIRD}
         if third:
             return _required(self.controls_third_trajectory == 0, f"{where(record)}: a transplant between exact "
                                                                  f"arms produced a third trajectory: {third}",

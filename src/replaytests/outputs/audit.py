@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from replaytests.errors import shorten
+from replaytests.outputs.records import Record
 
 # Leaves are reported in this order, so the first change named is the most telling one: the
 # record's identity and status, then each arm's fingerprints before its trajectory, then metrics.
@@ -84,7 +85,13 @@ class Audit:
         return [change for change in self.changes if not numeric(change.path)]
 
 
-def audit_record(baseline: dict, current: dict) -> Audit:
+def audit_record(baseline: Record, current: Record) -> Audit:
+    """The leaves of `baseline`'s ledger line that `current`'s does not reproduce (compare_leaves)."""
+    return compare_leaves(baseline.to_json(), current.to_json())
+
+
+def compare_leaves(baseline: dict, current: dict) -> Audit:
+    """Two ledger lines (JSON objects), leaf by leaf."""
     old, new = dict(leaves(baseline)), dict(leaves(current))
     if baseline.get("schema") != current.get("schema"):  # an earlier schema: its own leaves, not its version
         old.pop("schema", None)

@@ -35,9 +35,10 @@ from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import BRIDGE_PAIR, LEVELS, Gates, gated, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences
-from replaytests.outputs import ledger, localization
+from replaytests.outputs import localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
+from replaytests.outputs.records import Record
 from replaytests.outputs.report import MANIFEST_DIGESTS, collate, mcnemar_paired, read_run
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES
@@ -51,10 +52,10 @@ HEADER = ("family", "precision", "measure", "rows", "baseline [Wilson 95%]", "ne
 Group = tuple[str, str]  # (family, precision)
 
 
-def transplant_outcomes(record: dict) -> dict[str, str]:
+def transplant_outcomes(record: Record) -> dict[str, str]:
     """Each direction's outcome ("follows_donor", "keeps_own" or "third") of an ok transplant record
-    (families/transplant.py): the one place that reads the transplant record's shape."""
-    return {name: result["outcome"] for name, result in record.get("transplants", {}).items()}
+    (families/transplant.py)."""
+    return {name: result.outcome for name, result in (record.transplants or {}).items()}
 
 
 def gates_of(contract: Path | None = None) -> Gates:
@@ -174,29 +175,32 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _groups(records: list[dict]) -> dict[Group, dict[str, dict]]:
+Rows = dict[str, Record]  # row id -> the record of one (family, precision)
+
+
+def _groups(records: list[Record]) -> dict[Group, Rows]:
     """(family, precision) -> row id -> record."""
-    out: dict[Group, dict[str, dict]] = defaultdict(dict)
+    out: dict[Group, Rows] = defaultdict(dict)
     for record in records:
-        out[(record["family"], record["precision"])][record["row"]] = record
+        out[(record.family, record.precision)][record.row] = record
     return out
 
 
-def _ok(rows: dict[str, dict]) -> list[dict]:
-    return [rows[row] for row in sorted(rows) if rows[row]["status"] == "ok"]
+def _ok(rows: Rows) -> list[Record]:
+    return [rows[row] for row in sorted(rows) if rows[row].ok]
 
 
-def _inexact(record: dict, pairs: list[str]) -> list[str]:
+def _inexact(record: Record, pairs: list[str]) -> list[str]:
     """`pair (field false, ...)` for each pair of the record that is not bit-exact (cache, logits, suffix)."""
     return [f"{pair} ({', '.join(f'{f} false' for f in failed)})" for pair in pairs
-            if (failed := inexact(record["comparisons"][pair]))]
+            if (failed := inexact(record.comparisons[pair]))]
 
 
-def _exactness(out: Comparison, group: Group, base: dict, new: dict, measure: str,
-               pairs: Callable[[dict], list[str]], required: bool) -> None:
+def _exactness(out: Comparison, group: Group, base: Rows, new: Rows, measure: str,
+               pairs: Callable[[Record], list[str]], required: bool) -> None:
     """A gate on the new run: every ok record's `pairs` bit-exact (the baseline's count informs); where
     the contract does not require it, an inexact pair is a note."""
-    def split(rows: dict) -> tuple[int, list[tuple[dict, list[str]]]]:
+    def split(rows: Rows) -> tuple[int, list[tuple[Record, list[str]]]]:
         """Ok records carrying the pairs, and (record, its inexact pairs) for each that is not exact."""
         carrying = [r for r in _ok(rows) if pairs(r)]
         return len(carrying), [(r, bad) for r in carrying if (bad := _inexact(r, pairs(r)))]
@@ -205,15 +209,14 @@ def _exactness(out: Comparison, group: Group, base: dict, new: dict, measure: st
     if n_new:
         out.lines.append(Measure(group, measure, n_new, (n_base - len(bad_base), n_base) if n_base else None,
                                  (n_new - len(bad_new), n_new), None, not bad_new, not required))
-    (out.reasons if required else out.notes).extend(f"{measure}: {ledger.label(r)} {'; '.join(bad)}"
-                                                    for r, bad in bad_new)
+    (out.reasons if required else out.notes).extend(f"{measure}: {r.label} {'; '.join(bad)}" for r, bad in bad_new)
 
 
-def _bridge(record: dict) -> list[str]:
-    return [BRIDGE_PAIR] if record["family"] == "bridge" and BRIDGE_PAIR in record["comparisons"] else []
+def _bridge(record: Record) -> list[str]:
+    return [BRIDGE_PAIR] if record.family == "bridge" and BRIDGE_PAIR in record.comparisons else []
 
 
-def _changes(out: Comparison, group: Group, base: dict, new: dict) -> None:
+def _changes(out: Comparison, group: Group, base: Rows, new: Rows) -> None:
     """Every record in both runs reproduces leaf by leaf (level bits) and trajectory by trajectory (level
     trajectories); the first change named is the most telling."""
     both = sorted(base.keys() & new.keys())
@@ -227,16 +230,16 @@ def _changes(out: Comparison, group: Group, base: dict, new: dict) -> None:
         more = f" (and {len(audit.changes) - 1} more leaves)" if len(audit.changes) > 1 else ""
         if trajectory:
             moved += 1
-            out.finding("trajectories", group, f"trajectory changed: {ledger.label(record)}: {shown[0]}{more}")
+            out.finding("trajectories", group, f"trajectory changed: {record.label}: {shown[0]}{more}")
         else:
-            out.finding("bits", group, f"changed: {ledger.label(record)}: {shown[0]}{more}")
+            out.finding("bits", group, f"changed: {record.label}: {shown[0]}{more}")
     for measure, level, changed in (("records reproduce", "bits", len(audits)),
                                     ("trajectories reproduce", "trajectories", moved)):
         out.lines.append(Measure(group, measure, len(both), None, (len(both) - changed, len(both)), None,
                                  not changed, not out.gated(level)))
 
 
-def _exact_cell_divergence(out: Comparison, group: Group, new: dict, gates: Gates) -> None:
+def _exact_cell_divergence(out: Comparison, group: Group, new: Rows, gates: Gates) -> None:
     """The zero-divergence gate of an exact cell, at every level: a headline pair of the new run whose
     suffixes diverge in a cell where the contract (gates.<family>.suffix_divergence_allowed.<cell>: false)
     does not allow it. A cell the gates do not name is not judged here."""
@@ -245,25 +248,22 @@ def _exact_cell_divergence(out: Comparison, group: Group, new: dict, gates: Gate
         return
     for record in _ok(new):
         for pair in SHAPES[family].headline:
-            metrics = record["comparisons"].get(pair)
-            if metrics is not None and not metrics["suffix_equal"]:
-                out.reasons.append(f"{cell} divergence: {ledger.label(record)} {pair} suffixes diverge at suffix index "
-                                   f"{metrics['first_divergence']} (gate {family}.suffix_divergence_allowed.{cell}: "
+            metrics = record.comparisons.get(pair)
+            if metrics is not None and not metrics.suffix_equal:
+                out.reasons.append(f"{cell} divergence: {record.label} {pair} suffixes diverge at suffix index "
+                                   f"{metrics.first_divergence} (gate {family}.suffix_divergence_allowed.{cell}: "
                                    "false)")
 
 
-def _rates(out: Comparison, group: Group, base: dict, new: dict, alpha: float) -> None:
+def _rates(out: Comparison, group: Group, base: Rows, new: Rows, alpha: float) -> None:
     """Each headline divergence, paired by row: exact McNemar between the runs, p < level fails."""
-    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys())
-            if base[row]["status"] == new[row]["status"] == "ok"]
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
     for pair in SHAPES[group[0]].headline:
-        paired = [(b["comparisons"][pair], n["comparisons"][pair]) for b, n in both
-                  if pair in b["comparisons"] and pair in n["comparisons"]]
+        paired = [(b.comparisons[pair], n.comparisons[pair]) for b, n in both
+                  if pair in b.comparisons and pair in n.comparisons]
         for name in DIVERGENCES if paired else ():
             flag = FLAGS[name][0]
-            if any(flag not in c for comps in paired for c in comps):
-                continue
-            x, y = [not b[flag] for b, _ in paired], [not n[flag] for _, n in paired]
+            x, y = [not getattr(b, flag) for b, _ in paired], [not getattr(n, flag) for _, n in paired]
             test = mcnemar_paired(x, y)
             counts = (sum(x), len(paired)), (sum(y), len(paired))
             out.lines.append(Measure(group, f"{pair} {name.replace('_', ' ')}", len(paired), *counts, test.p,
@@ -276,13 +276,13 @@ def _rates(out: Comparison, group: Group, base: dict, new: dict, alpha: float) -
                             f"{test.b}, new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
 
 
-def _outcome_counts(rows: dict, role: str, outcome: str) -> dict[str, tuple[int, int]]:
+def _outcome_counts(rows: Rows, role: str, outcome: str) -> dict[str, tuple[int, int]]:
     """Per direction: (records of `role` with `outcome`, records of `role`) over the ok records."""
-    seen = [transplant_outcomes(r) for r in _ok(rows) if r.get("role") == role]
+    seen = [transplant_outcomes(r) for r in _ok(rows) if r.role == role]
     return {name: (sum(o[name] == outcome for o in seen), len(seen)) for name in sorted({n for o in seen for n in o})}
 
 
-def _transplant(out: Comparison, group: Group, base: dict, new: dict, gates: Gates) -> None:
+def _transplant(out: Comparison, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
     """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run),
     judged by gates.transplant."""
     follows, thirds = _outcome_counts(new, "divergent", "follows_donor"), _outcome_counts(new, "control", "third")
@@ -296,7 +296,7 @@ def _transplant(out: Comparison, group: Group, base: dict, new: dict, gates: Gat
     out.reasons += [f"transplant gate: {'/'.join(group)} {message}" for message in failed]
 
 
-def _presence(out: Comparison, base: dict[Group, dict], new: dict[Group, dict]) -> None:
+def _presence(out: Comparison, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
     """A (family, precision) of the baseline with no record in the new run fails; rows in one run only
     are noted, one line per family and side (its precisions and the first few row ids)."""
     one_side: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
@@ -339,21 +339,20 @@ def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
     return out
 
 
-def _cross_runtime(out: Comparison, group: Group, base: dict, new: dict, runtimes: tuple[str, str]) -> None:
+def _cross_runtime(out: Comparison, group: Group, base: Rows, new: Rows, runtimes: tuple[str, str]) -> None:
     """Runs of two runtimes on one bank: per arm both ran (live, incremental, prefill and their replicas),
     the rows whose z and suffix are the same on both, with its Wilson interval (informs; the gate judges
     the trajectories)."""
-    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys())
-            if base[row]["status"] == new[row]["status"] == "ok"]
-    arms = [arm for arm in FAMILIES[group[0]].arms if all(arm in b["arms"] and arm in n["arms"] for b, n in both)]
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
+    arms = [arm for arm in FAMILIES[group[0]].arms if all(arm in b.arms and arm in n.arms for b, n in both)]
     for arm in arms if both else ():
-        same = sum(b["arms"][arm]["suffix"] == n["arms"][arm]["suffix"]
-                   and b["arms"][arm]["z_sha256"] == n["arms"][arm]["z_sha256"] for b, n in both)
+        same = sum(b.arms[arm].suffix == n.arms[arm].suffix and b.arms[arm].z_sha256 == n.arms[arm].z_sha256
+                   for b, n in both)
         out.lines.append(Measure(group, f"{arm}: same z and suffix, {runtimes[0]} vs {runtimes[1]}", len(both), None,
                                  (same, len(both)), None, same == len(both), not out.gated("trajectories")))
 
 
-def compare(baseline: list[dict], new: list[dict], alpha: float = ALPHA, gates: Gates | None = None,
+def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gates: Gates | None = None,
             gate: str = "bits", expected: Expected | None = None,
             runtimes: tuple[str, str] | None = None) -> Comparison:
     """The gate of `new` against `baseline` (ledger records) at `gate` (LEVELS). With `runtimes` (the two
@@ -374,7 +373,7 @@ def compare(baseline: list[dict], new: list[dict], alpha: float = ALPHA, gates: 
     _presence(out, base_groups, new_groups)
     for group in sorted(new_groups):
         base, current = base_groups.get(group, {}), new_groups[group]
-        if excluded := sorted(row for row, r in current.items() if r["status"] != "ok"):
+        if excluded := sorted(row for row, r in current.items() if not r.ok):
             out.notes.append(f"{'/'.join(group)}: {len(excluded)} records excluded in the new run "
                              f"(fail-closed checks): {', '.join(excluded)}")
         _exactness(out, group, base, current, "replicas exact", replica_pairs,
@@ -423,7 +422,7 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
     return out
 
 
-def check_comparable(baseline: tuple[Path, list[dict], dict | None], new: tuple[Path, list[dict], dict | None],
+def check_comparable(baseline: tuple[Path, list[Record], dict | None], new: tuple[Path, list[Record], dict | None],
                      across_inputs: bool, accept_interrupted: bool) -> None:
     """A ConfigError, one line, where a comparison could only pass vacuously or mislead: a side that is an
     interrupted run (unless accept_interrupted), runs made on other inputs (bank, model or tokenizer
@@ -438,13 +437,13 @@ def check_comparable(baseline: tuple[Path, list[dict], dict | None], new: tuple[
     if inputs and not across_inputs:
         raise ConfigError(f"compare {base_path} {new_path}: the runs were made on other inputs ({'; '.join(inputs)});"
                           " pass --across-inputs to compare them anyway")
-    common = {ledger.key(r) for r in base} & {ledger.key(r) for r in new_records}
+    common = {r.key for r in base} & {r.key for r in new_records}
     if not common:
-        rows = [sorted({r["row"] for r in records}) for records in (base, new_records)]
+        rows = [sorted({r.row for r in records}) for records in (base, new_records)]
         shown = [", ".join(r[:2]) + (", ..." if len(r) > 2 else "") for r in rows]
         raise ConfigError(f"compare {base_path} {new_path}: no (family, row, precision) record in common (baseline "
                           f"rows {shown[0]}; new rows {shown[1]}): nothing to compare")
-    judged = [{ledger.key(r) for r in records if r["status"] == "ok"} & common for records in (base, new_records)]
+    judged = [{r.key for r in records if r.ok} & common for records in (base, new_records)]
     if not judged[0] & judged[1]:
         raise ConfigError(f"compare {base_path} {new_path}: each of the {len(common)} records in common failed closed "
                           "(excluded) in one run or both: nothing could be judged")

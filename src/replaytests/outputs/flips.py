@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from replaytests.outputs.records import Record
 from replaytests.outputs.stats import proportion
 
 BINS = ("tie", "bf16_step", "apart", "unknown")
@@ -34,7 +35,7 @@ def bf16_step(value: float) -> float:
     return 2.0 ** (math.floor(math.log2(magnitude)) - BF16_MANTISSA_BITS)
 
 
-def bin_of(margins: list[float], top1: list[float] | None) -> str:
+def bin_of(margins: tuple[float, ...], top1: tuple[float, ...] | None) -> str:
     """The bin of one flip from its two margins and, where recorded, the two top-1 logits."""
     smaller = min(margins)
     if smaller == 0:
@@ -44,30 +45,29 @@ def bin_of(margins: list[float], top1: list[float] | None) -> str:
     return "bf16_step" if any(m <= bf16_step(t) for m, t in zip(margins, top1, strict=True)) else "apart"
 
 
-def step_margins(records: list[dict], arm: str) -> list[float] | None:
+def step_margins(records: list[Record], arm: str) -> list[float] | None:
     """Every decode step's margin of `arm` with a choice (forced steps are null), or None where a record
     does not carry them (an older ledger)."""
-    if not all("margins" in r["arms"].get(arm, {}) for r in records):
+    if not all(arm in r.arms and r.arms[arm].margins is not None for r in records):
         return None
-    return [m for r in records for m in r["arms"][arm]["margins"] if m is not None]
+    return [m for r in records for m in r.arms[arm].margins if m is not None]
 
 
-def pair_flips(records: list[dict], pair: str) -> dict | None:
+def pair_flips(records: list[Record], pair: str) -> dict | None:
     """The flips of one pair over the ok records carrying it (None where none diverges)."""
-    carrying = [r for r in records if pair in r["comparisons"]]
-    flips = [(r["row"], r["comparisons"][pair]) for r in carrying if not r["comparisons"][pair]["suffix_equal"]
-             and r["comparisons"][pair].get("margins_at_divergence")]
+    carrying = [r for r in records if pair in r.comparisons]
+    flips = [(r.row, c) for r in carrying if not (c := r.comparisons[pair]).suffix_equal and c.margins_at_divergence]
     if not flips:
         return None
-    binned = {row: bin_of(c["margins_at_divergence"], c.get("top1_at_divergence")) for row, c in flips}
+    binned = {row: bin_of(c.margins_at_divergence, c.top1_at_divergence) for row, c in flips}
     reference = pair.split("~")[0]
-    threshold = max(c["margins_at_divergence"][0] for _, c in flips)
+    threshold = max(c.margins_at_divergence[0] for _, c in flips)
     steps = step_margins(carrying, reference)
     return {
         "rows": len(carrying),
         "divergent": len(flips),
-        "bins": {name: proportion(carrying, lambda r, n=name: binned.get(r["row"]) == n) for name in BINS},
-        "apart_rows": [{"row": row, "margins": c["margins_at_divergence"]} for row, c in flips
+        "bins": {name: proportion(carrying, lambda r, n=name: binned.get(r.row) == n) for name in BINS},
+        "apart_rows": [{"row": row, "margins": list(c.margins_at_divergence)} for row, c in flips
                        if binned[row] == "apart"],
         "reference": reference,
         "threshold": threshold,
@@ -75,12 +75,12 @@ def pair_flips(records: list[dict], pair: str) -> dict | None:
     }
 
 
-def flips(records: list[dict], headlines: dict[str, tuple[str, ...]]) -> dict:
+def flips(records: list[Record], headlines: dict[str, tuple[str, ...]]) -> dict:
     """family -> precision -> pair -> its flips, for every headline pair with a divergence."""
     out: dict = {}
     for family, pairs in headlines.items():
-        for precision in sorted({r["precision"] for r in records if r["family"] == family}):
-            ok = [r for r in records if (r["family"], r["precision"], r["status"]) == (family, precision, "ok")]
+        for precision in sorted({r.precision for r in records if r.family == family}):
+            ok = [r for r in records if r.family == family and r.precision == precision and r.ok]
             for pair in pairs:
                 if (found := pair_flips(ok, pair)) is not None:
                     out.setdefault(family, {}).setdefault(precision, {})[pair] = found

@@ -18,6 +18,7 @@ from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.files import exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
 from replaytests.outputs import causal, ledger, plots, report, report_html
+from replaytests.outputs.records import Record
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import DIVERGENCES
 from replaytests.outputs.tables import Table, plain
@@ -32,7 +33,7 @@ class HistoryError(ReplaytestsError):
     """A history file that cannot be read or appended to as given."""
 
 
-def summarize(records: list[dict]) -> tuple[dict, dict]:
+def summarize(records: list[Record]) -> tuple[dict, dict]:
     """family -> precision -> rows, excluded, replicas_exact (where the family has replicas) and, per
     headline pair, the Wilson objects of its divergences; and the causal outcomes (transplant, replication):
     the report's numbers (docs/report.md)."""
@@ -89,7 +90,10 @@ def entry(source: Path, label: str | None = None, date: str | None = None) -> di
 
 
 def _parse(path: Path, text: str) -> list[dict]:
-    return ledger.parse_versioned_jsonl(path, text, SCHEMA, HistoryError, _problem)
+    entries = ledger.versioned_objects(path, text, SCHEMA, HistoryError)
+    if found := next(((number, problem) for number, value in entries if (problem := _problem(value))), None):
+        raise HistoryError(f"{path}:{found[0]}: {found[1]}")
+    return [value for _, value in entries]
 
 
 def _problem(entry_: dict) -> str | None:

@@ -17,45 +17,33 @@ from pathlib import Path
 
 from replaytests.errors import LedgerError, short
 from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
-from replaytests.outputs.records import READABLE, SCHEMA, Record, RecordError
+from replaytests.outputs.records import KEY_FIELDS, READABLE, SCHEMA, Record, RecordError
 
-__all__ = ["KEY_FIELDS", "READABLE", "SCHEMA", "append_record", "key", "label", "merge", "parse_versioned_jsonl",
-           "read_appended", "read_ledger", "record_line", "record_problem", "write_ledger"]
-
-KEY_FIELDS = ("family", "row", "precision")
+__all__ = ["READABLE", "SCHEMA", "Record", "append_record", "merge", "parse_records", "read_appended", "read_ledger",
+           "record_line", "versioned_objects", "write_ledger"]
 
 
-def key(record: dict) -> tuple[str, str, str]:
-    return tuple(str(record[f]) for f in KEY_FIELDS)
-
-
-def label(record: dict) -> str:
-    """A record's key as messages name it, `family/row/precision` (a field it lacks shows as None)."""
-    return "/".join(str(record.get(f)) for f in KEY_FIELDS)
-
-
-def merge(records: list[dict]) -> list[dict]:
+def merge(records: list[Record]) -> list[Record]:
     """Deduplicate records by key (a row computed twice must agree), sorted by key."""
-    by_key: dict[tuple, dict] = {}
+    by_key: dict[tuple, Record] = {}
     for record in records:
-        k = key(record)
-        if k in by_key and by_key[k] != record:
-            raise LedgerError(f"ledger record {'/'.join(k)} was computed twice with different results")
-        by_key[k] = record
+        if record.key in by_key and by_key[record.key] != record:
+            raise LedgerError(f"ledger record {record.label} was computed twice with different results")
+        by_key[record.key] = record
     return [by_key[k] for k in sorted(by_key)]
 
 
-def write_ledger(path: Path, records: list[dict]) -> None:
-    write_jsonl_atomic(path, merge(records))
+def write_ledger(path: Path, records: list[Record]) -> None:
+    write_jsonl_atomic(path, [record.to_json() for record in merge(records)])
 
 
-def append_record(path: Path, record: dict) -> None:
+def append_record(path: Path, record: Record) -> None:
     """Append one record to a run's records file as one line, as soon as it is computed: several
     processes (xdist workers) append to one file, each line written whole under an exclusive lock and
     flushed to disk, so a run that is stopped keeps every record it finished. A write cut short (a full
     disk) is taken back, and a line left unfinished by a process that died while writing it is ended
     first, so that it never swallows the next record."""
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    line = (json.dumps(record.to_json(), sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -83,7 +71,7 @@ def record_line(line: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def read_appended(path: Path) -> tuple[list[dict], list[int]]:
+def read_appended(path: Path) -> tuple[list[Record], list[int]]:
     """The records appended to a records file (none if it is absent), and the numbers of its torn lines:
     lines cut short by a process that died or a disk that filled while writing them. A torn line is not a
     record; every whole line around it still is."""
@@ -95,38 +83,39 @@ def read_appended(path: Path) -> tuple[list[dict], list[int]]:
     torn = [number for number, line in enumerate(lines, start=1) if line.strip() and record_line(line) is None]
     cut = set(torn)
     kept = "\n".join("" if number in cut else line for number, line in enumerate(lines, start=1))
-    return parse_versioned_jsonl(path, kept, READABLE, LedgerError), torn
+    return parse_records(path, kept), torn
 
 
-def parse_versioned_jsonl(path: Path, text: str, schema: str | tuple[str, ...], error: type[Exception],
-                          problem: Callable[[dict], str | None] | None = None) -> list[dict]:
-    """One JSON object per line, each with `"schema"` one of `schema` and, given `problem` (what makes
-    an object unreadable, or None), readable; anything else is `error` naming the file and the line."""
+def versioned_objects(path: Path, text: str, schema: str | tuple[str, ...],
+                      error: type[Exception]) -> list[tuple[int, dict]]:
+    """(line number, object) of each line of a JSONL text, each with `"schema"` one of `schema`; anything
+    else is `error` naming the file and the line."""
     schemas = (schema,) if isinstance(schema, str) else schema
-    objects = []
-    for number, value in jsonl_objects(path, text, error):
+    objects = jsonl_objects(path, text, error)
+    for number, value in objects:
         if value.get("schema") not in schemas:
             raise error(f"{path}:{number}: field 'schema' is {short(value.get('schema'))}, expected "
                         f"{' or '.join(map(repr, schemas))}")
-        if problem is not None and (found := problem(value)):
-            raise error(f"{path}:{number}: {found}")
-        objects.append(value)
     return objects
 
 
-def record_problem(value: dict) -> str | None:
-    """What makes an object unreadable as a ledger record (records.Record names the field), or None."""
-    try:
-        Record.from_json(value)
-    except RecordError as exc:
-        return f"ledger record {label(value)}: {exc}"
-    return None
+def parse_records(path: Path, text: str, problem: Callable[[Record], str | None] | None = None) -> list[Record]:
+    """The records of a ledger's text, each read by records.Record and, given `problem` (what makes a record
+    unfit for its reader, or None), accepted by it; else a LedgerError naming the file, the line and the
+    field."""
+    records = []
+    for number, value in versioned_objects(path, text, READABLE, LedgerError):
+        try:
+            record = Record.from_json(value)
+        except RecordError as exc:
+            names = "/".join(str(value.get(name)) for name in KEY_FIELDS)
+            raise LedgerError(f"{path}:{number}: ledger record {names}: {exc}") from None
+        if problem is not None and (found := problem(record)):
+            raise LedgerError(f"{path}:{number}: {found}")
+        records.append(record)
+    return records
 
 
-def read_ledger(path: Path, problem: Callable[[dict], str | None] | None = None) -> list[dict]:
-    """A ledger's records, each a readable record (record_problem) and, given `problem`, one it accepts; an
-    unreadable one is a LedgerError naming the file, the line and the field."""
-    def unreadable(value: dict) -> str | None:
-        return record_problem(value) or (problem(value) if problem else None)
-
-    return parse_versioned_jsonl(path, read_text(path, "ledger", LedgerError), READABLE, LedgerError, unreadable)
+def read_ledger(path: Path, problem: Callable[[Record], str | None] | None = None) -> list[Record]:
+    """A ledger's records (parse_records)."""
+    return parse_records(path, read_text(path, "ledger", LedgerError), problem)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from replaytests.outputs import ledger
+from replaytests.outputs.records import LayerDigests, Record
 
 TRAJECTORY = ("suffix", "answer", "correct")
 
@@ -22,12 +22,12 @@ def construction(arm: str) -> str:
     return "<-".join(side.removesuffix("_replica") for side in arm.split("<-"))
 
 
-def first_moved(before: dict | None, after: dict | None) -> tuple[int, str] | None:
+def first_moved(before: LayerDigests | None, after: LayerDigests | None) -> tuple[int, str] | None:
     """The first layer whose K or V digest differs, with which moved there (`K`, `V` or `K and V`);
     None where none differs. Raises LookupError where either side lacks per-layer digests."""
-    if not (isinstance(before, dict) and isinstance(after, dict)):
+    if before is None or after is None:
         raise LookupError("no per-layer digests")
-    for layer, (kb, vb, ka, va) in enumerate(zip(before["k"], before["v"], after["k"], after["v"], strict=False)):
+    for layer, (kb, vb, ka, va) in enumerate(zip(before.k, before.v, after.k, after.v, strict=False)):
         parts = [name for name, old, new in (("K", kb, ka), ("V", vb, va)) if old != new]
         if parts:
             return layer, " and ".join(parts)
@@ -69,28 +69,28 @@ class Moved:
                 f"suffix moved in {self.suffix}/{self.arms}")
 
 
-def localize(baseline: list[dict], new: list[dict]) -> dict[str, dict[str, Moved]]:
+def localize(baseline: list[Record], new: list[Record]) -> dict[str, dict[str, Moved]]:
     """precision -> construction -> Moved, over the arms of the records ok in both runs."""
-    before = {ledger.key(r): r for r in baseline if r["status"] == "ok"}
+    before = {r.key: r for r in baseline if r.ok}
     out: dict[str, dict[str, Moved]] = defaultdict(lambda: defaultdict(Moved))
     for record in new:
-        old = before.get(ledger.key(record))
-        if old is None or record["status"] != "ok":
+        old = before.get(record.key)
+        if old is None or not record.ok:
             continue
-        for arm in sorted(record["arms"].keys() & old["arms"].keys()):
-            a, b = old["arms"][arm], record["arms"][arm]
-            moved = out[record["precision"]][construction(arm)]
+        for arm in sorted(record.arms.keys() & old.arms.keys()):
+            a, b = old.arms[arm], record.arms[arm]
+            moved = out[record.precision][construction(arm)]
             moved.arms += 1
-            if a.get("cache_digest") is not None and b.get("cache_digest") is not None:
+            if a.cache_digest is not None and b.cache_digest is not None:
                 moved.measured += 1
-                if a["cache_digest"] != b["cache_digest"]:
+                if a.cache_digest != b.cache_digest:
                     moved.cache += 1
                     try:
-                        moved.first[first_moved(a.get("layer_digests"), b.get("layer_digests")) or "unknown"] += 1
+                        moved.first[first_moved(a.layer_digests, b.layer_digests) or "unknown"] += 1
                     except LookupError:
                         moved.first["unknown"] += 1
-            moved.logits += a.get("logits_digest") != b.get("logits_digest")
-            moved.suffix += any(a.get(f) != b.get(f) for f in TRAJECTORY)
+            moved.logits += a.logits_digest != b.logits_digest
+            moved.suffix += any(getattr(a, f) != getattr(b, f) for f in TRAJECTORY)
     return out
 
 
@@ -116,7 +116,7 @@ def summary(precision: str, constructions: dict[str, Moved]) -> str:
     return f"{precision}: {cache}; {moved_logits}; {moved_suffixes}: {kind}"
 
 
-def lines(baseline: list[dict], new: list[dict]) -> list[str]:
+def lines(baseline: list[Record], new: list[Record]) -> list[str]:
     """The summary line of each precision, then one line per (precision, construction)."""
     found = localize(baseline, new)
     out = [summary(precision, found[precision]) for precision in sorted(found)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import types
 import typing
@@ -303,6 +304,8 @@ class PrefixHit(Part):
 
 
 STATUSES = ("ok", "excluded")
+KEY_FIELDS = ("family", "row", "precision")  # what names a record: one per (family, row, cell) in a ledger
+_EMPTY: Mapping = types.MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -318,8 +321,9 @@ class Record(Part):
     expected_answer: str | None
     reason: str | None = field(default=None, metadata=OPTIONAL)
     cell_digest: str | None = field(default=None, metadata=since(5))
-    arms: Mapping[str, Arm] | None = field(default=None, metadata=OPTIONAL)
-    comparisons: Mapping[str, Comparison] | None = field(default=None, metadata=OPTIONAL)
+    # an excluded record has no arms and no comparisons: both read as empty
+    arms: Mapping[str, Arm] = field(default_factory=lambda: _EMPTY, metadata=OPTIONAL)
+    comparisons: Mapping[str, Comparison] = field(default_factory=lambda: _EMPTY, metadata=OPTIONAL)
     z_matches_bank: bool | None = field(default=None, metadata=OPTIONAL)
     z_first_difference: ZDifference | None = field(default=None, metadata=OPTIONAL)
     batch: Mapping[str, int] | None = field(default=None, metadata=OPTIONAL)
@@ -343,12 +347,28 @@ class Record(Part):
                                                       f"got {short(schema)}")
         return super().from_json(value, where, int(number))
 
+    @classmethod
+    def of(cls, fields: dict) -> Record:
+        """The record a family built (`fields`, as plain Python values), read as the ledger will hold it: the
+        record a test reads is the one another process reads back from the run's records file."""
+        return cls.from_json(json.loads(json.dumps(fields)))
+
     @property
     def key(self) -> tuple[str, str, str]:
-        return self.family, self.row, self.precision
+        return tuple(getattr(self, name) for name in KEY_FIELDS)
+
+    @property
+    def label(self) -> str:
+        """The record's key as messages name it: `family/row/precision`."""
+        return "/".join(self.key)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every fail-closed check passed (else the record is excluded, with its reason)."""
+        return self.status == "ok"
 
     def check(self, where: str) -> None:
-        for name in ("family", "row", "precision"):
+        for name in KEY_FIELDS:
             if not getattr(self, name):
                 raise RecordError(_join(where, name), "expected a non-empty string")
         if self.status not in STATUSES:
@@ -358,6 +378,7 @@ class Record(Part):
                 raise RecordError(_join(where, "reason"), "missing: an excluded record says why")
             return
         for name in ("arms", "comparisons"):
+            if name in self.absent:
+                raise RecordError(_join(where, name), "missing (an 'ok' record holds its arms and comparisons)")
             if not getattr(self, name):
-                raise RecordError(_join(where, name), "expected a non-empty object in an 'ok' record, got "
-                                                      f"{short(_write(getattr(self, name)))}")
+                raise RecordError(_join(where, name), "expected a non-empty object in an 'ok' record, got {}")

@@ -19,6 +19,7 @@ from replaytests.files import lookup, read_json, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.gates import bit_exact, replicas_exact
 from replaytests.outputs import causal, flips, ledger, report_html, sections, serving, summary
+from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import CAUSAL, DIVERGENCES, FLAGS, PER_LAYER, SHAPES, SPREADS, Shape
 from replaytests.outputs.stats import (
@@ -36,9 +37,9 @@ SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")
 
 
-def _has(comps: list[dict], *fields: str) -> bool:
-    """A metric is reported only when every comparison of the pair carries its fields."""
-    return bool(comps) and all(c.get(f) is not None for c in comps for f in fields)
+def _has(comps: list[Comparison], *fields: str) -> bool:
+    """A metric is reported only when every comparison of the pair measured its fields."""
+    return bool(comps) and all(getattr(c, f) is not None for c in comps for f in fields)
 
 
 def _spread(values: list[float], positions: bool = False) -> dict:
@@ -52,20 +53,20 @@ def _spread(values: list[float], positions: bool = False) -> dict:
     return out
 
 
-def _pair(comps: list[dict]) -> dict:
+def _pair(comps: list[Comparison]) -> dict:
     out: dict = {"rows": len(comps)}
-    out |= {name: proportion(comps, lambda c, f=field, neg=negate: c[f] != neg)
+    out |= {name: proportion(comps, lambda c, f=field, neg=negate: getattr(c, f) != neg)
             for name, (field, negate) in FLAGS.items() if _has(comps, field)}
-    if _has(comps, "logits_exact", "suffix_equal") and all("cache_exact" in c for c in comps):
+    if comps:
         out["bit_exact"] = proportion(comps, bit_exact)  # a cache not measured (null) is not counted
-    out |= {name: _spread([max(c[f] for f in fields) for c in comps])
+    out |= {name: _spread([max(getattr(c, f) for f in fields) for c in comps])
             for name, fields in SPREADS.items() if _has(comps, *fields)}
-    if _has(comps, "suffix_equal") and all("first_divergence" in c for c in comps):
-        out["first_divergence"] = _spread([c["first_divergence"] for c in comps
-                                           if not c["suffix_equal"] and c["first_divergence"] is not None], True)
+    if comps:
+        out["first_divergence"] = _spread([c.first_divergence for c in comps
+                                           if not c.suffix_equal and c.first_divergence is not None], True)
     for name in PER_LAYER:
-        if _has(comps, name) and len({len(c[name]) for c in comps}) == 1:
-            out[f"{name}_mean"] = np.mean([c[name] for c in comps], axis=0).tolist()
+        if _has(comps, name) and len({len(getattr(c, name)) for c in comps}) == 1:
+            out[f"{name}_mean"] = np.mean([getattr(c, name) for c in comps], axis=0).tolist()
     return out
 
 
@@ -81,11 +82,11 @@ def _paired(names: tuple[str, str], x: list[bool], y: list[bool]) -> dict:
             "mcnemar": mcnemar_paired(x, y).to_json()}
 
 
-def _label(record: dict, arm: str) -> bool | None:
-    return record["arms"].get(arm, {}).get("correct")
+def _label(record: Record, arm: str) -> bool | None:
+    return record.arms[arm].correct if arm in record.arms else None
 
 
-def _accuracy(ok: list[dict], first: str, second: str) -> dict | None:
+def _accuracy(ok: list[Record], first: str, second: str) -> dict | None:
     """Each arm's accuracy over its labelled rows; second - first over the rows labelled in both."""
     labels = {arm: [_label(r, arm) for r in ok if _label(r, arm) is not None] for arm in (first, second)}
     if not any(labels.values()):
@@ -95,31 +96,29 @@ def _accuracy(ok: list[dict], first: str, second: str) -> dict | None:
             **_paired((second, first), [_label(r, second) for r in both], [_label(r, first) for r in both])}
 
 
-def _reduction(by_cell: dict[str, list[dict]], pair: str, cell_pair: tuple[str, str]) -> dict:
+def _reduction(by_cell: dict[str, list[Record]], pair: str, cell_pair: tuple[str, str]) -> dict:
     """A headline pair's divergences in one cell against another, paired over the rows both hold: the
     paper's bf16 -> fp32 reduction, or a quantized cell against its native cell (the amplification)."""
-    before, after = ({r["row"]: r["comparisons"][pair] for r in by_cell[c] if pair in r["comparisons"]}
-                     for c in cell_pair)
+    before, after = ({r.row: r.comparisons[pair] for r in by_cell[c] if pair in r.comparisons} for c in cell_pair)
     rows = sorted(before.keys() & after.keys())
     metrics = {}
     for name in DIVERGENCES:
         field = FLAGS[name][0]
-        x, y = [not before[r][field] for r in rows], [not after[r][field] for r in rows]
+        x, y = [not getattr(before[r], field) for r in rows], [not getattr(after[r], field) for r in rows]
         metrics[name] = {cell_pair[0]: wilson(sum(x), len(rows)).to_json(),
                          cell_pair[1]: wilson(sum(y), len(rows)).to_json(), **_paired(cell_pair, x, y)}
     return {"from": cell_pair[0], "to": cell_pair[1], "rows": len(rows), "metrics": metrics}
 
 
-def _precision(records: list[dict], shape: Shape) -> dict:
-    ok = [r for r in records if r["status"] == "ok"]
-    names = sorted({name for r in ok for name in r["comparisons"]})
+def _precision(records: list[Record], shape: Shape) -> dict:
+    ok = [r for r in records if r.ok]
+    names = sorted({name for r in ok for name in r.comparisons})
     out: dict = {"rows": len(records), "ok": len(ok), "excluded": len(records) - len(ok),
-                 "pairs": {name: _pair([r["comparisons"][name] for r in ok if name in r["comparisons"]])
-                           for name in names}}
+                 "pairs": {name: _pair([r.comparisons[name] for r in ok if name in r.comparisons]) for name in names}}
     if shape.replicas and all("bit_exact" in out["pairs"].get(n, {}) for n in shape.replicas):
         out["replicas_exact"] = proportion(ok, replicas_exact)
-    if ok and all("z_matches_bank" in r for r in ok):
-        out["z_matches_bank"] = proportion(ok, lambda r: r["z_matches_bank"])
+    if ok and all(r.z_matches_bank is not None for r in ok):
+        out["z_matches_bank"] = proportion(ok, lambda r: r.z_matches_bank)
     if shape.accuracy and (accuracy := _accuracy(ok, *shape.accuracy)):
         out["accuracy"] = accuracy
     return out
@@ -129,13 +128,13 @@ def ordered(names, first: tuple[str, ...]) -> list[str]:
     return [n for n in first if n in names] + sorted(set(names) - set(first))
 
 
-def _family(records: list[dict], shape: Shape, cell_pairs: list[tuple[str, str]], order: tuple[str, ...]) -> dict:
-    by_cell: dict[str, list[dict]] = defaultdict(list)
+def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str]], order: tuple[str, ...]) -> dict:
+    by_cell: dict[str, list[Record]] = defaultdict(list)
     for record in records:
-        by_cell[record["precision"]].append(record)
+        by_cell[record.precision].append(record)
     out = {"known": shape != Shape(), "headline_pairs": list(shape.headline),
            "precisions": {c: _precision(by_cell[c], shape) for c in ordered(by_cell, order)}}
-    ok = {c: [r for r in rs if r["status"] == "ok"] for c, rs in by_cell.items()}
+    ok = {c: [r for r in rs if r.ok] for c, rs in by_cell.items()}
     if shape.reductions and (held := [p for p in cell_pairs if ok.get(p[0]) and ok.get(p[1])]):
         out["reductions"] = {pair: [_reduction(ok, pair, p) for p in held] for pair in shape.headline}
     return out
@@ -158,30 +157,28 @@ def cell_order(meta: dict) -> tuple[str, ...]:
     return cells.PAPER
 
 
-def _problem(record: dict) -> str | None:
-    """What makes a readable record (ledger.record_problem) unfit for a report, or None: an ok record without
-    its family's headline pair."""
-    if record["status"] != "ok":
+def _problem(record: Record) -> str | None:
+    """What makes a record unfit for a report, or None: an ok record without its family's headline pair."""
+    if not record.ok:
         return None
-    family = record["family"]
+    family = record.family
     headline = SHAPES[family].headline if family in SHAPES else (CROSS,) if family in CAUSAL else ()
-    if missing := [pair for pair in headline if pair not in record["comparisons"]]:
-        return f"ledger record {ledger.label(record)}: comparisons lack the {family} family's pair {missing[0]!r}"
+    if missing := [pair for pair in headline if pair not in record.comparisons]:
+        return f"ledger record {record.label}: comparisons lack the {family} family's pair {missing[0]!r}"
     return None
 
 
-def build_report(records: list[dict], meta: dict) -> dict:
+def build_report(records: list[Record], meta: dict) -> dict:
     """The report.json content of ledger records (docs/report.md); `meta` is carried as given."""
-    problems = (ledger.record_problem(record) or _problem(record) for record in records)
-    if problem := next(filter(None, problems), None):
+    if problem := next(filter(None, map(_problem, records)), None):
         raise LedgerError(problem)
-    by_family: dict[str, list[dict]] = defaultdict(list)
+    by_family: dict[str, list[Record]] = defaultdict(list)
     for record in records:
-        by_family[record["family"]].append(record)
-    pairs = cell_pairs(meta, {r["precision"] for r in records})
+        by_family[record.family].append(record)
+    pairs = cell_pairs(meta, {r.precision for r in records})
     by_cell = _causal(records, meta)
-    excluded = [{f: r[f] for f in (*ledger.KEY_FIELDS, "reason") if f in r}
-                for r in sorted(records, key=ledger.key) if r["status"] == "excluded"]
+    excluded = [{name: getattr(r, name) for name in (*KEY_FIELDS, "reason")}
+                for r in sorted(records, key=lambda r: r.key) if not r.ok]
     return {
         "verdict": meta.get("verdict"),  # first: did it pass, and why not (verdict.py)
         "schema": SCHEMA,
@@ -203,7 +200,7 @@ def build_report(records: list[dict], meta: dict) -> dict:
     }
 
 
-def _causal(records: list[dict], meta: dict) -> dict:
+def _causal(records: list[Record], meta: dict) -> dict:
     """Per cell, the transplant (Table 5) and replication (Table 6) outcomes, where they ran."""
     minimum = ((meta.get("panels") or {}).get("replication") or {}).get("min_exact_controls",
                                                                         causal.MIN_EXACT_CONTROLS)
@@ -290,25 +287,24 @@ def report_meta(paths: list[Path]) -> dict:
     return meta | shared | ({"runs": runs} if runs else {})
 
 
-def collate(paths: list[Path]) -> list[dict]:
+def collate(paths: list[Path]) -> list[Record]:
     """Records of one or more ledgers (files or run directories), de-duplicated, sorted by key.
 
     The same (family, row, precision) in two inputs must be identical: different results are an error.
     """
-    seen: dict[tuple, tuple[dict, Path]] = {}
+    seen: dict[tuple, tuple[Record, Path]] = {}
     for path in map(ledger_of, map(Path, paths)):
         records = ledger.read_ledger(path, _problem)
         if not records:
             raise LedgerError(f"{path}: empty ledger (no records)")
         for record in records:
-            key = ledger.key(record)
-            if key in seen and seen[key][0] != record:
-                raise LedgerError(f"ledger record {'/'.join(key)} differs between {seen[key][1]} and {path}")
-            seen.setdefault(key, (record, path))
+            if record.key in seen and seen[record.key][0] != record:
+                raise LedgerError(f"ledger record {record.label} differs between {seen[record.key][1]} and {path}")
+            seen.setdefault(record.key, (record, path))
     return [seen[k][0] for k in sorted(seen)]
 
 
-def write_report(report_dir: Path, records: list[dict], meta: dict) -> list[Path]:
+def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Path]:
     """Write report.json, report.md and report.html (each atomically); returns their paths."""
     report_dir = Path(report_dir)
     report = build_report(records, meta)

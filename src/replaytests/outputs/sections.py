@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.files import lookup
-from replaytests.outputs import causal, ledger, verdict
+from replaytests.outputs import causal, verdict
+from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, SHAPES
 from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
 from replaytests.outputs.tables import markdown as md_table
@@ -70,7 +71,7 @@ def _headline(report: dict) -> Section:
     tables = [Table("", tuple(headline.get("columns", ())),
                     tuple(map(tuple, headline.get("rows", ()))), HEADLINE_NOTE)] if headline.get("rows") else []
     if report["excluded"]:
-        fields = (*ledger.KEY_FIELDS, "reason")
+        fields = (*KEY_FIELDS, "reason")
         tables.append(Table("Excluded rows (fail-closed checks; in no denominator)", fields,
                             tuple(tuple(str(e.get(f, "")) for f in fields) for e in report["excluded"])))
     return Section("Headline: every family and precision", tables=tuple(tables), lines=(summary_line(report),))

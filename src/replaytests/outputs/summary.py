@@ -7,6 +7,7 @@ from collections import defaultdict
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import Gates, replicas_exact, unmeasured
 from replaytests.outputs import causal, verdict
+from replaytests.outputs.records import Record
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
@@ -16,24 +17,24 @@ METRICS = ("cache_exact", "logits_exact", "k_rel_l2", "v_rel_l2", "logits_max_ab
            "first_divergence", "answer_equal", "correct_equal")
 
 
-def _count(records: list[dict], test) -> str:
+def _count(records: list[Record], test) -> str:
     return f"{sum(1 for r in records if test(r))}/{len(records)}"
 
 
-def _row(family: str, precision: str, records: list[dict]) -> list[str]:
-    ok = [r for r in records if r["status"] == "ok"]
+def _row(family: str, precision: str, records: list[Record]) -> list[str]:
+    ok = [r for r in records if r.ok]
     known = FAMILIES.get(family)
     if known is None:  # a family this version does not know: counts only
         return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
     def every(field: str, pairs: tuple[str, ...]):
-        return lambda r: all(r["comparisons"][p][field] for p in pairs)
+        return lambda r: all(getattr(r.comparisons[p], field) for p in pairs)
 
     def some_not(field: str):
         return lambda r: not every(field, known.headline)(r)
 
     replicas = _count(ok, replicas_exact) if known.replicas else "-"
-    measured = not any(unmeasured(r["comparisons"][p]) for r in ok for p in known.headline)
+    measured = not any(unmeasured(r.comparisons[p]) for r in ok for p in known.headline)
     return [
         family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
         _count(ok, every("cache_exact", known.headline)) if measured else "not measured",
@@ -43,16 +44,16 @@ def _row(family: str, precision: str, records: list[dict]) -> list[str]:
     ]
 
 
-def table_rows(records: list[dict]) -> list[list[str]]:
-    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+def table_rows(records: list[Record]) -> list[list[str]]:
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for record in records:
-        groups[(record["family"], record["precision"])].append(record)
+        groups[(record.family, record.precision)].append(record)
     order = {name: n for n, name in enumerate(FAMILIES)}  # the registry's order, then families it does not know
     return [_row(family, precision, groups[(family, precision)])
             for family, precision in sorted(groups, key=lambda g: (order.get(g[0], len(order)), g))]
 
 
-def text_table(records: list[dict]) -> str:
+def text_table(records: list[Record]) -> str:
     return plain(Table("summary", COLUMNS, tuple(map(tuple, table_rows(records)))))
 
 
@@ -65,7 +66,7 @@ def audit_line(audits: list[dict]) -> str:
     return line + (f"; changed: {shown}" if changed else "")
 
 
-def causal_lines(records: list[dict], min_exact_controls: int, gates: Gates) -> list[str]:
+def causal_lines(records: list[Record], min_exact_controls: int, gates: Gates) -> list[str]:
     """The transplant and replication outcomes, with Wilson 95% intervals and the verdict of
     gates.transplant, when those families ran."""
     lines = []
@@ -112,17 +113,16 @@ def gate_text(judgements: list) -> str:
     return "not established: " + "; ".join(unsettled) if unsettled else "met"
 
 
-def metrics(record: dict) -> dict:
+def metrics(record: Record) -> dict:
     """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
     return {
-        "family": record["family"], "row": record["row"], "precision": record["precision"],
-        "status": record["status"],
-        "comparisons": {pair: {name: values[name] for name in METRICS if name in values}
-                        for pair, values in record.get("comparisons", {}).items()},
+        "family": record.family, "row": record.row, "precision": record.precision, "status": record.status,
+        "comparisons": {pair: {name: getattr(values, name) for name in METRICS}
+                        for pair, values in record.comparisons.items()},
     }
 
 
-def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (), causal: list[str] = (),
+def markdown(records: list[Record], header: dict[str, str], audits: list[dict] = (), causal: list[str] = (),
              outcome: dict | None = None) -> str:
     lines = ["# replaytests run summary", "", *(f"    {line}" for line in verdict.lines(outcome)), ""]
     lines += [f"- **{name}**: {md_cell(str(value))}" for name, value in header.items()]
@@ -135,8 +135,8 @@ def markdown(records: list[dict], header: dict[str, str], audits: list[dict] = (
         lines += [audit_line(audits), ""]
     if causal:
         lines += ["```", *causal, "```", ""]
-    excluded = [r for r in records if r["status"] != "ok"]
+    excluded = [r for r in records if not r.ok]
     if excluded:
-        lines += ["## Excluded rows", ""] + [md_cell(f"- {r['family']} {r['row']} {r['precision']}: {r['reason']}")
+        lines += ["## Excluded rows", ""] + [md_cell(f"- {r.family} {r.row} {r.precision}: {r.reason}")
                                               for r in excluded] + [""]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from pathlib import Path
 from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.outputs import compare, ledger, report, summary, verdict
+from replaytests.outputs.records import Record
 from replaytests.suite.session import ReplaySession
 
 
@@ -20,7 +21,7 @@ from replaytests.suite.session import ReplaySession
 class Gathered:
     """What the test reports brought back (from this process or from xdist workers)."""
 
-    records: list[dict] = field(default_factory=list)  # the run's records (read from its directory at the end)
+    records: list[Record] = field(default_factory=list)  # the run's records (read from its directory at the end)
     computed: int = 0  # records its processes computed and appended (more than `records`: some computed twice)
     facts: list[dict] = field(default_factory=list)  # the key facts of each record a test read (plugin.facts)
     audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
@@ -58,17 +59,16 @@ def properties(user_properties: list[tuple[str, object]], record_property: str,
     return out
 
 
-def facts(record: dict) -> dict:
+def facts(record: Record) -> dict:
     """What a test's report says of a record it read: its key and status and, per headline pair, the first
     divergence and the margins there (the record itself reaches the ledger from the run's records)."""
-    pairs = FAMILIES.get(record["family"], FAMILIES["crossing"]).headline
-    comparisons = record.get("comparisons", {})
-    return {"key": list(ledger.key(record)), "status": record["status"],
-            "headline": {pair: [comparisons[pair]["first_divergence"], comparisons[pair]["margins_at_divergence"]]
-                         for pair in pairs if pair in comparisons}}
+    pairs = FAMILIES.get(record.family, FAMILIES["crossing"]).headline
+    return {"key": list(record.key), "status": record.status,
+            "headline": {pair: [c.first_divergence, c.margins_at_divergence]
+                         for pair in pairs if (c := record.comparisons.get(pair)) is not None}}
 
 
-def baseline_rates(replay: ReplaySession, records: list[dict]) -> list[dict]:
+def baseline_rates(replay: ReplaySession, records: list[Record]) -> list[dict]:
     """Under --gate rates, or against a baseline made on another platform (where a cell that may diverge is
     judged by its rates, not row by row), the failures of the rates level against the baseline
     (outputs/compare.py: exact McNemar per family, precision and headline pair, on the rows both hold): the
@@ -108,7 +108,7 @@ def terminal_lines(replay: ReplaySession, gathered: Gathered, outcome: dict | No
     return lines + ([f"run directory: {run}"] if run is not None else [])
 
 
-def causal_lines(replay: ReplaySession, records: list[dict]) -> list[str]:
+def causal_lines(replay: ReplaySession, records: list[Record]) -> list[str]:
     return summary.causal_lines(records, replay.contract.panels["replication"]["min_exact_controls"],
                                 replay.contract.gates)
 
@@ -117,9 +117,8 @@ def verdict_context(replay: ReplaySession, gathered: Gathered) -> dict:
     """What the verdict says besides the test outcomes: the platform, the CPU pin, the bank and the
     baseline it was checked against (with their findings), and the drift from the contract."""
     records, audits = gathered.records, gathered.audits
-    refrozen = [r for r in records
-                if r["family"] == "live" and r["status"] == "ok" and replay.refreezes(r["precision"])]
-    z_differs = [r["row"] for r in refrozen if not r["z_matches_bank"]]
+    refrozen = [r for r in records if r.family == "live" and r.ok and replay.refreezes(r.precision)]
+    z_differs = [r.row for r in refrozen if not r.z_matches_bank]
     bank = verdict.artifact(str(replay.options.bank), replay.bank_platform,
                             f"live z matches the bank in {len(refrozen) - len(z_differs)}/{len(refrozen)} rows"
                             if refrozen else "no live row re-frozen in this run",

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from replaytests.outputs import ledger
+from replaytests.outputs.records import Record
 
 POLL_SECONDS = 0.2
 Key = tuple[str, str, str]  # (family, row, precision)
@@ -36,13 +37,13 @@ class Claims:
         self.directory = directory
         self.records = records
         self._offset = 0  # how much of the records file has been read
-        self._finished: dict[Key, dict] = {}
+        self._finished: dict[Key, Record] = {}
 
-    def shared(self, keys: list[Key], compute: Callable[[Key], dict]) -> dict[Key, dict]:
+    def shared(self, keys: list[Key], compute: Callable[[Key], Record]) -> dict[Key, Record]:
         """The records `keys`: each appended by another worker, or computed here by `compute` (which appends
         what it finishes). Those another worker holds are waited for only once none is left to compute
         here, so two workers that need the same rows compute half of them each."""
-        found: dict[Key, dict] = {}
+        found: dict[Key, Record] = {}
         while pending := [key for key in keys if key not in found]:
             for key in pending:
                 if (record := self.finished(key)) is None and self._claim(key):
@@ -59,7 +60,7 @@ class Claims:
                 time.sleep(POLL_SECONDS)
         return found
 
-    def finished(self, key: Key) -> dict | None:
+    def finished(self, key: Key) -> Record | None:
         """The record `key` if some worker has appended it (read from where the last call stopped)."""
         if key not in self._finished:
             with contextlib.suppress(FileNotFoundError), open(self.records, "rb") as handle:
@@ -68,8 +69,9 @@ class Claims:
                 whole = text[: text.rfind(b"\n") + 1]  # a line still being written is read next time
                 self._offset += len(whole)
                 for line in whole.decode(errors="replace").splitlines():
-                    if (record := ledger.record_line(line)) is not None:  # a torn line is nobody's record
-                        self._finished[ledger.key(record)] = record
+                    if (value := ledger.record_line(line)) is not None:  # a torn line is nobody's record
+                        record = Record.from_json(value)
+                        self._finished[record.key] = record
         return self._finished.get(key)
 
     def path(self, key: Key) -> Path:

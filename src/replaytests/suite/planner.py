@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.options import Options, parse_shard
-from replaytests.outputs import ledger
+from replaytests.outputs.records import Record
 
 if TYPE_CHECKING:
     from replaytests.inputs.bank import BankRow
@@ -52,10 +52,10 @@ class Plan:
         share = {row.id for row in self.sharded_rows}
         return [row for row in rows if row.id in share]
 
-    def audited(self, baseline: list[dict]) -> list[dict]:
+    def audited(self, baseline: list[Record]) -> list[Record]:
         """The baseline records this run recomputes: its families, cells and rows."""
         wanted = {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in (self.cells or {}).get(f, ())}
-        return [record for record in baseline if ledger.key(record) in wanted]
+        return [record for record in baseline if record.key in wanted]
 
 
 def worker_group(params: dict) -> str | None:
@@ -63,7 +63,7 @@ def worker_group(params: dict) -> str | None:
     other rows' records (the transplant's panel, its family gate) gets them from the workers that
     computed them, or computes those nobody has started (suite.claims)."""
     baseline = params.get("baseline_record") or params.get("causal_baseline_record")
-    baseline = baseline if isinstance(baseline, dict) else {}
-    cell = params.get("precision") or params.get("causal_cell") or baseline.get("precision")
-    row = baseline.get("row") or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
+    baseline = baseline if isinstance(baseline, Record) else None
+    cell = params.get("precision") or params.get("causal_cell") or (baseline and baseline.precision)
+    row = (baseline and baseline.row) or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
     return row and f"{cell}-{row}"

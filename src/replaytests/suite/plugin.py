@@ -365,7 +365,7 @@ def audit_record(replay: ReplaySession, record, request: pytest.FixtureRequest):
     """audit_record(baseline) -> the Audit of that saved record against this run's recomputation."""
 
     def get(baseline: dict) -> audit.Audit:
-        family, row, precision = ledger.key(baseline)
+        family, row, precision = baseline.key
         result = audit.audit_record(baseline, record(family, replay.row(row), precision))
         request.node.user_properties.append((AUDIT_PROPERTY, json.dumps(
             {"key": [family, row, precision], "leaves": result.leaves, "changes": len(result.changes)})))
@@ -443,11 +443,11 @@ def audit_params(replay: ReplaySession, causal: bool) -> list:
     so that `-m "not causal"` then `-m causal --panel-from` splits a run in two phases), or the others."""
     if not replay.options.baseline_ledger:
         return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
-    records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r["family"]].layers) == causal]
+    records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r.family].layers) == causal]
     if not records:
         return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
                                       f"({replay.options.baseline_ledger})")
-    return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
+    return [pytest.param(r, id="-".join(r.key)) for r in records]
 
 
 def _not_kept(item: pytest.Item, exc: RecordNotKept):

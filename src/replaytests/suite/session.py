@@ -27,6 +27,7 @@ from replaytests.inputs.gates import PASS, Judgement, artifact, gated
 from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
+from replaytests.outputs.records import Record
 from replaytests.outputs.report import collate, read_run
 from replaytests.suite.claims import Claims
 from replaytests.suite.planner import Plan
@@ -66,7 +67,7 @@ def inspect_model(backend_class: type, path: Path, contract: Contract, option: s
 
 
 def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity, contract: Contract,
-                      cell_names: tuple[str, ...], accept_interrupted: bool = False) -> dict[tuple[str, str], dict]:
+                      cell_names: tuple[str, ...], accept_interrupted: bool = False) -> dict[tuple[str, str], Record]:
     """The finished crossing records of every selected row in each of `cell_names` (the cells the transplant
     runs on), keyed (cell, row), from the --panel-from ledgers: made from
     this run's bank, model and contract, by runs that were not interrupted, covering every selected row (a
@@ -89,9 +90,9 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
             raise ConfigError(f"{where}: {path} was run under another contract ({lookup(run, 'contract', 'name')}, "
                               f"sha256 {recorded[:12]}…; this run's {contract.name}, {contract.digest[:12]}…): its "
                               "crossing is not this run's")
-    records = {(r["precision"], r["row"]): r for r in collate(list(paths)) if r["family"] == "crossing"}
+    records = {(r.precision, r.row): r for r in collate(list(paths)) if r.family == "crossing"}
     for cell in cell_names:
-        if missing := [row.id for row in rows if records.get((cell, row.id), {}).get("status") != "ok"]:
+        if missing := [row.id for row in rows if not ((cell, row.id) in records and records[(cell, row.id)].ok)]:
             raise ConfigError(f"{where}: no finished {cell} crossing record of {len(missing)} selected row(s) "
                               f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the crossing "
                               "of every selected row first")
@@ -108,16 +109,16 @@ class ReplaySession:
     contract: Contract
     rows: list[BankRow]
     integrity: Integrity
-    baseline: list[dict]
+    baseline: list[Record]
     pinned: cpu_isa.Pin
     backend: type  # the backend class (engine.backend.resolve)
     cells: tuple[str, ...]  # the cells this run computes (--precision), in the contract's order
     skipped_cells: dict[str, str]  # selected cells whose library is not installed here -> why
     _runtimes: dict[tuple[Path, str], backend.Backend] = field(default_factory=dict)
-    _records: dict[tuple[str, str, str], dict] = field(default_factory=dict)
+    _records: dict[tuple[str, str, str], Record] = field(default_factory=dict)
     sink: Path | None = None  # the run's records file: every record computed here is appended to it at once
     verified: dict[Path, str] = field(default_factory=dict)  # model directory -> its sha256 when the run opened
-    panel_source: dict[tuple[str, str], dict] | None = None  # --panel-from: (cell, row) -> its crossing record
+    panel_source: dict[tuple[str, str], Record] | None = None  # --panel-from: (cell, row) -> its crossing record
     claims: Claims | None = None  # under pytest-xdist: the records this worker computes, or waits for
     _here: set[tuple[str, str, str]] = field(default_factory=set)  # the keys of the records computed here
     panels: dict[str, transplant.Panel] = field(default_factory=dict)  # cell -> its transplant panel
@@ -172,7 +173,7 @@ class ReplaySession:
             raise ConfigError(f"--baseline {path}: an interrupted run (it holds only what it finished); pass "
                               "--accept-interrupted to audit against it anyway")
         if not self.plan.audited(self.baseline) and self.options.baseline is not None:
-            theirs = sorted({r["row"] for r in self.baseline})
+            theirs = sorted({r.row for r in self.baseline})
             ours = [r.id for r in self.plan.sharded_rows]
             raise ConfigError(f"--baseline {path}: none of its {len(self.baseline)} records is one this run computes "
                               f"(its rows {_some(theirs)}; this run's {_some(ours)}, cells "
@@ -337,20 +338,24 @@ class ReplaySession:
         roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
         return roles.get(row.id)
 
-    def record(self, family: str, row: BankRow, precision: str) -> dict:
+    def record(self, family: str, row: BankRow, precision: str) -> Record:
         """The (family, row, precision) record, computed at most once per process and appended to the
         run's records as soon as it is (whichever test asked for it first: what reaches the ledger does
         not depend on which tests were selected); under pytest-xdist, by whichever worker needs it first."""
         return self.records(family, [row], precision)[0]
 
-    def records(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
+    def records(self, family: str, rows: list[BankRow], precision: str) -> list[Record]:
         """The records of several rows (record); under pytest-xdist, a worker computes those no other
         worker has started while the others compute theirs (suite.claims)."""
+        if outside := [row.id for row in rows if not self.has_record(family, row, precision)]:
+            raise LookupError(f"{family} row(s) {', '.join(outside)} ({precision}): not in this run's transplant "
+                              "panel, so no record")
         wanted = {(family, row.id, precision): row for row in rows}
-        keys = self._held_here(family, precision) | wanted
+        keys = {key: row for key, row in self._held_here(family, precision).items()
+                if self.has_record(family, row, precision)} | wanted
         missing = [key for key in keys if key not in self._records]
 
-        def compute(key: tuple[str, str, str]) -> dict:
+        def compute(key: tuple[str, str, str]) -> Record:
             return self._computed(family, keys[key], precision)
 
         self._records |= self.claims.shared(missing, compute) if self.claims else {k: compute(k) for k in missing}
@@ -369,10 +374,14 @@ class ReplaySession:
         return {(family, row.id, precision): row for row in rows
                 if all((name, row.id, precision) in self._here for name in reads)}
 
-    def _computed(self, family: str, row: BankRow, precision: str) -> dict:
+    def has_record(self, family: str, row: BankRow, precision: str) -> bool:
+        """Whether the family has a record of the row at all: a transplant row only in the cell's panel."""
+        return family != "transplant" or bool(self.unavailable(family)) or self.transplant_role(row, precision) in ROLES
+
+    def _computed(self, family: str, row: BankRow, precision: str) -> Record:
         result = self._compute(family, row, precision)
         self._here.add((family, row.id, precision))
-        if self.sink is not None and result["status"] in ("ok", "excluded"):
+        if self.sink is not None:
             try:
                 ledger.append_record(self.sink, result)
             except OSError as exc:
@@ -381,22 +390,19 @@ class ReplaySession:
                                     "it") from None
         return result
 
-    def read(self, family: str, rows: list[BankRow], precision: str) -> list[dict]:
+    def read(self, family: str, rows: list[BankRow], precision: str) -> list[Record]:
         """The records another family reads: from --panel-from where given (a finished crossing), else
         this run's own."""
         if self.panel_source is not None and family == "crossing" and precision in self.causal_cells:
             return [self.panel_source[(precision, row.id)] for row in rows]
         return self.records(family, rows, precision)
 
-    def _compute(self, family: str, row: BankRow, precision: str) -> dict:
+    def _compute(self, family: str, row: BankRow, precision: str) -> Record:
         if reason := self.unavailable(family):
             raise backend.Unsupported(f"{family}: {reason}")
         spec = FAMILIES[family]
         if family == "transplant":
-            role = self.transplant_role(row, precision)
-            if role not in ROLES:  # not in this run's panel: no record
-                return {"family": family, "row": row.id, "precision": precision, "status": "not_in_panel"}
             (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
-            return transplant.run(self.runtime(precision), row, read, role)
+            return transplant.run(self.runtime(precision), row, read, self.transplant_role(row, precision))
         model = self.options.later_model if spec.panel == "replication" else None
         return spec.run(self.runtime(precision, model), row)
