@@ -30,24 +30,16 @@ from replaytests.errors import RecordNotKept, ReplaytestsError
 from replaytests.families.registry import FAMILIES, MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
-from replaytests.inputs.options import (
-    DEFAULT_CONTRACT,
-    GPU_CONTRACT,
-    OPTIONS,
-    REPO,
-    Options,
-)
 from replaytests.outputs import audit, ledger, rundir, verdict
-from replaytests.suite import scheduling
+from replaytests.suite import command_line, scheduling
+from replaytests.suite.command_line import selects_conformance, user_gave_options
 from replaytests.suite.planner import ROW_FIXTURES, worker_group
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
 
-CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance"
 RECORD_PROPERTY = "replaytests_record"
 AUDIT_PROPERTY = "replaytests_audit"
-DEFAULT_OPTIONS = vars(Options())
 session_key = pytest.StashKey["ReplaySession"]()
 pin_key = pytest.StashKey[cpu_isa.Pin]()
 root_key = pytest.StashKey[rundir.Root]()
@@ -61,79 +53,21 @@ metrics_key = pytest.StashKey[list]()
 groups_key = pytest.StashKey[Path]()  # the controller's file of xdist groups (suite.scheduling)
 
 
-GROUP = ("replaytests", "replay conformance (replaytests)")
-
-
-def spelled(field: str, namespaced: bool = True) -> str:
-    """An option's command-line spelling: --replay-<field> or its short alias --<field>."""
-    name = field.replace("_", "-")
-    return f"--replay-{name}" if namespaced else f"--{name}"
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup(*GROUP)
-    for field, settings in OPTIONS.items():
-        group.addoption(spelled(field), dest=f"replay_{field}", **settings)
-    group.addoption("--replay-progress", dest="replay_progress", choices=("lines", "bar", "off"), default="lines",
-                    help="progress of a conformance run: a plain line every 30 s and as each family and precision "
-                         "completes ('lines'), one line rewritten in place instead of the test letters ('bar', for "
-                         "a terminal; `replaytests audit` picks it there), or none. Default: %(default)s")
-
-
-def _registered(parser: pytest.Parser) -> set[str]:
-    """Every option string some plugin or conftest has registered."""
-    groups = [getattr(parser, "_anonymous", None), *getattr(parser, "_groups", [])]
-    return {name for group in groups if group is not None for option in group.options for name in option.names()}
-
-
-def add_short_aliases(config: pytest.Config, parser: pytest.Parser) -> None:
-    """The short spellings (--model, --precision, ...) wherever nobody else took them; a name another
-    plugin or conftest registered stays theirs, with one warning naming the namespaced spelling."""
-    taken = _registered(parser)
-    group = parser.getgroup(*GROUP)
-    clashes = [field for field in OPTIONS if spelled(field, namespaced=False) in taken]
-    for field, settings in OPTIONS.items():
-        if field not in clashes:
-            group.addoption(spelled(field, namespaced=False), dest=f"replay_{field}",
-                            **{**settings, "help": f"alias of {spelled(field)}"})
-    if clashes:
-        config.issue_config_time_warning(pytest.PytestConfigWarning(
-            "replaytests: " + ", ".join(spelled(f, namespaced=False) for f in clashes) + " belong to another plugin "
-            "or conftest here; use " + ", ".join(spelled(f) for f in clashes)), stacklevel=2)
-
-
-def contract_path(contract: Path | None, markexpr: str) -> Path:
-    """--contract, or the default: contracts/h200.yaml under -m gpu, else contracts/cpu-tiny.yaml."""
-    if contract is not None:
-        return contract
-    return GPU_CONTRACT if selects_gpu(markexpr) else DEFAULT_CONTRACT
-
-
-def _argument(args: list[str], field: str) -> str | None:
-    """The value given to an option on the command line (either spelling), before options are parsed."""
-    names = (spelled(field), spelled(field, namespaced=False))
-    for index, arg in enumerate(args):
-        name, equals, value = str(arg).partition("=")
-        if name in names:
-            return value if equals else (str(args[index + 1]) if index + 1 < len(args) else None)
-    return None
+    command_line.register(parser)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
     """Before any conftest (or test module) imports torch: pin the contract's CPU instruction set, in a
-    replay run only (a contract given, replaytests named in the arguments, or this repository's own
-    tests), so that a project that merely has replaytests installed keeps its own kernels. After the
-    initial conftests registered their options: the short aliases nobody else took."""
-    given = _argument(args, "contract")
-    path = contract_path(Path(given) if given else None, getattr(early_config.known_args_namespace, "markexpr", "")
-                         or "")
-    replay_run = given is not None or any("replaytests" in str(arg) for arg in args) or early_config.rootpath == REPO
-    if replay_run and path.is_file():
+    replay run only (command_line.early_contract). After the initial conftests registered their
+    options: the short aliases nobody else took."""
+    contract = command_line.early_contract(early_config, args)
+    if contract is not None:
         with contextlib.suppress(ReplaytestsError):  # a bad contract is reported once the session opens
-            early_config.stash[pin_key] = cpu_isa.pin(load_contract(path).cpu_isa)
+            early_config.stash[pin_key] = cpu_isa.pin(load_contract(contract).cpu_isa)
     result = yield
-    add_short_aliases(early_config, parser)
+    command_line.add_short_aliases(early_config, parser)
     return result
 
 
@@ -178,36 +112,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     scheduling.publish(session)
 
 
-def selects_gpu(expression: str) -> bool:
-    """Whether a -m expression asks for the gpu marker (and would not select the items without it)."""
-    if not expression:
-        return False
-    try:
-        from _pytest.mark.expression import Expression
-
-        compiled = Expression.compile(expression)
-    except Exception:  # the private API moved, or a bad -m expression (pytest reports that itself)
-        return "gpu" in expression.split()
-    layers = set(MARKERS) - {"gpu"}
-    return compiled.evaluate(lambda name, **_: name in layers | {"gpu"}) and not compiled.evaluate(
-        lambda name, **_: name in layers)
-
-
-def options(config: pytest.Config) -> Options:
-    values = {name: config.getoption(f"replay_{name}") for name in DEFAULT_OPTIONS}
-    values["accept_changed"] = frozenset(values["accept_changed"] or ())
-    values["panel_from"] = tuple(values["panel_from"] or ())
-    values["contract"] = contract_path(values["contract"], config.getoption("markexpr", "") or "")
-    return Options(**values)
-
-
 def replay_session(config: pytest.Config) -> ReplaySession:
     """The session's inputs, opened on first use; a bad input is a usage error, one line."""
     if session_key not in config.stash:
         from replaytests.suite.session import ReplaySession
 
         try:
-            config.stash[session_key] = ReplaySession.open(options(config), config.stash.get(pin_key, None))
+            config.stash[session_key] = ReplaySession.open(command_line.options(config),
+                                                           config.stash.get(pin_key, None))
         except ReplaytestsError as exc:
             raise pytest.UsageError(str(exc)) from None
         workerinput = getattr(config, "workerinput", {})
@@ -218,11 +130,6 @@ def replay_session(config: pytest.Config) -> ReplaySession:
             session.sink = Path(workerinput[RECORDS_KEY])
             session.claims = Claims(Path(workerinput[CLAIMS_KEY]), session.sink)
     return config.stash[session_key]
-
-
-def user_gave_options(config: pytest.Config) -> bool:
-    return any(config.getoption(f"replay_{name}") not in (default, None, False)
-               for name, default in DEFAULT_OPTIONS.items())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -326,17 +233,6 @@ def open_root(replay: ReplaySession, config: pytest.Config) -> rundir.Root:
         return root
     except ReplaytestsError as exc:
         raise pytest.UsageError(str(exc)) from None
-
-
-def selects_conformance(config: pytest.Config) -> bool:
-    """Whether the run's arguments (or testpaths) name the conformance tests, or a folder above them."""
-    for arg in (str(a).split("::")[0] for a in config.args):
-        if arg == "replaytests" or arg.startswith("replaytests.conformance"):  # --pyargs
-            return True
-        path = (config.invocation_params.dir / arg).resolve()
-        if path == CONFORMANCE or CONFORMANCE in path.parents or path in CONFORMANCE.parents:
-            return True
-    return False
 
 
 @pytest.fixture(scope="session")
