@@ -34,23 +34,16 @@ from replaytests.outputs import audit, ledger, rundir, verdict
 from replaytests.suite import command_line, scheduling
 from replaytests.suite.command_line import selects_conformance, user_gave_options
 from replaytests.suite.planner import ROW_FIXTURES, worker_group
+from replaytests.suite.state import CLAIMS_KEY, RECORDS_KEY, replay_session, run_state
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
 
 RECORD_PROPERTY = "replaytests_record"
 AUDIT_PROPERTY = "replaytests_audit"
-session_key = pytest.StashKey["ReplaySession"]()
-pin_key = pytest.StashKey[cpu_isa.Pin]()
-root_key = pytest.StashKey[rundir.Root]()
 RECORDS = rundir.RECORDS
 WRITE_FAILED = 6  # the exit status of a run whose final files could not be written (docs/ci.md)
-run_key = pytest.StashKey[Path]()  # the run's directory, made when the run starts (the controller's)
-RECORDS_KEY = "replaytests_records"  # workerinput: the run's records file, which every worker appends to
-CLAIMS_KEY = "replaytests_claims"  # workerinput: the run's directory of claimed records (suite.claims)
-claims_key = pytest.StashKey[Path]()  # the controller's directory of claims, removed when the run ends
 metrics_key = pytest.StashKey[list]()
-groups_key = pytest.StashKey[Path]()  # the controller's file of xdist groups (suite.scheduling)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,7 +58,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     contract = command_line.early_contract(early_config, args)
     if contract is not None:
         with contextlib.suppress(ReplaytestsError):  # a bad contract is reported once the session opens
-            early_config.stash[pin_key] = cpu_isa.pin(load_contract(contract).cpu_isa)
+            run_state(early_config).pin = cpu_isa.pin(load_contract(contract).cpu_isa)
     result = yield
     command_line.add_short_aliases(early_config, parser)
     return result
@@ -77,12 +70,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LedgerCollector(config), "replaytests-ledger")
     if (scheduling.loadgroup(config) and not hasattr(config, "workerinput")
             and (selects_conformance(config) or user_gave_options(config))):
-        config.stash[groups_key] = Path(tempfile.mkdtemp(prefix="replaytests-groups-")) / "groups.json"
+        run_state(config).groups_file = Path(tempfile.mkdtemp(prefix="replaytests-groups-")) / "groups.json"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    groups = config.stash.get(groups_key, None)
-    for directory in (groups and groups.parent, config.stash.get(claims_key, None)):
+    state = run_state(config)
+    for directory in (state.groups_file and state.groups_file.parent, state.claims_dir):
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -91,45 +84,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Under `--dist loadgroup` in a replay run: loadgroup that keeps each group on one worker on every
     pytest (suite.scheduling)."""
-    path = config.stash.get(groups_key, None)
+    path = run_state(config).groups_file
     return None if path is None else scheduling.make_scheduler(config, log, path)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    path = node.config.stash.get(groups_key, None)
-    if path is not None:
-        node.workerinput[scheduling.GROUPS_KEY] = str(path)
-    run = node.config.stash.get(run_key, None)
-    if run is not None:
-        node.workerinput[RECORDS_KEY] = str(run / RECORDS)
-        if claims_key not in node.config.stash:
-            node.config.stash[claims_key] = Path(tempfile.mkdtemp(prefix="replaytests-claims-"))
-        node.workerinput[CLAIMS_KEY] = str(node.config.stash[claims_key])
+    state = run_state(node.config)
+    if state.groups_file is not None:
+        node.workerinput[scheduling.GROUPS_KEY] = str(state.groups_file)
+    if state.run_dir is not None:
+        node.workerinput[RECORDS_KEY] = str(state.run_dir / RECORDS)
+        if state.claims_dir is None:
+            state.claims_dir = Path(tempfile.mkdtemp(prefix="replaytests-claims-"))
+        node.workerinput[CLAIMS_KEY] = str(state.claims_dir)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     scheduling.publish(session)
-
-
-def replay_session(config: pytest.Config) -> ReplaySession:
-    """The session's inputs, opened on first use; a bad input is a usage error, one line."""
-    if session_key not in config.stash:
-        from replaytests.suite.session import ReplaySession
-
-        try:
-            config.stash[session_key] = ReplaySession.open(command_line.options(config),
-                                                           config.stash.get(pin_key, None))
-        except ReplaytestsError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        workerinput = getattr(config, "workerinput", {})
-        if RECORDS_KEY in workerinput:
-            from replaytests.suite.claims import Claims
-
-            session = config.stash[session_key]
-            session.sink = Path(workerinput[RECORDS_KEY])
-            session.claims = Claims(Path(workerinput[CLAIMS_KEY]), session.sink)
-    return config.stash[session_key]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -144,9 +116,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
                                 f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
     if not hasattr(session.config, "workerinput"):
-        root = session.config.stash[root_key] = open_root(replay, session.config)
+        state = run_state(session.config)
+        root = state.root = open_root(replay, session.config)
         if selects_conformance(session.config):  # records reach the run's directory as they are computed
-            run = session.config.stash[run_key] = root.new_run(replay.options.run_name)
+            run = state.run_dir = root.new_run(replay.options.run_name)
             replay.sink = run / RECORDS
         if session.config.pluginmanager.hasplugin("dsession"):  # the xdist controller
             interrupt_workers_too()
@@ -448,7 +421,7 @@ class LedgerCollector:
     @pytest.hookimpl(trylast=True)  # after the module's sessionstart opened the session and the report root
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         mode = self.config.getoption("replay_progress", "off")
-        if mode != "off" and root_key in self.config.stash and selects_conformance(self.config):
+        if mode != "off" and run_state(self.config).root is not None and selects_conformance(self.config):
             from replaytests.suite.progress import Progress
 
             self.progress = Progress(planned_rows(replay_session(self.config)))
@@ -472,7 +445,7 @@ class LedgerCollector:
 
     @pytest.hookimpl(tryfirst=True)  # before junitxml reads the report's properties
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if session_key not in self.config.stash or hasattr(self.config, "workerinput"):
+        if run_state(self.config).session is None or hasattr(self.config, "workerinput"):
             return  # not a replay run, or a worker (its controller gathers)
         from replaytests.suite.artifacts import Gathered, properties
 
@@ -514,7 +487,8 @@ class LedgerCollector:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Write the run's directory from the records appended to it; move `latest` to it only if the run
         completed. A run that computed no record leaves no directory."""
-        root, run = self.config.stash.get(root_key, None), self.config.stash.get(run_key, None)
+        state = run_state(self.config)
+        root, run = state.root, state.run_dir
         try:
             appended, torn = ledger.read_appended(run / RECORDS) if run is not None else ([], [])
             if torn:  # a worker died, or the disk filled, while writing those: the rest of the run is kept
@@ -582,8 +556,9 @@ def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    if session_key not in config.stash:  # not a replay run
+    replay = run_state(config).session
+    if replay is None:  # not a replay run
         return []
     from replaytests.suite.artifacts import header_fields
 
-    return [f"replaytests {name}: {value}" for name, value in header_fields(config.stash[session_key]).items()]
+    return [f"replaytests {name}: {value}" for name, value in header_fields(replay).items()]
