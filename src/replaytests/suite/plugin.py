@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import signal
 import sys
-import tempfile
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,10 +26,10 @@ from replaytests.families.registry import FAMILIES, MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.outputs import audit, ledger, rundir, verdict
-from replaytests.suite import command_line, scheduling
+from replaytests.suite import command_line, lifecycle, scheduling
 from replaytests.suite.command_line import selects_conformance, user_gave_options
 from replaytests.suite.planner import ROW_FIXTURES, worker_group
-from replaytests.suite.state import CLAIMS_KEY, RECORDS_KEY, replay_session, run_state
+from replaytests.suite.state import replay_session, run_state
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
@@ -70,14 +65,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LedgerCollector(config), "replaytests-ledger")
     if (scheduling.loadgroup(config) and not hasattr(config, "workerinput")
             and (selects_conformance(config) or user_gave_options(config))):
-        run_state(config).groups_file = Path(tempfile.mkdtemp(prefix="replaytests-groups-")) / "groups.json"
+        lifecycle.make_groups_file(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    state = run_state(config)
-    for directory in (state.groups_file and state.groups_file.parent, state.claims_dir):
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+    lifecycle.remove_temporary(config)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -90,14 +82,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    state = run_state(node.config)
-    if state.groups_file is not None:
-        node.workerinput[scheduling.GROUPS_KEY] = str(state.groups_file)
-    if state.run_dir is not None:
-        node.workerinput[RECORDS_KEY] = str(state.run_dir / RECORDS)
-        if state.claims_dir is None:
-            state.claims_dir = Path(tempfile.mkdtemp(prefix="replaytests-claims-"))
-        node.workerinput[CLAIMS_KEY] = str(state.claims_dir)
+    lifecycle.hand_to_worker(node)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -109,103 +94,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     (one that selects the conformance tests, or names a replaytests option). The plugin is installed
     for every pytest run in the environment, and any other run is left alone: it loads neither torch
     nor transformers, and a test that asks for the `replay` fixture opens the session then."""
-    if not (selects_conformance(session.config) or user_gave_options(session.config)):
-        return
-    replay = replay_session(session.config)
-    if replay.options.strict_contract and replay.drift:
-        raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
-                                f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
-    if not hasattr(session.config, "workerinput"):
-        state = run_state(session.config)
-        root = state.root = open_root(replay, session.config)
-        if selects_conformance(session.config):  # records reach the run's directory as they are computed
-            run = state.run_dir = root.new_run(replay.options.run_name)
-            replay.sink = run / RECORDS
-        if session.config.pluginmanager.hasplugin("dsession"):  # the xdist controller
-            interrupt_workers_too()
-        elif not hasattr(session.config, "workerinput"):  # one process; a worker stops at once (Python's default)
-            stop_gracefully_on_interrupt(session)
-        if not hasattr(session.config, "workerinput"):
-            terminate_like_interrupt()
-
-
-def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
-    """A first Ctrl-C lets the running test finish, then stops the run (its records are written, marked
-    interrupted); a second one stops at once."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def interrupt(signum, frame) -> None:
-        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-        session.shouldstop = (f"interrupted ({name}): the records finished so far are written; a second signal "
-                              "stops at once")
-        signal.signal(signal.SIGINT, previous)
-
-    signal.signal(signal.SIGINT, interrupt)
-
-
-def interrupt_workers_too() -> None:
-    """Under xdist, a Ctrl-C or SIGTERM that reaches the controller alone (the audit forwards it to its child
-    pytest, a CI runner signals one process) reaches the workers too: else each one computes its row until
-    execnet kills it 10 s later, and the run took 10-16 s to stop. The controller then stops as xdist does on
-    Ctrl-C (KeyboardInterrupt), and writes what the workers finished (a record appended whole, or a torn line
-    that is left out)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def interrupt(signum, frame) -> None:
-        for pid in _children():  # SIGTERM: execnet's workers ignore SIGINT; a row cut short is not a record
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt)
-
-
-def _children() -> list[int]:
-    """The pids of this process's children (Linux /proc; none elsewhere)."""
-    me, found = os.getpid(), []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    stat = Path(entry.path, "stat").read_text()
-                    if int(stat[stat.rfind(")") + 2:].split()[1]) == me:
-                        found.append(int(entry.name))
-    return found
-
-
-def terminate_like_interrupt() -> None:
-    """SIGTERM (what CI runners and `timeout` send first) does what Ctrl-C does now: the first stops
-    the run gracefully, its finished records written and marked interrupted (under xdist, pytest's own
-    KeyboardInterrupt path, which stops the workers); SIGKILL remains for a stop at once."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def terminate(signum, frame) -> None:
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            handler(signal.SIGTERM, frame)
-        else:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminate)
-
-
-def open_root(replay: ReplaySession, config: pytest.Config) -> rundir.Root:
-    """The report root, checked (not an input, a root or empty, writable) before any model work, and
-    locked when the run selects conformance tests (a run of unit tests alone never waits for it)."""
-    try:
-        rundir.check_root(replay.options.report_dir, replay.inputs)
-        rundir.check_name(replay.options.report_dir, replay.options.run_name)
-        root = rundir.Root(replay.options.report_dir)
-        if selects_conformance(config):
-            root.lock()
-            root.check_latest()
-        return root
-    except ReplaytestsError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    if selects_conformance(session.config) or user_gave_options(session.config):
+        lifecycle.start(session)
 
 
 @pytest.fixture(scope="session")
@@ -319,20 +209,12 @@ def audit_params(replay: ReplaySession, causal: bool) -> list:
     return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
 
 
-def _not_kept(item: pytest.Item, exc: RecordNotKept):
-    """A record that could not be kept (a full disk) fails its test in one line and stops the run: every
-    test after it would fail the same way, each with a traceback. Records are computed in fixtures (setup)
-    and in tests (call)."""
-    item.session.shouldstop = str(exc)
-    pytest.fail(str(exc), pytrace=False)
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
     try:
         return (yield)
     except RecordNotKept as exc:
-        _not_kept(item, exc)
+        lifecycle.record_not_kept(item, exc)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -340,7 +222,7 @@ def pytest_runtest_call(item: pytest.Item):
     try:
         return (yield)
     except RecordNotKept as exc:
-        _not_kept(item, exc)
+        lifecycle.record_not_kept(item, exc)
 
 
 @pytest.hookimpl(wrapper=True)
