@@ -26,9 +26,9 @@ from replaytests.families.registry import FAMILIES, MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.outputs import audit, ledger, rundir, verdict
-from replaytests.suite import command_line, lifecycle, scheduling
+from replaytests.suite import command_line, lifecycle, parameters, scheduling
 from replaytests.suite.command_line import selects_conformance, user_gave_options
-from replaytests.suite.planner import ROW_FIXTURES, worker_group
+from replaytests.suite.planner import worker_group
 from replaytests.suite.state import replay_session, run_state
 
 if TYPE_CHECKING:
@@ -135,78 +135,9 @@ def audit_record(replay: ReplaySession, record, request: pytest.FixtureRequest):
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize conformance tests by precision, bank row, panel row and baseline record,
-    with ids like `bf16-tiny-007`."""
-    if "record" not in metafunc.fixturenames:
-        return
-    replay = replay_session(metafunc.config)
-    fixtures = set(metafunc.fixturenames)
-    if "precision" in fixtures:
-        metafunc.parametrize("precision", cell_params(replay, replay.cells), scope="session")
-    if "causal_cell" in fixtures:
-        metafunc.parametrize("causal_cell", unavailable(replay, "transplant")
-                             or cell_params(replay, replay.causal_cells), scope="session")
-    for name, family in ROW_FIXTURES.items():
-        if name in fixtures:
-            metafunc.parametrize(name, row_params(replay, family), scope="session")
-    if "transplant_family" in fixtures:
-        metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["all-rows"])
-    for name, causal in (("baseline_record", False), ("causal_baseline_record", True)):
-        if name in fixtures:
-            metafunc.parametrize(name, audit_params(replay, causal))
-
-
-
-
-def _skipped(id_: str, reason: str) -> list:
-    return [pytest.param(None, id=id_, marks=pytest.mark.skip(reason=reason))]
-
-
-def cell_params(replay: ReplaySession, names: tuple[str, ...]) -> list:
-    """One parameter per cell, and a skipped one per selected cell whose library is not installed here."""
-    return ([pytest.param(name, id=name) for name in names]
-            + [pytest.param(name, id=name, marks=pytest.mark.skip(reason=reason))
-               for name, reason in replay.skipped_cells.items()])
-
-
-def no_cell(replay: ReplaySession, family: str) -> list:
-    """The skipped parameter of a family that runs on the cells that may diverge when --precision
-    selects none of them; else empty."""
-    if FAMILIES[family].divergent_cells_only and not replay.causal_cells:
-        return _skipped("no-divergent-cell", f"{family} runs on the cells whose crossing may diverge (gates.crossing."
-                                             f"suffix_divergence_allowed); --precision {replay.options.precision} "
-                                             "selects none")
-    return []
-
-
-def unavailable(replay: ReplaySession, family: str) -> list:
-    """The skipped parameter of a family the backend cannot serve, or that runs on the cells that may
-    diverge under a --precision without one; else empty."""
-    if reason := replay.unavailable(family):
-        return _skipped("unsupported", reason)
-    return no_cell(replay, family)
-
-
-def row_params(replay: ReplaySession, family: str) -> list:
-    if skipped := unavailable(replay, family):
-        return skipped
-    if family == "replication" and not replay.options.later_model:
-        return _skipped("no-later-model", replay.options.why_no_later_model)
-    rows = replay.plan.family_rows(family)
-    if not rows:  # a shard can hold none of a panel's rows: not an error
-        return _skipped("no-rows", f"shard {replay.options.shard} holds none of the {family} family's rows")
-    return [pytest.param(row, id=row.id) for row in rows]
-
-
-def audit_params(replay: ReplaySession, causal: bool) -> list:
-    """The baseline records this run audits: those of the causal families (audited in the causal layer,
-    so that `-m "not causal"` then `-m causal --panel-from` splits a run in two phases), or the others."""
-    if not replay.options.baseline_ledger:
-        return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
-    records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r["family"]].layers) == causal]
-    if not records:
-        return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
-                                      f"({replay.options.baseline_ledger})")
-    return [pytest.param(r, id="-".join(ledger.key(r))) for r in records]
+    with ids like `bf16-tiny-007` (suite.parameters)."""
+    if "record" in metafunc.fixturenames:
+        parameters.parametrize(metafunc, replay_session(metafunc.config))
 
 
 @pytest.hookimpl(wrapper=True)
