@@ -13,7 +13,6 @@ verdict.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +24,8 @@ from replaytests.errors import RecordNotKept, ReplaytestsError
 from replaytests.families.registry import FAMILIES, MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
-from replaytests.outputs import audit, ledger, rundir, verdict
-from replaytests.suite import command_line, lifecycle, parameters, scheduling
+from replaytests.outputs import ledger, rundir, verdict
+from replaytests.suite import command_line, fixtures, lifecycle, parameters, scheduling
 from replaytests.suite.command_line import selects_conformance, user_gave_options
 from replaytests.suite.planner import worker_group
 from replaytests.suite.state import replay_session, run_state
@@ -34,11 +33,8 @@ from replaytests.suite.state import replay_session, run_state
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
 
-RECORD_PROPERTY = "replaytests_record"
-AUDIT_PROPERTY = "replaytests_audit"
 RECORDS = rundir.RECORDS
 WRITE_FAILED = 6  # the exit status of a run whose final files could not be written (docs/ci.md)
-metrics_key = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,6 +58,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    config.pluginmanager.register(fixtures, "replaytests-fixtures")  # pytest reads fixtures from plugins
     config.pluginmanager.register(LedgerCollector(config), "replaytests-ledger")
     if (scheduling.loadgroup(config) and not hasattr(config, "workerinput")
             and (selects_conformance(config) or user_gave_options(config))):
@@ -96,41 +93,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     nor transformers, and a test that asks for the `replay` fixture opens the session then."""
     if selects_conformance(session.config) or user_gave_options(session.config):
         lifecycle.start(session)
-
-
-@pytest.fixture(scope="session")
-def replay(request: pytest.FixtureRequest) -> ReplaySession:
-    return replay_session(request.config)
-
-
-@pytest.fixture
-def record(replay: ReplaySession, request: pytest.FixtureRequest):
-    """record(family, row, precision) -> the ledger record (the session computes it and appends it to the
-    run's records); its key facts ride on this test's report (progress, JUnit XML properties)."""
-    from replaytests.outputs import summary
-    from replaytests.suite.artifacts import facts
-
-    def get(family: str, row, precision: str) -> dict:
-        result = replay.record(family, row, precision)
-        request.node.user_properties.append((RECORD_PROPERTY, json.dumps(facts(result))))
-        request.node.stash.setdefault(metrics_key, []).append(summary.metrics(result))
-        return result
-
-    return get
-
-
-@pytest.fixture
-def audit_record(replay: ReplaySession, record, request: pytest.FixtureRequest):
-    """audit_record(baseline) -> the Audit of that saved record against this run's recomputation."""
-
-    def get(baseline: dict) -> audit.Audit:
-        family, row, precision = ledger.key(baseline)
-        result = audit.audit_record(baseline, record(family, replay.row(row), precision))
-        request.node.user_properties.append((AUDIT_PROPERTY, json.dumps(
-            {"key": [family, row, precision], "leaves": result.leaves, "changes": len(result.changes)})))
-        return result
-
-    return get
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -198,9 +160,9 @@ def group_by_row(selected: list[pytest.Item]) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> dict:
     """With pytest-json-report installed, each test's report carries the metrics it judged."""
-    if call.when != "call" or metrics_key not in item.stash:
+    if call.when != "call" or fixtures.METRICS_KEY not in item.stash:
         return {}
-    return {"replaytests": item.stash[metrics_key]}
+    return {"replaytests": item.stash[fixtures.METRICS_KEY]}
 
 
 def _outcome(report: pytest.TestReport) -> str | None:
@@ -265,12 +227,12 @@ class LedgerCollector:
         self.gathered = self.gathered or Gathered()
         if report.when == "call":
             before = len(self.gathered.facts)
-            self.gathered.add(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
+            self.gathered.add(report.user_properties, fixtures.RECORD_PROPERTY, fixtures.AUDIT_PROPERTY)
             self._show_progress(self.gathered.facts[before:], finished=False)
         elif report.when == "teardown":
             self._show_progress([], finished=True)
         # The records rode here as JSON; a JUnit XML or JSON report gets their key facts instead.
-        report.user_properties = properties(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
+        report.user_properties = properties(report.user_properties, fixtures.RECORD_PROPERTY, fixtures.AUDIT_PROPERTY)
         outcome = _outcome(report)
         if outcome:
             self.gathered.count(outcome)
