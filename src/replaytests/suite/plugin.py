@@ -22,7 +22,6 @@ from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.suite import collector, command_line, fixtures, lifecycle, parameters, scheduling
 from replaytests.suite.command_line import selects_conformance, user_gave_options
-from replaytests.suite.planner import worker_group
 from replaytests.suite.state import replay_session, run_state
 
 
@@ -131,19 +130,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     if config.pluginmanager.hasplugin("xdist"):
         kept = set(items)
-        group_by_row([item for item in targets if item in kept])
+        scheduling.group_by_row([item for item in targets if item in kept])
     if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
         chosen = set(targets)
         slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
         for n, item in zip(slots, sorted((items[n] for n in slots), key=lambda i: str(i.path)), strict=True):
             items[n] = item
-
-
-def group_by_row(selected: list[pytest.Item]) -> None:
-    """The xdist group of each selected target (planner.worker_group): one (precision, row) per group."""
-    for item in selected:
-        if group := worker_group(getattr(getattr(item, "callspec", None), "params", {})):
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(optionalhook=True)
