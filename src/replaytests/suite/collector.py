@@ -44,8 +44,9 @@ def _message(report: pytest.TestReport) -> str:
 
 
 class LedgerCollector:
-    """Gathers records and test outcomes from test reports (local or from xdist workers); the
-    controller writes the run's directory (suite.artifacts) and its summary on the terminal."""
+    """Gathers the test outcomes and the key facts of the records the tests read from the test reports
+    (local or from xdist workers); the controller writes the run's directory from the records appended
+    to it (suite.artifacts) and its summary on the terminal."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -55,7 +56,7 @@ class LedgerCollector:
         self.progress = None  # suite.progress.Progress, in the controller of a conformance run
         self.started = datetime.now(UTC)
 
-    @pytest.hookimpl(trylast=True)  # after the module's sessionstart opened the session and the report root
+    @pytest.hookimpl(trylast=True)  # after the plugin's sessionstart opened the session and the report root
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         mode = self.config.getoption("replay_progress", "off")
         if mode != "off" and run_state(self.config).root is not None and selects_conformance(self.config):
@@ -93,7 +94,7 @@ class LedgerCollector:
             self._show_progress(self.gathered.facts[before:], finished=False)
         elif report.when == "teardown":
             self._show_progress([], finished=True)
-        # The records rode here as JSON; a JUnit XML or JSON report gets their key facts instead.
+        # The key facts rode here as JSON (fixtures.record); a JUnit XML or JSON report gets them as properties.
         report.user_properties = properties(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
         outcome = _outcome(report)
         if outcome:

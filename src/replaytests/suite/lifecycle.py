@@ -96,7 +96,7 @@ def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
 def interrupt_workers_too() -> None:
     """Under xdist, a Ctrl-C or SIGTERM that reaches the controller alone (the audit forwards it to its child
     pytest, a CI runner signals one process) reaches the workers too: else each one computes its row until
-    execnet kills it 10 s later, and the run took 10-16 s to stop. The controller then stops as xdist does on
+    execnet kills it 10 s later, and the run takes 10-16 s to stop. The controller then stops as xdist does on
     Ctrl-C (KeyboardInterrupt), and writes what the workers finished (a record appended whole, or a torn line
     that is left out)."""
     if threading.current_thread() is not threading.main_thread():
@@ -125,7 +125,7 @@ def _children() -> list[int]:
 
 
 def terminate_like_interrupt() -> None:
-    """SIGTERM (what CI runners and `timeout` send first) does what Ctrl-C does now: the first stops
+    """SIGTERM (what CI runners and `timeout` send first) does what Ctrl-C does: the first stops
     the run gracefully, its finished records written and marked interrupted (under xdist, pytest's own
     KeyboardInterrupt path, which stops the workers); SIGKILL remains for a stop at once."""
     if threading.current_thread() is not threading.main_thread():

@@ -1,13 +1,15 @@
-"""The pytest plugin: options, markers, the session object, the ledger, the verdict and the summary.
+"""The pytest plugin's hooks (the `pytest11` entry point); each hands its work to the module of its concept:
+command_line (the options, what the arguments select), state (the run's state in one RunState in
+config.stash, and its session), lifecycle (the run's start and end), parameters (the conformance tests'
+parameters), fixtures (registered as a plugin of its own), collector (outcomes, progress, the run's final
+files) and scheduling (xdist worker groups).
 
-Registered through the `pytest11` entry point, so it is imported into every pytest run of an
-environment where replaytests is installed: it imports no torch at module level. Before any conftest
-is imported it reads the run's contract and pins the CPU instruction set the contract names
-(cpu_isa), so that torch dispatches its first kernel at that level. State lives in one ReplaySession
-kept in config.stash. Each worker appends the records it computes to the run's records file as it finishes
-them; each test's key facts ride on report.user_properties (JUnit properties, the progress line); at the end
-the controller writes the ledger, run.json and the report from the records file, each starting with the
-verdict.
+The plugin is imported into every pytest run of an environment where replaytests is installed, so
+neither it nor those modules import torch at module level, and a run that is not a replay run is left
+alone. Before any conftest is imported it pins the CPU instruction set the run's contract names
+(cpu_isa), so that torch dispatches its first kernel at that level. Each process appends the records it
+computes to the run's records file; a test's report carries only their key facts; at the end the
+controller writes the ledger, run.json and the report from that file, each starting with the verdict.
 """
 
 from __future__ import annotations
