@@ -18,7 +18,7 @@ from replaytests.inputs.cpu_isa import cpu_flags
 from replaytests.inputs.options import DEFAULT_CONTRACT as CONTRACT
 from replaytests.outputs import ledger
 from replaytests.outputs.records import Record
-from replaytests.suite.plugin import CONFORMANCE
+from replaytests.suite.command_line import CONFORMANCE
 
 REQUIRED_ARM_FIELDS = {"suffix", "answer", "correct", "cache_digest", "logits_digest"}
 

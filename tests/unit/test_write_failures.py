@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from replaytests.outputs.rundir import LATEST, RECORDS
-from replaytests.suite.plugin import WRITE_FAILED
+from replaytests.suite.collector import WRITE_FAILED
 
 
 def _tmpfs(tmp_path: Path, size: str) -> Path:

@@ -1,6 +1,6 @@
 """The artifacts of a run: what the controller writes into the run's directory (the ledger, run.json,
 summary.md and the report, each starting with the verdict) and what the terminal shows, from the
-records and test outcomes the plugin gathered.
+records and the test outcomes the collector gathered (suite.collector).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Gathered:
 
     records: list[Record] = field(default_factory=list)  # the run's records (read from its directory at the end)
     computed: int = 0  # records its processes computed and appended (more than `records`: some computed twice)
-    facts: list[dict] = field(default_factory=list)  # the key facts of each record a test read (plugin.facts)
+    facts: list[dict] = field(default_factory=list)  # the key facts of each record a test read (facts, below)
     audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
     outcomes: dict[str, int] = field(default_factory=dict)  # pytest outcome -> count
     failures: list[dict] = field(default_factory=list)  # verdict.failure of each failing test

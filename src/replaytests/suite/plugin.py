@@ -1,228 +1,79 @@
-"""The pytest plugin: options, markers, the session object, the ledger, the verdict and the summary.
+"""The pytest plugin's hooks (the `pytest11` entry point); each hands its work to the module of its concept:
+command_line (the options, what the arguments select), state (the run's state in one RunState in
+config.stash, and its session), lifecycle (the run's start and end), parameters (the conformance tests'
+parameters), fixtures (registered as a plugin of its own), collector (outcomes, progress, the run's final
+files) and scheduling (xdist worker groups).
 
-Registered through the `pytest11` entry point, so it is imported into every pytest run of an
-environment where replaytests is installed: it imports no torch at module level. Before any conftest
-is imported it reads the run's contract and pins the CPU instruction set the contract names
-(cpu_isa), so that torch dispatches its first kernel at that level. State lives in one ReplaySession
-kept in config.stash. Each worker appends the records it computes to the run's records file as it finishes
-them; each test's key facts ride on report.user_properties (JUnit properties, the progress line); at the end
-the controller writes the ledger, run.json and the report from the records file, each starting with the
-verdict.
+The plugin is imported into every pytest run of an environment where replaytests is installed, so
+neither it nor those modules import torch at module level, and a run that is not a replay run is left
+alone. Before any conftest is imported it pins the CPU instruction set the run's contract names
+(cpu_isa), so that torch dispatches its first kernel at that level. Each process appends the records it
+computes to the run's records file; a test's report carries only their key facts; at the end the
+controller writes the ledger, run.json and the report from that file, each starting with the verdict.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shutil
-import signal
-import sys
-import tempfile
-import threading
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from replaytests.errors import RecordNotKept, ReplaytestsError
-from replaytests.families.registry import FAMILIES, MARKERS
+from replaytests.families.registry import MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
-from replaytests.inputs.options import (
-    DEFAULT_CONTRACT,
-    GPU_CONTRACT,
-    OPTIONS,
-    REPO,
-    Options,
-)
-from replaytests.outputs import audit, ledger, rundir, verdict
-from replaytests.suite import scheduling
-from replaytests.suite.planner import ROW_FIXTURES, worker_group
-
-if TYPE_CHECKING:
-    from replaytests.suite.session import ReplaySession
-
-CONFORMANCE = Path(__file__).resolve().parents[1] / "conformance"
-RECORD_PROPERTY = "replaytests_record"
-AUDIT_PROPERTY = "replaytests_audit"
-DEFAULT_OPTIONS = vars(Options())
-session_key = pytest.StashKey["ReplaySession"]()
-pin_key = pytest.StashKey[cpu_isa.Pin]()
-root_key = pytest.StashKey[rundir.Root]()
-RECORDS = rundir.RECORDS
-WRITE_FAILED = 6  # the exit status of a run whose final files could not be written (docs/ci.md)
-run_key = pytest.StashKey[Path]()  # the run's directory, made when the run starts (the controller's)
-RECORDS_KEY = "replaytests_records"  # workerinput: the run's records file, which every worker appends to
-CLAIMS_KEY = "replaytests_claims"  # workerinput: the run's directory of claimed records (suite.claims)
-claims_key = pytest.StashKey[Path]()  # the controller's directory of claims, removed when the run ends
-metrics_key = pytest.StashKey[list]()
-groups_key = pytest.StashKey[Path]()  # the controller's file of xdist groups (suite.scheduling)
-
-
-GROUP = ("replaytests", "replay conformance (replaytests)")
-
-
-def spelled(field: str, namespaced: bool = True) -> str:
-    """An option's command-line spelling: --replay-<field> or its short alias --<field>."""
-    name = field.replace("_", "-")
-    return f"--replay-{name}" if namespaced else f"--{name}"
+from replaytests.suite import collector, command_line, fixtures, lifecycle, parameters, scheduling
+from replaytests.suite.command_line import selects_conformance, user_gave_options
+from replaytests.suite.state import replay_session, run_state
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup(*GROUP)
-    for field, settings in OPTIONS.items():
-        group.addoption(spelled(field), dest=f"replay_{field}", **settings)
-    group.addoption("--replay-progress", dest="replay_progress", choices=("lines", "bar", "off"), default="lines",
-                    help="progress of a conformance run: a plain line every 30 s and as each family and precision "
-                         "completes ('lines'), one line rewritten in place instead of the test letters ('bar', for "
-                         "a terminal; `replaytests audit` picks it there), or none. Default: %(default)s")
-
-
-def _registered(parser: pytest.Parser) -> set[str]:
-    """Every option string some plugin or conftest has registered."""
-    groups = [getattr(parser, "_anonymous", None), *getattr(parser, "_groups", [])]
-    return {name for group in groups if group is not None for option in group.options for name in option.names()}
-
-
-def add_short_aliases(config: pytest.Config, parser: pytest.Parser) -> None:
-    """The short spellings (--model, --precision, ...) wherever nobody else took them; a name another
-    plugin or conftest registered stays theirs, with one warning naming the namespaced spelling."""
-    taken = _registered(parser)
-    group = parser.getgroup(*GROUP)
-    clashes = [field for field in OPTIONS if spelled(field, namespaced=False) in taken]
-    for field, settings in OPTIONS.items():
-        if field not in clashes:
-            group.addoption(spelled(field, namespaced=False), dest=f"replay_{field}",
-                            **{**settings, "help": f"alias of {spelled(field)}"})
-    if clashes:
-        config.issue_config_time_warning(pytest.PytestConfigWarning(
-            "replaytests: " + ", ".join(spelled(f, namespaced=False) for f in clashes) + " belong to another plugin "
-            "or conftest here; use " + ", ".join(spelled(f) for f in clashes)), stacklevel=2)
-
-
-def contract_path(contract: Path | None, markexpr: str) -> Path:
-    """--contract, or the default: contracts/h200.yaml under -m gpu, else contracts/cpu-tiny.yaml."""
-    if contract is not None:
-        return contract
-    return GPU_CONTRACT if selects_gpu(markexpr) else DEFAULT_CONTRACT
-
-
-def _argument(args: list[str], field: str) -> str | None:
-    """The value given to an option on the command line (either spelling), before options are parsed."""
-    names = (spelled(field), spelled(field, namespaced=False))
-    for index, arg in enumerate(args):
-        name, equals, value = str(arg).partition("=")
-        if name in names:
-            return value if equals else (str(args[index + 1]) if index + 1 < len(args) else None)
-    return None
+    command_line.register(parser)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
     """Before any conftest (or test module) imports torch: pin the contract's CPU instruction set, in a
-    replay run only (a contract given, replaytests named in the arguments, or this repository's own
-    tests), so that a project that merely has replaytests installed keeps its own kernels. After the
-    initial conftests registered their options: the short aliases nobody else took."""
-    given = _argument(args, "contract")
-    path = contract_path(Path(given) if given else None, getattr(early_config.known_args_namespace, "markexpr", "")
-                         or "")
-    replay_run = given is not None or any("replaytests" in str(arg) for arg in args) or early_config.rootpath == REPO
-    if replay_run and path.is_file():
+    replay run only (command_line.early_contract). After the initial conftests registered their
+    options: the short aliases nobody else took."""
+    contract = command_line.early_contract(early_config, args)
+    if contract is not None:
         with contextlib.suppress(ReplaytestsError):  # a bad contract is reported once the session opens
-            early_config.stash[pin_key] = cpu_isa.pin(load_contract(path).cpu_isa)
+            run_state(early_config).pin = cpu_isa.pin(load_contract(contract).cpu_isa)
     result = yield
-    add_short_aliases(early_config, parser)
+    command_line.add_short_aliases(early_config, parser)
     return result
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
-    config.pluginmanager.register(LedgerCollector(config), "replaytests-ledger")
+    config.pluginmanager.register(fixtures, "replaytests-fixtures")  # pytest reads fixtures from plugins
+    config.pluginmanager.register(collector.LedgerCollector(config), "replaytests-ledger")
     if (scheduling.loadgroup(config) and not hasattr(config, "workerinput")
             and (selects_conformance(config) or user_gave_options(config))):
-        config.stash[groups_key] = Path(tempfile.mkdtemp(prefix="replaytests-groups-")) / "groups.json"
+        lifecycle.make_groups_file(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    groups = config.stash.get(groups_key, None)
-    for directory in (groups and groups.parent, config.stash.get(claims_key, None)):
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+    lifecycle.remove_temporary(config)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Under `--dist loadgroup` in a replay run: loadgroup that keeps each group on one worker on every
     pytest (suite.scheduling)."""
-    path = config.stash.get(groups_key, None)
+    path = run_state(config).groups_file
     return None if path is None else scheduling.make_scheduler(config, log, path)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    path = node.config.stash.get(groups_key, None)
-    if path is not None:
-        node.workerinput[scheduling.GROUPS_KEY] = str(path)
-    run = node.config.stash.get(run_key, None)
-    if run is not None:
-        node.workerinput[RECORDS_KEY] = str(run / RECORDS)
-        if claims_key not in node.config.stash:
-            node.config.stash[claims_key] = Path(tempfile.mkdtemp(prefix="replaytests-claims-"))
-        node.workerinput[CLAIMS_KEY] = str(node.config.stash[claims_key])
+    lifecycle.hand_to_worker(node)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     scheduling.publish(session)
-
-
-def selects_gpu(expression: str) -> bool:
-    """Whether a -m expression asks for the gpu marker (and would not select the items without it)."""
-    if not expression:
-        return False
-    try:
-        from _pytest.mark.expression import Expression
-
-        compiled = Expression.compile(expression)
-    except Exception:  # the private API moved, or a bad -m expression (pytest reports that itself)
-        return "gpu" in expression.split()
-    layers = set(MARKERS) - {"gpu"}
-    return compiled.evaluate(lambda name, **_: name in layers | {"gpu"}) and not compiled.evaluate(
-        lambda name, **_: name in layers)
-
-
-def options(config: pytest.Config) -> Options:
-    values = {name: config.getoption(f"replay_{name}") for name in DEFAULT_OPTIONS}
-    values["accept_changed"] = frozenset(values["accept_changed"] or ())
-    values["panel_from"] = tuple(values["panel_from"] or ())
-    values["contract"] = contract_path(values["contract"], config.getoption("markexpr", "") or "")
-    return Options(**values)
-
-
-def replay_session(config: pytest.Config) -> ReplaySession:
-    """The session's inputs, opened on first use; a bad input is a usage error, one line."""
-    if session_key not in config.stash:
-        from replaytests.suite.session import ReplaySession
-
-        try:
-            config.stash[session_key] = ReplaySession.open(options(config), config.stash.get(pin_key, None))
-        except ReplaytestsError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        workerinput = getattr(config, "workerinput", {})
-        if RECORDS_KEY in workerinput:
-            from replaytests.suite.claims import Claims
-
-            session = config.stash[session_key]
-            session.sink = Path(workerinput[RECORDS_KEY])
-            session.claims = Claims(Path(workerinput[CLAIMS_KEY]), session.sink)
-    return config.stash[session_key]
-
-
-def user_gave_options(config: pytest.Config) -> bool:
-    return any(config.getoption(f"replay_{name}") not in (default, None, False)
-               for name, default in DEFAULT_OPTIONS.items())
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -230,232 +81,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     (one that selects the conformance tests, or names a replaytests option). The plugin is installed
     for every pytest run in the environment, and any other run is left alone: it loads neither torch
     nor transformers, and a test that asks for the `replay` fixture opens the session then."""
-    if not (selects_conformance(session.config) or user_gave_options(session.config)):
-        return
-    replay = replay_session(session.config)
-    if replay.options.strict_contract and replay.drift:
-        raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
-                                f"in {len(replay.drift)} field(s): " + "; ".join(map(str, replay.drift)))
-    if not hasattr(session.config, "workerinput"):
-        root = session.config.stash[root_key] = open_root(replay, session.config)
-        if selects_conformance(session.config):  # records reach the run's directory as they are computed
-            run = session.config.stash[run_key] = root.new_run(replay.options.run_name)
-            replay.sink = run / RECORDS
-        if session.config.pluginmanager.hasplugin("dsession"):  # the xdist controller
-            interrupt_workers_too()
-        elif not hasattr(session.config, "workerinput"):  # one process; a worker stops at once (Python's default)
-            stop_gracefully_on_interrupt(session)
-        if not hasattr(session.config, "workerinput"):
-            terminate_like_interrupt()
-
-
-def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
-    """A first Ctrl-C lets the running test finish, then stops the run (its records are written, marked
-    interrupted); a second one stops at once."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    previous = signal.getsignal(signal.SIGINT)
-
-    def interrupt(signum, frame) -> None:
-        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-        session.shouldstop = (f"interrupted ({name}): the records finished so far are written; a second signal "
-                              "stops at once")
-        signal.signal(signal.SIGINT, previous)
-
-    signal.signal(signal.SIGINT, interrupt)
-
-
-def interrupt_workers_too() -> None:
-    """Under xdist, a Ctrl-C or SIGTERM that reaches the controller alone (the audit forwards it to its child
-    pytest, a CI runner signals one process) reaches the workers too: else each one computes its row until
-    execnet kills it 10 s later, and the run took 10-16 s to stop. The controller then stops as xdist does on
-    Ctrl-C (KeyboardInterrupt), and writes what the workers finished (a record appended whole, or a torn line
-    that is left out)."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def interrupt(signum, frame) -> None:
-        for pid in _children():  # SIGTERM: execnet's workers ignore SIGINT; a row cut short is not a record
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, interrupt)
-
-
-def _children() -> list[int]:
-    """The pids of this process's children (Linux /proc; none elsewhere)."""
-    me, found = os.getpid(), []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    stat = Path(entry.path, "stat").read_text()
-                    if int(stat[stat.rfind(")") + 2:].split()[1]) == me:
-                        found.append(int(entry.name))
-    return found
-
-
-def terminate_like_interrupt() -> None:
-    """SIGTERM (what CI runners and `timeout` send first) does what Ctrl-C does now: the first stops
-    the run gracefully, its finished records written and marked interrupted (under xdist, pytest's own
-    KeyboardInterrupt path, which stops the workers); SIGKILL remains for a stop at once."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def terminate(signum, frame) -> None:
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            handler(signal.SIGTERM, frame)
-        else:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminate)
-
-
-def open_root(replay: ReplaySession, config: pytest.Config) -> rundir.Root:
-    """The report root, checked (not an input, a root or empty, writable) before any model work, and
-    locked when the run selects conformance tests (a run of unit tests alone never waits for it)."""
-    try:
-        rundir.check_root(replay.options.report_dir, replay.inputs)
-        rundir.check_name(replay.options.report_dir, replay.options.run_name)
-        root = rundir.Root(replay.options.report_dir)
-        if selects_conformance(config):
-            root.lock()
-            root.check_latest()
-        return root
-    except ReplaytestsError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def selects_conformance(config: pytest.Config) -> bool:
-    """Whether the run's arguments (or testpaths) name the conformance tests, or a folder above them."""
-    for arg in (str(a).split("::")[0] for a in config.args):
-        if arg == "replaytests" or arg.startswith("replaytests.conformance"):  # --pyargs
-            return True
-        path = (config.invocation_params.dir / arg).resolve()
-        if path == CONFORMANCE or CONFORMANCE in path.parents or path in CONFORMANCE.parents:
-            return True
-    return False
-
-
-@pytest.fixture(scope="session")
-def replay(request: pytest.FixtureRequest) -> ReplaySession:
-    return replay_session(request.config)
-
-
-@pytest.fixture
-def record(replay: ReplaySession, request: pytest.FixtureRequest):
-    """record(family, row, precision) -> the ledger record (the session computes it and appends it to the
-    run's records); its key facts ride on this test's report (progress, JUnit XML properties)."""
-    from replaytests.outputs import summary
-    from replaytests.suite.artifacts import facts
-
-    def get(family: str, row, precision: str) -> dict:
-        result = replay.record(family, row, precision)
-        request.node.user_properties.append((RECORD_PROPERTY, json.dumps(facts(result))))
-        request.node.stash.setdefault(metrics_key, []).append(summary.metrics(result))
-        return result
-
-    return get
-
-
-@pytest.fixture
-def audit_record(replay: ReplaySession, record, request: pytest.FixtureRequest):
-    """audit_record(baseline) -> the Audit of that saved record against this run's recomputation."""
-
-    def get(baseline: dict) -> audit.Audit:
-        family, row, precision = baseline.key
-        result = audit.audit_record(baseline, record(family, replay.row(row), precision))
-        request.node.user_properties.append((AUDIT_PROPERTY, json.dumps(
-            {"key": [family, row, precision], "leaves": result.leaves, "changes": len(result.changes)})))
-        return result
-
-    return get
+    if selects_conformance(session.config) or user_gave_options(session.config):
+        lifecycle.start(session)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize conformance tests by precision, bank row, panel row and baseline record,
-    with ids like `bf16-tiny-007`."""
-    if "record" not in metafunc.fixturenames:
-        return
-    replay = replay_session(metafunc.config)
-    fixtures = set(metafunc.fixturenames)
-    if "precision" in fixtures:
-        metafunc.parametrize("precision", cell_params(replay, replay.cells), scope="session")
-    if "causal_cell" in fixtures:
-        metafunc.parametrize("causal_cell", unavailable(replay, "transplant")
-                             or cell_params(replay, replay.causal_cells), scope="session")
-    for name, family in ROW_FIXTURES.items():
-        if name in fixtures:
-            metafunc.parametrize(name, row_params(replay, family), scope="session")
-    if "transplant_family" in fixtures:
-        metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["all-rows"])
-    for name, causal in (("baseline_record", False), ("causal_baseline_record", True)):
-        if name in fixtures:
-            metafunc.parametrize(name, audit_params(replay, causal))
-
-
-
-
-def _skipped(id_: str, reason: str) -> list:
-    return [pytest.param(None, id=id_, marks=pytest.mark.skip(reason=reason))]
-
-
-def cell_params(replay: ReplaySession, names: tuple[str, ...]) -> list:
-    """One parameter per cell, and a skipped one per selected cell whose library is not installed here."""
-    return ([pytest.param(name, id=name) for name in names]
-            + [pytest.param(name, id=name, marks=pytest.mark.skip(reason=reason))
-               for name, reason in replay.skipped_cells.items()])
-
-
-def no_cell(replay: ReplaySession, family: str) -> list:
-    """The skipped parameter of a family that runs on the cells that may diverge when --precision
-    selects none of them; else empty."""
-    if FAMILIES[family].divergent_cells_only and not replay.causal_cells:
-        return _skipped("no-divergent-cell", f"{family} runs on the cells whose crossing may diverge (gates.crossing."
-                                             f"suffix_divergence_allowed); --precision {replay.options.precision} "
-                                             "selects none")
-    return []
-
-
-def unavailable(replay: ReplaySession, family: str) -> list:
-    """The skipped parameter of a family the backend cannot serve, or that runs on the cells that may
-    diverge under a --precision without one; else empty."""
-    if reason := replay.unavailable(family):
-        return _skipped("unsupported", reason)
-    return no_cell(replay, family)
-
-
-def row_params(replay: ReplaySession, family: str) -> list:
-    if skipped := unavailable(replay, family):
-        return skipped
-    if family == "replication" and not replay.options.later_model:
-        return _skipped("no-later-model", replay.options.why_no_later_model)
-    rows = replay.plan.family_rows(family)
-    if not rows:  # a shard can hold none of a panel's rows: not an error
-        return _skipped("no-rows", f"shard {replay.options.shard} holds none of the {family} family's rows")
-    return [pytest.param(row, id=row.id) for row in rows]
-
-
-def audit_params(replay: ReplaySession, causal: bool) -> list:
-    """The baseline records this run audits: those of the causal families (audited in the causal layer,
-    so that `-m "not causal"` then `-m causal --panel-from` splits a run in two phases), or the others."""
-    if not replay.options.baseline_ledger:
-        return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
-    records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r.family].layers) == causal]
-    if not records:
-        return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
-                                      f"({replay.options.baseline_ledger})")
-    return [pytest.param(r, id="-".join(r.key)) for r in records]
-
-
-def _not_kept(item: pytest.Item, exc: RecordNotKept):
-    """A record that could not be kept (a full disk) fails its test in one line and stops the run: every
-    test after it would fail the same way, each with a traceback. Records are computed in fixtures (setup)
-    and in tests (call)."""
-    item.session.shouldstop = str(exc)
-    pytest.fail(str(exc), pytrace=False)
+    with ids like `bf16-tiny-007` (suite.parameters)."""
+    if "record" in metafunc.fixturenames:
+        parameters.parametrize(metafunc, replay_session(metafunc.config))
 
 
 @pytest.hookimpl(wrapper=True)
@@ -463,7 +97,7 @@ def pytest_runtest_setup(item: pytest.Item):
     try:
         return (yield)
     except RecordNotKept as exc:
-        _not_kept(item, exc)
+        lifecycle.record_not_kept(item, exc)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -471,7 +105,7 @@ def pytest_runtest_call(item: pytest.Item):
     try:
         return (yield)
     except RecordNotKept as exc:
-        _not_kept(item, exc)
+        lifecycle.record_not_kept(item, exc)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -498,7 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     yield
     if config.pluginmanager.hasplugin("xdist"):
         kept = set(items)
-        group_by_row([item for item in targets if item in kept])
+        scheduling.group_by_row([item for item in targets if item in kept])
     if no_cuda:  # nothing runs: file by file, so the skips print as one line per file, not one per row
         chosen = set(targets)
         slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
@@ -506,188 +140,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[n] = item
 
 
-def group_by_row(selected: list[pytest.Item]) -> None:
-    """The xdist group of each selected target (planner.worker_group): one (precision, row) per group."""
-    for item in selected:
-        if group := worker_group(getattr(getattr(item, "callspec", None), "params", {})):
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> dict:
     """With pytest-json-report installed, each test's report carries the metrics it judged."""
-    if call.when != "call" or metrics_key not in item.stash:
+    if call.when != "call" or fixtures.METRICS_KEY not in item.stash:
         return {}
-    return {"replaytests": item.stash[metrics_key]}
-
-
-def _outcome(report: pytest.TestReport) -> str | None:
-    """The test outcome a report settles (as pytest counts them), or None for a phase that settles none."""
-    if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
-    if report.failed:
-        return "failed" if report.when == "call" else "error"
-    if report.skipped:
-        return "skipped"
-    return "passed" if report.when == "call" else None
-
-
-def _message(report: pytest.TestReport) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    return crash.message if crash is not None else report.longreprtext
-
-
-class LedgerCollector:
-    """Gathers records and test outcomes from test reports (local or from xdist workers); the
-    controller writes the run's directory (suite.artifacts) and its summary on the terminal."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.gathered = None
-        self.verdict: dict | None = None
-        self.run: Path | None = None
-        self.progress = None  # suite.progress.Progress, in the controller of a conformance run
-        self.started = datetime.now(UTC)
-
-    @pytest.hookimpl(trylast=True)  # after the module's sessionstart opened the session and the report root
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        mode = self.config.getoption("replay_progress", "off")
-        if mode != "off" and root_key in self.config.stash and selects_conformance(self.config):
-            from replaytests.suite.progress import Progress
-
-            self.progress = Progress(planned_rows(replay_session(self.config)))
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if self.progress is not None:
-            self.progress.tests = len(session.items)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
-        if self.progress is not None:
-            self.progress.tests = len(ids)
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
-        """Under a progress bar, tests print no letters (the bar counts them; failures are listed after)."""
-        result = yield
-        if self.progress is not None and config.getoption("replay_progress") == "bar" and result[0]:
-            return result[0], "", ""
-        return result
-
-    @pytest.hookimpl(tryfirst=True)  # before junitxml reads the report's properties
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if session_key not in self.config.stash or hasattr(self.config, "workerinput"):
-            return  # not a replay run, or a worker (its controller gathers)
-        from replaytests.suite.artifacts import Gathered, properties
-
-        self.gathered = self.gathered or Gathered()
-        if report.when == "call":
-            before = len(self.gathered.facts)
-            self.gathered.add(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
-            self._show_progress(self.gathered.facts[before:], finished=False)
-        elif report.when == "teardown":
-            self._show_progress([], finished=True)
-        # The records rode here as JSON; a JUnit XML or JSON report gets their key facts instead.
-        report.user_properties = properties(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
-        outcome = _outcome(report)
-        if outcome:
-            self.gathered.count(outcome)
-        if outcome in ("failed", "error"):
-            self.gathered.failures.append(verdict.failure(report.nodeid, _message(report)))
-        if outcome == "skipped" and isinstance(report.longrepr, tuple):
-            self.gathered.skips.add(str(report.longrepr[2]).removeprefix("Skipped: "))
-
-    def _show_progress(self, records: list[dict], finished: bool) -> None:
-        progress = self.progress
-        if progress is None:
-            return
-        completed = [r for r in records if progress.record(*r["key"])]
-        progress.finished += finished
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None:
-            return
-        if self.config.getoption("replay_progress") == "bar":
-            reporter.rewrite(progress.bar(), erase=True)
-            if progress.finished == progress.tests:
-                reporter.ensure_newline()
-        elif progress.due() or completed:
-            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):  # after test letters (xdist
-                reporter.write("\n")  # leaves ensure_newline nothing to go by)
-            reporter.write_line(progress.line())
-
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Write the run's directory from the records appended to it; move `latest` to it only if the run
-        completed. A run that computed no record leaves no directory."""
-        root, run = self.config.stash.get(root_key, None), self.config.stash.get(run_key, None)
-        try:
-            appended, torn = ledger.read_appended(run / RECORDS) if run is not None else ([], [])
-            if torn:  # a worker died, or the disk filled, while writing those: the rest of the run is kept
-                sys.stderr.write(f"WARNING: {run / RECORDS}: line(s) {', '.join(map(str, torn))} torn (a worker "
-                                 "died or the disk filled while writing them): left out, so the run is written "
-                                 "as interrupted (latest not moved)\n")
-            records = ledger.merge(appended)
-            if records and self.gathered:
-                from replaytests.suite.artifacts import write_run
-
-                self.gathered.records, self.gathered.computed = records, len(appended)
-                stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
-                interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped or bool(torn)
-                self.run = run
-                try:
-                    self.verdict = write_run(replay_session(self.config), self.gathered, run, interrupted,
-                                             self.started)
-                except (OSError, ReplaytestsError) as exc:  # a full disk, a quota: the records stay appended
-                    self.write_failed(session, run, exc)
-                    return
-                (run / RECORDS).unlink()  # every one of them is in the ledger now
-                if not interrupted:
-                    root.publish(run)
-            elif run is not None and not records:
-                (run / RECORDS).unlink(missing_ok=True)
-                run.rmdir()
-        finally:
-            if root is not None:
-                root.release()
-
-    def write_failed(self, session: pytest.Session, run: Path, exc: OSError | ReplaytestsError) -> None:
-        """One line, exit WRITE_FAILED (not "a check failed"); `latest` not moved; the records finished
-        are in RUN/records.jsonl (one JSON record per line)."""
-        kept = len(ledger.read_appended(run / RECORDS)[0])
-        why = exc.strerror or exc if isinstance(exc, OSError) else str(exc).rpartition(": ")[2]
-        sys.stderr.write(f"ERROR: cannot write the run's files in {run}: {why}; its {kept} "
-                         f"records are kept in {run / RECORDS} (latest not moved)\n")
-        session.exitstatus = WRITE_FAILED
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.gathered and set(self.gathered.outcomes) == {"skipped"}:  # say why nothing ran
-            terminalreporter.write_sep("=", "replaytests: every selected test was skipped")
-            for reason in sorted(self.gathered.skips):
-                terminalreporter.write_line(f"skipped: {reason}")
-        if self.verdict is None:
-            return
-        from replaytests.suite.artifacts import terminal_lines
-
-        terminalreporter.write_sep("=", "replaytests summary")
-        for line in terminal_lines(replay_session(self.config), self.gathered, self.verdict, self.run):
-            terminalreporter.write_line(line)
-
-
-def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
-    """(family, precision) -> the rows the plan gives it (None: the transplant panel, read from outcomes)."""
-    planned = {}
-    for name, family in FAMILIES.items():
-        if name in replay.plan.unsupported:
-            continue
-        rows = None if family.panel == "transplant" else len(replay.plan.family_rows(name))
-        for cell in replay.family_cells(name):
-            if rows != 0:
-                planned[(name, cell)] = rows
-    return planned
+    return {"replaytests": item.stash[fixtures.METRICS_KEY]}
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    if session_key not in config.stash:  # not a replay run
+    replay = run_state(config).session
+    if replay is None:  # not a replay run
         return []
     from replaytests.suite.artifacts import header_fields
 
-    return [f"replaytests {name}: {value}" for name, value in header_fields(config.stash[session_key]).items()]
+    return [f"replaytests {name}: {value}" for name, value in header_fields(replay).items()]

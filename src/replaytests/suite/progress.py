@@ -1,7 +1,7 @@
 """Progress while a run computes: per family and precision, rows done out of rows planned; tests
 done out of tests collected, the time elapsed and an estimate of the time left (no torch).
 
-The controller feeds it (suite.plugin): the planned rows from the plan, each record as it arrives
+The controller feeds it (suite.collector): the planned rows from the plan, each record as it arrives
 (from any xdist worker) and each test as it finishes. `bar` is one line a terminal rewrites in place;
 `line` is the plain line a log (CI, a file) gets every INTERVAL seconds and at each group's end.
 """

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from replaytests.files import write_json_atomic
+from replaytests.suite.planner import worker_group
 
 GROUPS_KEY = "replaytests_groups"  # workerinput: the file the workers write their groups to
 
@@ -38,6 +39,13 @@ def make_scheduler(config: pytest.Config, log, path: Path):
             return self._groups.get(nodeid) or super()._split_scope(nodeid)
 
     return RowGroupScheduling(config, log)
+
+
+def group_by_row(selected: list[pytest.Item]) -> None:
+    """The xdist group of each selected target (planner.worker_group): one (precision, row) per group."""
+    for item in selected:
+        if group := worker_group(getattr(getattr(item, "callspec", None), "params", {})):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def publish(session: pytest.Session) -> None:

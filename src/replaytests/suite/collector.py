@@ -1,0 +1,193 @@
+"""The collector: gathers the records' key facts and the test outcomes from the test reports (this
+process's or the xdist workers'), shows the run's progress, and at the end writes the run's directory
+from the records appended to it (suite.artifacts) and the summary on the terminal. suite.plugin
+registers one per pytest process; only the controller (or the one process) gathers and writes.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from replaytests.errors import ReplaytestsError
+from replaytests.families.registry import FAMILIES
+from replaytests.outputs import ledger, rundir, verdict
+from replaytests.suite.command_line import selects_conformance
+from replaytests.suite.fixtures import AUDIT_PROPERTY, RECORD_PROPERTY
+from replaytests.suite.state import replay_session, run_state
+
+if TYPE_CHECKING:
+    from replaytests.suite.session import ReplaySession
+
+RECORDS = rundir.RECORDS
+WRITE_FAILED = 6  # the exit status of a run whose final files could not be written (docs/ci.md)
+
+
+def _outcome(report: pytest.TestReport) -> str | None:
+    """The test outcome a report settles (as pytest counts them), or None for a phase that settles none."""
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        return "failed" if report.when == "call" else "error"
+    if report.skipped:
+        return "skipped"
+    return "passed" if report.when == "call" else None
+
+
+def _message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    return crash.message if crash is not None else report.longreprtext
+
+
+class LedgerCollector:
+    """Gathers the test outcomes and the key facts of the records the tests read from the test reports
+    (local or from xdist workers); the controller writes the run's directory from the records appended
+    to it (suite.artifacts) and its summary on the terminal."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.gathered = None
+        self.verdict: dict | None = None
+        self.run: Path | None = None
+        self.progress = None  # suite.progress.Progress, in the controller of a conformance run
+        self.started = datetime.now(UTC)
+
+    @pytest.hookimpl(trylast=True)  # after the plugin's sessionstart opened the session and the report root
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        mode = self.config.getoption("replay_progress", "off")
+        if mode != "off" and run_state(self.config).root is not None and selects_conformance(self.config):
+            from replaytests.suite.progress import Progress
+
+            self.progress = Progress(planned_rows(replay_session(self.config)))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.progress is not None:
+            self.progress.tests = len(session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        if self.progress is not None:
+            self.progress.tests = len(ids)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config):
+        """Under a progress bar, tests print no letters (the bar counts them; failures are listed after)."""
+        result = yield
+        if self.progress is not None and config.getoption("replay_progress") == "bar" and result[0]:
+            return result[0], "", ""
+        return result
+
+    @pytest.hookimpl(tryfirst=True)  # before junitxml reads the report's properties
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if run_state(self.config).session is None or hasattr(self.config, "workerinput"):
+            return  # not a replay run, or a worker (its controller gathers)
+        from replaytests.suite.artifacts import Gathered, properties
+
+        self.gathered = self.gathered or Gathered()
+        if report.when == "call":
+            before = len(self.gathered.facts)
+            self.gathered.add(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
+            self._show_progress(self.gathered.facts[before:], finished=False)
+        elif report.when == "teardown":
+            self._show_progress([], finished=True)
+        # The key facts rode here as JSON (fixtures.record); a JUnit XML or JSON report gets them as properties.
+        report.user_properties = properties(report.user_properties, RECORD_PROPERTY, AUDIT_PROPERTY)
+        outcome = _outcome(report)
+        if outcome:
+            self.gathered.count(outcome)
+        if outcome in ("failed", "error"):
+            self.gathered.failures.append(verdict.failure(report.nodeid, _message(report)))
+        if outcome == "skipped" and isinstance(report.longrepr, tuple):
+            self.gathered.skips.add(str(report.longrepr[2]).removeprefix("Skipped: "))
+
+    def _show_progress(self, records: list[dict], finished: bool) -> None:
+        progress = self.progress
+        if progress is None:
+            return
+        completed = [r for r in records if progress.record(*r["key"])]
+        progress.finished += finished
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        if self.config.getoption("replay_progress") == "bar":
+            reporter.rewrite(progress.bar(), erase=True)
+            if progress.finished == progress.tests:
+                reporter.ensure_newline()
+        elif progress.due() or completed:
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):  # after test letters (xdist
+                reporter.write("\n")  # leaves ensure_newline nothing to go by)
+            reporter.write_line(progress.line())
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Write the run's directory from the records appended to it; move `latest` to it only if the run
+        completed. A run that computed no record leaves no directory."""
+        state = run_state(self.config)
+        root, run = state.root, state.run_dir
+        try:
+            appended, torn = ledger.read_appended(run / RECORDS) if run is not None else ([], [])
+            if torn:  # a worker died, or the disk filled, while writing those: the rest of the run is kept
+                sys.stderr.write(f"WARNING: {run / RECORDS}: line(s) {', '.join(map(str, torn))} torn (a worker "
+                                 "died or the disk filled while writing them): left out, so the run is written "
+                                 "as interrupted (latest not moved)\n")
+            records = ledger.merge(appended)
+            if records and self.gathered:
+                from replaytests.suite.artifacts import write_run
+
+                self.gathered.records, self.gathered.computed = records, len(appended)
+                stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
+                interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped or bool(torn)
+                self.run = run
+                try:
+                    self.verdict = write_run(replay_session(self.config), self.gathered, run, interrupted,
+                                             self.started)
+                except (OSError, ReplaytestsError) as exc:  # a full disk, a quota: the records stay appended
+                    self.write_failed(session, run, exc)
+                    return
+                (run / RECORDS).unlink()  # every one of them is in the ledger now
+                if not interrupted:
+                    root.publish(run)
+            elif run is not None and not records:
+                (run / RECORDS).unlink(missing_ok=True)
+                run.rmdir()
+        finally:
+            if root is not None:
+                root.release()
+
+    def write_failed(self, session: pytest.Session, run: Path, exc: OSError | ReplaytestsError) -> None:
+        """One line, exit WRITE_FAILED (not "a check failed"); `latest` not moved; the records finished
+        are in RUN/records.jsonl (one JSON record per line)."""
+        kept = len(ledger.read_appended(run / RECORDS)[0])
+        why = exc.strerror or exc if isinstance(exc, OSError) else str(exc).rpartition(": ")[2]
+        sys.stderr.write(f"ERROR: cannot write the run's files in {run}: {why}; its {kept} "
+                         f"records are kept in {run / RECORDS} (latest not moved)\n")
+        session.exitstatus = WRITE_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.gathered and set(self.gathered.outcomes) == {"skipped"}:  # say why nothing ran
+            terminalreporter.write_sep("=", "replaytests: every selected test was skipped")
+            for reason in sorted(self.gathered.skips):
+                terminalreporter.write_line(f"skipped: {reason}")
+        if self.verdict is None:
+            return
+        from replaytests.suite.artifacts import terminal_lines
+
+        terminalreporter.write_sep("=", "replaytests summary")
+        for line in terminal_lines(replay_session(self.config), self.gathered, self.verdict, self.run):
+            terminalreporter.write_line(line)
+
+
+def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
+    """(family, precision) -> the rows the plan gives it (None: the transplant panel, read from outcomes)."""
+    planned = {}
+    for name, family in FAMILIES.items():
+        if name in replay.plan.unsupported:
+            continue
+        rows = None if family.panel == "transplant" else len(replay.plan.family_rows(name))
+        for cell in replay.family_cells(name):
+            if rows != 0:
+                planned[(name, cell)] = rows
+    return planned

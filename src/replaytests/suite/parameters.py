@@ -1,0 +1,88 @@
+"""The parameters of the conformance tests: the selected cells, each family's rows and the baseline
+records a run audits, with ids like `bf16-tiny-007`. Where the run leaves a test nothing to run on (a
+library not installed, a backend that cannot serve the family, a shard without its rows, no baseline),
+the test gets one skipped parameter whose reason says which.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from replaytests.families.registry import FAMILIES
+from replaytests.suite.planner import ROW_FIXTURES
+
+if TYPE_CHECKING:
+    from replaytests.suite.session import ReplaySession
+
+
+def parametrize(metafunc: pytest.Metafunc, replay: ReplaySession) -> None:
+    """Each parameter a conformance test asks for: `precision`, `causal_cell`, a row fixture per family
+    (planner.ROW_FIXTURES), `transplant_family`, and the baseline records it audits."""
+    fixtures = set(metafunc.fixturenames)
+    if "precision" in fixtures:
+        metafunc.parametrize("precision", cell_params(replay, replay.cells), scope="session")
+    if "causal_cell" in fixtures:
+        metafunc.parametrize("causal_cell", unavailable(replay, "transplant")
+                             or cell_params(replay, replay.causal_cells), scope="session")
+    for name, family in ROW_FIXTURES.items():
+        if name in fixtures:
+            metafunc.parametrize(name, row_params(replay, family), scope="session")
+    if "transplant_family" in fixtures:
+        metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["all-rows"])
+    for name, causal in (("baseline_record", False), ("causal_baseline_record", True)):
+        if name in fixtures:
+            metafunc.parametrize(name, audit_params(replay, causal))
+
+
+def _skipped(id_: str, reason: str) -> list:
+    return [pytest.param(None, id=id_, marks=pytest.mark.skip(reason=reason))]
+
+
+def cell_params(replay: ReplaySession, names: tuple[str, ...]) -> list:
+    """One parameter per cell, and a skipped one per selected cell whose library is not installed here."""
+    return ([pytest.param(name, id=name) for name in names]
+            + [pytest.param(name, id=name, marks=pytest.mark.skip(reason=reason))
+               for name, reason in replay.skipped_cells.items()])
+
+
+def no_cell(replay: ReplaySession, family: str) -> list:
+    """The skipped parameter of a family that runs on the cells that may diverge when --precision
+    selects none of them; else empty."""
+    if FAMILIES[family].divergent_cells_only and not replay.causal_cells:
+        return _skipped("no-divergent-cell", f"{family} runs on the cells whose crossing may diverge (gates.crossing."
+                                             f"suffix_divergence_allowed); --precision {replay.options.precision} "
+                                             "selects none")
+    return []
+
+
+def unavailable(replay: ReplaySession, family: str) -> list:
+    """The skipped parameter of a family the backend cannot serve, or that runs on the cells that may
+    diverge under a --precision without one; else empty."""
+    if reason := replay.unavailable(family):
+        return _skipped("unsupported", reason)
+    return no_cell(replay, family)
+
+
+def row_params(replay: ReplaySession, family: str) -> list:
+    if skipped := unavailable(replay, family):
+        return skipped
+    if family == "replication" and not replay.options.later_model:
+        return _skipped("no-later-model", replay.options.why_no_later_model)
+    rows = replay.plan.family_rows(family)
+    if not rows:  # a shard can hold none of a panel's rows: not an error
+        return _skipped("no-rows", f"shard {replay.options.shard} holds none of the {family} family's rows")
+    return [pytest.param(row, id=row.id) for row in rows]
+
+
+def audit_params(replay: ReplaySession, causal: bool) -> list:
+    """The baseline records this run audits: those of the causal families (audited in the causal layer,
+    so that `-m "not causal"` then `-m causal --panel-from` splits a run in two phases), or the others."""
+    if not replay.options.baseline_ledger:
+        return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
+    records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r.family].layers) == causal]
+    if not records:
+        return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
+                                      f"({replay.options.baseline_ledger})")
+    return [pytest.param(r, id="-".join(r.key)) for r in records]
