@@ -18,9 +18,10 @@ from replaytests.cli import main
 from replaytests.inputs.contract import default_gates
 from replaytests.outputs import compare as comparing
 from replaytests.outputs.compare import causes, gates_of
+from replaytests.outputs.findings import Findings
 
 
-def compare(baseline: list[dict], new: list[dict], *args, **kwargs) -> comparing.Comparison:
+def compare(baseline: list[dict], new: list[dict], *args, **kwargs) -> Findings:
     """The gate on hand-built records (ledger lines), read as the ledger's reader reads them."""
     return comparing.compare(typed(baseline), typed(new), *args, **kwargs)
 

@@ -14,42 +14,33 @@ more transplant controls than allowed took a third trajectory), or a whole famil
 baseline is missing. An expected-state file (outputs/expected.py) accepts known changes per family and
 precision, and fails where one no longer occurs ("improved"). Rows present in one run only are noted.
 
-The text explains before it lists: its first line is the result at the gate, which levels changed and
-which held, and the root cause when there is one (the platform, the inputs or the contract differ
-between the two run.json files); then the causes; then where the numbers first moved, per precision
-and construction (outputs/localization.py); the per-family, per-quantity table with counts; at most a
-few examples of each kind of reason (all of them with `verbose`); and the result again as the last
-line (docs/nightly.md).
+What the checks find, and its text, are outputs/findings.py's.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
-from replaytests.inputs.gates import BRIDGE_PAIR, LEVELS, Gates, gated, inexact, replica_pairs
+from replaytests.inputs.gates import BRIDGE_PAIR, LEVELS, Gates, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences
 from replaytests.outputs import localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
+from replaytests.outputs.findings import Findings, Group, Measure
 from replaytests.outputs.records import Record
 from replaytests.outputs.report import MANIFEST_DIGESTS, collate, mcnemar_paired, read_run
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES
-from replaytests.outputs.stats import wilson
-from replaytests.outputs.tables import Table, plain
 
 ALPHA = 0.05  # the McNemar significance of the rates level
 TRANSPLANT = "transplant"
 RATES_REASON = "divergence rate changed beyond chance"
-HEADER = ("family", "precision", "measure", "rows", "baseline [Wilson 95%]", "new [Wilson 95%]", "p", "verdict")
-Group = tuple[str, str]  # (family, precision)
 
 
 def transplant_outcomes(record: Record) -> dict[str, str]:
@@ -63,116 +54,10 @@ def gates_of(contract: Path | None = None) -> Gates:
     return load_contract(contract).gates if contract is not None else default_gates()
 
 
-@dataclass(frozen=True)
-class Measure:
-    """One measure of one family and cell judged between the two runs: a row of compare's table."""
-
-    group: Group
-    measure: str
-    rows: int
-    baseline: tuple[int, int] | None
-    new: tuple[int, int] | None
-    p: float | None
-    ok: bool
-    allowed: bool = False  # a change at a level this gate does not judge: it informs
-
-    def cells(self) -> tuple[str, ...]:
-        counts = ["-" if c is None else _with_interval(*c) for c in (self.baseline, self.new)]
-        verdict = "ok" if self.ok else "changed (allowed)" if self.allowed else "FAIL"
-        return (*self.group, self.measure, str(self.rows), *counts, "-" if self.p is None else f"{self.p:.3g}", verdict)
-
-
-def _with_interval(k: int, n: int) -> str:
-    """`k/n [low, high]%`: the count with its Wilson 95% interval."""
-    w = wilson(k, n)
-    return f"{k}/{n} [{100 * w.ci_low:.1f}, {100 * w.ci_high:.1f}]%" if n else "0/0"
-
-
-EXAMPLES = 3  # reasons shown of each kind without --verbose
-
-
 def check_gate(gate: str) -> str:
     if gate not in LEVELS:
         raise ConfigError(f"--gate {gate!r}: expected one of {', '.join(LEVELS)}")
     return gate
-
-
-@dataclass
-class Comparison:
-    gate: str = "bits"
-    expected: Expected | None = None
-    lines: list[Measure] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    causes: list[str] = field(default_factory=list)  # what differs between the runs' run.json (platform, inputs)
-    moved: list[str] = field(default_factory=list)  # localization.lines: where the numbers first moved
-    found: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # findings per level
-    seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, precision, level) of every finding
-    accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # per level, by --expected
-    across_runtimes: bool = False  # two runtimes' fingerprints never match: changed bits are counted, not listed
-    same: bool = False  # both sides are one run (given twice, or a copy of it): nothing could change
-
-    def gated(self, level: str) -> bool:
-        """Whether a finding at `level` fails this gate (it does at the gate's level and every coarser one)."""
-        return gated(level, self.gate)
-
-    def finding(self, level: str, group: Group, reason: str) -> None:
-        """A change found at `level` in `group`: a reason where the gate judges that level and the
-        expected-state file does not accept it, else a note saying why it does not fail."""
-        # A changed trajectory is changed bits too (counted and seen at both levels, listed once).
-        for at in ("bits", level) if level == "trajectories" else (level,):
-            self.found[at] += 1
-            self.seen.add((*group, at))
-        if level == "bits" and self.across_runtimes and not self.gated(level):
-            return
-        if self.expected is not None and (entry := self.expected.accepts(group, level)) is not None:
-            self.accepted[level] += 1
-            self.notes.append(f"{reason} (expected: {entry})")
-        elif self.gated(level):
-            self.reasons.append(reason)
-        else:
-            self.notes.append(f"{reason} (allowed at --gate {self.gate})")
-
-    @property
-    def passed(self) -> bool:
-        return not self.reasons
-
-    @property
-    def result(self) -> str:
-        return "PASS" if self.passed else f"FAIL: {_count(len(self.reasons), 'reason')}"
-
-    def levels(self) -> str:
-        """Which levels changed (and whether this gate allowed them) and which held."""
-        nouns = {"bits": "record", "trajectories": "record", "rates": "rate"}
-
-        def why(level: str) -> str:
-            if not self.gated(level):
-                return ", allowed at this gate"
-            return f", {self.accepted[level]} expected" if self.accepted[level] else ""
-        return "; ".join(f"{level} changed ({_count(self.found[level], nouns[level])}{why(level)})"
-                         if self.found[level] else f"{level} held" for level in LEVELS)
-
-    def text(self, verbose: bool = False) -> str:
-        first = (f"{self.result} at --gate {self.gate}: {self.levels()}"
-                 + ("; both sides are one run (given twice, or a copy): nothing could have changed"
-                    if self.same else "")
-                 + (f"; the runs differ in {self.causes[0]}" if self.causes else ""))
-        out = [first, *(f"cause: {cause}" for cause in self.causes), *(f"moved: {line}" for line in self.moved), "",
-               plain(Table("verdict", HEADER, tuple(line.cells() for line in self.lines)))]
-        out += [f"note: {note}" for note in self.notes]
-        kinds: dict[str, list[str]] = defaultdict(list)
-        for reason in self.reasons:
-            kinds[reason.partition(":")[0]].append(reason)
-        for kind, reasons in kinds.items():
-            shown = reasons if verbose else reasons[:EXAMPLES]
-            out += [f"reason: {reason}" for reason in shown]
-            if len(reasons) > len(shown):
-                out.append(f"reason: ... and {len(reasons) - len(shown)} more {kind} reasons (--verbose lists them)")
-        return "\n".join([*out, self.result])
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 Rows = dict[str, Record]  # row id -> the record of one (family, precision)
@@ -196,7 +81,7 @@ def _inexact(record: Record, pairs: list[str]) -> list[str]:
             if (failed := inexact(record.comparisons[pair]))]
 
 
-def _exactness(out: Comparison, group: Group, base: Rows, new: Rows, measure: str,
+def _exactness(out: Findings, group: Group, base: Rows, new: Rows, measure: str,
                pairs: Callable[[Record], list[str]], required: bool) -> None:
     """A gate on the new run: every ok record's `pairs` bit-exact (the baseline's count informs); where
     the contract does not require it, an inexact pair is a note."""
@@ -216,7 +101,7 @@ def _bridge(record: Record) -> list[str]:
     return [BRIDGE_PAIR] if record.family == "bridge" and BRIDGE_PAIR in record.comparisons else []
 
 
-def _changes(out: Comparison, group: Group, base: Rows, new: Rows) -> None:
+def _changes(out: Findings, group: Group, base: Rows, new: Rows) -> None:
     """Every record in both runs reproduces leaf by leaf (level bits) and trajectory by trajectory (level
     trajectories); the first change named is the most telling."""
     both = sorted(base.keys() & new.keys())
@@ -239,7 +124,7 @@ def _changes(out: Comparison, group: Group, base: Rows, new: Rows) -> None:
                                  not changed, not out.gated(level)))
 
 
-def _exact_cell_divergence(out: Comparison, group: Group, new: Rows, gates: Gates) -> None:
+def _exact_cell_divergence(out: Findings, group: Group, new: Rows, gates: Gates) -> None:
     """The zero-divergence gate of an exact cell, at every level: a headline pair of the new run whose
     suffixes diverge in a cell where the contract (gates.<family>.suffix_divergence_allowed.<cell>: false)
     does not allow it. A cell the gates do not name is not judged here."""
@@ -255,7 +140,7 @@ def _exact_cell_divergence(out: Comparison, group: Group, new: Rows, gates: Gate
                                    "false)")
 
 
-def _rates(out: Comparison, group: Group, base: Rows, new: Rows, alpha: float) -> None:
+def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
     """Each headline divergence, paired by row: exact McNemar between the runs, p < level fails."""
     both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
     for pair in SHAPES[group[0]].headline:
@@ -282,7 +167,7 @@ def _outcome_counts(rows: Rows, role: str, outcome: str) -> dict[str, tuple[int,
     return {name: (sum(o[name] == outcome for o in seen), len(seen)) for name in sorted({n for o in seen for n in o})}
 
 
-def _transplant(out: Comparison, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
+def _transplant(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
     """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run),
     judged by gates.transplant."""
     follows, thirds = _outcome_counts(new, "divergent", "follows_donor"), _outcome_counts(new, "control", "third")
@@ -296,7 +181,7 @@ def _transplant(out: Comparison, group: Group, base: Rows, new: Rows, gates: Gat
     out.reasons += [f"transplant gate: {'/'.join(group)} {message}" for message in failed]
 
 
-def _presence(out: Comparison, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
+def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
     """A (family, precision) of the baseline with no record in the new run fails; rows in one run only
     are noted, one line per family and side (its precisions and the first few row ids)."""
     one_side: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
@@ -339,7 +224,7 @@ def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
     return out
 
 
-def _cross_runtime(out: Comparison, group: Group, base: Rows, new: Rows, runtimes: tuple[str, str]) -> None:
+def _cross_runtime(out: Findings, group: Group, base: Rows, new: Rows, runtimes: tuple[str, str]) -> None:
     """Runs of two runtimes on one bank: per arm both ran (live, incremental, prefill and their replicas),
     the rows whose z and suffix are the same on both, with its Wilson interval (informs; the gate judges
     the trajectories)."""
@@ -354,12 +239,12 @@ def _cross_runtime(out: Comparison, group: Group, base: Rows, new: Rows, runtime
 
 def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gates: Gates | None = None,
             gate: str = "bits", expected: Expected | None = None,
-            runtimes: tuple[str, str] | None = None) -> Comparison:
+            runtimes: tuple[str, str] | None = None) -> Findings:
     """The gate of `new` against `baseline` (ledger records) at `gate` (LEVELS). With `runtimes` (the two
     runs' backends, where they differ) the families only one runtime serves are noted, not required, and
     each arm both ran is counted row by row across the runtimes."""
     gates = gates or default_gates()
-    out = Comparison(check_gate(gate), expected, across_runtimes=bool(runtimes))
+    out = Findings(check_gate(gate), expected, across_runtimes=bool(runtimes))
     base_groups, new_groups = _groups(baseline), _groups(new)
     if runtimes:
         base_families, new_families = ({family for family, _ in groups} for groups in (base_groups, new_groups))
@@ -396,7 +281,7 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
 
 def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Path | None = None,
                   gate: str = "bits", across_inputs: bool = False, accept_interrupted: bool = False,
-                  expected: Path | None = None) -> Comparison:
+                  expected: Path | None = None) -> Findings:
     """compare() on two ledgers (files, run directories or report roots), with the causes their
     run.json files give. Refused (check_comparable) where the comparison would have nothing to say."""
     check_gate(gate)

@@ -21,6 +21,7 @@ from replaytests.outputs import causal, ledger, plots, report, report_html
 from replaytests.outputs.records import Record
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import DIVERGENCES
+from replaytests.outputs.stats import INTERVAL
 from replaytests.outputs.tables import Table, plain
 from replaytests.outputs.tables import html as html_table
 
@@ -210,7 +211,7 @@ def table(entries: list[dict]) -> Table:
                   causal_cell(e, family))
                  for e, family, precision, pair, s in _lines(entries))
     return Table("history", HEADER, rows, "k/n over the rows that passed every fail-closed check; divergences "
-                                          "compare the family's headline pair; the plots show the Wilson 95% "
+                                          f"compare the family's headline pair; the plots show the {INTERVAL} "
                                           "intervals. causal: divergent rows, donor recovery and third trajectories "
                                           "per direction (" + ", ".join(DIRECTIONS_SHOWN) + "), the replication "
                                           "label.")
@@ -273,10 +274,10 @@ def page(entries: list[dict]) -> str:
     """A standalone HTML page: one plot per family and headline pair over the runs, then the table."""
     times = [_when(e)[5:] for e in entries]  # MM-DD HH:MM: short enough for several ticks
     names = [e["label"] or _when(e) for e in entries]
-    figures = "".join(plots.time_plot(f"{title}: {len(entries)} runs in date order, Wilson 95% intervals as bands.",
+    figures = "".join(plots.time_plot(f"{title}: {len(entries)} runs in date order, {INTERVAL} intervals as bands.",
                                       times, series, names) for title, series in _series(entries).items())
     note = ('<p class="note">k/n over the rows that passed every fail-closed check (rows: those rows); divergences '
-            "compare the family's headline pair; the plots show the Wilson 95% intervals.</p>")
+            f"compare the family's headline pair; the plots show the {INTERVAL} intervals.</p>")
     return report_html.shell("replaytests history", f'<h1>replaytests history</h1><div class="plots">{figures}</div>'
                              + "<h2>Runs</h2>" + note + "".join(map(html_table, family_tables(entries))))
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from html import escape
 
+from replaytests.outputs.stats import INTERVAL
+
 WIDTH = 640
 FONT = 13  # px in the viewBox; the page's stylesheet gives the family
 CHAR = 0.6 * FONT  # the width of an average character, for laying out labels
@@ -197,7 +199,7 @@ def interval_plot(caption: str, rows: list[tuple[tuple[str, ...], list[tuple[int
             body.append(marker(shape, x(p["rate"]), cy, colour, tip=f"{' '.join(label)} {name}: {p['k']}/{p['n']}"))
     grid = "".join(f'<line x1="{x(t / 4):.1f}" x2="{x(t / 4):.1f}" y1="{frame.top}" y2="{frame.bottom_y}" '
                    f'stroke="{GRID}"/>' for t in range(1, 5))
-    axes = frame.axes([], [(x(t / 4), f"{25 * t}%") for t in range(5)], "rows that diverge (Wilson 95% interval)",
+    axes = frame.axes([], [(x(t / 4), f"{25 * t}%") for t in range(5)], f"rows that diverge ({INTERVAL} interval)",
                       "")
     return figure(svg(caption, width, frame.height + key_height + 4, grid + axes + "".join(body) + key), caption,
                   wide=True)

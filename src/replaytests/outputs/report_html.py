@@ -13,6 +13,7 @@ from html import escape
 from replaytests.families.registry import FAMILIES
 from replaytests.outputs import plots, sections
 from replaytests.outputs.shapes import DIVERGENCES
+from replaytests.outputs.stats import INTERVAL
 from replaytests.outputs.tables import html as html_table
 
 STYLE = """body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;max-width:80em;
@@ -72,7 +73,7 @@ def report_plots(report: dict) -> tuple[list[str], list[str]]:
                                           else ()),
              [(i, names[i], s.get(name)) for i, name in enumerate(DIVERGENCES)])
             for family, pair, precision, s in headline]
-    figures = [plots.interval_plot("Divergence of each family's headline pair, per precision, with Wilson 95% "
+    figures = [plots.interval_plot(f"Divergence of each family's headline pair, per precision, with {INTERVAL} "
                                    "intervals.", rows, names)] if rows else []
     drift: dict[str, dict] = {}
     for family, pair, precision, s in headline:

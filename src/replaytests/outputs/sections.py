@@ -18,6 +18,7 @@ from replaytests.files import lookup
 from replaytests.outputs import causal, verdict
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, SHAPES
+from replaytests.outputs.stats import INTERVAL, LEVEL
 from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
 from replaytests.outputs.tables import markdown as md_table
 
@@ -170,8 +171,8 @@ HEADLINE_LINES = (
     *(Line(name.replace("_", " "), _pair_cell(name), name) for name in DIVERGENCES),
     Line("first divergence, median (range)", _pair_cell("first_divergence", fmt_positions)),
 )
-TABLE_NOTE = ("k/n = rate [Wilson 95% CI]; paired differences: percentile bootstrap 95% CI in percentage points, "
-              "exact McNemar p and the discordant rows.")
+TABLE_NOTE = (f"k/n = rate [{INTERVAL} CI]; paired differences: percentile bootstrap {100 * LEVEL:g}% CI in percentage "
+              "points, exact McNemar p and the discordant rows.")
 
 
 def _accuracy_lines(first: str, second: str) -> list[Line]:

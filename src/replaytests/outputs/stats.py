@@ -17,6 +17,7 @@ import numpy as np
 from scipy.stats import binom
 
 LEVEL = 0.95
+INTERVAL = f"Wilson {100 * LEVEL:g}%"  # what every rendered interval of a proportion is, as its labels name it
 RESAMPLES = 10_000
 SEED = 0
 
