@@ -28,8 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from replaytests.outputs.flips import pair_flips, step_margins  # noqa: E402
+from replaytests.outputs.ledger import collate  # noqa: E402
 from replaytests.outputs.records import Record  # noqa: E402
-from replaytests.outputs.report import build_report, collate, report_meta  # noqa: E402
+from replaytests.outputs.report import build_report  # noqa: E402
+from replaytests.outputs.runs import report_meta  # noqa: E402
 from replaytests.outputs.sections import fmt_paired  # noqa: E402
 from replaytests.outputs.serving import premise  # noqa: E402
 from replaytests.outputs.stats import wilson  # noqa: E402

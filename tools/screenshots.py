@@ -22,7 +22,9 @@ import tempfile
 from pathlib import Path
 
 from replaytests.outputs import history
-from replaytests.outputs.report import collate, report_meta, write_report
+from replaytests.outputs.ledger import collate
+from replaytests.outputs.report import write_report
+from replaytests.outputs.runs import report_meta
 
 FOLD = 900  # px: the first screen
 FULL = 12000  # px: tall enough for a whole report (Chromium crops the page to this height)

@@ -136,7 +136,7 @@ def _print_run(run_dir: Path) -> None:
     """A run's verdict (from its run.json) and its reports, as the audit's last lines."""
     from replaytests.errors import LedgerError
     from replaytests.outputs import verdict
-    from replaytests.outputs.report import read_run
+    from replaytests.outputs.runs import read_run
 
     try:
         run = read_run(run_dir) or {} if run_dir.is_dir() else {}
@@ -194,8 +194,10 @@ def _check_model(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from replaytests.outputs.report import REPORT_FILES, collate, report_meta, write_report
+    from replaytests.outputs.ledger import collate
+    from replaytests.outputs.report import REPORT_FILES, write_report
     from replaytests.outputs.rundir import ledger_of
+    from replaytests.outputs.runs import report_meta
 
     records = collate(args.inputs)
     out = args.out or ledger_of(args.inputs[0]).parent

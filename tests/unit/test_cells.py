@@ -248,7 +248,7 @@ def test_both_selects_the_paper_cells_a_contract_declares(cells_contract):
 def test_shards_collated_keep_their_cells_pairs(tmp_path):
     """Two shards of one run (other options, same cells) collate into a report that still compares the
     contract's cell pairs."""
-    from replaytests.outputs.report import report_meta
+    from replaytests.outputs.runs import report_meta
 
     cells_ = [{"name": "kv", "digest": "0" * 16}, {"name": "bf16", "digest": "1" * 16}]
     for name, rows in (("a", "0:24"), ("b", "24:48")):

@@ -17,8 +17,10 @@ import pytest
 from replaytests.cli import main
 from replaytests.errors import ConfigError, LedgerError
 from replaytests.outputs import ledger
+from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
-from replaytests.outputs.report import build_report, collate, report_meta, run_meta, write_report
+from replaytests.outputs.report import build_report, write_report
+from replaytests.outputs.runs import report_meta, run_meta
 from replaytests.outputs.sections import markdown
 from replaytests.outputs.stats import wilson
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from replaytests.outputs import ledger
+from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
-from replaytests.outputs.report import collate
 
 ROWS = ("--rows", "6", "--precision", "bf16", "-p", "no:cacheprovider")
 

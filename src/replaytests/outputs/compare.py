@@ -33,9 +33,11 @@ from replaytests.outputs import localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
 from replaytests.outputs.findings import Findings, Group, Measure
+from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
-from replaytests.outputs.report import MANIFEST_DIGESTS, collate, mcnemar_paired, read_run
+from replaytests.outputs.report import mcnemar_paired
 from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.runs import MANIFEST_DIGESTS, read_run
 from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES
 
 ALPHA = 0.05  # the McNemar significance of the rates level

@@ -17,7 +17,7 @@ from replaytests.errors import ReplaytestsError, control_character, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.files import exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
-from replaytests.outputs import causal, ledger, plots, report, report_html
+from replaytests.outputs import causal, ledger, plots, report, report_html, runs
 from replaytests.outputs.records import Record
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import DIVERGENCES
@@ -83,8 +83,8 @@ def _date(text: str | None, run: dict) -> str:
 def entry(source: Path, label: str | None = None, date: str | None = None) -> dict:
     """The history line of one run (a ledger file or a run directory, with its run.json if present): dated
     and labelled by the run itself (its start time and name) unless `date` or `label` is given."""
-    path, run = ledger_of(Path(source)), report.read_run(source) or {}
-    families, causal_outcomes = summarize(report.collate([source]))
+    path, run = ledger_of(Path(source)), runs.read_run(source) or {}
+    families, causal_outcomes = summarize(ledger.collate([source]))
     return {"schema": SCHEMA, "date": _date(date, run), "label": label or (run.get("run") or {}).get("name"),
             "ledger": str(path), "ledger_sha256": sha256_file(path), "contract": run.get("contract"),
             "platform": run.get("platform"), "families": families, "causal": causal_outcomes}
@@ -139,7 +139,7 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
            accept_interrupted: bool = False) -> dict:
     """Add one run to the history (created if missing), atomically; the same ledger twice is refused, and
     an interrupted run unless accept_interrupted."""
-    run = report.read_run(source) or {}
+    run = runs.read_run(source) or {}
     if (run.get("run") or {}).get("interrupted") and not accept_interrupted:
         raise HistoryError(f"{source}: an interrupted run (it holds only what it finished), not a night of the "
                            "history; pass --accept-interrupted to append it anyway")
@@ -234,13 +234,13 @@ def family_tables(entries: list[dict]) -> list[Table]:
             cells += [""] * (columns.index(f"{precision} {name}") + 1 - len(cells))
             cells[columns.index(f"{precision} {name}")] = cell
     out = []
-    for title, runs in rows.items():
-        full = [c + [""] * (len(headers[title]) - len(c)) for c in runs.values()]
+    for title, columns in rows.items():
+        full = [c + [""] * (len(headers[title]) - len(c)) for c in columns.values()]
         kept = [i for i in range(len(headers[title])) if i < 2 or any(c[i] not in ("-", "") for c in full)]
         out.append(Table(title, tuple(headers[title][i] for i in kept), tuple(tuple(c[i] for i in kept) for c in full)))
     for family in ("transplant", "replication"):
-        runs = [(e, c) for e in entries if (c := (e.get("causal") or {}).get(family))]
-        if runs:
+        outcomes = [(e, c) for e in entries if (c := (e.get("causal") or {}).get(family))]
+        if outcomes:
             header = ("date", "label", *(("divergent",) if family == "replication" else ()),
                       *(f"{d} follows donor" for d in DIRECTIONS_SHOWN),
                       *(f"{d} controls: third" for d in DIRECTIONS_SHOWN),
@@ -249,7 +249,7 @@ def family_tables(entries: list[dict]) -> list[Table]:
                 (_when(e), e["label"] or "", *((_count(c["divergent"]),) if family == "replication" else ()),
                  *(_count(c["follows_donor"].get(d)) for d in DIRECTIONS_SHOWN),
                  *(_count(c["control_third"].get(d)) for d in DIRECTIONS_SHOWN),
-                 *((c["label"],) if family == "replication" else ())) for e, c in runs)))
+                 *((c["label"],) if family == "replication" else ())) for e, c in outcomes)))
     return out
 
 

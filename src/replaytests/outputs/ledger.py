@@ -16,11 +16,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from replaytests.errors import LedgerError, short
+from replaytests.families.registry import CROSS
 from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
 from replaytests.outputs.records import KEY_FIELDS, READABLE, SCHEMA, Record, RecordError
+from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.shapes import CAUSAL, SHAPES
 
-__all__ = ["READABLE", "SCHEMA", "Record", "append_record", "merge", "parse_records", "read_appended", "read_ledger",
-           "record_line", "versioned_objects", "write_ledger"]
+__all__ = ["READABLE", "SCHEMA", "Record", "append_record", "collate", "headline_problem", "merge", "parse_records",
+           "read_appended", "read_ledger", "record_line", "versioned_objects", "write_ledger"]
 
 
 def merge(records: list[Record]) -> list[Record]:
@@ -119,3 +122,32 @@ def parse_records(path: Path, text: str, problem: Callable[[Record], str | None]
 def read_ledger(path: Path, problem: Callable[[Record], str | None] | None = None) -> list[Record]:
     """A ledger's records (parse_records)."""
     return parse_records(path, read_text(path, "ledger", LedgerError), problem)
+
+
+def headline_problem(record: Record) -> str | None:
+    """What makes a record unfit for a reader of its family's headline (the report, compare), or None: an ok
+    record without its family's headline pair."""
+    if not record.ok:
+        return None
+    family = record.family
+    headline = SHAPES[family].headline if family in SHAPES else (CROSS,) if family in CAUSAL else ()
+    if missing := [pair for pair in headline if pair not in record.comparisons]:
+        return f"ledger record {record.label}: comparisons lack the {family} family's pair {missing[0]!r}"
+    return None
+
+
+def collate(paths: list[Path]) -> list[Record]:
+    """Records of one or more ledgers (files or run directories), de-duplicated, sorted by key.
+
+    The same (family, row, precision) in two inputs must be identical: different results are an error.
+    """
+    seen: dict[tuple, tuple[Record, Path]] = {}
+    for path in map(ledger_of, map(Path, paths)):
+        records = read_ledger(path, headline_problem)
+        if not records:
+            raise LedgerError(f"{path}: empty ledger (no records)")
+        for record in records:
+            if record.key in seen and seen[record.key][0] != record:
+                raise LedgerError(f"ledger record {record.label} differs between {seen[record.key][1]} and {path}")
+            seen.setdefault(record.key, (record, path))
+    return [seen[k][0] for k in sorted(seen)]

@@ -13,15 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from replaytests.errors import ConfigError, LedgerError, short
-from replaytests.families.registry import CROSS
-from replaytests.files import lookup, read_json, write_set
+from replaytests.errors import ConfigError, LedgerError
+from replaytests.files import write_set
 from replaytests.inputs import cells
 from replaytests.inputs.gates import bit_exact, replicas_exact
 from replaytests.outputs import causal, flips, ledger, report_html, sections, serving, summary
 from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
-from replaytests.outputs.rundir import ledger_of
-from replaytests.outputs.shapes import CAUSAL, DIVERGENCES, FLAGS, PER_LAYER, SHAPES, SPREADS, Shape
+from replaytests.outputs.shapes import DIVERGENCES, FLAGS, PER_LAYER, SHAPES, SPREADS, Shape
 from replaytests.outputs.stats import (
     LEVEL,
     RESAMPLES,
@@ -157,20 +155,9 @@ def cell_order(meta: dict) -> tuple[str, ...]:
     return cells.PAPER
 
 
-def _problem(record: Record) -> str | None:
-    """What makes a record unfit for a report, or None: an ok record without its family's headline pair."""
-    if not record.ok:
-        return None
-    family = record.family
-    headline = SHAPES[family].headline if family in SHAPES else (CROSS,) if family in CAUSAL else ()
-    if missing := [pair for pair in headline if pair not in record.comparisons]:
-        return f"ledger record {record.label}: comparisons lack the {family} family's pair {missing[0]!r}"
-    return None
-
-
 def build_report(records: list[Record], meta: dict) -> dict:
     """The report.json content of ledger records (docs/report.md); `meta` is carried as given."""
-    if problem := next(filter(None, map(_problem, records)), None):
+    if problem := next(filter(None, map(ledger.headline_problem, records)), None):
         raise LedgerError(problem)
     by_family: dict[str, list[Record]] = defaultdict(list)
     for record in records:
@@ -210,98 +197,6 @@ def _causal(records: list[Record], meta: dict) -> dict:
         for cell in causal.cells(records, family):
             out.setdefault(cell, {})[family] = summarize(causal.of_cell(records, cell))
     return out
-
-
-# ---- files ----
-
-# run.json (written by suite.artifacts.run_metadata; docs/report.md): the fields its readers read, by type.
-RUN_SCHEMA = "replaytests.run/1"
-RUN_FIELDS = {"verdict": dict, "options": dict, "contract": dict, "platform": dict, "run": dict, "manifest": dict,
-              "environment": dict, "drift": list, "overridden": list}
-
-
-RUN_LIMIT = 64 << 20  # bytes: a run.json of 48 rows and every option is under 100 KiB
-
-
-def read_run(path: Path) -> dict | None:
-    """The run.json beside a ledger (a file or a run directory), or None where there is none: the one
-    reader of run.json, which checks every field its users read."""
-    run_json = ledger_of(Path(path)).parent / "run.json"
-    if not run_json.is_file():
-        return None
-    run = read_json(run_json, "run metadata", LedgerError, RUN_LIMIT)
-    if not isinstance(run, dict):
-        raise LedgerError(f"{run_json}: expected a JSON object, got {type(run).__name__}")
-    if run.get("schema", RUN_SCHEMA) != RUN_SCHEMA:
-        raise LedgerError(f"{run_json}: field 'schema' is {short(run['schema'])}, expected {RUN_SCHEMA!r}")
-    for name, kind in RUN_FIELDS.items():
-        if run.get(name) is not None and not isinstance(run[name], kind):
-            raise LedgerError(f"{run_json}: field {name!r} must be a {kind.__name__}, got {short(run[name])}")
-    return run
-
-
-# The bank manifest as a report shows it: its digests (the full manifest stays in run.json).
-MANIFEST_DIGESTS = {"bank_sha256": ("bank_sha256",), "model_sha256": ("model", "sha256"),
-                    "tokenizer_sha256": ("tokenizer", "sha256"), "contract_sha256": ("contract", "sha256")}
-
-
-def run_meta(run: dict) -> dict:
-    """A run.json for the report's meta: the manifest reduced to its digests, the environment to one line
-    each for software and device, the options to those given; every other key as given."""
-    meta = dict(run)
-    if isinstance(run.get("manifest"), dict):
-        digests = {name: lookup(run["manifest"], *path) for name, path in MANIFEST_DIGESTS.items()}
-        meta["manifest"] = {name: value for name, value in digests.items() if value is not None}
-    if isinstance(run.get("environment"), dict) and {"software", "hardware"} <= set(run["environment"]):
-        meta["environment"] = _environment_lines(run["environment"])
-    if isinstance(run.get("options"), dict):
-        meta["options"] = {name: value for name, value in run["options"].items() if value not in (None, [], False)}
-    return meta
-
-
-def _environment_lines(env: dict) -> dict:
-    software = env.get("software") or {}
-    hardware = env.get("hardware") or {}
-    settings = env.get("environment") or {}
-    if hardware.get("gpu_name"):
-        device = (f"{hardware['gpu_name']} (compute {hardware.get('compute_capability')}, "
-                  f"driver {hardware.get('driver')})")
-    else:
-        device = f"{hardware.get('cpu')} ({hardware.get('cpu_capability')})"
-    return {"software": ", ".join(f"{name} {version}" for name, version in software.items() if version),
-            "device": f"{settings.get('device')}: {device}, {settings.get('cpu_threads')} intra-op thread(s)"}
-
-
-def report_meta(paths: list[Path]) -> dict:
-    """The CLI's report meta: the ledgers, and the run.json beside them (one run's keys at the top level;
-    runs that differ under `runs`, keyed by ledger)."""
-    runs = {str(path): run_meta(run) for path in paths if (run := read_run(path)) is not None}
-    meta = {"ledgers": [str(p) for p in paths]}
-    if len({json.dumps(run, sort_keys=True) for run in runs.values()}) == 1:
-        return meta | next(iter(runs.values()))
-    # Shards of one run differ in their options and times, not in their cells: the cells' order and
-    # pairs, where every run agrees on them, are the collated report's.
-    first = next(iter(runs.values()), {})
-    shared = {key: first[key] for key in ("cells", "cell_pairs")
-              if key in first and all(run.get(key) == first[key] for run in runs.values())}
-    return meta | shared | ({"runs": runs} if runs else {})
-
-
-def collate(paths: list[Path]) -> list[Record]:
-    """Records of one or more ledgers (files or run directories), de-duplicated, sorted by key.
-
-    The same (family, row, precision) in two inputs must be identical: different results are an error.
-    """
-    seen: dict[tuple, tuple[Record, Path]] = {}
-    for path in map(ledger_of, map(Path, paths)):
-        records = ledger.read_ledger(path, _problem)
-        if not records:
-            raise LedgerError(f"{path}: empty ledger (no records)")
-        for record in records:
-            if record.key in seen and seen[record.key][0] != record:
-                raise LedgerError(f"ledger record {record.label} differs between {seen[record.key][1]} and {path}")
-            seen.setdefault(record.key, (record, path))
-    return [seen[k][0] for k in sorted(seen)]
 
 
 def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Path]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.outputs import compare, ledger, report, summary, verdict
+from replaytests.outputs import compare, ledger, report, runs, summary, verdict
 from replaytests.outputs.records import Record
 from replaytests.suite.session import ReplaySession
 
@@ -96,7 +96,7 @@ def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted:
     write_json_atomic(run / "run.json", meta)
     write_atomic(run / "summary.md", summary.markdown(gathered.records, header_fields(replay), gathered.audits,
                                                       causal_lines(replay, gathered.records), outcome))
-    report.write_report(run, gathered.records, report.run_meta(meta))
+    report.write_report(run, gathered.records, runs.run_meta(meta))
     return outcome
 
 
@@ -157,7 +157,7 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
     and the environment."""
     contract = replay.contract
     return {
-        "schema": report.RUN_SCHEMA,
+        "schema": runs.RUN_SCHEMA,
         **({"verdict": outcome} if outcome else {}),
         "options": {name: _json_option(value) for name, value in vars(replay.options).items()},
         "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,

@@ -27,8 +27,9 @@ from replaytests.inputs.gates import PASS, Judgement, artifact, gated
 from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
+from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
-from replaytests.outputs.report import collate, read_run
+from replaytests.outputs.runs import read_run
 from replaytests.suite.claims import Claims
 from replaytests.suite.planner import Plan
 
