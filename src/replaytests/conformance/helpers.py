@@ -12,7 +12,7 @@ from replaytests.outputs.records import Record
 def ok(record: Record) -> Record:
     """The record itself; a row excluded by a fail-closed check fails the test that reads it."""
     if not record.ok:
-        pytest.fail(f"{record.family} row {record.row} ({record.precision}) excluded: {record.reason}", pytrace=False)
+        pytest.fail(f"{record.title} excluded: {record.reason}", pytrace=False)
     return record
 
 

@@ -50,10 +50,6 @@ class Judgement:
 PASS = Judgement("pass")
 
 
-def where(record: Record) -> str:
-    return f"{record.family} row {record.row} ({record.precision})"
-
-
 def inexact(metrics: Comparison) -> list[str]:
     """The bit-exactness fields (cache, logits, suffix; and every suffix step's logits where a serving
     engine recorded them, `steps_exact`) that are not true for one comparison. A cache the backend does
@@ -137,7 +133,7 @@ class Gates:
         if not problems:
             return PASS
         family = record.family
-        return _required(self.replicas_exact.get(family, True), f"{where(record)}: {'; '.join(problems)}",
+        return _required(self.replicas_exact.get(family, True), f"{record.title}: {'; '.join(problems)}",
                          f"{family}.replicas_exact")
 
     def bridge(self, record: Record) -> Judgement:
@@ -145,7 +141,7 @@ class Gates:
         problems = differences(record.comparisons[BRIDGE_PAIR], BRIDGE_PAIR)
         if not problems:
             return PASS
-        return _required(self.bridge_exact, f"{where(record)}: {'; '.join(problems)}", "bridge.exact")
+        return _required(self.bridge_exact, f"{record.title}: {'; '.join(problems)}", "bridge.exact")
 
     def divergence(self, record: Record, pair: str) -> Judgement:
         """A headline pair's suffixes: a divergence is recorded where the contract allows it at this
@@ -155,7 +151,7 @@ class Gates:
             return PASS
         a, b = pair.split("~")
         margins = metrics.margins_at_divergence
-        detail = (f"{where(record)}: {a} and {b} suffixes diverge at suffix index {metrics.first_divergence} "
+        detail = (f"{record.title}: {a} and {b} suffixes diverge at suffix index {metrics.first_divergence} "
                   f"(top-1 minus top-2 margins {margins[0]:.3g} / {margins[1]:.3g}); answers "
                   f"{'equal' if metrics.answer_equal else 'differ'}; boundary K rel L2 "
                   f"{'not measured' if unmeasured(metrics) else format(metrics.k_rel_l2, '.3g')}")
@@ -174,18 +170,18 @@ class Gates:
         stale = {arm: s.cached_tokens for arm, s in served.items() if arm not in ("live", "prefix_hit")
                  and s.cached_tokens}
         if stale:
-            return Judgement("fail", f"{where(record)}: {pair}: requests on an emptied prefix cache read tokens from "
+            return Judgement("fail", f"{record.title}: {pair}: requests on an emptied prefix cache read tokens from "
                                      f"it: {stale}")
         if "prefix_hit" in served and not record.prefix_hit.covers_decode:
             hit = record.prefix_hit
-            return Judgement("recorded", f"{where(record)}: vacuous prefix hit: the engine reused "
+            return Judgement("recorded", f"{record.title}: vacuous prefix hit: the engine reused "
                                          f"{hit.cached_tokens} tokens, none past the {hit.prompt_block_tokens} "
                                          "of the prompt block's full blocks that the live request computed by "
                                          "prefill (no live-decoded block was reused: the hit says nothing about the "
                                          "live state)")
         if "chunked" in served and (served["chunked"].prefill_steps or 0) < 2:
             steps = served["chunked"].prefill_steps
-            return Judgement("recorded", f"{where(record)}: vacuous chunked prefill: the prompt took "
+            return Judgement("recorded", f"{record.title}: vacuous chunked prefill: the prompt took "
                                          f"{'an unobserved number of' if steps is None else steps} scheduler step(s)")
         return PASS
 
@@ -201,12 +197,12 @@ class Gates:
         if role == "divergent":
             missed = {name: o for name, o in outcomes.items() if o != FOLLOWS}
             if missed:
-                return _required(self.donor_recovery >= 1, f"{where(record)}: the recipient did not follow its "
+                return _required(self.donor_recovery >= 1, f"{record.title}: the recipient did not follow its "
                                                             f"donor: {missed}", "transplant.donor_recovery")
             return PASS
         third = {name: record.transplants[name].to_json() for name, o in outcomes.items() if o == THIRD}
         if third:
-            return _required(self.controls_third_trajectory == 0, f"{where(record)}: a transplant between exact "
+            return _required(self.controls_third_trajectory == 0, f"{record.title}: a transplant between exact "
                                                                  f"arms produced a third trajectory: {third}",
                              "transplant.controls_third_trajectory")
         return PASS

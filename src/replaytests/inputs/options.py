@@ -6,6 +6,7 @@ instruction set torch dispatches to), and by the CLI.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,76 +121,69 @@ COMMITTED = (
 )
 
 
-# Every option of a run, declared once: the pytest plugin registers each under its namespaced spelling
-# (--replay-<field>, always) and its short alias (--<field>, where no other plugin took it), and
-# `replaytests audit` takes and forwards each. The value lands in the Options field of the same name.
-OPTIONS = {
-    "model": dict(type=Path, default=DEFAULT_MODEL,
-                  help="local Hugging Face model directory. Default: the embedded tiny Qwen2"),
-    "bank": dict(type=Path, default=DEFAULT_BANK,
-                 help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s"),
-    "contract": dict(type=Path, default=None, help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, "
-                                                   f"or under -m gpu {GPU_CONTRACT}"),
-    "precision": dict(default="both",
-                      help="the numeric cells to audit: a cell the contract declares, a comma list of them, both "
-                           "(the paper's two cells) or all (every declared cell). Default: %(default)r"),
-    "rows": dict(default=None, help="a count N or a slice A:B of bank rows, for quick runs"),
-    "device": dict(default=None, help="torch device; default: the contract's environment.device"),
-    "report_dir": dict(type=Path, default=DEFAULT_REPORT_DIR,
-                       help="report root: each run writes its own directory there (ledger, run.json, reports) "
-                            "and `latest` points to the last one completed. Default: %(default)s"),
-    "run_name": dict(default=None,
-                     help="the run directory's name under the report root. Default: its UTC start time and an id"),
-    "baseline": dict(type=Path, default=None,
-                     help="a saved ledger (or a run directory holding ledger.jsonl) every selected row must "
-                          "reproduce exactly. Default: the committed baseline, for the embedded default inputs"),
-    "gate": dict(default=None, choices=GATE_LEVELS,
-                 help="the level the --baseline is judged at: bits (every leaf), trajectories (suffixes, answers, "
-                      "correctness labels: a change of bits alone is recorded), rates (a divergence rate changed "
-                      "beyond chance: changed trajectories are recorded). Given, it holds across platforms. "
-                      "Default: bits, a change made on another platform recorded as platform drift"),
-    "shard": dict(default=None,
-                  help="i/N: run only the i-th of N deterministic shares of the rows (CI matrices, job arrays)"),
-    "replication_model": dict(type=Path, default=None,
-                              help="a later checkpoint to replicate the transplant on, with the same bank. "
-                                   "Default: fixtures/models/tiny-qwen2-later, for the embedded default inputs"),
-    "strict_contract": dict(action="store_true",
-                            help="fail the run when the environment differs from the contract in any field it "
-                                 "names, or from the platform the bank or the baseline was made on"),
-    "panel_from": dict(type=Path, action="append", default=None,
-                       help="finished crossing ledgers (or run directories, e.g. the shards of a first phase) the "
-                            "transplant panel and each transplant row's crossing record are read from, instead of "
-                            "this run computing the whole BF16 crossing; repeatable (docs/architecture.md)"),
-    "backend": dict(default="hf", help="the runtime under test: hf (Hugging Face transformers), or module:Class for "
-                                      "a backend of your own (docs/architecture.md). Default: %(default)s"),
-    "accept_interrupted": dict(action="store_true",
-                               help="use an interrupted run as the --baseline or a --panel-from source (refused "
-                                    "otherwise: it holds only what it finished)"),
-    "accept_changed": dict(action="append", choices=OVERRIDES, default=None,
-                           help="use a bank, model or tokenizer that changed since the bank was frozen (recorded "
-                                "in the report); repeatable"),
-}
+def option(default: object, *, cli_default: object = dataclasses.MISSING, **settings) -> dataclasses.Field:
+    """An Options field that is a run option: its default, and how argparse takes it (`settings`: type, help,
+    action, choices; `cli_default` where the command line's default differs from the run's, as for an
+    option that may be given several times, or whose default depends on other arguments)."""
+    given = default if cli_default is dataclasses.MISSING else cli_default
+    return dataclasses.field(default=default, metadata={"option": {"default": given, **settings}})
 
 
 @dataclass(frozen=True)
 class Options:
-    model: Path = DEFAULT_MODEL
-    bank: Path = DEFAULT_BANK
-    contract: Path = DEFAULT_CONTRACT
-    precision: str = "both"
-    rows: str | None = None
-    report_dir: Path = DEFAULT_REPORT_DIR
-    device: str | None = None
-    baseline: Path | None = None
-    shard: str | None = None
-    gate: str | None = None
-    accept_changed: frozenset[str] = frozenset()
-    strict_contract: bool = False
-    accept_interrupted: bool = False
-    replication_model: Path | None = None
-    run_name: str | None = None
-    backend: str = "hf"
-    panel_from: tuple[Path, ...] = ()
+    """A run's options, each declared once, here: the pytest plugin registers each under its namespaced
+    spelling (--replay-<field>, always) and its short alias (--<field>, where no other plugin took it), and
+    `replaytests audit` takes and forwards each (OPTIONS, in this order). The value lands in the field."""
+
+    model: Path = option(DEFAULT_MODEL, type=Path,
+                         help="local Hugging Face model directory. Default: the embedded tiny Qwen2")
+    bank: Path = option(DEFAULT_BANK, type=Path,
+                        help="frozen prefix bank (JSONL with a .manifest.json beside it). Default: %(default)s")
+    contract: Path = option(DEFAULT_CONTRACT, cli_default=None, type=Path,
+                            help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, or under -m gpu "
+                                 f"{GPU_CONTRACT}")
+    precision: str = option("both", help="the numeric cells to audit: a cell the contract declares, a comma list of "
+                                         "them, both (the paper's two cells) or all (every declared cell). Default: "
+                                         "%(default)r")
+    rows: str | None = option(None, help="a count N or a slice A:B of bank rows, for quick runs")
+    device: str | None = option(None, help="torch device; default: the contract's environment.device")
+    report_dir: Path = option(DEFAULT_REPORT_DIR, type=Path,
+                              help="report root: each run writes its own directory there (ledger, run.json, "
+                                   "reports) and `latest` points to the last one completed. Default: %(default)s")
+    run_name: str | None = option(None, help="the run directory's name under the report root. Default: its UTC "
+                                             "start time and an id")
+    baseline: Path | None = option(None, type=Path,
+                                   help="a saved ledger (or a run directory holding ledger.jsonl) every selected row "
+                                        "must reproduce exactly. Default: the committed baseline, for the embedded "
+                                        "default inputs")
+    gate: str | None = option(None, choices=GATE_LEVELS,
+                              help="the level the --baseline is judged at: bits (every leaf), trajectories "
+                                   "(suffixes, answers, correctness labels: a change of bits alone is recorded), "
+                                   "rates (a divergence rate changed beyond chance: changed trajectories are "
+                                   "recorded). Given, it holds across platforms. Default: bits, a change made on "
+                                   "another platform recorded as platform drift")
+    shard: str | None = option(None, help="i/N: run only the i-th of N deterministic shares of the rows (CI "
+                                          "matrices, job arrays)")
+    replication_model: Path | None = option(None, type=Path,
+                                            help="a later checkpoint to replicate the transplant on, with the same "
+                                                 "bank. Default: fixtures/models/tiny-qwen2-later, for the embedded "
+                                                 "default inputs")
+    strict_contract: bool = option(False, action="store_true",
+                                   help="fail the run when the environment differs from the contract in any field "
+                                        "it names, or from the platform the bank or the baseline was made on")
+    panel_from: tuple[Path, ...] = option((), cli_default=None, type=Path, action="append",
+                                          help="finished crossing ledgers (or run directories, e.g. the shards of a "
+                                               "first phase) the transplant panel and each transplant row's crossing "
+                                               "record are read from, instead of this run computing the whole BF16 "
+                                               "crossing; repeatable (docs/architecture.md)")
+    backend: str = option("hf", help="the runtime under test: hf (Hugging Face transformers), or module:Class for a "
+                                     "backend of your own (docs/architecture.md). Default: %(default)s")
+    accept_interrupted: bool = option(False, action="store_true",
+                                      help="use an interrupted run as the --baseline or a --panel-from source "
+                                           "(refused otherwise: it holds only what it finished)")
+    accept_changed: frozenset[str] = option(frozenset(), cli_default=None, action="append", choices=OVERRIDES,
+                                            help="use a bank, model or tokenizer that changed since the bank was "
+                                                 "frozen (recorded in the report); repeatable")
 
     @property
     def committed(self) -> Committed | None:
@@ -222,6 +216,9 @@ class Options:
                     f"{committed.later}` (or pass --replication-model CKPT)")
         return "no later checkpoint: pass --replication-model CKPT"
 
+
+
+OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(Options)}  # argparse's settings, by field
 
 
 def _digits(text: str) -> bool:

@@ -363,6 +363,11 @@ class Record(Part):
         return "/".join(self.key)
 
     @property
+    def title(self) -> str:
+        """The record as a sentence names it: `crossing row tiny-001 (bf16)`."""
+        return f"{self.family} row {self.row} ({self.precision})"
+
+    @property
     def ok(self) -> bool:
         """Whether every fail-closed check passed (else the record is excluded, with its reason)."""
         return self.status == "ok"

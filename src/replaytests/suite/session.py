@@ -121,7 +121,7 @@ class ReplaySession:
     verified: dict[Path, str] = field(default_factory=dict)  # model directory -> its sha256 when the run opened
     panel_source: dict[tuple[str, str], Record] | None = None  # --panel-from: (cell, row) -> its crossing record
     claims: Claims | None = None  # under pytest-xdist: the records this worker computes, or waits for
-    _here: set[tuple[str, str, str]] = field(default_factory=set)  # the keys of the records computed here
+    _computed_here: set[tuple[str, str, str]] = field(default_factory=set)  # the keys of the records computed here
     panels: dict[str, transplant.Panel] = field(default_factory=dict)  # cell -> its transplant panel
 
     @classmethod
@@ -352,17 +352,17 @@ class ReplaySession:
             raise LookupError(f"{family} row(s) {', '.join(outside)} ({precision}): not in this run's transplant "
                               "panel, so no record")
         wanted = {(family, row.id, precision): row for row in rows}
-        keys = {key: row for key, row in self._held_here(family, precision).items()
+        keys = {key: row for key, row in self._rows_whose_reads_are_here(family, precision).items()
                 if self.has_record(family, row, precision)} | wanted
         missing = [key for key in keys if key not in self._records]
 
         def compute(key: tuple[str, str, str]) -> Record:
-            return self._computed(family, keys[key], precision)
+            return self._compute_and_append(family, keys[key], precision)
 
         self._records |= self.claims.shared(missing, compute) if self.claims else {k: compute(k) for k in missing}
         return [self._records[key] for key in wanted]
 
-    def _held_here(self, family: str, precision: str) -> dict[tuple[str, str, str], BankRow]:
+    def _rows_whose_reads_are_here(self, family: str, precision: str) -> dict[tuple[str, str, str], BankRow]:
         """Under pytest-xdist, the rows of a family that reads other families' records (the transplant)
         whose read records were computed in this process: this worker computes them first, while their
         arms (the crossing's constructions and suffixes, engine.arms) are held here."""
@@ -373,15 +373,15 @@ class ReplaySession:
         for name in reads:  # the workers compute these together first (or --panel-from gives them)
             self.read(name, rows, precision)
         return {(family, row.id, precision): row for row in rows
-                if all((name, row.id, precision) in self._here for name in reads)}
+                if all((name, row.id, precision) in self._computed_here for name in reads)}
 
     def has_record(self, family: str, row: BankRow, precision: str) -> bool:
         """Whether the family has a record of the row at all: a transplant row only in the cell's panel."""
         return family != "transplant" or bool(self.unavailable(family)) or self.transplant_role(row, precision) in ROLES
 
-    def _computed(self, family: str, row: BankRow, precision: str) -> Record:
-        result = self._compute(family, row, precision)
-        self._here.add((family, row.id, precision))
+    def _compute_and_append(self, family: str, row: BankRow, precision: str) -> Record:
+        result = self._run_family(family, row, precision)
+        self._computed_here.add((family, row.id, precision))
         if self.sink is not None:
             try:
                 ledger.append_record(self.sink, result)
@@ -398,7 +398,7 @@ class ReplaySession:
             return [self.panel_source[(precision, row.id)] for row in rows]
         return self.records(family, rows, precision)
 
-    def _compute(self, family: str, row: BankRow, precision: str) -> Record:
+    def _run_family(self, family: str, row: BankRow, precision: str) -> Record:
         if reason := self.unavailable(family):
             raise backend.Unsupported(f"{family}: {reason}")
         spec = FAMILIES[family]
