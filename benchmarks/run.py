@@ -29,12 +29,13 @@ import torch
 import transformers
 
 from replaytests.engine.arms import Arms
+from replaytests.engine.checks import synthetic_z
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import constructions
 from replaytests.engine.hf.decoder import DecodeState, decode_suffix
 from replaytests.engine.hf.environment import capture
 from replaytests.engine.hf.runtime import Runtime
-from replaytests.engine.protocol import MERGE, Caps, parse_prefix, prompt_block
+from replaytests.engine.protocol import Caps, parse_prefix
 from replaytests.errors import ReplaytestsError
 from replaytests.families import crossing
 from replaytests.files import write_atomic, write_json_atomic
@@ -133,21 +134,11 @@ def shortest_prefix(caps: Caps) -> int:
 
 
 def synthetic_row(runtime: Runtime, length: int, seed: int) -> BankRow:
-    """A boundary prefix of exactly `length` tokens: a prompt block, three branches of `caps.branch`
-    content tokens, and <|merge|>; content ids drawn from a seeded generator, checked by the grammar."""
+    """A boundary prefix of exactly `length` tokens (engine.checks.synthetic_z): a prompt block, three branches
+    of `caps.branch` content tokens, and <|merge|>; content ids drawn with a seed of `seed` and the length."""
     grammar = runtime.grammar
-    branch = grammar.caps.branch
-    content = grammar.content.nonzero().flatten()
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + length)
-
-    def draw(count: int) -> list[int]:
-        return content[torch.randint(len(content), (count,), generator=generator)].tolist()
-
-    delims = grammar.delims
-    z = prompt_block(delims, draw(length - shortest_prefix(grammar.caps) + 1))
-    for block in (1, 2, 3):
-        z += [delims.openers[block], *draw(branch), delims.closers[block]]
-    z.append(delims.openers[MERGE])
+    z = synthetic_z(runtime, seed * 1_000_003 + length, prompt=length - shortest_prefix(grammar.caps) + 1,
+                    branch=grammar.caps.branch)
     return BankRow(f"synthetic-{length}", z, parse_prefix(z, grammar, f"synthetic prefix {length}"), None)
 
 

@@ -55,7 +55,8 @@ class Result:
 
 def synthetic_z(runtime: Backend, seed: int, prompt: int = 8, branch: int = 6) -> list[int]:
     """A valid boundary prefix: a prompt block of `prompt` content tokens, three branches of
-    min(branch, cap) content tokens each, then <|merge|>; content ids drawn with `seed`."""
+    min(branch, cap) content tokens each, then <|merge|>; content ids drawn with `seed`. The one maker of
+    synthetic prefixes: check-model, the architecture matrix and the benchmarks use it."""
     grammar, delims = runtime.grammar, runtime.grammar.delims
     content = _content_ids(runtime)
     draw = random.Random(seed)
