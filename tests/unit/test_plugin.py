@@ -392,3 +392,13 @@ def test_torch_that_ran_before_the_contract_is_one_line(pytester, monkeypatch):
                                  "kernels to DEFAULT* run again with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
                                  "set in the environment"])
     assert "Traceback" not in result.stderr.str() + result.stdout.str(), "a traceback reached the user"
+
+
+@pytest.mark.e2e  # spawns a whole run
+def test_the_plugin_loaded_by_its_module_name_runs_the_families(tmp_path):
+    """Where replaytests is not installed (benchmarks/gpu_check.sh's fallback: PYTHONPATH=src and -p
+    replaytests.suite.plugin) the plugin has its module's name, and the conformance tests still run."""
+    proc, run = conformance_run(tmp_path, "-p", "no:replaytests", "-p", "replaytests.suite.plugin", "-p", "no:xdist",
+                                "--precision", "fp32", "-k", "bridge")
+    assert proc.returncode == 0, f"the run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    assert {r.family for r in ledger.read_ledger(run / "ledger.jsonl")} == {"bridge"}, proc.stdout[-2000:]
