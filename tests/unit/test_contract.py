@@ -13,7 +13,8 @@ import yaml
 
 from replaytests.engine.protocol import Caps
 from replaytests.errors import ConfigError
-from replaytests.inputs.contract import BOUNDARY_CHECKS, SCHEMA, KeyedBy, Named, Section, load_contract
+from replaytests.inputs.contract import BOUNDARY_CHECKS, SCHEMA, load_contract
+from replaytests.inputs.schema import KeyedBy, Named, Section
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACTS = REPO / "contracts"

@@ -23,8 +23,9 @@ from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
 from replaytests.inputs.cells import PAPER
-from replaytests.inputs.contract import SCHEMA, Value
+from replaytests.inputs.contract import SCHEMA
 from replaytests.inputs.options import Options
+from replaytests.inputs.schema import Value
 from replaytests.suite import artifacts, planner, session
 
 # path (as schema_paths spells it) -> the function that reads it (its source must name the key's last part).

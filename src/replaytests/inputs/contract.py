@@ -1,88 +1,40 @@
 """Reproducibility contracts (docs/protocol.md §9): the promise a run is judged against, loaded from YAML.
 
-SCHEMA below declares every key: its type, default and allowed values (docs/contract.md explains
-each). Loading merges the `extends:` chain, validates the merged mapping against SCHEMA, checks the
-fields that depend on each other and fills in the defaults. Every error is one line,
+SCHEMA below declares every key, in inputs/schema.py's nodes: its type, default and allowed values
+(docs/contract.md explains each). Loading merges the `extends:` chain, checks the merged mapping against
+SCHEMA, checks the fields that depend on each other and fills in the defaults. Every error is one line,
 `FILE: dotted.path: what was expected`.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
-import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from replaytests.errors import CONTROLS, ConfigError, short
-from replaytests.files import read_text, sha256_json
+from replaytests.files import sha256_json
 from replaytests.inputs import cells
 from replaytests.inputs.blocks import CACHES, DELIMITER_NAMES, Caps
 from replaytests.inputs.cells import Cell
 from replaytests.inputs.cpu_isa import LEVELS
 from replaytests.inputs.gates import Gates
+from replaytests.inputs.schema import Checker, KeyedBy, ListOf, Named, Section, Value, read_yaml, show
 
 SCHEMA_ID = "replaytests.contract/1"
 BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_positions", "padding",
                    "cache_seq_length", "tensor_metadata")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 VISIBILITY_MODES = ("roles", "causal")  # engine.protocol.VISIBILITIES
-_REQUIRED = object()
 # Upper bounds: a count past them is a typo, not a setting (threads and GPUs of one machine, the
 # copies of one physical batch, rows, tokens and panel sizes).
 MAX_DEVICES, MAX_BATCH, MAX_COUNT = 1024, 64, 1_000_000
 
 
-@dataclass(frozen=True)
-class Value:
-    """A leaf. A default of None means "not pinned": null is then allowed too."""
-
-    kind: type | tuple[type, ...]
-    default: object = _REQUIRED
-    choices: tuple = ()
-    low: float | None = None
-    high: float | None = None
-    pattern: str | None = None
-    expect: str = ""  # how an allowed value reads in an error, where choices or range do not say it
-
-
-@dataclass(frozen=True)
-class Section:
-    """A mapping with fixed keys; a default of {} makes it optional, with its keys' defaults."""
-
-    keys: dict
-    default: object = _REQUIRED
-
-
-@dataclass(frozen=True)
-class KeyedBy:
-    """A mapping whose keys come from a vocabulary (`noun`s), each holding a `value`; names left
-    out take the value's default where it has one."""
-
-    names: tuple[str, ...]
-    noun: str
-    value: Value | Section
-    default: object = _REQUIRED
-
-
-@dataclass(frozen=True)
-class Named:
-    """A mapping whose keys are names the contract itself chooses (its cells), each matching
-    `pattern` and holding a `value`."""
-
-    noun: str
-    value: Value | Section
-    pattern: str
-    default: object = _REQUIRED
-
-
-@dataclass(frozen=True)
-class ListOf:
-    item: Value
-    default: object = _REQUIRED
+# A cell's name: what a contract may call a cell (`--precision` keeps its selectors' names).
+CELL_NAMES = {"pattern": cells.NAME_PATTERN,
+              "expect": "lower-case letters, digits and '.', '_', '+', '-' (at most 40, a letter or digit first)",
+              "reserved": {name: f"--precision {name} selects cells" for name in cells.SELECTORS}}
 
 
 def _pin(kind: type = str, **kw) -> Value:
@@ -91,7 +43,7 @@ def _pin(kind: type = str, **kw) -> Value:
 
 def _divergence() -> Named:
     """cell -> whether its suffixes may diverge (cells left out: filled in by _fill_divergence)."""
-    return Named("cell", Value(bool, default=None), cells.NAME_PATTERN, default={})
+    return Named("cell", Value(bool, default=None), **CELL_NAMES, default={})
 
 
 _GREEDY = "(the engine decodes greedily only)"
@@ -143,7 +95,7 @@ SCHEMA = Section({
     }),
     # The paper's two cells under their old key, and any others under `cells:` (inputs/cells.py).
     "precisions": KeyedBy(cells.PAPER, "precision", _CELL, default={}),
-    "cells": Named("cell", _CELL, cells.NAME_PATTERN, default={}),
+    "cells": Named("cell", _CELL, **CELL_NAMES, default={}),
     # Pairs of cells compared paired, row by row (the paper's reduction bf16 -> fp32; a quantized cell
     # against its native cell: the amplification).
     # Default (left out or empty): the paper's pair, where both are declared.
@@ -262,101 +214,7 @@ class Contract:
     compile = property(lambda self: self.settings["environment"]["compile"])
 
 
-def show(value: object) -> str:
-    """A value as the YAML would spell it (true, null, 9.0)."""
-    if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    return str(value)
-
-
-def suggest(key: object, known: list[str]) -> str:
-    """'did you mean 'x'?' for the closest known name (ignoring case; a known name the key begins, like
-    tf32 for tf32_matmul, counts as close), else the list of known names."""
-    lowered = {k.lower(): k for k in known}
-    key = str(key).lower()
-    close = [k for k in lowered if k.startswith(key)][:1] or difflib.get_close_matches(key, list(lowered), n=1)
-    return f"did you mean {lowered[close[0]]!r}?" if close else f"expected one of {', '.join(known)}"
-
-
-def _one_of(choices: tuple) -> str:
-    words = [show(c) for c in choices]
-    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
-
-
-def _join(path: str, key: object) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-class _Fields:
-    """Checks a value against a schema node; every error names FILE: dotted.path."""
-
-    def __init__(self, file: str) -> None:
-        self.file = file
-
-    def error(self, path: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.file}: {path + ': ' if path else ''}{message}")
-
-    def check(self, node: Value | Section | KeyedBy | Named | ListOf, value: object, path: str = ""):
-        if isinstance(node, Value):
-            return self.leaf(node, value, path)
-        if isinstance(node, ListOf):
-            items = self.typed(value, list, path)
-            return [self.check(node.item, item, f"{path}[{index}]") for index, item in enumerate(items)]
-        mapping = self.typed(value, dict, path)
-        if isinstance(node, Named):
-            for key in mapping:
-                if not isinstance(key, str) or not re.fullmatch(node.pattern, key):
-                    raise self.error(path, f"{node.noun} name {short(key)}: expected lower-case letters, digits and "
-                                           f"'.', '_', '+', '-' (at most 40, a letter or digit first)")
-                if key in cells.SELECTORS:
-                    raise self.error(path, f"{node.noun} name {key!r} is reserved (--precision {key} selects cells)")
-            return {key: self.check(node.value, child, _join(path, key)) for key, child in mapping.items()}
-        known = node.keys if isinstance(node, Section) else dict.fromkeys(node.names, node.value)
-        noun = "field" if isinstance(node, Section) else node.noun
-        for key in mapping:
-            if key not in known:
-                raise self.unknown(path, noun, key, list(known))
-        out = {}
-        for key, child in known.items():
-            if key in mapping or child.default is not _REQUIRED:
-                out[key] = self.check(child, mapping.get(key, child.default), _join(path, key))
-            elif isinstance(node, Section):
-                raise self.error(path, f"missing required field {key!r}")
-        return out
-
-    def typed(self, value: object, kind: type, path: str):
-        return self.leaf(Value(kind), value, path)
-
-    def leaf(self, node: Value, value: object, path: str):
-        if value is None and node.default is None:
-            return None
-        kinds = node.kind if isinstance(node.kind, tuple) else (node.kind,)
-        if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
-            wanted = " or ".join(k.__name__ for k in kinds) + (" or null" if node.default is None else "")
-            quote = " (write it in quotes)" if str in kinds and isinstance(value, float) else ""
-            got = "null" if value is None else f"{type(value).__name__} {short(value)}"
-            raise self.error(path, f"expected {wanted}, got {got}{quote}")
-        if node.choices and value not in node.choices:
-            raise self.error(path, f"expected {node.expect or _one_of(node.choices)}, got {short(value)}")
-        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
-            wanted = node.expect or (_range(node) if node.low is not None else "a finite number")
-            raise self.error(path, f"expected {wanted}, got {short(value)}")
-        if (node.low is not None and value < node.low) or (node.high is not None and value > node.high):
-            raise self.error(path, f"expected {node.expect or _range(node)}, got {short(value)}")
-        if node.pattern and not re.fullmatch(node.pattern, value):
-            raise self.error(path, f"expected {node.expect}, got {short(value)}")
-        return value
-
-    def unknown(self, path: str, noun: str, key: object, known: list[str]) -> ConfigError:
-        return self.error(path, f"unknown {noun} {short(key)}; {suggest(key, known)}")
-
-
-def _range(node: Value) -> str:
-    kind = "an integer" if node.kind is int else "a number"
-    return f"{kind} from {show(node.low)} to {show(node.high)}"
-
-
-def _check_together(s: dict, fields: _Fields) -> None:
+def _check_together(s: dict, fields: Checker) -> None:
     """The rules that relate two fields; fills in the defaults that depend on another field."""
     declared = _cells(s, fields)
     for name, flags in declared.items():
@@ -396,7 +254,7 @@ def _check_together(s: dict, fields: _Fields) -> None:
     _fill_divergence(s["gates"], list(declared), fields)
 
 
-def _cells(s: dict, fields: _Fields) -> dict[str, dict]:
+def _cells(s: dict, fields: Checker) -> dict[str, dict]:
     """Every declared cell's settings, `precisions:` first, then `cells:`; at least one, each name once."""
     if both := sorted(s["precisions"].keys() & s["cells"].keys()):
         raise fields.error(f"cells.{both[0]}", "declared under precisions too: a cell is declared once")
@@ -413,7 +271,7 @@ def _cells(s: dict, fields: _Fields) -> dict[str, dict]:
 _DIVERGENCE_FAMILIES = ("crossing", "live", "batch", "serving")
 
 
-def _fill_divergence(gates: dict, declared: list[str], fields: _Fields) -> None:
+def _fill_divergence(gates: dict, declared: list[str], fields: Checker) -> None:
     """Every declared cell gets a divergence gate in each family: a cell the crossing leaves unnamed is
     exact (false), and live, batch and serving take the crossing's value where they name none. A gate
     naming a cell the contract does not declare is an error."""
@@ -432,40 +290,10 @@ def _fill_divergence(gates: dict, declared: list[str], fields: _Fields) -> None:
 def default_gates() -> Gates:
     """The gates `compare` judges by without a contract: every default, over the paper's two cells with
     the paper's divergence gates (bf16 may diverge, fp32 is exact)."""
-    fields = _Fields("(contract defaults)")
+    fields = Checker("(contract defaults)")
     gates = fields.check(SCHEMA.keys["gates"], {"crossing": {"suffix_divergence_allowed": cells.PAPER_DIVERGENCE}})
     _fill_divergence(gates, list(cells.PAPER), fields)
     return Gates.from_settings(gates)
-
-
-class _Loader(yaml.SafeLoader):
-    """yaml.safe_load's loader, refusing a key written twice in one mapping (YAML would keep the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges another mapping (its keys may be overridden)
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            if key != "<<" and isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {short(key)}", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: Path, what: str = "contract") -> object:
-    """The plain data of a YAML file (safe loading, duplicate keys refused); bad YAML is one ConfigError line."""
-    text = read_text(path, what, ConfigError)
-    try:
-        return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: plain data only, never objects
-    except RecursionError:
-        raise ConfigError(f"{path}: malformed YAML: nested too deeply") from None
-    except ValueError as exc:  # an integer of more digits than Python converts (4300)
-        raise ConfigError(f"{path}: malformed YAML: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: malformed YAML{line}: {getattr(exc, 'problem', exc)}") from None
 
 
 def _merge(base: dict, child: dict) -> dict:
@@ -501,7 +329,7 @@ def _resolve(path: Path, chain: tuple[Path, ...] = ()) -> dict:
 def load_contract(path: Path) -> Contract:
     path = Path(path)
     raw = _resolve(path)
-    fields = _Fields(str(path))
+    fields = Checker(str(path))
     s = fields.check(SCHEMA, raw)
     _check_together(s, fields)
     del s["extends"]

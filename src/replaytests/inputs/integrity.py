@@ -28,9 +28,9 @@ from replaytests.inputs.bank import (
     read_manifest,
     tokenizer_digest,
 )
-from replaytests.inputs.contract import suggest
 from replaytests.inputs.models import MODELS
 from replaytests.inputs.options import ACCEPT_OPTION, OVERRIDES
+from replaytests.inputs.schema import suggest
 
 CONVERSION_RECORD = ".json"  # beside a GGUF `replaytests models gguf --type` made (engine/llamacpp/conversion.py)
 

@@ -7,7 +7,7 @@ check against one is a check only on the same platform (docs/contract.md, `envir
 from __future__ import annotations
 
 from replaytests.files import lookup
-from replaytests.inputs.contract import show
+from replaytests.inputs.schema import show
 
 # A serving engine's or llama.cpp's version and settings (runtime.*) are null for the Hugging Face backend.
 PLATFORM = {"cpu": ("hardware.device_kind", "hardware.cpu", "environment.cpu_isa", "environment.cpu_threads",

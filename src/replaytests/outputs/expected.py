@@ -21,8 +21,8 @@ from pathlib import Path
 
 from replaytests.errors import ConfigError, short
 from replaytests.inputs.cells import NAME_PATTERN
-from replaytests.inputs.contract import read_yaml
 from replaytests.inputs.gates import LEVELS
+from replaytests.inputs.schema import read_yaml
 
 SCHEMA = "replaytests.expected/1"
 FIELDS = {"family": str, "precision": str, "level": str, "why": str}

@@ -21,7 +21,8 @@ from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import forward
 from replaytests.files import lookup
 from replaytests.inputs import cpu_isa
-from replaytests.inputs.contract import Contract, show
+from replaytests.inputs.contract import Contract
+from replaytests.inputs.schema import show
 
 if TYPE_CHECKING:
     from replaytests.inputs.integrity import Integrity
