@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from replaytests.errors import shorten
-from replaytests.outputs.records import Record
+from replaytests.outputs.records import Record, bit_fields
 
 # Leaves are reported in this order, so the first change named is the most telling one: the
 # record's identity and status, then each arm's fingerprints before its trajectory, then metrics.
@@ -23,18 +23,9 @@ ORDER = ("schema", "family", "row", "precision", "status", "reason", "prefix_len
          "comparisons")
 _ABSENT = object()
 
-# The fields that fingerprint the numbers at a boundary (cache and logits digests, drift, bit-exactness,
-# the decision margins): a leaf under one of them that changed, alone, is a change of bits. Every other
-# leaf (a suffix, an answer, a correctness label, a live z, a transplant outcome, a status) belongs to
-# a trajectory, and so does any leaf not named here: an unknown field is never taken for mere bits.
-NUMERIC_FIELDS = frozenset({
-    "cache_digest", "layer_digests", "logits_digest", "cache_exact",
-    "stored_digest", "stored_exact",  # a quantized cache's codes, scales and residual
-    "logits_exact", "argmax_equal",
-    "logits_max_abs", "margins_at_divergence", "top1_at_divergence", "margins",
-    "steps_digest", "steps_exact", "steps_first_difference", "steps_max_abs",  # a serving engine's suffix steps
-    *(f"{part}_{name}" for part in "kv" for name in ("rel_l2", "max_abs", "rel_l2_per_layer", "max_abs_per_layer")),
-})
+# The fields that fingerprint numbers (records.BITS, declared with each field): a leaf under one of them that
+# changed, alone, is a change of bits; every other leaf belongs to a trajectory.
+NUMERIC_FIELDS = bit_fields()
 
 
 def numeric(path: str) -> bool:

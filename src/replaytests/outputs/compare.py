@@ -4,7 +4,7 @@ A change between the runs is judged at one of three levels (LEVELS, `--gate`), s
 
 - `bits`: a record present in both runs changed in any leaf (a digest, a drift, a trajectory);
 - `trajectories`: a suffix, answer or correctness label (or a live z, a transplant outcome: any leaf
-  that is not a numeric fingerprint, outputs/audit.NUMERIC_FIELDS) changed on a paired row;
+  that is not a numeric fingerprint, records.BITS) changed on a paired row;
 - `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id).
 
 A gate at a level fails on findings at that level and every coarser one; finer findings are notes.

@@ -46,6 +46,10 @@ def since(version: float) -> dict:
 
 
 OPTIONAL = since(math.inf)  # a field no version requires: another family's, or a runtime's
+# A field that fingerprints the numbers at a boundary or a step (a digest, a drift, a bit-exactness flag, a
+# decision margin): a change of it alone is a change of bits. Every other field belongs to a trajectory (a
+# suffix, an answer, a label, a z, an outcome, a status), so a new field is never taken for mere bits.
+BITS = {"bits": True}
 
 
 @dataclass(frozen=True)
@@ -219,7 +223,7 @@ class Served(Part):
     cached_tokens: int
     prompt_block_tokens: int
     prefill_steps: int | None
-    steps_digest: str
+    steps_digest: str = field(metadata=BITS)
 
 
 @dataclass(frozen=True)
@@ -229,43 +233,44 @@ class Arm(Part):
     suffix: tuple[int, ...]
     answer: str
     correct: bool | None
-    cache_digest: str | None  # None: the runtime exposes no K/V
-    logits_digest: str
+    cache_digest: str | None = field(metadata=BITS)  # None: the runtime exposes no K/V
+    logits_digest: str = field(metadata=BITS)
     z_sha256: str
-    layer_digests: LayerDigests | None = field(default=None, metadata=since(3))
+    layer_digests: LayerDigests | None = field(default=None, metadata=since(3) | BITS)
     # each suffix step's top-1 minus top-2 logit; None at a step where one token was eligible
-    margins: tuple[float | None, ...] | None = field(default=None, metadata=since(4))
+    margins: tuple[float | None, ...] | None = field(default=None, metadata=since(4) | BITS)
     served: Served | None = field(default=None, metadata=OPTIONAL)
-    stored_digest: str | None = field(default=None, metadata=OPTIONAL)  # a quantized cache's codes, scales, residual
+    # a quantized cache's codes, scales and residual
+    stored_digest: str | None = field(default=None, metadata=OPTIONAL | BITS)
 
 
 @dataclass(frozen=True)
 class Comparison(Part):
     """Two arms compared: their boundaries (K/V, logits) and their suffixes."""
 
-    cache_exact: bool | None
-    k_max_abs: float | None
-    k_rel_l2: float | None
-    v_max_abs: float | None
-    v_rel_l2: float | None
-    k_max_abs_per_layer: tuple[float, ...] | None
-    k_rel_l2_per_layer: tuple[float, ...] | None
-    v_max_abs_per_layer: tuple[float, ...] | None
-    v_rel_l2_per_layer: tuple[float, ...] | None
-    logits_exact: bool
-    logits_max_abs: float
-    argmax_equal: bool
+    cache_exact: bool | None = field(metadata=BITS)
+    k_max_abs: float | None = field(metadata=BITS)
+    k_rel_l2: float | None = field(metadata=BITS)
+    v_max_abs: float | None = field(metadata=BITS)
+    v_rel_l2: float | None = field(metadata=BITS)
+    k_max_abs_per_layer: tuple[float, ...] | None = field(metadata=BITS)
+    k_rel_l2_per_layer: tuple[float, ...] | None = field(metadata=BITS)
+    v_max_abs_per_layer: tuple[float, ...] | None = field(metadata=BITS)
+    v_rel_l2_per_layer: tuple[float, ...] | None = field(metadata=BITS)
+    logits_exact: bool = field(metadata=BITS)
+    logits_max_abs: float = field(metadata=BITS)
+    argmax_equal: bool = field(metadata=BITS)
     suffix_equal: bool
     first_divergence: int | None
     answer_equal: bool
     correct_equal: bool
-    margins_at_divergence: tuple[float | None, ...] | None
+    margins_at_divergence: tuple[float | None, ...] | None = field(metadata=BITS)
     first_token_equal: bool | None = field(default=None, metadata=since(2))
-    top1_at_divergence: JSON = field(default=None, metadata=since(4))
-    stored_exact: bool | None = field(default=None, metadata=OPTIONAL)
-    steps_exact: bool | None = field(default=None, metadata=OPTIONAL)
-    steps_first_difference: int | None = field(default=None, metadata=OPTIONAL)
-    steps_max_abs: float | None = field(default=None, metadata=OPTIONAL)
+    top1_at_divergence: JSON = field(default=None, metadata=since(4) | BITS)
+    stored_exact: bool | None = field(default=None, metadata=OPTIONAL | BITS)
+    steps_exact: bool | None = field(default=None, metadata=OPTIONAL | BITS)
+    steps_first_difference: int | None = field(default=None, metadata=OPTIONAL | BITS)
+    steps_max_abs: float | None = field(default=None, metadata=OPTIONAL | BITS)
 
 
 @dataclass(frozen=True)
@@ -281,7 +286,7 @@ class Outcome(Part):
 class PartOutcome(Outcome):
     """A transplant of one part of the cache (K only, V only), with its result."""
 
-    cache_digest: str
+    cache_digest: str = field(metadata=BITS)
     suffix: tuple[int, ...]
 
 
@@ -387,3 +392,10 @@ class Record(Part):
                 raise RecordError(_join(where, name), "missing (an 'ok' record holds its arms and comparisons)")
             if not getattr(self, name):
                 raise RecordError(_join(where, name), "expected a non-empty object in an 'ok' record, got {}")
+
+
+def bit_fields() -> frozenset[str]:
+    """The names of every field of every result type that fingerprints numbers (BITS)."""
+    def types(cls: type) -> list[type]:
+        return [cls, *(t for sub in cls.__subclasses__() for t in types(sub))]
+    return frozenset(f.name for cls in types(Part) for f in cls._fields() if f.metadata.get("bits"))
