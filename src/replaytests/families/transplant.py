@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -48,7 +47,7 @@ from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import PARTS, direction
 from replaytests.inputs.contract import SCHEMA
 from replaytests.outputs.causal import not_testable_reason
-from replaytests.outputs.records import Record
+from replaytests.outputs.records import Record, as_written
 
 FAMILY = FAMILIES["transplant"]
 BUILT = (*TRANSPLANT_CONSTRUCTIONS, *(replica for replica, _ in REPLICA_DIRECTIONS))  # in the order they are built
@@ -199,7 +198,7 @@ def run(runtime: Backend, row: BankRow, crossing_record: Record, role: str) -> R
     runtime.activate()
     try:
         trial = _Trial.build(runtime, row)
-        arms = json.loads(json.dumps(trial.arm_records()))  # as the ledger holds them
+        arms = as_written(trial.arm_records())  # as the crossing record holds them
         check_contemporaneous(arms, crossing_record, row, runtime.precision)
         full = {direction(r, d): trial.attempt(r, d) for r, d in (*DIRECTIONS, *REPLICA_DIRECTIONS)}
         boundaries = trial.boundaries | {name: moved for name, (moved, _, _) in full.items()}

@@ -177,6 +177,11 @@ def _reader(hint: object):
     raise TypeError(f"records: no reader for {hint!r}")
 
 
+def as_written(value: object) -> object:
+    """A plain Python value as the ledger's JSON reads back (a tuple as a list, a key as a string)."""
+    return json.loads(json.dumps(value))
+
+
 def _describe(hint: object) -> str:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
@@ -356,7 +361,7 @@ class Record(Part):
     def of(cls, fields: dict) -> Record:
         """The record a family built (`fields`, as plain Python values), read as the ledger will hold it: the
         record a test reads is the one another process reads back from the run's records file."""
-        return cls.from_json(json.loads(json.dumps(fields)))
+        return cls.from_json(as_written(fields))
 
     @property
     def key(self) -> tuple[str, str, str]:
