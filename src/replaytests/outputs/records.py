@@ -8,7 +8,10 @@ back to it (docs/ledger.md holds the schema; this module is its one reading).
   sort_keys=True)` (tests/unit/test_records.py runs the round trip over every committed ledger).
 - `None` is the one spelling of "not measured" (a K/V comparison where a runtime exposes no K/V, a
   correctness label without an expected answer). A field that a record's version or family does not carry
-  reads as `None` too; the record keeps the names of those (`absent`) only to write them back as they were.
+  reads as `None` too (an excluded record's arms and comparisons: as empty); the record keeps the names of
+  those (`absent`) only to write them back as they were.
+- Each field says whether it fingerprints numbers (`BITS`): the audit's line between bits and trajectories.
+- A family makes each record once (`Record.of`), and nothing changes it after: the types are frozen.
 """
 
 from __future__ import annotations
