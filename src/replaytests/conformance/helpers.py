@@ -26,7 +26,7 @@ def audit_against_baseline(audit_record, replay, baseline_record: Record) -> Non
     result = audit_record(baseline_record)
     moved = result.trajectory_changes
     problem = None if result.reproduced else (
-        f"{family} row {row} ({precision}): {len(result.changes)} of {result.leaves} leaves differ from the "
+        f"{baseline_record.title}: {len(result.changes)} of {result.leaves} leaves differ from the "
         f"baseline, {f'{len(moved)} of a trajectory' if moved else 'bits only (no trajectory changed)'}; "
         f"first: {(moved or result.changes)[0]}")
     judge(replay.judge_against_baseline(problem, "trajectories" if moved else "bits", precision))

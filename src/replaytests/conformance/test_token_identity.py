@@ -17,7 +17,7 @@ def _check_consumes_bank_row(result: Record, row) -> None:
     expected = z_digest(row.tokens, row.roles)
     arms = ok(result).arms
     wrong = sorted(arm for arm in FAMILIES[result.family].arms if arms[arm].z_sha256 != expected)
-    assert not wrong, (f"{result.family} row {row.id} ({result.precision}): arms {wrong} consumed a z "
+    assert not wrong, (f"{result.title}: arms {wrong} consumed a z "
                        f"other than the bank row's")
 
 

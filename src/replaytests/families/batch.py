@@ -13,7 +13,7 @@ from replaytests.errors import FailClosed
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
-from replaytests.outputs.records import Record
+from replaytests.outputs.records import Record, title
 
 FAMILY = FAMILIES["batch"]
 
@@ -22,7 +22,7 @@ def run(runtime: Backend, row: BankRow) -> Record:
     singleton = runtime.with_batch(1)
     runtimes = {arm: singleton if arm.endswith("_singleton") else runtime for arm in FAMILY.arms}
     base = record_base(FAMILY.name, row, runtime)
-    where = f"{FAMILY.name} row {row.id} ({runtime.precision})"
+    where = title(FAMILY.name, row.id, runtime.precision)
     runtime.activate()
     try:
         built = {arm: runtimes[arm].build(arm.rpartition("_")[0], row.tokens) for arm in FAMILY.arms}

@@ -17,7 +17,7 @@ from replaytests.families.skeleton import evaluate
 from replaytests.families.transplant import check_valid, outcome
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import direction
-from replaytests.outputs.records import Record
+from replaytests.outputs.records import Record, title
 
 FAMILY = FAMILIES["replication"]
 CROSSING_ARMS = FAMILIES["crossing"].arms
@@ -34,7 +34,7 @@ def run(runtime: Backend, row: BankRow) -> Record:
 
     def outcomes(fields: dict) -> dict:
         """The validity control (TransplantInvalid excludes the row), then each direction's outcome."""
-        check_valid(fields["comparisons"], f"{FAMILY.name} row {row.id} ({runtime.precision})")
+        check_valid(fields["comparisons"], title(FAMILY.name, row.id, runtime.precision))
         suffix = {arm: values["suffix"] for arm, values in fields["arms"].items()}
         return fields | {"transplants": {direction(r, d): outcome(suffix[direction(r, d)], suffix[d], suffix[r])
                                          for r, d in DIRECTIONS}}

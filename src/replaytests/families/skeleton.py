@@ -17,7 +17,7 @@ from replaytests.families.registry import Family
 from replaytests.files import sha256_json
 from replaytests.inputs.bank import BankRow
 from replaytests.outputs import ledger
-from replaytests.outputs.records import Record
+from replaytests.outputs.records import Record, title
 
 
 def z_digest(tokens: list[int], roles: list[int]) -> str:
@@ -72,8 +72,7 @@ def record_base(family: str, row: BankRow, runtime: Backend) -> dict:
 def excluded(base: dict, exc: FailClosed) -> Record:
     """The record of a row a fail-closed check stopped: the exception type and its message, which
     names the row where the check itself could not."""
-    where = f"{base['family']} row {base['row']} ({base['precision']})"
-    message = str(exc) if base["row"] in str(exc) else f"{where}: {exc}"
+    message = str(exc) if base["row"] in str(exc) else f"{title(base['family'], base['row'], base['precision'])}: {exc}"
     return Record.of(base | {"status": "excluded", "reason": f"{type(exc).__name__}: {message}"})
 
 
@@ -89,7 +88,7 @@ def evaluate(runtime: Backend, row: BankRow, family: Family, build: Callable[[],
     runtime.activate()
     try:
         boundaries = dict(zip(arms, build(), strict=True))
-        where = f"{family.name} row {row.id} ({runtime.precision})"
+        where = title(family.name, row.id, runtime.precision)
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
         suffixes = {arm: runtime.suffix(boundaries[arm]) for arm in arms}

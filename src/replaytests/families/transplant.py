@@ -47,7 +47,7 @@ from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import PARTS, direction
 from replaytests.inputs.contract import SCHEMA
 from replaytests.outputs.causal import not_testable_reason
-from replaytests.outputs.records import Record, as_written
+from replaytests.outputs.records import Record, as_written, title
 
 FAMILY = FAMILIES["transplant"]
 BUILT = (*TRANSPLANT_CONSTRUCTIONS, *(replica for replica, _ in REPLICA_DIRECTIONS))  # in the order they are built
@@ -135,7 +135,7 @@ class _Trial:
 
     @classmethod
     def build(cls, runtime: Backend, row: BankRow) -> _Trial:
-        where = f"{FAMILY.name} row {row.id} ({runtime.precision})"
+        where = title(FAMILY.name, row.id, runtime.precision)
         boundaries = {c: runtime.build(c, row.tokens) for c in BUILT}
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
@@ -165,7 +165,7 @@ class _Trial:
 def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: Record, row: BankRow, precision: str) -> None:
     """The rebuilt arms (as the ledger holds them) must reproduce the crossing record's (digests, suffix,
     answer, z)."""
-    where = f"{FAMILY.name} row {row.id} ({precision}): not contemporaneous"
+    where = f"{title(FAMILY.name, row.id, precision)}: not contemporaneous"
     found = (*crossing_record.key, crossing_record.status)
     if found != ("crossing", row.id, precision, "ok"):
         raise NotContemporaneous(f"{where}: expected the ok crossing record of this row and precision, got "
@@ -205,7 +205,7 @@ def run(runtime: Backend, row: BankRow, crossing_record: Record, role: str) -> R
         suffixes = trial.suffixes | {name: suffix for name, (_, suffix, _) in full.items()}
         arms |= {name: arm_record(moved, suffix, row.expected_answer) for name, (moved, suffix, _) in full.items()}
         comparisons = compare_arms(FAMILY.pairs, boundaries, suffixes, arms)
-        check_valid(comparisons, f"{FAMILY.name} row {row.id} ({runtime.precision})")
+        check_valid(comparisons, title(FAMILY.name, row.id, runtime.precision))
         parts = {name: {direction(r, d): _partial(trial.attempt(r, d, parts=selected)) for r, d in DIRECTIONS}
                  for name, selected in PARTIAL.items()}
         layers = _layer_search(trial, full) if role == "divergent" else dict.fromkeys(LAYER_FIELDS)

@@ -317,6 +317,13 @@ class PrefixHit(Part):
 
 
 STATUSES = ("ok", "excluded")
+
+
+def title(family: str, row: str, precision: str) -> str:
+    """A record as a sentence names it (before it exists, too): `crossing row tiny-001 (bf16)`."""
+    return f"{family} row {row} ({precision})"
+
+
 KEY_FIELDS = ("family", "row", "precision")  # what names a record: one per (family, row, cell) in a ledger
 _EMPTY: Mapping = types.MappingProxyType({})
 
@@ -378,7 +385,7 @@ class Record(Part):
     @property
     def title(self) -> str:
         """The record as a sentence names it: `crossing row tiny-001 (bf16)`."""
-        return f"{self.family} row {self.row} ({self.precision})"
+        return title(*self.key)
 
     @property
     def ok(self) -> bool:
