@@ -92,8 +92,9 @@ def entry(source: Path, label: str | None = None, date: str | None = None) -> di
 
 def _parse(path: Path, text: str) -> list[dict]:
     entries = ledger.versioned_objects(path, text, SCHEMA, HistoryError)
-    if found := next(((number, problem) for number, value in entries if (problem := _problem(value))), None):
-        raise HistoryError(f"{path}:{found[0]}: {found[1]}")
+    for number, value in entries:
+        if problem := _problem(value):
+            raise HistoryError(f"{path}:{number}: {problem}")
     return [value for _, value in entries]
 
 

@@ -52,16 +52,15 @@ def _spread(values: list[float], positions: bool = False) -> dict:
 
 
 def _pair(comps: list[Comparison]) -> dict:
+    """One pair's measures over the ok records carrying it (at least one)."""
     out: dict = {"rows": len(comps)}
     out |= {name: proportion(comps, lambda c, f=field, neg=negate: getattr(c, f) != neg)
             for name, (field, negate) in FLAGS.items() if _has(comps, field)}
-    if comps:
-        out["bit_exact"] = proportion(comps, bit_exact)  # a cache not measured (null) is not counted
+    out["bit_exact"] = proportion(comps, bit_exact)  # a cache not measured (null) is not counted
     out |= {name: _spread([max(getattr(c, f) for f in fields) for c in comps])
             for name, fields in SPREADS.items() if _has(comps, *fields)}
-    if comps:
-        out["first_divergence"] = _spread([c.first_divergence for c in comps
-                                           if not c.suffix_equal and c.first_divergence is not None], True)
+    out["first_divergence"] = _spread([c.first_divergence for c in comps
+                                       if not c.suffix_equal and c.first_divergence is not None], True)
     for name in PER_LAYER:
         if _has(comps, name) and len({len(getattr(c, name)) for c in comps}) == 1:
             out[f"{name}_mean"] = np.mean([getattr(c, name) for c in comps], axis=0).tolist()
