@@ -150,6 +150,7 @@ class LedgerCollector:
                 (run / RECORDS).unlink()  # every one of them is in the ledger now
                 if not interrupted:
                     root.publish(run)
+                session.exitstatus = exit_status(self.verdict, session.exitstatus)
             elif run is not None and not records:
                 (run / RECORDS).unlink(missing_ok=True)
                 run.rmdir()
@@ -178,6 +179,21 @@ class LedgerCollector:
         terminalreporter.write_sep("=", "replaytests summary")
         for line in terminal_lines(replay_session(self.config), self.gathered, self.verdict, self.run):
             terminalreporter.write_line(line)
+        outcomes = self.gathered.outcomes
+        if self.verdict["result"] == "fail" and not outcomes.get("failed") and not outcomes.get("error"):
+            terminalreporter.write_line("exit status 1: the verdict is FAIL although no test failed (a check of the "
+                                        "whole run, listed above)", red=True)
+
+
+def exit_status(outcome: dict, status: int) -> int:
+    """The exit status follows the verdict (docs/ci.md): a FAIL is never 0, whatever produced it (a test, or
+    a run-level check the controller makes after the tests, such as the baseline's rates); a run the verdict
+    calls interrupted (a torn records file) exits 2 where pytest saw nothing wrong. A status pytest already
+    set for a reason of its own (an error, -x, Ctrl-C) is kept."""
+    if status != pytest.ExitCode.OK:
+        return status
+    return {"fail": pytest.ExitCode.TESTS_FAILED, "interrupted": pytest.ExitCode.INTERRUPTED}.get(
+        outcome["result"], status)
 
 
 def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:

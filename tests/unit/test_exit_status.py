@@ -1,0 +1,123 @@
+"""The exit status follows the verdict (docs/ci.md): a FAIL is never exit 0, whatever produced it.
+
+The run-level rates check against a baseline is made after the tests, outside any test (every changed
+BF16 record is "recorded", an xfail), so before it set the status a run printed `verdict: FAIL` and
+exited 0. The baseline here is made from the run's own data (no platform's numbers are written into
+the test): a first run's crossing, with every BF16 headline pair marked divergent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replaytests.outputs import ledger
+from replaytests.suite.collector import exit_status
+
+ROWS = ("--rows", "0:8", "--precision", "bf16", "-p", "no:cacheprovider")
+PAIR = "incremental~prefill"
+RATES = "FAILED baseline rates: divergence rate changed beyond chance: crossing/bf16"
+
+
+def conformance(root: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS,
+                           "-p", "no:xdist", "-k", "crossing", "--report-dir", str(root), "--run-name", name, *args],
+                          cwd=root.parent, capture_output=True, text=True, check=False)
+    return proc, root / name
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory) -> Path:
+    """A run of the BF16 crossing on 8 rows: the baseline's source and its own PASS baseline."""
+    proc, run = conformance(tmp_path_factory.mktemp("first") / "r", "first")
+    assert proc.returncode == 0, f"the first run failed:\n{proc.stdout[-3000:]}"
+    return run
+
+
+def all_divergent(run: Path, out: Path) -> Path:
+    """A copy of `run` whose BF16 crossing diverges on every row; fails unless the run's own crossing
+    held on at least 6 of its 8 rows (else no McNemar test on 8 pairs can find the change)."""
+    lines = (run / "ledger.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    crossing = [r for r in records if (r["family"], r["precision"]) == ("crossing", "bf16") and r["status"] == "ok"]
+    held = sum(r["comparisons"][PAIR]["suffix_equal"] for r in crossing)
+    assert held >= 6, f"premise: the run's BF16 crossing held on {held}/{len(crossing)} rows; 6 are needed"
+    for record in crossing:
+        record["comparisons"][PAIR]["suffix_equal"] = False
+    out.mkdir()
+    (out / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out / "run.json").write_text((run / "run.json").read_text())
+    return out
+
+
+@pytest.mark.e2e
+def test_a_rates_fail_found_after_the_tests_exits_1_from_pytest(first, tmp_path):
+    baseline = all_divergent(first, tmp_path / "baseline")
+    proc, _ = conformance(tmp_path / "r", "rates", "--baseline", str(baseline), "--gate", "rates")
+    out = proc.stdout
+    assert RATES in out, f"the rates check did not fail:\n{out[-3000:]}"
+    assert " failed" not in out.splitlines()[-1], f"premise: a test failed, not only the run-level check: {out[-600:]}"
+    assert proc.returncode == 1, f"verdict FAIL but exit {proc.returncode}:\n{out[-3000:]}"
+
+
+@pytest.mark.e2e
+def test_the_same_run_against_its_own_baseline_passes_with_exit_0(first, tmp_path):
+    proc, run = conformance(tmp_path / "r", "own", "--baseline", str(first), "--gate", "rates")
+    verdict = json.loads((run / "run.json").read_text())["verdict"]
+    assert (verdict["result"], proc.returncode) == ("pass", 0), f"{verdict['failures']}\n{proc.stdout[-2000:]}"
+
+
+@pytest.mark.e2e
+def test_a_rates_fail_exits_1_from_replaytests_audit(first, tmp_path):
+    baseline = all_divergent(first, tmp_path / "baseline")
+    proc = subprocess.run([sys.executable, "-m", "replaytests.cli", "audit", "--rows", "0:8", "--precision", "bf16",
+                           "--workers", "1", "--baseline", str(baseline), "--gate", "rates",
+                           "--report-dir", str(tmp_path / "r"), "--", "-k", "crossing"],
+                          cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert RATES in proc.stdout, proc.stdout[-3000:]
+    assert proc.returncode == 1, f"verdict FAIL but exit {proc.returncode}:\n{proc.stdout[-3000:]}"
+
+
+TORN = '''
+import pytest
+from replaytests.suite.state import run_state
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """A worker that died while writing: half a record at the end of the records file."""
+    with open(run_state(session.config).run_dir / "records.jsonl", "a") as f:
+        f.write('{"family": "crossing", "row": ')
+'''
+
+
+@pytest.mark.e2e
+def test_a_torn_records_file_is_interrupted_and_exits_2(tmp_path):
+    (tmp_path / "tear.py").write_text(TORN)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "tear",
+                           "-p", "no:cacheprovider", "-p", "no:xdist", "--rows", "1", "--precision", "fp32",
+                           "-k", "replica and crossing", "--report-dir", str(tmp_path / "r")],
+                          cwd=tmp_path, capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert "verdict: INTERRUPTED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 2, f"verdict INTERRUPTED but exit {proc.returncode}:\n{proc.stdout[-2000:]}"
+    runs = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]
+    assert len(runs) == 1 and not (tmp_path / "r" / "latest").exists(), "an interrupted run moved latest"
+    assert ledger.read_ledger(runs[0] / "ledger.jsonl"), "the whole records around the torn line were lost"
+
+
+@pytest.mark.parametrize(("result", "status", "expected"), [
+    pytest.param("pass", 0, 0, id="pass-0"),
+    pytest.param("fail", 0, 1, id="fail-found-after-the-tests-1"),
+    pytest.param("fail", 1, 1, id="fail-of-a-test-1"),
+    pytest.param("interrupted", 0, 2, id="torn-records-2"),
+    pytest.param("interrupted", 2, 2, id="ctrl-c-2"),
+    pytest.param("interrupted", 1, 1, id="stopped-by-x-after-a-failure-1"),
+    pytest.param("fail", 6, 6, id="write-failed-keeps-6"),
+])
+def test_exit_status_follows_the_verdict(result, status, expected):
+    assert exit_status({"result": result}, status) == expected
