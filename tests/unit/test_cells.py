@@ -286,10 +286,43 @@ def test_a_declared_cell_whose_library_is_missing_does_not_stop_the_paper_cells(
     def missing(library):
         raise importlib.metadata.PackageNotFoundError(library)
 
-    monkeypatch.setattr(adapter, "quantized_cache_installed", lambda library: False)
+    monkeypatch.setattr(adapter, "quantized_cache_problem", lambda library: f"{library} is not installed here")
     monkeypatch.setattr(adapter, "quantized_cache_version", missing)
     session = ReplaySession.open(Options(precision="both", rows="0:1"))
     assert "kv-hqq4" in session.contract.cells, "the embedded default's contract no longer declares kv-hqq4"
     meta = run_metadata(session)
     digests = {cell["name"]: cell.get("digest") for cell in meta["cells"]}
     assert digests["kv-hqq4"] is None and digests["bf16"] and digests["fp32"], digests
+
+
+@pytest.fixture
+def broken_hqq(monkeypatch, tmp_path):
+    """hqq as an installed library whose import fails (a broken build, a missing native dependency)."""
+    from replaytests.engine.hf import adapter
+
+    (tmp_path / "broken_hqq_build.py").write_text("raise OSError('libhqq_aten.so: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(adapter._QUANTIZED_MODULES, "hqq", ("broken_hqq_build", "hqq"))
+
+
+def test_a_cell_library_that_fails_to_import_is_one_skip_reason_and_named_in_the_verdict(broken_hqq):
+    from replaytests.inputs.options import Options
+    from replaytests.suite.artifacts import Gathered, verdict_context
+    from replaytests.suite.session import ReplaySession
+
+    session = ReplaySession.open(Options(precision="fp32,kv-hqq4", rows="0:1"))
+    reason = session.skipped_cells.get("kv-hqq4", "")
+    assert session.cells == ("fp32",) and "broken_hqq_build is installed but fails to import (OSError: " \
+        "libhqq_aten.so: cannot open shared object file)" in reason, (session.cells, reason)
+    context = verdict_context(session, Gathered())
+    assert [c.split(" (")[0] for c in context["skipped_cells"]] == ["kv-hqq4"], context["skipped_cells"]
+
+
+def test_a_run_whose_every_cell_would_be_skipped_is_refused(broken_hqq):
+    from replaytests.errors import ConfigError
+    from replaytests.inputs.options import Options
+    from replaytests.suite.session import ReplaySession
+
+    with pytest.raises(ConfigError, match=r"^--precision kv-hqq4: no selected cell can run here: .*cells\.kv-hqq4\."
+                                          r"kv_cache\.library: broken_hqq_build is installed but fails to import"):
+        ReplaySession.open(Options(precision="kv-hqq4", rows="0:1"))

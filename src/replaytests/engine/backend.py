@@ -131,6 +131,23 @@ class CellProblem(NamedTuple):
     missing_library: bool = False
 
 
+def library_problem(module: str, install: str) -> str | None:
+    """Why a cell's library cannot run here, in words, or None: not installed (`install` says how), or
+    installed but failing to import (a broken build, a missing native dependency), which would otherwise
+    surface as one ImportError traceback per test."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # anything a broken library raises at import
+        absent = isinstance(exc, ModuleNotFoundError) and exc.name is not None
+        if absent and (module == exc.name or module.startswith(exc.name + ".")):  # it, or a parent package
+            return f"{module} is not installed here ({install})"
+        first = next(iter(str(exc).strip().splitlines()), "")
+        return f"{module} is installed but fails to import ({type(exc).__name__}: {first})"
+    return None
+
+
 def cell_problem(backend: type, contract: Contract, name: str) -> CellProblem | None:
     """What keeps `backend` from running the contract's cell `name` in the format it names, or None. A
     backend says so with `cell_problem(cell)`; one that does not runs native cells only."""

@@ -228,7 +228,7 @@ def _digits(text: str) -> bool:
 
 def select_rows(rows: list[BankRow], spec: str | None) -> list[BankRow]:
     """`--rows N` keeps the first N rows (N >= 1); `--rows A:B` rows A to B-1 (0 <= A < B, A omitted: 0,
-    B omitted: the end). A selection that holds no row is an error."""
+    B omitted: the end). A selection that holds no row, or reaches past the bank, is an error."""
     if spec is None:
         return rows
     start, colon, stop = spec.partition(":")
@@ -238,6 +238,9 @@ def select_rows(rows: list[BankRow], spec: str | None) -> list[BankRow]:
     low, high = (int(part) if part else None for part in bounds)
     if (not colon and high == 0) or (colon and low is not None and high is not None and low >= high):
         raise ConfigError(f"--rows {spec}: selects no row (expected N >= 1, or A:B with A < B)")
+    if high is not None and high > len(rows):  # a quick run that silently ran fewer rows than it asked for
+        raise ConfigError(f"--rows {spec}: reaches past the bank's {len(rows)} rows (expected N <= {len(rows)}, "
+                          f"or A:B with B <= {len(rows)}; A: alone runs to the end)")
     chosen = rows[low:high]
     if not chosen:
         raise ConfigError(f"--rows {spec}: selects no row of the bank's {len(rows)}")

@@ -35,6 +35,7 @@ def lines(verdict: dict | None) -> list[str]:
     out += [f"  FAILED {f['check']}: {f['message']}" for f in verdict["failures"]]
     out += [f"{name}: {verdict[name]}" for name in ("platform", "cpu_isa", "bank", "baseline") if verdict.get(name)]
     out += [f"platform drift: {line}" for line in verdict.get("platform_drift", [])]
+    out += [f"skipped cell, not checked: {cell}" for cell in verdict.get("skipped_cells", [])]
     drift = verdict.get("drift") or []
     out.append(f"drift from the contract: {'; '.join(drift)}" if drift else "drift from the contract: none")
     return out

@@ -133,7 +133,8 @@ def verdict_context(replay: ReplaySession, gathered: Gathered) -> dict:
         f"{len(changed)}/{len(audits)} baseline records changed", changed)
     return {"platform": describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],
             "baseline": baseline[0], "platform_drift": [line for _, line in (bank, baseline) if line],
-            "drift": [str(d) for d in replay.drift]}
+            "drift": [str(d) for d in replay.drift],
+            "skipped_cells": [f"{name} ({reason})" for name, reason in replay.skipped_cells.items()]}
 
 
 def describe_platform(platform: dict) -> str:

@@ -137,6 +137,9 @@ class ReplaySession:
         pinned = cpu_isa.apply(contract.cpu_isa, f"contract {contract.name} ({contract.path})", pinned)
         # after the pin: what a backend can run may depend on the kernels it allows (vLLM's fp8 cache)
         skipped = {name: reason for name in selected if (reason := backend.check_cell(backend_class, contract, name))}
+        if len(skipped) == len(selected):  # every test would be skipped: a run that checked nothing
+            raise ConfigError(f"--precision {options.precision}: no selected cell can run here: "
+                              + "; ".join(skipped.values()))
         facts = inspect_model(backend_class, options.model, contract, "--model")
         rows = read_bank(options.bank, facts.grammar, facts.max_positions, contract.caps.suffix_room())
         rows = select_rows(rows, options.rows)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
-import importlib.util
 import inspect
 import stat
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from replaytests.engine.backend import library_problem
 from replaytests.engine.boundary import KV, cache_layers
 from replaytests.errors import ConfigError
 from replaytests.files import MAX_INPUT
@@ -169,11 +169,9 @@ _QUANTIZED_MODULES = {"hqq": ("hqq", "hqq"), "quanto": ("optimum.quanto", "optim
 _QUANTIZED_AXIS = {"hqq": 1, "quanto": 0}
 
 
-def quantized_cache_installed(library: str) -> bool:
-    try:
-        return importlib.util.find_spec(_QUANTIZED_MODULES[library][0]) is not None
-    except ModuleNotFoundError:  # a parent package (optimum) absent
-        return False
+def quantized_cache_problem(library: str) -> str | None:
+    """Why the quantized cache's library cannot run here (engine.backend.library_problem), or None."""
+    return library_problem(_QUANTIZED_MODULES[library][0], f"pip install {QUANTIZED_CACHE_PACKAGES[library]}")
 
 
 def quantized_cache_version(library: str) -> str:

@@ -39,14 +39,12 @@ class Runtime(Step):
             return CellProblem("kv_cache.format", f"{kv.format} is another runtime's own K/V format (vLLM's "
                                                   "kv_cache_dtype, llama.cpp's type_k/type_v); the hf backend runs "
                                                   "native or quantized caches")
-        if kv.format == "quantized" and not hf_adapter.quantized_cache_installed(kv.library):
-            return CellProblem("kv_cache.library", f"{kv.library} is not installed here (pip install "
-                                                   f"{hf_adapter.QUANTIZED_CACHE_PACKAGES[kv.library]}); the cell is "
-                                                   "skipped, never run with a native cache", missing_library=True)
-        if not cell.weights.native and not weights.installed():
-            return CellProblem("weights.library", f"{weights.LIBRARY} is not installed here (pip install "
-                                                  f"'replaytests[cells]'); the cell is skipped, never run with native "
-                                                  "weights", missing_library=True)
+        if kv.format == "quantized" and (problem := hf_adapter.quantized_cache_problem(kv.library)):
+            return CellProblem("kv_cache.library", f"{problem}; the cell is skipped, never run with a native cache",
+                               missing_library=True)
+        if not cell.weights.native and (problem := weights.problem()):
+            return CellProblem("weights.library", f"{problem}; the cell is skipped, never run with native weights",
+                               missing_library=True)
         return None
 
     @classmethod

@@ -12,19 +12,20 @@ another format than the one it names.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 
 import torch
 
+from replaytests.engine.backend import library_problem
 from replaytests.errors import ConfigError
 from replaytests.inputs.cells import Weights
 
 LIBRARY = "torchao"
 
 
-def installed() -> bool:
-    return importlib.util.find_spec(LIBRARY) is not None
+def problem() -> str | None:
+    """Why the weight quantization library cannot run here (engine.backend.library_problem), or None."""
+    return library_problem(LIBRARY, "pip install 'replaytests[cells]'")
 
 
 def version() -> str:
