@@ -219,8 +219,8 @@ PYTEST = {
     "rows-zero": Case(lambda w: ["--rows", "0"], r"--rows 0: selects no row"),
     "rows-reversed": Case(lambda w: ["--rows", "5:2"], r"--rows 5:2: selects no row"),
     "rows-past-the-end": Case(lambda w: ["--rows", "100:110"], r"--rows 100:110: reaches past the bank's 48 rows"),
-    "rows-count-past-the-end": Case(lambda w: ["--rows", "60"], r"--rows 60: reaches past the bank's 48 rows \(expected "
-                                                                r"N <= 48"),
+    "rows-count-past-the-end": Case(lambda w: ["--rows", "60"],
+                                    r"--rows 60: reaches past the bank's 48 rows \(expected N <= 48"),
     "rows-slice-past-the-end": Case(lambda w: ["--rows", "40:60"], r"--rows 40:60: reaches past the bank's 48 rows"),
     "rows-start-past-the-end": Case(lambda w: ["--rows", "60:"], r"--rows 60:: selects no row of the bank's 48"),
     "rows-negative": Case(lambda w: ["--rows", "-1"], r"--rows: expected a count N or a slice A:B of non-negative"),

@@ -75,3 +75,31 @@ def test_a_stopped_audit_keeps_what_it_finished(tmp_path, workers, how):
     if how == "sigterm-to-pytest":
         assert "interrupted (SIGTERM)" in text, f"the stop does not name SIGTERM:\n{text[-2000:]}"
     _wait_for(lambda: not _processes_naming(name), 30, f"the processes of run {name} to end")
+
+
+def test_a_stop_in_the_middle_of_a_long_test_ends_at_the_next_forward_call(tmp_path):
+    """One process, the transplant first: its first test computes the whole BF16 crossing of the panel (the
+    longest single test of a run). SIGTERM once two crossing records are appended: the run ends at the next
+    forward call (engine.stop), not after that test (which took 58 s to end on a loaded 2-core machine before,
+    5 s after; benchmarks/stop_time.py --workers 1 measures it), keeping the records it finished."""
+    root, name = tmp_path / "reports", "long-test"
+    argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:xdist", "-p",
+            "no:cacheprovider", "--rows", "0:16", "--precision", "bf16", "-k", "transplant", "--report-dir", str(root),
+            "--run-name", name]
+    run = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    records = root / name / RECORDS
+    try:
+        _wait_for(lambda: records.is_file() and records.read_text().count("\n") >= 2, 240, "two records")
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    text = out.decode(errors="replace")
+    assert run.returncode == INTERRUPTED, f"exit {run.returncode}, expected {INTERRUPTED}:\n{text[-3000:]}"
+    assert "stopped between two forward calls" in text, f"the stop does not say where it stopped:\n{text[-2000:]}"
+    kept = [json.loads(line) for line in (root / name / "ledger.jsonl").read_text().splitlines()]
+    crossing = [r for r in kept if r["family"] == "crossing"]
+    assert 2 <= len(crossing) < 16, (f"{len(crossing)} crossing records kept of the panel's 16: the test in progress "
+                                     "ran on after the signal" if len(crossing) >= 16 else "finished records lost")
+    assert not [r for r in kept if r["family"] == "transplant"], "a transplant record after the stop"

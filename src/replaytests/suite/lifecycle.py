@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from replaytests.engine import stop
 from replaytests.errors import RecordNotKept, ReplaytestsError
 from replaytests.outputs import rundir
 from replaytests.suite import scheduling
@@ -39,6 +40,7 @@ def start(session: pytest.Session) -> None:
     """Every input checked (a bad one is a usage error, one line); in the controller (or the one
     process), the report root checked, the run's directory made when the run selects conformance tests,
     and the signals that stop the run gracefully."""
+    stop.clear()  # a stop asked for in an earlier in-process run (pytester) is not this run's
     replay = replay_session(session.config)
     if replay.options.strict_contract and replay.drift:
         raise pytest.UsageError(f"--strict-contract: the environment differs from contract {replay.contract.name} "
@@ -78,8 +80,8 @@ def remove_temporary(config: pytest.Config) -> None:
 
 
 def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
-    """A first Ctrl-C lets the running test finish, then stops the run (its records are written, marked
-    interrupted); a second one stops at once."""
+    """A first Ctrl-C stops the run at the next forward call (engine.stop: the record being computed is
+    abandoned, the finished ones are written, marked interrupted); a second one stops at once."""
     if threading.current_thread() is not threading.main_thread():
         return
     previous = signal.getsignal(signal.SIGINT)
@@ -88,6 +90,7 @@ def stop_gracefully_on_interrupt(session: pytest.Session) -> None:
         name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         session.shouldstop = (f"interrupted ({name}): the records finished so far are written; a second signal "
                               "stops at once")
+        stop.request(f"interrupted ({name}): the records finished so far are written")  # at the next forward call
         signal.signal(signal.SIGINT, previous)
 
     signal.signal(signal.SIGINT, interrupt)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from replaytests.engine import stop
 from replaytests.engine.arms import Arms
 from replaytests.engine.boundary import Boundary, as_int, bitwise_equal
 from replaytests.engine.hf import adapter as hf_adapter
@@ -158,6 +159,7 @@ class Step:
         (protocol.Visibility), every copy the same row. Returns the last position's logits of every copy,
         [batch, vocab], unchecked: the caller compares the copies (check_batch_equal, or copies_differ
         where a host sync is not wanted) before it reads them, as DecodeState does for every call."""
+        stop.check()
         end = start + ids.shape[1]
         if self._positions is None or self._positions.shape[1] < end:
             length = max(end, hf_adapter.max_positions(self.model))

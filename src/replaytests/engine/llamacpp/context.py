@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from replaytests.engine import stop
 from replaytests.errors import ConfigError, ReplaytestsError
 
 INSTALL = "bash tools/install-llamacpp.sh (docs/llamacpp.md)"
@@ -201,6 +202,7 @@ class Context:
                 batch.logits[i] = seq == 0 and offset == len(tokens) - 1
                 i += 1
         batch.n_tokens = i
+        stop.check()
         code = self.llama_cpp.llama_decode(self.ptr, batch)
         self.calls += 1
         if code != 0:

@@ -31,7 +31,7 @@ from typing import ClassVar
 
 import torch
 
-from replaytests.engine import backend
+from replaytests.engine import backend, stop
 from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.hf import adapter as hf_adapter
@@ -327,6 +327,7 @@ class Runtime:
 
     def _request(self, prompts: list[list[int]], forced: list[int] | None = None, engine=None, reset: bool = True):
         """Run the prompts as one batch of requests; the first's output, and its prefill step count."""
+        stop.check()  # between requests: vLLM's own steps cannot be cut
         engine = engine or self.engine
         if reset:
             engine.reset_prefix_cache()
