@@ -150,9 +150,9 @@ def _print_run(run_dir: Path) -> None:
 
 
 def _check_model(args: argparse.Namespace) -> int:
-    """The replay properties of a checkpoint on two short synthetic rows at each of the contract's
-    precisions (the paper's cells) the backend runs, and what a crossing row would cost at the contract's
-    bank lengths; exit 1 if any judged property fails."""
+    """The replay properties of a checkpoint on two short synthetic rows at each selected cell of the
+    contract (default: all) the backend runs, and what a crossing row would cost at the contract's bank
+    lengths; exit 1 if any judged property fails."""
     contract, _ = _pin(args.contract)
     from replaytests.engine import backend, checks
     from replaytests.inputs import cells
@@ -167,9 +167,11 @@ def _check_model(args: argparse.Namespace) -> int:
     print(f"check-model: {args.model} ({facts.summary}) on {runtime_class.name} under contract {contract.name}; "
           f"window: {window}; cache: {contract.cache}")
     failed = False
-    for precision in cells.select("both", contract.cells, contract.path):  # the paper's cells: the model's properties
+    selected = cells.select(args.precision, contract.cells, contract.path)
+    width = max(map(len, selected))
+    for precision in selected:
         if problem := backend.cell_problem(runtime_class, contract, precision):
-            print(f"  {precision:5s} not run: {problem.message}")
+            print(f"  {precision:{width}s} not run: {problem.message}")
             continue
         runtime = runtime_class.load(args.model, contract, precision, args.device)
         found: dict[str, checks.Check] = {}
@@ -183,10 +185,11 @@ def _check_model(args: argparse.Namespace) -> int:
                     found[check.name] = check
         for check in found.values():
             failed |= check.outcome == "fail"
-            print(f"  {precision:5s} {check.name:16s} {check.outcome}{': ' + check.detail if check.detail else ''}")
+            detail = f": {check.detail}" if check.detail else ""
+            print(f"  {precision:{width}s} {check.name:16s} {check.outcome}{detail}")
         if cost is not None and lengths:
             estimates = [(n, *checks.row_estimate(cost, n, runtime)) for n in lengths]
-            print(f"  {precision:5s} a crossing row: " + "; ".join(
+            print(f"  {precision:{width}s} a crossing row: " + "; ".join(
                 f"at {n} tokens about {s:.1f} s, {b / 2**20:.1f} MiB of boundary caches" for n, s, b in estimates))
     print("verdict: FAIL (a property replay rests on does not hold; see above)" if failed else
           "verdict: PASS (every judged property holds)")
@@ -348,6 +351,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--backend", default="hf", help="hf, llamacpp or module:Class. Default: %(default)s")
     check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+    check.add_argument("--precision", default="all", metavar="CELL[,CELL...]|both|all",
+                       help="the contract's cells to check (a cell whose library is not installed here is named, not "
+                            "run). Default: %(default)s")
 
     report = sub.add_parser("report", help="collate ledgers (run directories, shards, workers) into "
                                            "report.json, report.md and report.html")
