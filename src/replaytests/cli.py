@@ -82,10 +82,10 @@ def _audit(args: argparse.Namespace, extra: list[str]) -> int:
             argv += [_flag(field)] if value else []
         elif settings.get("action") == "append":
             argv += [part for item in value or () for part in (_flag(field), item)]
-        elif value is not None:
+        elif value is not None and _last_value(extra, field.replace("_", "-")) is None:  # given after `--`: that one
             argv += [_flag(field), str(value)]
     code = run_child(argv + extra)
-    # Options after `--` reach pytest last and win there; the verdict is read where they sent the run.
+    # An option given after `--` replaces the audit's own; the verdict is read where it sent the run.
     report_dir = _last_value(extra, "report-dir") or args.report_dir or DEFAULT_REPORT_DIR
     _print_run(Path(report_dir) / (_last_value(extra, "run-name") or args.run_name))
     return code

@@ -237,9 +237,11 @@ def conformance_run(directory, *args):
     """The conformance suite in a child process (as a user starts it): its outcome and its run directory
     (`latest` under the report root)."""
     root = directory / "report"
+    defaults = [part for option, value in zip(ROWS[::2], ROWS[1::2], strict=True) if option not in args
+                for part in (option, value)]  # an option is given once (a repeated one is refused)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider",
-         "--report-dir", str(root), *ROWS, *args],
+         "--report-dir", str(root), *defaults, *args],
         cwd=directory, capture_output=True, text=True, check=False,
     )
     return proc, root / "latest"

@@ -166,3 +166,21 @@ def test_audit_reads_the_report_dir_given_after_the_double_dash(extra, expected)
     from replaytests.cli import _last_value
 
     assert _last_value(extra, "report-dir") == expected, f"{extra}: read {_last_value(extra, 'report-dir')!r}"
+
+
+@pytest.mark.parametrize(("extra", "given"), [
+    pytest.param([], ["--precision", "bf16"], id="the-audit-s-own"),
+    pytest.param(["--precision", "fp32"], ["--precision", "fp32"], id="after-the-double-dash-replaces-it"),
+    pytest.param(["--replay-precision=fp32"], ["--replay-precision=fp32"], id="namespaced-replaces-it"),
+])
+def test_the_audit_gives_its_child_each_option_once(monkeypatch, tmp_path, extra, given):
+    """pytest refuses a one-value option given twice: an option after `--` replaces the audit's own."""
+    from replaytests import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "run_child", lambda argv: seen.append(argv) or 0)
+    cli.main(["audit", "--precision", "bf16", "--report-dir", str(tmp_path), "--", *extra])
+    argv = seen[0]
+    spellings = [a for a in argv if a.split("=")[0] in ("--precision", "--replay-precision")]
+    assert len(spellings) == 1 and argv[argv.index(spellings[0]):][:len(given)] == given, argv
+    assert argv.count("--report-dir") == 1, argv

@@ -115,7 +115,7 @@ def test_audit_names_the_row_and_field_that_changed(two_row_run, tmp_path):
     record fails, naming it."""
     baseline, _ = _baseline_beside(two_row_run[1], tmp_path)
     proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "--baseline", str(baseline), "-k", "baseline_record",
-                              "--rows", "1:2")  # the last --rows wins: only tiny-001, 4 records
+                              "--rows", "1:2")  # only tiny-001, 4 records
     assert "1 failed, 3 passed" in proc.stdout, f"expected one audit failure:\n{proc.stdout[-3000:]}"
     assert ("crossing row tiny-001 (fp32): 1 of" in proc.stdout
             and "first: arms.prefill.cache_digest: baseline \"000000" in proc.stdout), proc.stdout[-3000:]

@@ -48,6 +48,8 @@ def add_short_aliases(config: pytest.Config, parser: pytest.Parser) -> None:
     taken = _registered(parser)
     group = parser.getgroup(*GROUP)
     clashes = [field for field in OPTIONS if spelled(field, namespaced=False) in taken]
+    if twice := repeated(config.invocation_params.args, clashes):
+        raise pytest.UsageError(twice)
     for field, settings in OPTIONS.items():
         if field not in clashes:
             group.addoption(spelled(field, namespaced=False), dest=f"replay_{field}",
@@ -65,13 +67,33 @@ def contract_path(contract: Path | None, markexpr: str) -> Path:
     return GPU_CONTRACT if selects_gpu(markexpr) else DEFAULT_CONTRACT
 
 
-def _argument(args: list[str], field: str) -> str | None:
-    """The value given to an option on the command line (either spelling), before options are parsed."""
-    names = (spelled(field), spelled(field, namespaced=False))
+def _arguments(args: list[str] | tuple[str, ...], field: str, short: bool = True) -> list[str | None]:
+    """The values given to an option on the command line (either spelling, or only --replay-<field> where
+    the short one is another plugin's), before options are parsed."""
+    names = (spelled(field), spelled(field, namespaced=False)) if short else (spelled(field),)
+    found = []
     for index, arg in enumerate(args):
         name, equals, value = str(arg).partition("=")
         if name in names:
-            return value if equals else (str(args[index + 1]) if index + 1 < len(args) else None)
+            found.append(value if equals else (str(args[index + 1]) if index + 1 < len(args) else None))
+    return found
+
+
+def _argument(args: list[str], field: str) -> str | None:
+    """The value given to an option on the command line (either spelling), before options are parsed."""
+    return next(iter(_arguments(args, field)), None)
+
+
+def repeated(args: list[str] | tuple[str, ...], clashes: list[str]) -> str | None:
+    """A one-value option given more than once, in one line, or None: argparse would keep the last one
+    silently (and the early CPU pin would read the first contract)."""
+    for field, settings in OPTIONS.items():
+        if settings.get("action") in ("append", "store_true"):
+            continue
+        values = _arguments(args, field, short=field not in clashes)
+        if len(values) > 1:
+            return (f"{spelled(field)}: given {len(values)} times ({', '.join(map(str, values))}); give it once "
+                    "(`replaytests audit -- OPTION` replaces the audit's own value)")
     return None
 
 
