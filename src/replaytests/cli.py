@@ -19,7 +19,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.errors import ConfigError, ReplaytestsError
+from replaytests.errors import ConfigError, Exit, ReplaytestsError
 from replaytests.inputs.cells import BANK_CELL
 from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
@@ -193,7 +193,7 @@ def _check_model(args: argparse.Namespace) -> int:
                 f"at {n} tokens about {s:.1f} s, {b / 2**20:.1f} MiB of boundary caches" for n, s, b in estimates))
     print("verdict: FAIL (a property replay rests on does not hold; see above)" if failed else
           "verdict: PASS (every judged property holds)")
-    return 1 if failed else 0
+    return Exit.FAIL if failed else Exit.PASS
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -248,7 +248,7 @@ def _compare(args: argparse.Namespace) -> int:
     result = compare_paths(args.baseline, args.new, args.alpha, args.contract, gate, args.across_inputs,
                            args.accept_interrupted, args.expected)
     _emit(result.text(args.verbose))
-    return 0 if result.passed else 1
+    return Exit.PASS if result.passed else Exit.FAIL
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -316,8 +316,17 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad option or argument exiting Exit.BAD_INPUT (argparse's own 2 is "interrupted" to
+    pytest, and so to a CI script reading `replaytests audit`)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(Exit.BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="replaytests", description=__doc__.splitlines()[0])
+    top = _Parser(prog="replaytests", description=__doc__.splitlines()[0])
     sub = top.add_subparsers(dest="command", required=True)
 
     freeze = sub.add_parser("freeze", help="live-generate each problem to the merge boundary (BF16) into a bank")
@@ -447,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return _audit(args, extra)
     except ReplaytestsError as exc:
         print(f"replaytests: error: {exc}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     except BrokenPipeError:  # `replaytests history show ... | head -1`: the reader left; end quietly
         _quietly_closed()
         return 0

@@ -1,8 +1,20 @@
-"""Exception types, and the shortening of values quoted in messages. Every message is one line naming
-the file, row, field or step at fault, and never echoes a value longer than a line."""
+"""Exception types, the exit statuses, and the shortening of values quoted in messages. Every message is
+one line naming the file, row, field or step at fault, and never echoes a value longer than a line."""
 
+import enum
 import re
 import reprlib
+
+
+class Exit(enum.IntEnum):
+    """The exit status of every command (docs/ci.md): pytest's own codes where they exist, so a conformance
+    run, `replaytests audit`, `compare`, `report` and `history` mean the same by each number."""
+
+    PASS = 0
+    FAIL = 1  # a check failed: the verdict is FAIL, whatever produced it
+    INTERRUPTED = 2  # stopped (a signal, -x, a torn records file): what was finished is kept
+    BAD_INPUT = 4  # one line naming the file, field or option, before any model work
+    WRITE_FAILED = 6  # a run's final files could not be written; its records are kept in RUN/records.jsonl
 
 
 def shorten(text: str, limit: int = 120) -> str:

@@ -226,4 +226,4 @@ def test_check_model_refuses_with_one_line(family, extra, message, tmp_path, cap
     capsys.readouterr()  # transformers' own progress output while saving
     code = main(["check-model", "--model", str(directory)])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and re.search(message, err), err
+    assert code == 4 and len(err.splitlines()) == 1 and re.search(message, err), err

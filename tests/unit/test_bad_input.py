@@ -561,7 +561,7 @@ def test_bad_command_input_is_one_line_and_loses_nothing(ws, case, monkeypatch):
     with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
         code = main(args)
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
-    assert code == 2, f"exit {code} for {args}: {err.getvalue()!r}"
+    assert code == 4, f"exit {code} for {args}: {err.getvalue()!r}"
     assert len(lines) == 1 and lines[0].startswith("replaytests: error: "), f"not one line: {lines}"
     assert re.search(case.line, lines[0]), f"{lines[0]!r} does not match {case.line!r}"
     assert "Traceback" not in out.getvalue() + err.getvalue(), "a traceback reached the user"

@@ -120,7 +120,7 @@ def test_vllm_refuses_a_library_quantized_cache(cells_contract):
 
 
 def test_a_missing_library_is_a_skip_reason_never_a_native_run(cells_contract, monkeypatch):
-    monkeypatch.setattr(weights, "installed", lambda: False)
+    monkeypatch.setattr(weights, "problem", lambda: "torchao is not installed here (pip install 'replaytests[cells]')")
     reason = backend.check_cell(Runtime, cells_contract, "w-int8")
     assert reason and "cells.w-int8.weights.library: torchao is not installed here" in reason, reason
     assert "never run with native weights" in reason, reason

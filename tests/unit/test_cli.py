@@ -26,7 +26,7 @@ def write_problems(path, problems=PROBLEMS):
 
 def assert_one_line_error(code: int, captured, path) -> str:
     err = captured.err
-    assert code == 2, f"exit code {code}, expected 2 (stderr: {err!r})"
+    assert code == 4, f"exit code {code}, expected 4 (stderr: {err!r})"
     lines = err.splitlines()
     assert len(lines) == 1, f"stderr has {len(lines)} lines, expected one: {err!r}"
     assert lines[0].startswith("replaytests: error: "), f"stderr line does not start with the prefix: {lines[0]!r}"
@@ -149,7 +149,7 @@ def test_audit_workers_is_checked_and_named_as_given(capsys, value):
     with pytest.raises(SystemExit) as exit_info:
         main(["audit", "--workers", value])
     line = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage lines
-    assert exit_info.value.code == 2, f"exit {exit_info.value.code} for --workers {value!r}"
+    assert exit_info.value.code == 4, f"exit {exit_info.value.code} for --workers {value!r}"
     assert line.endswith(f"argument --workers: expected 'auto' or a count of worker processes from 1 to 1024, "
                          f"got {value!r}"), line
 

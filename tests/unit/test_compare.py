@@ -269,7 +269,7 @@ def test_cli_compare_refuses_runs_in_which_nothing_could_be_judged(tmp_path, cap
     new = write_ledger_file(tmp_path / "new" / "ledger.jsonl", excluded).parent
     code = main(["compare", str(baseline), str(new)])
     err = capsys.readouterr().err
-    assert code == 2 and "each of the 4 records in common failed closed (excluded) in one run or both: nothing could " \
+    assert code == 4 and "each of the 4 records in common failed closed (excluded) in one run or both: nothing could " \
         "be judged" in err, (code, err)
 
 
@@ -279,13 +279,13 @@ def test_cli_compare_refuses_runs_in_which_nothing_could_be_judged(tmp_path, cap
     pytest.param('{"schema": "replaytests.ledger/9"}\n', r":1: field 'schema' is 'replaytests.ledger/9'",
                  id="other-schema"),
 ])
-def test_cli_compare_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, content, message):
+def test_cli_compare_bad_input_is_one_line_exit_4(runs, tmp_path, capsys, content, message):
     bad = tmp_path / "bad.jsonl"
     if content is not None:
         bad.write_text(content, encoding="utf-8")
     code = main(["compare", str(runs[0]), str(bad)])
     err = capsys.readouterr().err
-    assert code == 2, f"exit {code}, stderr {err!r}"
+    assert code == 4, f"exit {code}, stderr {err!r}"
     assert re.fullmatch(rf"replaytests: error: {re.escape(str(bad))}.*{message}.*\n", err), err
 
 
@@ -294,7 +294,7 @@ def test_cli_compare_bad_input_is_one_line_exit_2(runs, tmp_path, capsys, conten
 def test_cli_compare_alpha_must_be_a_fraction(runs, level, spelling, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["compare", str(runs[0]), str(runs[1]), spelling, level])
-    assert stop.value.code == 2, f"{spelling} {level}: exit {stop.value.code}"
+    assert stop.value.code == 4, f"{spelling} {level}: exit {stop.value.code}"
     assert "argument --alpha/--level: expected a number between 0 and 1" in capsys.readouterr().err
 
 
@@ -354,7 +354,7 @@ def test_two_runtimes_cannot_be_gated_on_bits(tmp_path, capsys):
         path = write_ledger_file(tmp_path / name / "ledger.jsonl", _on(backend, run())).parent
         (path / "run.json").write_text(json.dumps({"options": {"backend": backend}}), encoding="utf-8")
         sides.append(str(path))
-    assert main(["compare", *sides]) == 2
+    assert main(["compare", *sides]) == 4
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the runs were made by other runtimes (hf vs vllm)" in err[0], err
     assert main(["compare", *sides, "--gate", "trajectories"]) == 0, capsys.readouterr().out[-2000:]

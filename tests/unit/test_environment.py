@@ -273,7 +273,7 @@ def test_env_with_a_bad_contract_is_a_one_line_error(capsys, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: x\n  caps: [1\n", encoding="utf-8")
     code, lines, err = run_env(capsys, "--contract", str(path))
-    assert (code, lines) == (2, []), f"exit {code}, stdout {lines}"
+    assert (code, lines) == (4, []), f"exit {code}, stdout {lines}"
     assert re.fullmatch(rf"replaytests: error: {re.escape(str(path))}: malformed YAML at line 2: .+\n", err), (
         f"stderr {err!r}"
     )

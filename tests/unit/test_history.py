@@ -90,7 +90,7 @@ def test_append_refuses_the_same_run_twice(nights, tmp_path, capsys):
     before = into.read_text(encoding="utf-8")
     code = main(["history", "append", str(nights[0] / "ledger.jsonl"), "--into", str(into)])
     err = capsys.readouterr().err
-    assert code == 2, f"exit {code}"
+    assert code == 4, f"exit {code}"
     assert re.fullmatch(rf"replaytests: error: {re.escape(str(into))}: this ledger is already in the history \(run of "
                         r"2026-01-02T00:00:00, label None, ledger sha256 [0-9a-f]{12}\.\.\.\); not appended twice\n",
                         err), err
@@ -154,13 +154,13 @@ def test_show_writes_a_standalone_page_with_a_plot_per_series(filled, tmp_path, 
                  ":1: field 'schema' is 'replaytests.history/0', expected 'replaytests.history/1'", id="other-schema"),
     pytest.param('{"schema": "replaytests.hist', ":1: not valid JSON", id="truncated"),
 ])
-def test_show_bad_history_is_one_line_exit_2(tmp_path, capsys, content, message):
+def test_show_bad_history_is_one_line_exit_4(tmp_path, capsys, content, message):
     path = tmp_path / "history.jsonl"
     if content is not None:
         path.write_text(content, encoding="utf-8")
     code = main(["history", "show", str(path)])
     err = capsys.readouterr().err
-    assert (code, err.startswith(f"replaytests: error: {path}")) == (2, True), f"exit {code}, stderr {err!r}"
+    assert (code, err.startswith(f"replaytests: error: {path}")) == (4, True), f"exit {code}, stderr {err!r}"
     assert message in err and err.count("\n") == 1, err
 
 
@@ -168,13 +168,13 @@ def test_show_bad_history_is_one_line_exit_2(tmp_path, capsys, content, message)
     pytest.param(["--date", "last night"], "--date 'last night': expected an ISO 8601 date", id="bad-date"),
     pytest.param([], "empty ledger (no records)", id="empty-ledger"),
 ])
-def test_append_bad_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+def test_append_bad_input_is_one_line_exit_4(tmp_path, capsys, args, message):
     ledger = write_ledger_file(tmp_path / "run" / "ledger.jsonl", [])
     if "--date" in args:
         write_ledger_file(ledger, [make("bridge", "r0")])
     code = main(["history", "append", str(ledger.parent), "--into", str(tmp_path / "h.jsonl"), *args])
     err = capsys.readouterr().err
-    assert (code, message in err) == (2, True), f"exit {code}, stderr {err!r}"
+    assert (code, message in err) == (4, True), f"exit {code}, stderr {err!r}"
     assert not (tmp_path / "h.jsonl").exists(), "a refused append created the history"
 
 

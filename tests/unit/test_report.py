@@ -460,7 +460,7 @@ def test_cli_report_never_rewrites_a_report_unless_forced(tmp_path, capsys):
     before = {name: (run / name).read_bytes() for name in ("report.json", "report.md", "report.html")}
     write_ledger_file(run / "ledger.jsonl", [crossing("r1"), crossing("r2")])
     code, err = main(["report", str(run)]), capsys.readouterr().err
-    assert (code, err) == (2, f"replaytests: error: {run}: holds report.json, report.md, report.html already; pass "
+    assert (code, err) == (4, f"replaytests: error: {run}: holds report.json, report.md, report.html already; pass "
                               "--out DIR for a new report, or --force to replace them\n"), (code, err)
     assert {name: (run / name).read_bytes() for name in before} == before, "a refused report changed the files"
     assert main(["report", str(run), "--force"]) == 0, capsys.readouterr().err
@@ -474,11 +474,11 @@ def test_cli_report_reads_a_report_root_through_latest(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "report.json").read_text())["records"]["total"] == 1
 
 
-def test_cli_report_bad_ledger_is_one_line_exit_2(tmp_path, capsys):
+def test_cli_report_bad_ledger_is_one_line_exit_4(tmp_path, capsys):
     path = write_ledger_file(tmp_path / "ledger.jsonl", [])
     code = main(["report", str(path)])
     err = capsys.readouterr().err
-    assert (code, err) == (2, f"replaytests: error: {path}: empty ledger (no records)\n"), f"exit {code}, {err!r}"
+    assert (code, err) == (4, f"replaytests: error: {path}: empty ledger (no records)\n"), f"exit {code}, {err!r}"
 
 
 MANIFEST = {"bank": "tiny.jsonl", "bank_sha256": "b" * 64, "rows": 48, "model": {"path": "m", "sha256": "m" * 64},
@@ -520,11 +520,11 @@ def test_report_meta_keeps_differing_runs_apart(tmp_path):
 
 
 @pytest.mark.parametrize("content", [pytest.param("{", id="truncated"), pytest.param("[]", id="not-an-object")])
-def test_cli_report_bad_run_json_is_one_line_exit_2(tmp_path, capsys, content):
+def test_cli_report_bad_run_json_is_one_line_exit_4(tmp_path, capsys, content):
     run = run_dir(tmp_path, "run", content)
     code = main(["report", str(run)])
     err = capsys.readouterr().err
-    assert (code, err.startswith(f"replaytests: error: {run / 'run.json'}: "), err.count("\n")) == (2, True, 1), err
+    assert (code, err.startswith(f"replaytests: error: {run / 'run.json'}: "), err.count("\n")) == (4, True, 1), err
 
 
 def test_run_meta_shortens_environment_and_options():

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from replaytests.errors import ReplaytestsError
+from replaytests.errors import Exit, ReplaytestsError
 from replaytests.families.registry import FAMILIES
 from replaytests.outputs import ledger, rundir, verdict
 from replaytests.suite.command_line import selects_conformance
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
 
 RECORDS = rundir.RECORDS
-WRITE_FAILED = 6  # the exit status of a run whose final files could not be written (docs/ci.md)
+WRITE_FAILED = Exit.WRITE_FAILED
 
 
 def _outcome(report: pytest.TestReport) -> str | None:
