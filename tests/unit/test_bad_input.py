@@ -444,6 +444,18 @@ COMMANDS = {
                                         r"--out \(its manifest\) .*f/b\.manifest\.json: is a directory", "freeze"),
     "freeze-out-under-a-file": Case(lambda w: ["--out", str(w.write("o.txt", "x") / "b.jsonl")],
                                     r"--out .*o\.txt/b\.jsonl: cannot create", "freeze"),
+    # a command that writes over a file the user has: refused unless --force says to replace it
+    "freeze-over-a-bank": Case(lambda w: ["--out", str(w.bank)], r"--out .*banks/tiny\.jsonl: tiny\.jsonl and "
+                               r"tiny\.manifest\.json exist already; pass --force to replace them, or another --out$",
+                               "freeze"),
+    "freeze-over-a-manifest": Case(lambda w: ["--out", str(w.write("f/b.manifest.json", "{}").with_name("b.jsonl"))],
+                                   r"--out .*f/b\.jsonl: b\.manifest\.json exists already; pass --force to replace "
+                                   r"it, or another --out$", "freeze"),
+    "freeze-over-a-link": Case(lambda w: ["--out", str(_link(w, "l.jsonl"))], r"--out .*l\.jsonl: l\.jsonl exists "
+                               r"already; pass --force", "freeze"),
+    "history-html-over-a-page": Case(lambda w: ["show", str(_history(w)), "--html", str(w.write("p.html", "mine"))],
+                                     r"--html .*p\.html: p\.html exists already; pass --force to replace it, or "
+                                     r"another --html$", "history"),
     "report-force-through-a-link": Case(lambda w: [str(_planted_link(w)), "--force"],
                                         r"cannot write report: a symbolic link \(to .*bashrc\), never written through",
                                         "report"),
@@ -526,6 +538,13 @@ def _planted_link(ws: Workspace) -> Path:
     (run / "report.md").unlink()
     (run / "report.md").symlink_to(ws.write("bashrc", "the user's own file\n"))
     return run
+
+
+def _link(ws: Workspace, name: str) -> Path:
+    """A link, dangling, where a command would write (what it names may appear later)."""
+    link = ws.root / name
+    link.symlink_to(ws.root / "nowhere")
+    return link
 
 
 def digests(*directories: Path) -> dict[str, str]:
