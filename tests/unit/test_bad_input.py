@@ -160,6 +160,12 @@ def _weights_fifo(path: Path) -> None:
     os.mkfifo(path / "model.safetensors")
 
 
+def _template_fifo(path: Path) -> None:
+    """A chat template that is a FIFO: the tokenizer's loader would block on it for ever."""
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    os.mkfifo(path / "chat_template.jinja")
+
+
 def _drop_tensor(path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -351,6 +357,9 @@ PYTEST = {
         r"/m: tokenizer sha256 .* \(tokenizer_config\.json changed\); refused \(pass --accept-changed=tokenizer"),
     "model-weights-fifo": Case(lambda w: ["--model", str(w.model_with("m", _weights_fifo))],
                                r"m/model\.safetensors: cannot read weights: a FIFO, not a regular file"),
+    "model-template-fifo": Case(lambda w: ["--model", str(w.model_with("m", _template_fifo))],
+                                r"m/chat_template\.jinja: cannot read a tokenizer or config file: a FIFO, not a "
+                                r"regular file"),
     "later-model-missing": Case(lambda w: ["--replication-model", str(w.root / "none")], r"none: model directory not"),
     "later-model-truncated": Case(lambda w: ["--replication-model", str(w.model_with("m", _truncate))],
                                   r"m/model\.safetensors: not a readable safetensors file"),

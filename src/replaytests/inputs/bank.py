@@ -139,7 +139,7 @@ def file_digests(model_dir: Path, names: tuple[str, ...] = (), pattern: str | No
     one file (a GGUF: weights, configuration and tokenizer in one) is that file."""
     if model_dir.is_file():
         return {model_dir.name: sha256_file(model_dir, "model", ConfigError)}
-    paths = [model_dir / name for name in names if (model_dir / name).is_file()]
+    paths = [model_dir / name for name in names if (model_dir / name).exists()]  # a FIFO is refused, not left out
     paths += sorted(model_dir.glob(pattern)) if pattern else []
     return {path.name: sha256_file(path, "model file", ConfigError) for path in sorted(paths)}
 

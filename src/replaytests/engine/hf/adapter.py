@@ -33,8 +33,8 @@ def check_model_dir(path: Path) -> None:
         raise ConfigError(f"{path}: no config.json (expected a Hugging Face model directory)")
     if not sorted(path.glob("*.safetensors")):
         raise ConfigError(f"{path}: no *.safetensors weights (only safetensors are loaded, never pickle)")
-    for text in sorted(path.glob("*.json")) + sorted(path.glob("*.txt")) + sorted(path.glob("*.model")):
-        # What the tokenizer and config loaders read whole: a FIFO would block them, a huge file fill memory.
+    # What the tokenizer and config loaders read whole: a FIFO would block them, a huge file fill memory.
+    for text in (found for kind in ("*.json", "*.txt", "*.model", "*.jinja") for found in sorted(path.glob(kind))):
         regular_file(text, "a tokenizer or config file", ConfigError, MAX_INPUT)
     for weights in sorted(path.glob("*.safetensors")):  # mapped, of any size; a FIFO would block the loader
         regular_file(weights, "weights", ConfigError)
