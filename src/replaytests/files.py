@@ -114,12 +114,15 @@ def _kind(mode: int) -> str:
             else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
 
 
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+
+
 def _check(info: os.stat_result, path: Path, what: str, error: type[Exception], limit: int | None) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise error(f"{path}: cannot read {what}: {_kind(info.st_mode)}, not a regular file")
     if limit is not None and info.st_size > limit:
-        raise error(f"{path}: cannot read {what}: {info.st_size} bytes, more than the {limit >> 20} MiB an input "
-                    "may be")
+        raise error(f"{path}: cannot read {what}: {info.st_size} bytes, more than the {_size(limit)} an input may be")
 
 
 def regular_file(path: Path, what: str, error: type[Exception], limit: int | None = None) -> None:
@@ -152,7 +155,7 @@ def read_text(path: Path, what: str, error: type[Exception], limit: int = MAX_IN
     with open_regular(path, what, error, limit) as handle:
         data = handle.read(limit + 1)  # a file that grew after its stat is still bounded
     if len(data) > limit:
-        raise error(f"{path}: cannot read {what}: more than the {limit >> 20} MiB an input may be")
+        raise error(f"{path}: cannot read {what}: more than the {_size(limit)} an input may be")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -246,17 +246,22 @@ def _record_zero(record: Path) -> None:
     record.symlink_to("/dev/zero")
 
 
-@pytest.mark.parametrize(("make", "kind"), [
-    pytest.param(_record_fifo, "a FIFO", id="fifo"),       # blocked the check for ever
-    pytest.param(_record_zero, "a device", id="dev-zero"),  # read until MemoryError
+def _record_huge(record: Path) -> None:
+    with record.open("wb") as handle:
+        handle.truncate(1 << 20)  # sparse: a MiB on no disk
+
+
+@pytest.mark.parametrize(("make", "problem"), [
+    pytest.param(_record_fifo, "a FIFO, not a regular file", id="fifo"),       # blocked the check for ever
+    pytest.param(_record_zero, "a device, not a regular file", id="dev-zero"),  # read until MemoryError
+    pytest.param(_record_huge, "1048576 bytes, more than the 64 KiB an input may be", id="huge"),
 ])
-def test_a_conversion_record_that_is_no_regular_file_is_one_line(inputs, make, kind):
+def test_a_conversion_record_that_is_not_one_is_one_line(inputs, make, problem):
     gguf = _gguf(inputs, None)
     make(gguf.with_name(gguf.name + ".json"))
     outcome = within(10, lambda: verify_inputs(inputs.bank, gguf, inputs.delimiter_ids, ALL))
-    assert isinstance(outcome, ConfigError), f"{kind}: {outcome!r}"
-    assert str(outcome).endswith(f"m.q4_1.gguf.json: cannot read conversion record: {kind}, not a regular file"), (
-        str(outcome))
+    assert isinstance(outcome, ConfigError), f"{problem}: {outcome!r}"
+    assert str(outcome).endswith(f"m.q4_1.gguf.json: cannot read conversion record: {problem}"), str(outcome)
 
 
 
