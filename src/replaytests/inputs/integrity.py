@@ -94,8 +94,8 @@ def conversion_claim(model: Path, manifest: dict, bank: Path) -> str | None:
             f"llama-cpp-python {quoted[1]}")
 
 
-def _not_evidence(claim: str | None, name: str) -> str:
-    return f"{claim}, but a record beside a file is not evidence; " if claim and name != "bank" else ""
+def _not_evidence(claim: str | None) -> str:
+    return f"{claim}, but a record beside a file is not evidence; " if claim else ""
 
 
 def verify_inputs(bank: Path, model_dir: Path, delimiter_ids: list[int],
@@ -128,7 +128,7 @@ def verify_inputs(bank: Path, model_dir: Path, delimiter_ids: list[int],
                 overridden.append(f"{change}; accepted: {derived}")
                 continue
             if name not in accept:
-                raise ConfigError(f"{change}; refused ({_not_evidence(claim, name)}pass {ACCEPT_OPTION}={name} to use "
+                raise ConfigError(f"{change}; refused ({_not_evidence(claim)}pass {ACCEPT_OPTION}={name} to use "
                                   "it anyway; the report records it)")
             overridden.append(f"{change}; accepted with {ACCEPT_OPTION}={name}" + (f" ({claim})" if claim else ""))
     actual["delimiter_ids"] = list(delimiter_ids)
