@@ -116,7 +116,7 @@ if step large-build 150 "$PY" benchmarks/large_model.py model --out "$LARGE" "${
    step large-contract 30 "$PY" benchmarks/large_model.py contract --out "$INPUTS/contract.yaml" \
      "${LARGE_CONTRACT[@]}" &&
    step large-freeze 150 "${CLI[@]}" freeze --model "$LARGE" --problems "$INPUTS/problems.jsonl" \
-     --contract "$INPUTS/contract.yaml" --out "$INPUTS/bank.jsonl" &&
+     --contract "$INPUTS/contract.yaml" --out "$INPUTS/bank.jsonl" --force &&
    step large-contract2 30 "$PY" benchmarks/large_model.py contract --out "$INPUTS/contract.yaml" \
      --bank "$INPUTS/bank.jsonl" "${LARGE_CONTRACT[@]}"; then
   step large-crossing 240 "${PYTEST[@]}" --model "$LARGE" --bank "$INPUTS/bank.jsonl" \

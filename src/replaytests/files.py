@@ -13,6 +13,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from replaytests.errors import ConfigError
+
 
 def lookup(tree: object, *keys: str, default: object = None) -> object:
     """The value under `keys` in nested JSON objects (run.json, a manifest, a contract, a report), or
@@ -24,9 +26,12 @@ def lookup(tree: object, *keys: str, default: object = None) -> object:
     return tree
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, what: str = "a file to hash", error: type[Exception] = ConfigError) -> str:
+    """The sha256 of a regular file, read in chunks (a weight file may be any size; memory stays bounded).
+    A FIFO, a device or a directory is `error`, one line naming it: a FIFO would block the hash for ever,
+    /dev/zero would never end."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_regular(path, what, error) as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -104,23 +109,58 @@ def write_json_atomic(path: Path, value: object, sort_keys: bool = True) -> None
 MAX_INPUT = 256 << 20  # bytes: a contract, bank, manifest, ledger or history larger than this is not one
 
 
-def read_text(path: Path, what: str, error: type[Exception], limit: int = MAX_INPUT) -> str:
-    """A UTF-8 text file, a regular one of at most `limit` bytes (a FIFO would block for ever, a device
-    or a huge sparse file would fill the memory); anything else is `error`, one line naming it."""
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+
+
+def _check(info: os.stat_result, path: Path, what: str, error: type[Exception], limit: int | None) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise error(f"{path}: cannot read {what}: {_kind(info.st_mode)}, not a regular file")
+    if limit is not None and info.st_size > limit:
+        raise error(f"{path}: cannot read {what}: {info.st_size} bytes, more than the {_size(limit)} an input may be")
+
+
+def regular_file(path: Path, what: str, error: type[Exception], limit: int | None = None) -> None:
+    """`path` is a regular file of at most `limit` bytes (None: any size), by its type alone, before anything
+    opens it (opening a FIFO blocks, opening a device can act); else `error`, one line naming it."""
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
-                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket")
-            raise error(f"{path}: cannot read {what}: {kind}, not a regular file")
-        if info.st_size > limit:
-            raise error(f"{path}: cannot read {what}: {info.st_size} bytes, more than the {limit >> 20} MiB an "
-                        f"input may be")
-        return Path(path).read_text(encoding="utf-8")
+        _check(os.stat(path), path, what, error, limit)
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def open_regular(path: Path, what: str, error: type[Exception], limit: int | None = None) -> Iterator:
+    """`path` open for reading bytes, a regular file of at most `limit` bytes (None: any size); anything
+    else is `error`, one line naming it. The type is checked before opening and again on the open file
+    (the path may have been swapped meanwhile); O_NONBLOCK keeps a FIFO swapped in from blocking the open."""
+    regular_file(path, what, error, limit)
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
+            _check(os.fstat(handle.fileno()), path, what, error, limit)
+            yield handle
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+def read_text(path: Path, what: str, error: type[Exception], limit: int = MAX_INPUT) -> str:
+    """A UTF-8 text file, a regular one of at most `limit` bytes (a FIFO would block for ever, a device
+    or a huge sparse file would fill the memory); anything else is `error`, one line naming it. Line
+    ends read as text mode reads them (universal newlines)."""
+    with open_regular(path, what, error, limit) as handle:
+        data = handle.read(limit + 1)  # a file that grew after its stat is still bounded
+    if len(data) > limit:
+        raise error(f"{path}: cannot read {what}: more than the {_size(limit)} an input may be")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def read_json(path: Path, what: str, error: type[Exception], limit: int = MAX_INPUT) -> object:

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from replaytests.engine.llamacpp import conversion
-from replaytests.engine.llamacpp.context import Model
+from replaytests.engine.llamacpp.context import Model, version
 from replaytests.engine.llamacpp.hf_to_gguf import splits_as_gpt2
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file
@@ -99,20 +99,26 @@ def test_only_gpt2s_own_split_is_written_as_gpt2(normalizer, pre, gpt2, tmp_path
 
 
 def test_the_converted_tiny_model_runs_the_suite(bf16, tmp_path):
-    """The conversion's GGUF is a model the llama.cpp backend runs: two rows of the tiny causal bank pass,
-    with no --accept-changed (its record says it is the bank's model converted), and the run names the
-    converted file's sha256 as its model."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-q", "-p", "no:cacheprovider",
-         "--backend", "llamacpp", "--model", str(bf16), "--bank", str(REPO / "fixtures/banks/tiny-causal.jsonl"),
-         "--contract", str(REPO / "contracts/cpu-tiny-llamacpp.yaml"), "--precision", "fp32", "--rows", "2",
-         "--report-dir", str(tmp_path), "--run-name", "tiny"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    """The conversion's GGUF is a model the llama.cpp backend runs: two rows of the tiny causal bank pass once
+    its changed digests are accepted by name (its record is quoted, never taken as evidence: docs/llamacpp.md),
+    and the run names the converted file's sha256 as its model."""
+    command = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-q", "-p", "no:cacheprovider",
+               "--backend", "llamacpp", "--model", str(bf16), "--bank", str(REPO / "fixtures/banks/tiny-causal.jsonl"),
+               "--contract", str(REPO / "contracts/cpu-tiny-llamacpp.yaml"), "--precision", "fp32", "--rows", "2",
+               "--report-dir", str(tmp_path)]
+    refused = subprocess.run([*command, "--run-name", "refused"], capture_output=True, text=True, cwd=tmp_path,
+                             timeout=600)
+    assert refused.returncode == 4 and "a record beside a file is not evidence" in refused.stderr, (
+        refused.stdout[-2000:] + refused.stderr[-2000:])
+    done = subprocess.run([*command, "--run-name", "tiny", "--accept-changed", "model", "--accept-changed",
+                           "tokenizer"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "verdict: PASS" in done.stdout
     inputs = json.loads((tmp_path / "tiny" / "run.json").read_text())["environment"]["inputs"]
     recorded, digest = inputs["model_sha256"], model_digest(bf16)
-    assert any("accepted: the bank's model converted to bf16" in line for line in inputs["overridden"]), inputs
+    assert any(line.endswith(f"accepted with --accept-changed=model (its record {bf16.name}.json claims the bank's "
+                             "model converted to bf16 by llama.cpp's converter, llama-cpp-python "
+                             f"{version()})") for line in inputs["overridden"]), inputs
     assert recorded == digest["sha256"] and sha256_file(bf16) in digest["files"].values(), recorded
 
 

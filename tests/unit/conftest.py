@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -277,3 +278,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.model)
         if names & E2E_FIXTURES or "e2e" in kinds:
             item.add_marker(pytest.mark.e2e)
+
+
+def within(seconds: float, call):
+    """What `call` raised or returned, or "hung" where it took longer than `seconds`: a reader that blocks (a
+    FIFO) or never ends (/dev/zero) must fail its test, not stop the suite (the thread, a daemon, is left)."""
+    outcome = ["hung"]
+
+    def run():
+        try:
+            outcome[0] = call()
+        except BaseException as exc:  # the outcome under test, whatever it is
+            outcome[0] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return outcome[0]

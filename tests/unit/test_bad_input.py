@@ -154,6 +154,18 @@ def _poison(value: float, name: str = "model.norm.weight") -> Callable[[Path], N
     return edit
 
 
+def _weights_fifo(path: Path) -> None:
+    """The weights a FIFO: every reader of it (a digest, the loader) would block for ever."""
+    (path / "model.safetensors").unlink()
+    os.mkfifo(path / "model.safetensors")
+
+
+def _template_fifo(path: Path) -> None:
+    """A chat template that is a FIFO: the tokenizer's loader would block on it for ever."""
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    os.mkfifo(path / "chat_template.jinja")
+
+
 def _drop_tensor(path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -304,7 +316,8 @@ PYTEST = {
                           r"x\.manifest\.json: cannot read bank manifest: JSON nested too deeply"),
     "tokenizer-sparse-huge": Case(lambda w: ["--model", str(w.model_with("m", _huge_tokenizer)), "--accept-changed",
                                              "model"],
-                                  r"tokenizer\.json: expected a regular file of at most 256 MiB .*got 314572800 bytes"),
+                                  r"tokenizer\.json: cannot read a tokenizer or config file: 314572800 bytes, more "
+                                  r"than the 256 MiB"),
     "bank-fifo": Case(lambda w: ["--bank", str(_fifo(w, "b.jsonl"))], r"b\.jsonl: cannot read bank: a FIFO"),
     "bank-deep-json": Case(lambda w: ["--bank", str(w.write("deep/tiny.jsonl", "[" * 100000 + "]" * 100000 + "\n"))],
                            r"deep/tiny\.jsonl:1: JSON nested too deeply"),
@@ -350,6 +363,11 @@ PYTEST = {
     "model-tokenizer-changed": Case(
         lambda w: ["--model", str(w.model_with("m", lambda p: (p / "tokenizer_config.json").write_text("{}")))],
         r"/m: tokenizer sha256 .* \(tokenizer_config\.json changed\); refused \(pass --accept-changed=tokenizer"),
+    "model-weights-fifo": Case(lambda w: ["--model", str(w.model_with("m", _weights_fifo))],
+                               r"m/model\.safetensors: cannot read weights: a FIFO, not a regular file"),
+    "model-template-fifo": Case(lambda w: ["--model", str(w.model_with("m", _template_fifo))],
+                                r"m/chat_template\.jinja: cannot read a tokenizer or config file: a FIFO, not a "
+                                r"regular file"),
     "later-model-missing": Case(lambda w: ["--replication-model", str(w.root / "none")], r"none: model directory not"),
     "later-model-truncated": Case(lambda w: ["--replication-model", str(w.model_with("m", _truncate))],
                                   r"m/model\.safetensors: not a readable safetensors file"),
@@ -443,6 +461,18 @@ COMMANDS = {
                                         r"--out \(its manifest\) .*f/b\.manifest\.json: is a directory", "freeze"),
     "freeze-out-under-a-file": Case(lambda w: ["--out", str(w.write("o.txt", "x") / "b.jsonl")],
                                     r"--out .*o\.txt/b\.jsonl: cannot create", "freeze"),
+    # a command that writes over a file the user has: refused unless --force says to replace it
+    "freeze-over-a-bank": Case(lambda w: ["--out", str(w.bank)], r"--out .*banks/tiny\.jsonl: tiny\.jsonl and "
+                               r"tiny\.manifest\.json exist already; pass --force to replace them, or another --out$",
+                               "freeze"),
+    "freeze-over-a-manifest": Case(lambda w: ["--out", str(w.write("f/b.manifest.json", "{}").with_name("b.jsonl"))],
+                                   r"--out .*f/b\.jsonl: b\.manifest\.json exists already; pass --force to replace "
+                                   r"it, or another --out$", "freeze"),
+    "freeze-over-a-link": Case(lambda w: ["--out", str(_link(w, "l.jsonl"))], r"--out .*l\.jsonl: l\.jsonl exists "
+                               r"already; pass --force", "freeze"),
+    "history-html-over-a-page": Case(lambda w: ["show", str(_history(w)), "--html", str(w.write("p.html", "mine"))],
+                                     r"--html .*p\.html: p\.html exists already; pass --force to replace it, or "
+                                     r"another --html$", "history"),
     "report-force-through-a-link": Case(lambda w: [str(_planted_link(w)), "--force"],
                                         r"cannot write report: a symbolic link \(to .*bashrc\), never written through",
                                         "report"),
@@ -475,6 +505,9 @@ COMMANDS = {
                                       r"m\\x07\\x9b2J: no config\.json|m\\x07\\x9b2J.*not found", "check-model"),
     "check-model-nan-weights": Case(lambda w: ["--model", str(w.model_with("m", _poison(float("nan"))))],
                                     r"m/model\.safetensors: tensor 'model\.norm\.weight' holds 3 NaN", "check-model"),
+    "check-model-weights-fifo": Case(lambda w: ["--model", str(w.model_with("m", _weights_fifo))],
+                                     r"m/model\.safetensors: cannot read weights: a FIFO, not a regular file",
+                                     "check-model"),
     "check-model-deleted-tensor": Case(lambda w: ["--model", str(w.model_with("m", _drop_tensor))],
                                        r"/m: 1 weight tensor\(s\) missing from the checkpoint .*: model\.norm\.weight",
                                        "check-model"),
@@ -522,6 +555,13 @@ def _planted_link(ws: Workspace) -> Path:
     (run / "report.md").unlink()
     (run / "report.md").symlink_to(ws.write("bashrc", "the user's own file\n"))
     return run
+
+
+def _link(ws: Workspace, name: str) -> Path:
+    """A link, dangling, where a command would write (what it names may appear later)."""
+    link = ws.root / name
+    link.symlink_to(ws.root / "nowhere")
+    return link
 
 
 def digests(*directories: Path) -> dict[str, str]:

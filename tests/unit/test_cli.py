@@ -116,6 +116,21 @@ def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
                              "software.torch", "software.transformers"}, sorted(platform)
 
 
+def test_freeze_over_a_bank_is_refused_and_force_replaces_it(frozen, tmp_path, capsys):
+    """A bank and its manifest are a user's files: a second freeze into them says so, and only --force writes."""
+    out = tmp_path / "two.jsonl"
+    earlier = {out: "an earlier bank\n", manifest_path(out): "{}\n"}
+    for path, text in earlier.items():
+        path.write_text(text, encoding="utf-8")
+    argv = ["freeze", "--problems", str(write_problems(tmp_path / "problems.jsonl")), "--out", str(out)]
+    line = assert_one_line_error(main(argv), capsys.readouterr(), out)
+    assert line.endswith("two.jsonl and two.manifest.json exist already; pass --force to replace them, or another "
+                         "--out"), line
+    assert {path: path.read_text(encoding="utf-8") for path in earlier} == earlier, "a refused freeze wrote"
+    assert main([*argv, "--force"]) == 0, capsys.readouterr().err
+    assert out.read_bytes() == frozen[1].read_bytes(), "--force did not write the bank a first freeze writes"
+
+
 @pytest.mark.e2e  # spawns a whole run
 def test_audit_prints_the_header_first_and_the_verdict_last(tmp_path, capsys):
     """`replaytests audit` (a child pytest): the inputs, platform and drift before any test runs, the

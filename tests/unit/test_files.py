@@ -1,11 +1,18 @@
-"""Atomic writes: a reader sees the old file or the new one, never a half-written one."""
+"""Atomic writes: a reader sees the old file or the new one, never a half-written one. Bounded reads: every
+reader takes a regular file only."""
 
 import os
+import re
 import stat
 
 import pytest
 
-from replaytests.files import write_atomic, write_set
+from conftest import within
+from replaytests.engine.llamacpp import conversion
+from replaytests.engine.llamacpp.hf_to_gguf import splits_as_gpt2
+from replaytests.engine.llamacpp.runtime import check_gguf
+from replaytests.errors import ConfigError
+from replaytests.files import read_text, sha256_file, write_atomic, write_set
 
 
 def test_written_file_has_the_mode_open_would_give(tmp_path):
@@ -54,3 +61,64 @@ def test_a_link_is_never_written_through(tmp_path):
     assert not (run / "report.json").exists(), "a file of the refused set was written"
     write_set({tmp_path / "latest" / "summary.md": "ok\n"})
     assert (run / "summary.md").read_text() == "ok\n", "a folder that is a link was not written through"
+
+
+def _fifo(tmp_path):
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def _zero_link(tmp_path):
+    path = tmp_path / "zero"
+    path.symlink_to("/dev/zero")
+    return path
+
+
+@pytest.mark.parametrize(("make", "kind"), [
+    pytest.param(_fifo, "a FIFO", id="fifo"),            # would block the read for ever
+    pytest.param(_zero_link, "a device", id="dev-zero"),  # would never end
+    pytest.param(lambda tmp_path: tmp_path, "a directory", id="directory"),
+])
+@pytest.mark.parametrize("read", [
+    pytest.param(lambda path: read_text(path, "x", ConfigError), id="read_text"),
+    pytest.param(lambda path: sha256_file(path, "x"), id="sha256_file"),
+])
+def test_every_reader_refuses_what_is_not_a_regular_file(tmp_path, make, kind, read):
+    path = make(tmp_path)
+    outcome = within(10, lambda: read(path))
+    assert isinstance(outcome, ConfigError), f"{kind}: {outcome!r}"
+    assert re.fullmatch(rf"{re.escape(str(path))}: cannot read x: {kind}, not a regular file", str(outcome)), outcome
+
+
+
+def test_read_text_reads_line_ends_as_text_mode_does(tmp_path):
+    path = tmp_path / "crlf.yaml"
+    path.write_bytes(b"a: 1\r\nb: 2\rc: 3\n")
+    assert read_text(path, "x", ConfigError) == "a: 1\nb: 2\nc: 3\n"
+
+
+def _fifo_named(tmp_path, name: str):
+    os.mkfifo(tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("read", "expected"), [
+    pytest.param(lambda d: check_gguf(_fifo_named(d, "m.gguf") / "m.gguf", "--model"),
+                 "m.gguf: cannot read the model (--model): a FIFO, not a regular file", id="llamacpp-model"),
+    pytest.param(lambda d: conversion._stored_width(_fifo_named(d, "config.json")),
+                 "config.json: cannot read model config: a FIFO, not a regular file; a Hugging Face model directory "
+                 "is expected", id="conversion-config"),
+    pytest.param(lambda d: conversion._check_source(_fifo_named(d, "tokenizer.json")),
+                 "tokenizer.json: cannot read a model file: a FIFO, not a regular file", id="conversion-source"),
+    pytest.param(lambda d: conversion._matches(_fifo_named(d, "m.gguf.json") / "m.gguf.json", {}, d / "m.gguf"),
+                 False, id="cached-conversion-record"),  # no match: the GGUF is made again, the record replaced
+    pytest.param(lambda d: splits_as_gpt2(_fifo_named(d, "tokenizer.json")), False, id="converter-tokenizer"),
+])
+def test_every_reader_of_a_users_file_is_bounded(tmp_path, read, expected):
+    """Readers outside files.py go through its bounded readers: a FIFO is one line (or no match), never a hang."""
+    outcome = within(10, lambda: read(tmp_path))
+    if isinstance(expected, bool):
+        assert outcome is expected, f"{outcome!r}, expected {expected}"
+    else:
+        assert isinstance(outcome, ConfigError) and str(outcome).endswith(expected), f"{outcome!r}, expected {expected}"

@@ -147,6 +147,19 @@ def test_show_writes_a_standalone_page_with_a_plot_per_series(filled, tmp_path, 
     assert not re.search(r"<script\b|\s(src|href)=", html), "the page is not standalone"
 
 
+def test_show_over_a_page_needs_force(filled, tmp_path, capsys):
+    """An --html page that exists is a user's file: refused in one line, replaced only with --force."""
+    page = tmp_path / "history.html"
+    page.write_text("last week's page\n", encoding="utf-8")
+    assert main(["history", "show", str(filled), "--html", str(page)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"replaytests: error: --html {page}: history.html exists already; pass --force to replace it, "
+                   "or another --html\n"), err
+    assert page.read_text(encoding="utf-8") == "last week's page\n", "a refused page was written"
+    assert main(["history", "show", str(filled), "--html", str(page), "--force"]) == 0, capsys.readouterr().err
+    assert page.read_text(encoding="utf-8").startswith("<!doctype html>"), "--force did not write the page"
+
+
 @pytest.mark.parametrize(("content", "message"), [
     pytest.param(None, "cannot read history: No such file or directory", id="missing"),
     pytest.param("", "empty history (no runs)", id="empty"),

@@ -4,6 +4,7 @@ each change is refused with both values, or accepted by name and returned for th
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import within
 from replaytests.errors import ConfigError
 from replaytests.files import sha256_file
 from replaytests.inputs.bank import manifest_path, model_digest, tokenizer_digest
@@ -186,11 +188,28 @@ def _gguf(inputs: Inputs, record: dict | None, name: str = "m.q4_1.gguf") -> Pat
     return path
 
 
-def test_a_gguf_converted_from_the_banks_model_needs_no_flag_and_is_recorded(inputs):
+CLAIM = "its record m.q4_1.gguf.json claims the bank's model converted to q4_1 by llama.cpp's converter, " \
+        "llama-cpp-python 0"
+
+
+def test_a_conversion_record_is_not_evidence(inputs):
+    """Random bytes with a record written beside them by hand, naming their sha256 and the bank's model digest:
+    the record says what `replaytests models gguf --type` would, and proves nothing. Refused without the flag."""
     gguf = _gguf(inputs, {})
-    result = verify_inputs(inputs.bank, gguf, inputs.delimiter_ids)
-    assert [line.split("; accepted: ")[-1] for line in result.overridden] == [
-        "the bank's model converted to q4_1 by llama.cpp's converter (llama-cpp-python 0; m.q4_1.gguf.json)"] * 2
+    with pytest.raises(ConfigError, match=rf"/m\.q4_1\.gguf: model sha256 .*; refused \({re.escape(CLAIM)}, but a "
+                                          r"record beside a file is not evidence; pass --accept-changed=model to use "
+                                          r"it anyway; the report records it\)$"):
+        verify_inputs(inputs.bank, gguf, inputs.delimiter_ids)
+    with pytest.raises(ConfigError, match=r"tokenizer sha256 .*; refused \(its record .* is not evidence; pass "
+                                          r"--accept-changed=tokenizer"):
+        verify_inputs(inputs.bank, gguf, inputs.delimiter_ids, frozenset({"model"}))
+
+
+def test_a_converted_gguf_accepted_by_name_is_recorded_with_its_records_claim(inputs):
+    gguf = _gguf(inputs, {})
+    result = verify_inputs(inputs.bank, gguf, inputs.delimiter_ids, frozenset({"model", "tokenizer"}))
+    assert [line.split("; accepted ")[-1] for line in result.overridden] == [
+        f"with --accept-changed=model ({CLAIM})", f"with --accept-changed=tokenizer ({CLAIM})"], result.overridden
     assert result.actual["model"] == model_digest(gguf)["sha256"], "the run must name the file it ran"
 
 
@@ -204,6 +223,46 @@ def test_a_gguf_not_verifiably_the_banks_model_is_refused(inputs, record, delimi
     gguf = _gguf(inputs, record)
     with pytest.raises(ConfigError, match="refused"):
         verify_inputs(inputs.bank, gguf, delimiters or inputs.delimiter_ids)
+
+
+@pytest.mark.parametrize(("record", "quoted"), [
+    pytest.param({"type": "q4_1\n- accepted: the bank's own model"}, "a newline", id="newline-in-type"),
+    pytest.param({"llama_cpp_python": "0" * 41}, "41 characters", id="long-version"),
+    pytest.param({"type": ["q4_1"]}, "a list", id="type-not-text"),
+])
+def test_a_record_whose_claim_would_inject_text_claims_nothing(inputs, record, quoted):
+    """What a record claims reaches run.json and the Markdown report: only short plain text is quoted."""
+    gguf = _gguf(inputs, record)
+    result = verify_inputs(inputs.bank, gguf, inputs.delimiter_ids, frozenset({"model", "tokenizer"}))
+    assert all(line.endswith(f"accepted with --accept-changed={name}") for line, name in
+               zip(result.overridden, ("model", "tokenizer"), strict=True)), f"{quoted}: {result.overridden}"
+
+
+def _record_fifo(record: Path) -> None:
+    os.mkfifo(record)
+
+
+def _record_zero(record: Path) -> None:
+    record.symlink_to("/dev/zero")
+
+
+def _record_huge(record: Path) -> None:
+    with record.open("wb") as handle:
+        handle.truncate(1 << 20)  # sparse: a MiB on no disk
+
+
+@pytest.mark.parametrize(("make", "problem"), [
+    pytest.param(_record_fifo, "a FIFO, not a regular file", id="fifo"),       # blocked the check for ever
+    pytest.param(_record_zero, "a device, not a regular file", id="dev-zero"),  # read until MemoryError
+    pytest.param(_record_huge, "1048576 bytes, more than the 64 KiB an input may be", id="huge"),
+])
+def test_a_conversion_record_that_is_not_one_is_one_line(inputs, make, problem):
+    gguf = _gguf(inputs, None)
+    make(gguf.with_name(gguf.name + ".json"))
+    outcome = within(10, lambda: verify_inputs(inputs.bank, gguf, inputs.delimiter_ids, ALL))
+    assert isinstance(outcome, ConfigError), f"{problem}: {outcome!r}"
+    assert str(outcome).endswith(f"m.q4_1.gguf.json: cannot read conversion record: {problem}"), str(outcome)
+
 
 
 def test_the_gguf_a_banks_prepared_model_was_dequantized_from_needs_no_flag(inputs):

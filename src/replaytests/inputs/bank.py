@@ -138,10 +138,10 @@ def file_digests(model_dir: Path, names: tuple[str, ...] = (), pattern: str | No
     """sha256 of each named file that exists, and of each file matching `pattern`, by name. A model that is
     one file (a GGUF: weights, configuration and tokenizer in one) is that file."""
     if model_dir.is_file():
-        return {model_dir.name: sha256_file(model_dir)}
-    paths = [model_dir / name for name in names if (model_dir / name).is_file()]
+        return {model_dir.name: sha256_file(model_dir, "model", ConfigError)}
+    paths = [model_dir / name for name in names if (model_dir / name).exists()]  # a FIFO is refused, not left out
     paths += sorted(model_dir.glob(pattern)) if pattern else []
-    return {path.name: sha256_file(path) for path in sorted(paths)}
+    return {path.name: sha256_file(path, "model file", ConfigError) for path in sorted(paths)}
 
 
 def model_digest(model_dir: Path) -> dict:

@@ -6,20 +6,24 @@ from them): each is refused with a message naming what changed, unless the user 
 by name (`--accept-changed=bank|model|tokenizer`); an accepted change is returned so the report
 records it.
 
-One change needs no flag: a GGUF file that is the bank's own model in llama.cpp's format, and says so
-verifiably (`derived_from`). Its model and tokenizer digests differ from the manifest's by construction;
-the delimiter ids it resolves must still be the manifest's, and the run records the relation.
+One change needs no flag: the GGUF file the bank's prepared model was dequantized from, known by the
+sha256 this version of replaytests pins for it (`dequantized_from`). Its model and tokenizer digests differ
+from the manifest's by construction; the delimiter ids it resolves must still be the manifest's, and the
+run records the relation.
+
+A conversion record beside a GGUF (`replaytests models gguf --type` writes one) is a claim, not evidence:
+anyone can write one beside any bytes. It never accepts a change; where the change is accepted by name,
+the accepted line quotes what the record claims (`conversion_claim`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replaytests.errors import ConfigError
-from replaytests.files import sha256_file
+from replaytests.errors import ConfigError, control_character
+from replaytests.files import lookup, read_json, sha256_file
 from replaytests.inputs.bank import (
     changed_since_frozen,
     manifest_field,
@@ -33,6 +37,7 @@ from replaytests.inputs.options import ACCEPT_OPTION, OVERRIDES
 from replaytests.inputs.schema import suggest
 
 CONVERSION_RECORD = ".json"  # beside a GGUF `replaytests models gguf --type` made (engine/llamacpp/conversion.py)
+RECORD_LIMIT = 1 << 16  # bytes: a conversion record is a few lines
 
 
 @dataclass(frozen=True)
@@ -58,29 +63,39 @@ def _which(recorded: dict, actual: dict) -> str:
     return f" ({', '.join(changed)})" if changed else ""
 
 
-def derived_from(model: Path, manifest: dict, bank: Path) -> str | None:
-    """How the GGUF file `model` is the bank's own model, or None:
-    - the GGUF the bank's prepared model (`models:NAME`, its digest the one recorded for NAME) was
-      dequantized from, by that file's recorded sha256; or
-    - the bank's model converted by `replaytests models gguf --type`: the record beside the file names the
-      bank's model digest as its source and this file's sha256 as what it wrote."""
-    if not model.is_file():
-        return None
-    source = manifest_field(manifest, "model.sha256", bank)
-    digest = sha256_file(model)
+def dequantized_from(model: Path, manifest: dict, bank: Path) -> str | None:
+    """How the GGUF file `model` is the bank's own model, or None: the GGUF the bank's prepared model
+    (`models:NAME`, its digest the one recorded for NAME) was dequantized from, by that file's sha256 as
+    this version of replaytests pins it (nothing the user writes can make a file pass)."""
     label = str((manifest.get("model") or {}).get("path") or "")
     spec = MODELS.get(label.removeprefix("models:")) if label.startswith("models:") else None
-    if spec and spec.gguf and spec.gguf.sha256 == digest and model_digest_of(spec.files) == source:
-        return f"the GGUF the bank's model {label} was dequantized from ({spec.gguf.distribution})"
-    record = model.with_name(model.name + CONVERSION_RECORD)
-    try:
-        made = json.loads(record.read_text(encoding="utf-8")) if record.stat().st_size < 1 << 16 else None
-    except (OSError, ValueError):
+    if not (spec and spec.gguf and model.is_file()):
         return None
-    if isinstance(made, dict) and made.get("sha256") == digest and made.get("source_model_sha256") == source:
-        return (f"the bank's model converted to {made.get('type')} by llama.cpp's converter "
-                f"(llama-cpp-python {made.get('llama_cpp_python')}; {record.name})")
+    source = manifest_field(manifest, "model.sha256", bank)
+    if spec.gguf.sha256 == sha256_file(model, "model", ConfigError) and model_digest_of(spec.files) == source:
+        return f"the GGUF the bank's model {label} was dequantized from ({spec.gguf.distribution})"
     return None
+
+
+def conversion_claim(model: Path, manifest: dict, bank: Path) -> str | None:
+    """What the conversion record beside the GGUF file `model` claims, where it names the bank's model digest
+    as its source and this file's sha256 as what it wrote, else None. A claim only: the record is a file
+    like any other, so it is quoted where a change is accepted by name, never taken as the acceptance."""
+    record = model.with_name(model.name + CONVERSION_RECORD)
+    if not (model.is_file() and (record.exists() or record.is_symlink())):
+        return None
+    made = read_json(record, "conversion record", ConfigError, RECORD_LIMIT)
+    quoted = (lookup(made, "type"), lookup(made, "llama_cpp_python"))  # they reach the report: short, plain text
+    if not (lookup(made, "source_model_sha256") == manifest_field(manifest, "model.sha256", bank)
+            and all(isinstance(v, str) and len(v) <= 40 and not control_character(v) for v in quoted)
+            and lookup(made, "sha256") == sha256_file(model, "model", ConfigError)):
+        return None
+    return (f"its record {record.name} claims the bank's model converted to {quoted[0]} by llama.cpp's converter, "
+            f"llama-cpp-python {quoted[1]}")
+
+
+def _not_evidence(claim: str | None) -> str:
+    return f"{claim}, but a record beside a file is not evidence; " if claim else ""
 
 
 def verify_inputs(bank: Path, model_dir: Path, delimiter_ids: list[int],
@@ -93,12 +108,12 @@ def verify_inputs(bank: Path, model_dir: Path, delimiter_ids: list[int],
     # (override name, file at fault, manifest field, the input's digest): computed one at a time, so that a
     # refused bank costs no hashing of the weights.
     checks: list[tuple[str, Path, str, Callable[[], dict]]] = [
-        ("bank", bank, "bank_sha256", lambda: {"sha256": sha256_file(bank)}),
+        ("bank", bank, "bank_sha256", lambda: {"sha256": sha256_file(bank, "bank", ConfigError)}),
         ("model", model_dir, "model.sha256", lambda: model_digest(model_dir)),
         ("tokenizer", model_dir, "tokenizer.sha256", lambda: tokenizer_digest(model_dir, delimiter_ids)),
     ]
     overridden, actual = [], {}
-    derived = None
+    derived = claim = None
     for name, where, key, compute in checks:
         recorded, digest = manifest_field(manifest, key, bank), compute()
         actual[name] = digest["sha256"]
@@ -106,14 +121,15 @@ def verify_inputs(bank: Path, model_dir: Path, delimiter_ids: list[int],
             change = changed_since_frozen(where, f"{name} sha256", key, _short(digest["sha256"]), _short(recorded),
                                           name) + _which(manifest.get(name) if name != "bank" else {}, digest)
             if name == "model":
-                derived = derived_from(model_dir, manifest, bank)
+                derived = dequantized_from(model_dir, manifest, bank)
+                claim = None if derived else conversion_claim(model_dir, manifest, bank)
             delimiters = manifest_field(manifest, "tokenizer.delimiter_ids", bank)
             if derived and name != "bank" and (name == "model" or list(delimiter_ids) == delimiters):
                 overridden.append(f"{change}; accepted: {derived}")
                 continue
             if name not in accept:
-                raise ConfigError(f"{change}; refused (pass {ACCEPT_OPTION}={name} to use it anyway; "
-                                  "the report records it)")
-            overridden.append(f"{change}; accepted with {ACCEPT_OPTION}={name}")
+                raise ConfigError(f"{change}; refused ({_not_evidence(claim)}pass {ACCEPT_OPTION}={name} to use "
+                                  "it anyway; the report records it)")
+            overridden.append(f"{change}; accepted with {ACCEPT_OPTION}={name}" + (f" ({claim})" if claim else ""))
     actual["delimiter_ids"] = list(delimiter_ids)
     return Integrity(manifest, overridden, actual)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
-import json
 import os
 import random
 import shutil
@@ -34,7 +33,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from replaytests.errors import ConfigError
-from replaytests.files import sha256_file, umask, write_json_atomic
+from replaytests.files import read_json, sha256_file, umask, write_json_atomic
 
 # Files that hold a tokenizer (any one of the first four is one); all of them enter the tokenizer digest.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tokenizer_config.json",
@@ -152,8 +151,8 @@ def prepared(name: str) -> Path | None:
     """The model's directory when it is prepared (its stamp records the digests recorded here)."""
     path = directory(name)
     try:
-        stamp = json.loads((path / STAMP).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        stamp = read_json(path / STAMP, "model stamp", ConfigError, 1 << 20)
+    except ConfigError:
         return None
     if not isinstance(stamp, dict) or stamp.get("files") != model(name).files:
         return None
@@ -265,7 +264,7 @@ def shipped_gguf(name: str) -> Path:
     if not path.is_file():
         raise ConfigError(f"{path}: not found in the installed package {gguf.distribution.split('==')[0]} "
                           f"(expected {gguf.distribution}: {INSTALL})")
-    if (digest := sha256_file(path)) != gguf.sha256:
+    if (digest := sha256_file(path, "the packaged GGUF")) != gguf.sha256:
         raise ConfigError(f"{path}: sha256 {digest[:16]}…, expected {gguf.sha256[:16]}… (the file of "
                           f"{gguf.distribution}; reinstall it: {INSTALL})")
     return path
@@ -284,7 +283,7 @@ def _adapter_file(spec: Model) -> Path:
     if not path.is_file():
         raise ConfigError(f"models prepare {spec.name}: its adapter {path} is missing from the installed "
                           "replaytests package (reinstall it)")
-    if (digest := sha256_file(path)) != spec.adapter.sha256:
+    if (digest := sha256_file(path, "the packaged adapter")) != spec.adapter.sha256:
         raise ConfigError(f"{path}: sha256 {digest[:16]}…, expected {spec.adapter.sha256[:16]}… (the adapter "
                           "this version of replaytests ships; reinstall it)")
     return path
@@ -292,7 +291,7 @@ def _adapter_file(spec: Model) -> Path:
 
 def _check(spec: Model, work: Path) -> None:
     """Every recorded file is there with its recorded sha256, and nothing else is."""
-    actual = {path.name: sha256_file(path) for path in sorted(work.iterdir()) if path.is_file()}
+    actual = {path.name: sha256_file(path, "a prepared file") for path in sorted(work.iterdir()) if path.is_file()}
     differing = sorted(name for name in spec.files.keys() | actual.keys() if actual.get(name) != spec.files.get(name))
     if differing:
         versions = ", ".join(f"{pkg} {_version(pkg)}" for pkg in ("transformers", "gguf", "torch"))

@@ -7,12 +7,12 @@ instruction set torch dispatches to), and by the CLI.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replaytests.errors import ConfigError, short
+from replaytests.files import read_json
 from replaytests.inputs import cpu_isa, models
 from replaytests.inputs.gates import LEVELS as GATE_LEVELS
 from replaytests.outputs.rundir import ledger_of
@@ -91,8 +91,8 @@ def platform_machine(platform: dict) -> tuple[str | None, ...]:
 def _made_on(baseline: Path) -> tuple[str | None, ...] | None:
     """The machine a committed baseline was made on, as its run.json's platform records it."""
     try:
-        return platform_machine(json.loads((baseline.parent / "run.json").read_text(encoding="utf-8"))["platform"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return platform_machine(read_json(baseline.parent / "run.json", "run metadata", ConfigError)["platform"])
+    except (ConfigError, KeyError, TypeError, AttributeError):
         return None
 
 

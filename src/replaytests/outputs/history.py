@@ -86,8 +86,9 @@ def entry(source: Path, label: str | None = None, date: str | None = None) -> di
     path, run = ledger_of(Path(source)), runs.read_run(source) or {}
     families, causal_outcomes = summarize(ledger.collate([source]))
     return {"schema": SCHEMA, "date": _date(date, run), "label": label or (run.get("run") or {}).get("name"),
-            "ledger": str(path), "ledger_sha256": sha256_file(path), "contract": run.get("contract"),
-            "platform": run.get("platform"), "families": families, "causal": causal_outcomes}
+            "ledger": str(path), "ledger_sha256": sha256_file(path, "ledger", HistoryError),
+            "contract": run.get("contract"), "platform": run.get("platform"), "families": families,
+            "causal": causal_outcomes}
 
 
 def _parse(path: Path, text: str) -> list[dict]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import inspect
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from replaytests.engine.backend import library_problem
 from replaytests.engine.boundary import KV, cache_layers
 from replaytests.errors import ConfigError
-from replaytests.files import MAX_INPUT
+from replaytests.files import MAX_INPUT, regular_file
 from replaytests.inputs.cells import KVCache
 from replaytests.inputs.models import TOKENIZER_FILES
 from replaytests.inputs.preparation import quiet as _quiet
@@ -34,13 +33,11 @@ def check_model_dir(path: Path) -> None:
         raise ConfigError(f"{path}: no config.json (expected a Hugging Face model directory)")
     if not sorted(path.glob("*.safetensors")):
         raise ConfigError(f"{path}: no *.safetensors weights (only safetensors are loaded, never pickle)")
-    for text in sorted(path.glob("*.json")) + sorted(path.glob("*.txt")) + sorted(path.glob("*.model")):
-        # What the tokenizer and config loaders read whole: a FIFO would block them, a huge file fill memory.
-        info = text.stat()
-        got = "a file that is not regular" if not stat.S_ISREG(info.st_mode) else f"{info.st_size} bytes"
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_INPUT:
-            raise ConfigError(f"{text}: expected a regular file of at most {MAX_INPUT >> 20} MiB (a tokenizer or "
-                              f"config file), got {got}")
+    # What the tokenizer and config loaders read whole: a FIFO would block them, a huge file fill memory.
+    for text in (found for kind in ("*.json", "*.txt", "*.model", "*.jinja") for found in sorted(path.glob(kind))):
+        regular_file(text, "a tokenizer or config file", ConfigError, MAX_INPUT)
+    for weights in sorted(path.glob("*.safetensors")):  # mapped, of any size; a FIFO would block the loader
+        regular_file(weights, "weights", ConfigError)
 
 
 def check_weights(path: Path) -> None:

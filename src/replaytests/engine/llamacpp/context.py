@@ -63,14 +63,16 @@ def version() -> str | None:
 
 def build_record() -> dict | None:
     """The build flags tools/install-llamacpp.sh recorded beside the installed wheel, or None."""
-    import json
     import sys
+
+    from replaytests.files import read_json
 
     path = Path(sys.prefix) / BUILD_RECORD
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        record = read_json(path, "llama.cpp build record", ConfigError, 1 << 20)
+    except ConfigError:
         return None
+    return record if isinstance(record, dict) else None
 
 
 def system_info(llama_cpp) -> str:

@@ -15,7 +15,6 @@ written beside its place and renamed, so a GGUF in the cache is always whole.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from replaytests.engine.llamacpp.context import INSTALL, quantize, version
 from replaytests.errors import ConfigError
-from replaytests.files import sha256_file, write_json_atomic
+from replaytests.files import lookup, read_json, regular_file, sha256_file, write_json_atomic
 
 CONVERTER = "llamacpp-converter"  # the folder tools/install-llamacpp.sh puts in the venv
 WIDTHS = ("f32", "f16", "bf16")   # written by the converter itself
@@ -43,6 +42,7 @@ def to_gguf(source: Path, digest: str, kind: str, name: str, cache: Path) -> Pat
               "llama_cpp_python": version()}
     if out.is_file() and not out.is_symlink() and _matches(record, wanted, out):
         return out
+    _check_source(source)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
         width = kind if kind in WIDTHS else _stored_width(source)
@@ -52,30 +52,37 @@ def to_gguf(source: Path, digest: str, kind: str, name: str, cache: Path) -> Pat
         if kind not in WIDTHS:
             made = Path(work) / out.name
             quantize(converted, made, kind, os.cpu_count() or 1)
-        sha = sha256_file(made)
+        sha = sha256_file(made, "the converted GGUF", ConfigError)
         os.replace(made, out)
     write_json_atomic(record, {**wanted, "sha256": sha})
     return out
 
 
+def _check_source(source: Path) -> None:
+    """Every file of the checkpoint is a regular one: the converter reads them, and a FIFO would block it for ever."""
+    for path in sorted(source.iterdir()):
+        if not path.is_dir():
+            regular_file(path, "a model file", ConfigError)
+
+
 def _matches(record: Path, wanted: dict, out: Path) -> bool:
-    """The record beside a cached GGUF names this checkpoint, type and converter, and the file's bytes."""
+    """The record beside a cached GGUF names this checkpoint, type and converter, and the file's bytes (a record
+    that cannot be read is no match: the GGUF is made again, and the record written over)."""
     try:
-        found = json.loads(record.read_text())
-    except (OSError, ValueError):
+        found = read_json(record, "conversion record", ConfigError, 1 << 16)
+    except ConfigError:
         return False
-    return (isinstance(found, dict) and all(found.get(key) == value for key, value in wanted.items())
-            and found.get("sha256") == sha256_file(out))
+    return (all(lookup(found, key) == value for key, value in wanted.items())
+            and lookup(found, "sha256") == sha256_file(out, "the cached GGUF", ConfigError))
 
 
 def _stored_width(source: Path) -> str:
     """bf16 where the checkpoint stores bf16 (converted without rounding), else f32."""
     try:
-        config = json.loads((source / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{source / 'config.json'}: not readable as JSON ({exc}); a Hugging Face "
-                          "model directory is expected") from None
-    stored = config.get("dtype") or config.get("torch_dtype")
+        config = read_json(source / "config.json", "model config", ConfigError)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; a Hugging Face model directory is expected") from None
+    stored = lookup(config, "dtype") or lookup(config, "torch_dtype")
     return "bf16" if stored == "bfloat16" else "f32"
 
 

@@ -15,10 +15,12 @@ Two additions, for a byte-level tokenizer the converter's tables do not know (th
 
 from __future__ import annotations
 
-import json
 import runpy
 import sys
 from pathlib import Path
+
+from replaytests.errors import ConfigError
+from replaytests.files import lookup, read_json
 
 SCRIPT = "convert_hf_to_gguf.py"
 
@@ -26,12 +28,12 @@ SCRIPT = "convert_hf_to_gguf.py"
 def splits_as_gpt2(model_dir: Path) -> bool:
     """The tokenizer.json pre-tokenizes exactly as GPT-2 does: one ByteLevel step with its regex, no normalizer."""
     try:
-        spec = json.loads((model_dir / "tokenizer.json").read_text())
-    except (OSError, ValueError):
+        spec = read_json(model_dir / "tokenizer.json", "tokenizer", ConfigError)
+    except ConfigError:
         return False
-    pre = spec.get("pre_tokenizer") or {}
-    return (spec.get("normalizer") is None and pre.get("type") == "ByteLevel" and pre.get("use_regex", True)
-            and not pre.get("add_prefix_space", False))
+    pre = lookup(spec, "pre_tokenizer") or {}
+    return (isinstance(spec, dict) and spec.get("normalizer") is None and lookup(pre, "type") == "ByteLevel"
+            and lookup(pre, "use_regex", default=True) and not lookup(pre, "add_prefix_space", default=False))
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
 from replaytests.engine.protocol import MERGE, Cursor, Delimiters, Grammar, answer_ids, companions, prompt_of
 from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
+from replaytests.files import open_regular
 from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
 
@@ -81,9 +82,9 @@ class Saved:
 
 def check_gguf(path: Path, option: str) -> None:
     """A GGUF file, by its magic: anything else is one line before llama.cpp reads it."""
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{path} ({option}): no such file (the llamacpp backend takes a .gguf model file)")
-    with path.open("rb") as handle:
+    with open_regular(path, f"the model ({option})", ConfigError) as handle:
         if handle.read(4) != GGUF_MAGIC:
             raise ConfigError(f"{path} ({option}): not a GGUF file (its first bytes are not {GGUF_MAGIC!r})")
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import inspection
 from replaytests.engine.protocol import ANSWER, MERGE, Delimiters, Grammar, answer_ids, companions, prompt_of
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
+from replaytests.files import lookup, read_json
 from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.cpu_isa import ATEN, ONEDNN, cpu_flags
@@ -223,7 +223,8 @@ class Runtime:
         """A vLLM engine; `budget` splits every prefill into chunks of at most that many tokens."""
         from replaytests.engine.vllm.mask import StructuralMask
 
-        length = int(json.loads((self.model_dir / "config.json").read_text())["max_position_embeddings"])
+        length = int(lookup(read_json(self.model_dir / "config.json", "model config", ConfigError),
+                            "max_position_embeddings"))
         settings = self.settings
         try:
             return self._vllm.LLM(
