@@ -21,7 +21,7 @@ from pathlib import Path
 
 from replaytests.errors import ConfigError, ReplaytestsError
 from replaytests.inputs.cells import BANK_CELL
-from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
+from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
 
 def _pin(contract_path: Path):
@@ -193,6 +193,15 @@ def _check_model(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    """Each fault injected and found by its check (replaytests.selftest); exit 1 where one is missed."""
+    contract, _ = _pin(args.contract)
+    from replaytests.selftest import command
+
+    out = args.out or DEFAULT_REPORT_DIR / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-selftest-{secrets.token_hex(3)}"
+    return command.run(contract, args.model, args.bank, out, args.device)
+
+
 def _report(args: argparse.Namespace) -> int:
     from replaytests.outputs.ledger import collate
     from replaytests.outputs.report import REPORT_FILES, write_report
@@ -349,6 +358,15 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
 
+    selftest = sub.add_parser("selftest", help="inject each fault a check exists to find and show the check finds it "
+                                               "(with a clean control); exit 1 where one is missed")
+    selftest.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory. Default: %(default)s")
+    selftest.add_argument("--bank", type=Path, default=DEFAULT_BANK, help="bank JSONL. Default: %(default)s")
+    selftest.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
+    selftest.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+    selftest.add_argument("--out", type=Path, default=None,
+                          help="directory for selftest.json and selftest.md. Default: a new directory under reports/")
+
     report = sub.add_parser("report", help="collate ledgers (run directories, shards, workers) into "
                                            "report.json, report.md and report.html")
     report.add_argument("inputs", type=Path, nargs="+", metavar="DIR_OR_LEDGER",
@@ -432,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check_model(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "selftest":
+            return _selftest(args)
         if args.command == "compare":
             return _compare(args)
         if args.command == "history":
