@@ -154,14 +154,15 @@ def batch_cells(bench: Bench) -> list[Cell]:
 
 def transplant_cells(bench: Bench) -> list[Cell]:
     """The transplant row as the family runs it (its arms, the seam's provenance checks, the validity
-    control), judged by gates.transplant_row."""
-    role = "control" if bench.crossing.comparisons[CROSS].suffix_equal else "divergent"
-    judge = _gate(lambda r: bench.contract.gates.transplant_row(r, role))
+    control), judged by gates.transplant_row. Run in the control role whatever the row's crossing did: a
+    control row needs no layer search, and a divergent row that is not testable (its first suffix tokens
+    differ) could not be judged in the divergent role."""
+    judge = _gate(lambda r: bench.contract.gates.transplant_row(r, "control"))
 
     def finding(runtime: Backend) -> Finding:
-        return judge(transplant.run(runtime, bench.row, bench.crossing, role))
+        return judge(transplant.run(runtime, bench.row, bench.crossing, "control"))
 
-    return [judged("transplant swaps nothing", f"transplant ({role} row): provenance, validity",
+    return [judged("transplant swaps nothing", "transplant (control role): provenance, validity",
                    finding(bench.runtime), finding(faults.swaps_nothing(bench.runtime)))]
 
 

@@ -1,0 +1,70 @@
+"""`replaytests selftest`: every fault found by its check on the embedded default, and a disabled check
+reported as a miss with exit 1 (a selftest that cannot fail proves nothing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from replaytests.cli import main
+from replaytests.engine import comparisons
+from replaytests.selftest import matrix, trials
+from replaytests.selftest.matrix import CONTROL_FAILED, DETECTED, MISSED, NOT_RUN, Cell, judged
+
+pytestmark = pytest.mark.selftest
+
+NOT_RUN_HERE = {"prefix-cache hit on a stale block"}  # needs a serving backend (vllm, llama.cpp)
+
+
+def test_every_fault_is_detected_on_the_embedded_default(tmp_path, capsys):
+    assert main(["selftest", "--out", str(tmp_path)]) == 0, capsys.readouterr().out
+    printed = capsys.readouterr().out
+    written = json.loads((tmp_path / "selftest.json").read_text(encoding="utf-8"))
+    outcomes = {(cell["fault"], cell["check"]): cell["outcome"] for cell in written["cells"]}
+    assert written["passed"] and len(outcomes) == len(written["cells"]) >= 12
+    assert {fault for (fault, _), outcome in outcomes.items() if outcome == NOT_RUN} == NOT_RUN_HERE
+    assert all(outcome == DETECTED for (fault, _), outcome in outcomes.items() if fault not in NOT_RUN_HERE), outcomes
+    assert all(cell["control"] == "passed" for cell in written["cells"] if cell["outcome"] == DETECTED)
+    assert "| K +1 ULP, prefill | crossing prefill~prefill_replica cache" in (tmp_path / "selftest.md").read_text()
+    assert printed.splitlines()[1].split() == ["fault", "check", "outcome", "control", "finding"]
+    assert printed.rstrip().endswith("verdict: PASS (every fault run was detected, every control passed)")
+
+
+def test_a_disabled_cache_comparison_is_reported_missed(tmp_path, capsys, monkeypatch):
+    """The cache comparison made to call every cache equal: the ULP fault it exists to find is missed by
+    the crossing's and the bridge's checks (the audit, which reads digests, still finds it), exit 1."""
+    compare = comparisons._compare_caches
+    monkeypatch.setattr(comparisons, "_compare_caches", lambda a, b: compare(a, b) | {"cache_exact": True})
+    monkeypatch.setattr(trials, "TRIALS", (trials.ulp_cells,))
+    assert main(["selftest", "--out", str(tmp_path)]) == 1
+    missed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{MISSED}: ")]
+    assert [line.partition(" -> ")[2].partition(":")[0] for line in missed] == [
+        "crossing prefill~prefill_replica cache (gates.replicas)", "bridge live~incremental bit-exact (gates.bridge)"]
+    written = json.loads((tmp_path / "selftest.json").read_text(encoding="utf-8"))
+    assert [cell["outcome"] for cell in written["cells"]] == [MISSED, MISSED, DETECTED] and not written["passed"]
+
+
+def test_a_check_that_fails_without_the_fault_is_a_failed_control():
+    assert judged("f", "c", "it failed anyway", "found").outcome == CONTROL_FAILED
+    assert judged("f", "c", None, None).outcome == MISSED
+    assert judged("f", "c", None, "found") == Cell("f", "c", DETECTED, "found", "passed")
+
+
+def test_exit_code_and_failure_lines():
+    cells = [Cell("a", "x", DETECTED, "found", "passed"), Cell("b", "y", NOT_RUN, "needs vllm")]
+    assert matrix.exit_code(cells) == 0 and not matrix.failures(cells)
+    cells += [Cell("c", "z", MISSED, "the check passed with the fault in place", "passed"),
+              Cell("d", "w", CONTROL_FAILED, "found", "failed anyway")]
+    assert matrix.exit_code(cells) == 1
+    assert matrix.failures(cells) == ["missed: c -> z: the check passed with the fault in place",
+                                      "control failed: d -> w: failed anyway"]
+
+
+def test_the_matrix_is_written_as_json_and_markdown(tmp_path):
+    cells = [Cell("a", "x", DETECTED, "found | piped", "passed")]
+    paths = matrix.write(tmp_path / "out", cells, {"row": "r"})
+    assert [p.name for p in paths] == list(matrix.FILES)
+    document = json.loads(paths[0].read_text(encoding="utf-8"))
+    assert document["schema"] == matrix.SCHEMA and document["passed"] and document["row"] == "r"
+    assert "| a | x | detected | passed | found / piped |" in paths[1].read_text(encoding="utf-8")
