@@ -4,12 +4,17 @@ reported as a miss with exit 1 (a selftest that cannot fail proves nothing)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from replaytests.cli import main
 from replaytests.engine import comparisons
-from replaytests.selftest import matrix, trials
+from replaytests.families import bridge, crossing
+from replaytests.families.registry import CROSS, FAMILIES
+from replaytests.inputs import cpu_isa
+from replaytests.selftest import faults, matrix, trials
+from replaytests.selftest.command import shortest_row
 from replaytests.selftest.matrix import CONTROL_FAILED, DETECTED, MISSED, NOT_RUN, Cell, judged
 
 pytestmark = pytest.mark.selftest
@@ -43,6 +48,29 @@ def test_a_disabled_cache_comparison_is_reported_missed(tmp_path, capsys, monkey
         "crossing prefill~prefill_replica cache (gates.replicas)", "bridge live~incremental bit-exact (gates.bridge)"]
     written = json.loads((tmp_path / "selftest.json").read_text(encoding="utf-8"))
     assert [cell["outcome"] for cell in written["cells"]] == [MISSED, MISSED, DETECTED] and not written["passed"]
+
+
+def test_a_shifted_position_is_found_by_the_audit_alone(bf16_runtime, tiny_contract, bank_rows):
+    """Every construction shares the shift, so the checks that compare constructions pass (the README and
+    docs/ci.md say so); the ledger audit against the run without it finds it."""
+    bench = trials.Bench(tiny_contract, bf16_runtime, shortest_row(bank_rows))
+    shifted = faults.shifted_position(bf16_runtime, bench.row.prefix_len // 2)
+    record, gates = crossing.run(shifted, bench.row), tiny_contract.gates
+    judgements = [gates.replicas(record, pair) for pair in FAMILIES["crossing"].replicas]
+    judgements += [gates.divergence(record, CROSS), gates.bridge(bridge.run(shifted, bench.row))]
+    assert [j.outcome for j in judgements] == ["pass"] * 4, [j.message for j in judgements]
+    assert [cell.outcome for cell in trials.position_cells(bench)] == [DETECTED]
+
+
+def test_the_avx512_row_is_not_run_without_avx512(monkeypatch, tiny_contract):
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: {"avx2", "fma"})
+    (cell,) = trials.isa_cells(SimpleNamespace(contract=tiny_contract))
+    assert (cell.outcome, cell.detail) == (NOT_RUN, "this CPU lacks AVX-512 (avx512f, avx512bw, avx512vl, avx512dq)")
+
+
+def test_the_mask_row_is_not_run_where_nothing_is_hidden():
+    (cell,) = trials.mask_cells(SimpleNamespace(contract=SimpleNamespace(visibility="causal")))
+    assert (cell.outcome, cell.detail) == (NOT_RUN, "contract visibility 'causal' hides no key")
 
 
 def test_a_check_that_fails_without_the_fault_is_a_failed_control():
