@@ -198,8 +198,7 @@ def _selftest(args: argparse.Namespace) -> int:
     contract, _ = _pin(args.contract)
     from replaytests.selftest import command
 
-    out = args.out or DEFAULT_REPORT_DIR / f"{datetime.now(UTC):%Y%m%d-%H%M%S}-selftest-{secrets.token_hex(3)}"
-    return command.run(contract, args.model, args.bank, out, args.device)
+    return command.run(contract, args.model, args.bank, args.out, args.device)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -365,7 +364,8 @@ def parser() -> argparse.ArgumentParser:
     selftest.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     selftest.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
     selftest.add_argument("--out", type=Path, default=None,
-                          help="directory for selftest.json and selftest.md. Default: a new directory under reports/")
+                          help="directory for selftest.json and selftest.md. Default: a new directory in the report "
+                               "root reports/ (its `latest` is not moved: a selftest is not a run)")
 
     report = sub.add_parser("report", help="collate ledgers (run directories, shards, workers) into "
                                            "report.json, report.md and report.html")

@@ -10,11 +10,13 @@ import pytest
 
 from replaytests.cli import main
 from replaytests.engine import comparisons
+from replaytests.errors import ConfigError
 from replaytests.families import bridge, crossing
 from replaytests.families.registry import CROSS, FAMILIES
 from replaytests.inputs import cpu_isa
+from replaytests.outputs import rundir
 from replaytests.selftest import faults, matrix, trials
-from replaytests.selftest.command import shortest_row
+from replaytests.selftest.command import output, shortest_row
 from replaytests.selftest.matrix import CONTROL_FAILED, DETECTED, MISSED, NOT_RUN, Cell, judged
 
 pytestmark = pytest.mark.selftest
@@ -96,3 +98,17 @@ def test_the_matrix_is_written_as_json_and_markdown(tmp_path):
     document = json.loads(paths[0].read_text(encoding="utf-8"))
     assert document["schema"] == matrix.SCHEMA and document["passed"] and document["row"] == "r"
     assert "| a | x | detected | passed | found / piped |" in paths[1].read_text(encoding="utf-8")
+
+
+def test_the_default_output_is_a_new_directory_in_a_report_root_a_run_still_accepts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    directory = output(None, {})()
+    assert directory.resolve().parent == tmp_path / "reports" and directory.is_dir() and "-selftest-" in directory.name
+    rundir.check_root(tmp_path / "reports", {})  # an audit there afterwards is not refused
+    assert not (tmp_path / "reports" / "latest").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        output(tmp_path / "file", {})

@@ -6,7 +6,10 @@ Imported by the CLI after the contract's CPU instruction set is pinned (cli._pin
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.engine import backend
@@ -15,6 +18,8 @@ from replaytests.inputs.bank import BankRow, read_bank
 from replaytests.inputs.cells import BANK_CELL
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.integrity import verify_inputs
+from replaytests.inputs.options import DEFAULT_REPORT_DIR
+from replaytests.outputs import rundir
 from replaytests.selftest import matrix
 from replaytests.selftest.trials import Bench, run_all
 
@@ -40,9 +45,23 @@ def bench(contract: Contract, model: Path, bank: Path, device: str | None = None
     return Bench(contract, runtime_class.load(model, contract, BANK_CELL, device), row)
 
 
-def run(contract: Contract, model: Path, bank: Path, out: Path, device: str | None = None) -> int:
+def output(out: Path | None, inputs: dict[str, Path]) -> Callable[[], Path]:
+    """Where the matrix goes, checked before any model work: `out`, a directory (created if absent), or by
+    default a new directory in the report root reports/, made a root as a run makes it (so that a later
+    run there still accepts it), made when the matrix is written."""
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out}: exists and is not a directory")
+        return lambda: out
+    rundir.check_root(DEFAULT_REPORT_DIR, inputs)
+    root = rundir.Root(DEFAULT_REPORT_DIR)
+    return lambda: root.new_run(f"{datetime.now(UTC):%Y%m%d-%H%M%S}-selftest-{secrets.token_hex(3)}")
+
+
+def run(contract: Contract, model: Path, bank: Path, out: Path | None, device: str | None = None) -> int:
     """Every trial on the shortest row; print the matrix, write it into `out`, one line per failing cell."""
     started = time.perf_counter()
+    directory = output(out, {"model": model, "bank": bank, "contract": contract.path})
     shared = bench(contract, model, bank, device)
     cells = run_all(shared)
     meta = {"model": str(model), "bank": str(bank), "contract": f"{contract.name} ({contract.path})",
@@ -50,7 +69,7 @@ def run(contract: Contract, model: Path, bank: Path, out: Path, device: str | No
             "seconds": round(time.perf_counter() - started, 1)}
     print(f"selftest: {meta['model']} under contract {meta['contract']}, row {meta['row']}, {BANK_CELL}")
     print(matrix.table(cells))
-    for path in matrix.write(out, cells, meta):
+    for path in matrix.write(directory(), cells, meta):
         print(f"wrote {path}")
     lines = matrix.failures(cells)
     print("\n".join(lines) if lines else "verdict: PASS (every fault run was detected, every control passed)")
