@@ -23,7 +23,7 @@ from replaytests.engine.protocol import VISIBILITIES, prompt_of
 from replaytests.engine.transplant import transplant as checked_transplant
 
 
-def _copy(runtime: Backend) -> Backend:
+def copy_of(runtime: Backend) -> Backend:
     """The runtime with arms of its own: what a fault builds is never handed to the clean runtime."""
     return dataclasses.replace(runtime)
 
@@ -37,7 +37,7 @@ def _one_ulp_up(tensor: torch.Tensor, index: tuple[int, ...]) -> None:
 def nudged_cache(runtime: Backend, construction: str) -> Backend:
     """`construction`'s boundary cache with one K element of the middle layer one ULP up (the last position,
     first head and channel): the smallest change a cache comparison must see."""
-    faulted, build = _copy(runtime), runtime.build
+    faulted, build = copy_of(runtime), runtime.build
 
     def nudged(name: str, z: list[int]) -> Boundary:
         boundary = build(name, z)
@@ -68,7 +68,7 @@ class _EditedCall:
 
 def _forward_edited(runtime: Backend, edit: Callable) -> Backend:
     """A copy whose every forward call passes (ids, mask, positions) through `edit` first."""
-    faulted = _copy(runtime)
+    faulted = copy_of(runtime)
     faulted._forward = _EditedCall(faulted._forward, edit)
     return faulted
 
@@ -125,7 +125,7 @@ def desynced_copy(runtime: Backend) -> Backend:
 def edited_prefix(runtime: Backend, edit: Callable[[list[int], int], list[int]]) -> Backend:
     """Every construction built from `edit(z, i)` instead of z, i the last prompt content token: a replay that
     feeds the model another prefix than the bank row's (the arms still agree with one another)."""
-    faulted, build = _copy(runtime), runtime.build
+    faulted, build = copy_of(runtime), runtime.build
 
     def rebuilt(name: str, z: list[int]) -> Boundary:
         return build(name, edit(z, len(prompt_of(z, runtime.grammar.delims)) - 2))
@@ -144,7 +144,7 @@ def duplicated(z: list[int], at: int) -> list[int]:
 
 def swaps_nothing(runtime: Backend) -> Backend:
     """A transplant whose copy takes nothing from the donor: the recipient's own K/V copied back into it."""
-    faulted = _copy(runtime)
+    faulted = copy_of(runtime)
     faulted.arms = runtime.arms  # it builds nothing differently: the clean arms serve it
 
     def transplant(recipient: Boundary, donor: Boundary, layers=None, parts=("k", "v")) -> Boundary:

@@ -51,7 +51,7 @@ class Bench:
     @functools.cached_property
     def recomputed(self) -> Record:
         """The crossing record computed again, on arms of its own: what a ledger audit compares a baseline to."""
-        return crossing.run(dataclasses.replace(self.runtime), self.row)
+        return crossing.run(faults.copy_of(self.runtime), self.row)
 
     @functools.cached_property
     def nudged(self) -> Record:
