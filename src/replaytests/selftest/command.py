@@ -14,6 +14,7 @@ from pathlib import Path
 
 from replaytests.engine import backend
 from replaytests.errors import ConfigError
+from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow, read_bank
 from replaytests.inputs.cells import BANK_CELL
 from replaytests.inputs.contract import Contract
@@ -66,8 +67,10 @@ def run(contract: Contract, model: Path, bank: Path, out: Path | None, device: s
     cells = run_all(shared)
     meta = {"model": str(model), "bank": str(bank), "contract": f"{contract.name} ({contract.path})",
             "row": f"{shared.row.id} ({shared.row.prefix_len} tokens)", "precision": BANK_CELL,
+            "platform": f"{cpu_isa.cpu_model() or 'CPU model not listed'}, kernels at {cpu_isa.in_force()}",
             "seconds": round(time.perf_counter() - started, 1)}
-    print(f"selftest: {meta['model']} under contract {meta['contract']}, row {meta['row']}, {BANK_CELL}")
+    print(f"selftest: {meta['model']} under contract {meta['contract']}, row {meta['row']}, {BANK_CELL}, on "
+          f"{meta['platform']}")
     print(matrix.table(cells))
     for path in matrix.write(directory(), cells, meta):
         print(f"wrote {path}")
