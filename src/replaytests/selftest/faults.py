@@ -37,7 +37,8 @@ def _one_ulp_up(tensor: torch.Tensor, index: tuple[int, ...]) -> None:
 def nudged_cache(runtime: Backend, construction: str) -> Backend:
     """`construction`'s boundary cache with one K element of the middle layer one ULP up (the last position,
     first head and channel): the smallest change a cache comparison must see."""
-    faulted, build = copy_of(runtime), runtime.build
+    faulted = copy_of(runtime)
+    build = faulted.build  # its own arms
 
     def nudged(name: str, z: list[int]) -> Boundary:
         boundary = build(name, z)
@@ -45,6 +46,7 @@ def nudged_cache(runtime: Backend, construction: str) -> Backend:
             return boundary
         cache = copy.deepcopy(boundary.cache)  # the held arm stays as built
         layer = cache.layers[len(cache.layers) // 2]
+        # Every copy alike: a nudge in one copy would be the physical-batch check's to find, not the comparison's.
         _one_ulp_up(layer.keys, (0, int(cache.get_seq_length()) - 1, 0))
         return dataclasses.replace(boundary, cache=cache)
 
@@ -125,7 +127,8 @@ def desynced_copy(runtime: Backend) -> Backend:
 def edited_prefix(runtime: Backend, edit: Callable[[list[int], int], list[int]]) -> Backend:
     """Every construction built from `edit(z, i)` instead of z, i the last prompt content token: a replay that
     feeds the model another prefix than the bank row's (the arms still agree with one another)."""
-    faulted, build = copy_of(runtime), runtime.build
+    faulted = copy_of(runtime)
+    build = faulted.build  # its own arms: the edited z is never held by the clean runtime
 
     def rebuilt(name: str, z: list[int]) -> Boundary:
         return build(name, edit(z, len(prompt_of(z, runtime.grammar.delims)) - 2))
