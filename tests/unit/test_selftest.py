@@ -81,6 +81,18 @@ def test_a_check_that_fails_without_the_fault_is_a_failed_control():
     assert judged("f", "c", None, "found") == Cell("f", "c", DETECTED, "found", "passed")
 
 
+def test_a_trial_that_raises_is_a_failing_cell_and_the_others_run(monkeypatch):
+    def broken(bench):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(trials, "TRIALS", (broken, trials.serving_cells))
+    cells = trials.run_all(SimpleNamespace())
+    assert [(c.fault, c.outcome, c.detail) for c in cells] == [
+        ("broken", matrix.ERROR, "RuntimeError: boom"), ("prefix-cache hit on a stale block", NOT_RUN,
+                                                         "needs the vllm / llama.cpp backend")]
+    assert matrix.exit_code(cells) == 1
+
+
 def test_exit_code_and_failure_lines():
     cells = [Cell("a", "x", DETECTED, "found", "passed"), Cell("b", "y", NOT_RUN, "needs vllm")]
     assert matrix.exit_code(cells) == 0 and not matrix.failures(cells)

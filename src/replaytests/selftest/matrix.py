@@ -13,6 +13,7 @@ from replaytests.files import write_set
 
 SCHEMA = "replaytests.selftest/1"
 DETECTED, MISSED, CONTROL_FAILED, NOT_RUN = "detected", "missed", "control failed", "not run"
+ERROR = "error"  # the trial itself raised: neither the fault nor its control was judged
 FILES = ("selftest.json", "selftest.md")
 
 
@@ -23,13 +24,13 @@ class Cell:
 
     fault: str
     check: str
-    outcome: str  # DETECTED, MISSED, CONTROL_FAILED or NOT_RUN
+    outcome: str  # DETECTED, MISSED, CONTROL_FAILED, NOT_RUN or ERROR
     detail: str = ""  # the check's finding on the fault, or why the cell did not run
     control: str = ""  # "passed", or the check's finding without the fault
 
     @property
     def failed(self) -> bool:
-        return self.outcome in (MISSED, CONTROL_FAILED)
+        return self.outcome in (MISSED, CONTROL_FAILED, ERROR)
 
 
 def judged(fault: str, check: str, control: str | None, finding: str | None) -> Cell:

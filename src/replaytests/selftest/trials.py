@@ -30,7 +30,7 @@ from replaytests.outputs.audit import audit_record
 from replaytests.outputs.compare import RATES_REASON, compare
 from replaytests.outputs.records import Record
 from replaytests.selftest import faults
-from replaytests.selftest.matrix import NOT_RUN, Cell, judged
+from replaytests.selftest.matrix import ERROR, NOT_RUN, Cell, judged
 
 Finding = str | None  # what a check found (None: it passed)
 
@@ -243,4 +243,12 @@ TRIALS = (ulp_cells, mask_cells, position_cells, token_cells, batch_cells, trans
 
 
 def run_all(bench: Bench) -> list[Cell]:
-    return [cell for trial in TRIALS for cell in trial(bench)]
+    """Every trial's cells; a trial that raises is one failing cell naming the exception (the others run)."""
+    cells = []
+    for trial in TRIALS:
+        try:
+            cells += trial(bench)
+        except Exception as exc:  # reported as the trial's cell, which fails the selftest
+            cells.append(Cell(trial.__name__.removesuffix("_cells"), "(the trial raised)", ERROR,
+                              f"{type(exc).__name__}: {exc}"))
+    return cells
