@@ -21,7 +21,7 @@ from pathlib import Path
 
 from replaytests.errors import ConfigError, Exit, ReplaytestsError
 from replaytests.inputs.cells import BANK_CELL
-from replaytests.inputs.options import DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
+from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
 
 def _pin(contract_path: Path):
@@ -195,6 +195,14 @@ def _check_model(args: argparse.Namespace) -> int:
     print("verdict: FAIL (a property replay rests on does not hold; see above)" if failed else
           "verdict: PASS (every judged property holds)")
     return Exit.FAIL if failed else Exit.PASS
+
+
+def _selftest(args: argparse.Namespace) -> int:
+    """Each fault injected and found by its check (replaytests.selftest); exit 1 where one is missed."""
+    contract, _ = _pin(args.contract)
+    from replaytests.selftest import command
+
+    return command.run(contract, args.model, args.bank, args.out, args.device)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -379,6 +387,16 @@ def parser() -> argparse.ArgumentParser:
                        help="the contract's cells to check (a cell whose library is not installed here is named, not "
                             "run). Default: %(default)s")
 
+    selftest = sub.add_parser("selftest", help="inject each fault a check exists to find and show the check finds it "
+                                               "(with a clean control); exit 1 where one is missed")
+    selftest.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory. Default: %(default)s")
+    selftest.add_argument("--bank", type=Path, default=DEFAULT_BANK, help="bank JSONL. Default: %(default)s")
+    selftest.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
+    selftest.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+    selftest.add_argument("--out", type=Path, default=None,
+                          help="directory for selftest.json and selftest.md. Default: a new directory in the report "
+                               "root reports/ (its `latest` is not moved: a selftest is not a run)")
+
     report = sub.add_parser("report", help="collate ledgers (run directories, shards, workers) into "
                                            "report.json, report.md and report.html")
     report.add_argument("inputs", type=Path, nargs="+", metavar="DIR_OR_LEDGER",
@@ -464,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             return _check_model(args)
         if args.command == "report":
             return _report(args)
+        if args.command == "selftest":
+            return _selftest(args)
         if args.command == "compare":
             return _compare(args)
         if args.command == "history":

@@ -261,6 +261,8 @@ KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_cau
          "test_runner.py": "e2e", "test_signals.py": "e2e", "test_write_failures.py": "e2e",
          "test_closed_pipe.py": "e2e", "test_guest.py": "e2e", "test_benchmarks.py": "e2e", "test_rundir.py": "e2e",
          "test_models.py": "e2e", "test_claims.py": "e2e",
+         "test_selftest.py::test_every_fault_is_detected_on_the_embedded_default": "model",
+         "test_selftest.py::test_a_disabled_cache_comparison_is_reported_missed": "model",
          "test_cells.py::test_a_run_over_five_cells_reports_compares_and_tracks_every_cell": "e2e",
          "test_cli.py::test_audit_prints_the_header_first_and_the_verdict_last": "e2e",
          "test_history.py::test_appends_from_several_processes_keep_every_line": "e2e",
