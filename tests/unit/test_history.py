@@ -151,7 +151,7 @@ def test_show_over_a_page_needs_force(filled, tmp_path, capsys):
     """An --html page that exists is a user's file: refused in one line, replaced only with --force."""
     page = tmp_path / "history.html"
     page.write_text("last week's page\n", encoding="utf-8")
-    assert main(["history", "show", str(filled), "--html", str(page)]) == 2
+    assert main(["history", "show", str(filled), "--html", str(page)]) == 4
     err = capsys.readouterr().err
     assert err == (f"replaytests: error: --html {page}: history.html exists already; pass --force to replace it, "
                    "or another --html\n"), err
