@@ -444,6 +444,26 @@ COMMANDS = {
                                                                 r"already; pass --out DIR", "report"),
     "report-empty-ledger": Case(lambda w: [str(w.write("e/ledger.jsonl", ""))], r"ledger\.jsonl: empty ledger",
                                 "report"),
+    # strict JSON: NaN and infinities are refused where they are read, and never written (report.json)
+    "compare-ledger-nan": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger_metric(w, "k_rel_l2", "NaN"))],
+                               r"bad\.jsonl:1: field 'comparisons\.[^']+\.k_rel_l2' is NaN; expected a finite "
+                               r"number \(strict JSON has no NaN or Infinity\)$", "compare"),
+    "report-ledger-infinity": Case(lambda w: [str(_ledger_metric(w, "logits_max_abs", "-Infinity"))],
+                                   r"bad\.jsonl:1: field 'comparisons\.[^']+\.logits_max_abs' is -Infinity; "
+                                   r"expected a finite number", "report"),
+    "report-ledger-overflow": Case(lambda w: [str(_ledger_metric(w, "v_max_abs", "1e999"))],
+                                   r"bad\.jsonl:1: field 'comparisons\.[^']+\.v_max_abs' is 1e999; expected a "
+                                   r"finite number", "report"),
+    "report-mean-overflows": Case(lambda w: [str(_ledger_metric(w, "k_max_abs", "1.7e308", every=True))],
+                                  r"report\.json: cannot write report: field 'families\.[^']+\.median' is inf; "
+                                  r"strict JSON has no NaN or Infinity$", "report"),
+    "compare-run-json-nan": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{\n  "schema": "replaytests.run/1",\n  "drift": [Infinity]\n}\n'))],
+        r"run\.json:3: cannot read run metadata: field 'drift\[0\]' is Infinity; expected a finite number",
+        "compare"),
+    "history-nan": Case(lambda w: ["show", str(_history(w, families={"live": {"bf16": {
+        "rows": float("nan"), "excluded": 0, "pairs": {}}}}))],
+        r"h\.jsonl:1: field 'families\.live\.bf16\.rows' is NaN; expected a finite number", "history"),
     "compare-unrelated-runs": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(REPO / "fixtures/ledgers/cpu-smollm2")],
                                    r"the runs were made on other inputs \(the input bank: .*--across-inputs",
                                    "compare"),
@@ -484,6 +504,14 @@ DEFAULT_BASELINE_DIR = REPO / "fixtures" / "ledgers" / "cpu-tiny"
 def _ledger(ws: Workspace, **fields) -> Path:
     record = json.loads((DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()[0]) | fields
     return ws.write("bad.jsonl", json.dumps(record) + "\n")
+
+
+def _ledger_metric(ws: Workspace, name: str, text: str, every: bool = False) -> Path:
+    """The committed baseline's first record (`every`: all its records), each comparison's metric `name`
+    spelled `text` (a NaN, an infinity, a number past the float range)."""
+    lines = (DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()[: None if every else 1]
+    return ws.write("e/bad.jsonl", "".join(re.sub(rf'"{name}": [^,}}]+', f'"{name}": {text}', line) + "\n"
+                                           for line in lines))
 
 
 def _history(ws: Workspace, **fields) -> Path:

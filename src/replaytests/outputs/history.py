@@ -9,13 +9,12 @@ runs in date order: a compact table, and a plot per family and headline pair wit
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.errors import ReplaytestsError, control_character, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
-from replaytests.files import exclusive, read_text, sha256_file, write_atomic
+from replaytests.files import dumps, exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
 from replaytests.outputs import causal, ledger, plots, report, report_html, runs
 from replaytests.outputs.records import Record
@@ -155,7 +154,7 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
                                    f"{same['label']!r}, ledger sha256 {new['ledger_sha256'][:12]}...); not appended "
                                    "twice")
             write_atomic(Path(into), text + ("\n" if text and not text.endswith("\n") else "")
-                         + json.dumps(new, sort_keys=True) + "\n")
+                         + dumps(new, sort_keys=True) + "\n")
     except OSError as exc:
         raise HistoryError(f"{into}: cannot write history: {exc.strerror or exc}") from None
     return new
