@@ -24,6 +24,7 @@ import pytest
 from replaytests.cli import main
 from replaytests.inputs.bank import manifest_path
 from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO, Options
+from replaytests.outputs.stats import wilson
 
 USAGE = pytest.ExitCode.USAGE_ERROR
 
@@ -428,6 +429,59 @@ COMMANDS = {
                                  r"h\.jsonl:1: field 'label' holds a control character U\+001B at index 5", "history"),
     "history-bad-date": Case(lambda w: ["show", str(_history(w, date="yesterday"))],
                              r"h\.jsonl:1: field 'date' is not an ISO 8601 date", "history"),
+    # a history line wrong deep inside: refused as it is read, naming the field, never a traceback
+    "history-without-label": Case(lambda w: ["show", str(_history(w, label=None))],
+                                  r"h\.jsonl:1: field 'label' must be a string or null, missing$", "history"),
+    "history-pair-an-integer": Case(lambda w: ["show", str(_history_summary(w, pairs={"incremental~prefill": 3}))],
+                                    r"h\.jsonl:1: field 'families\.crossing\.bf16\.pairs\.incremental~prefill' "
+                                    r"must be an object of Wilson proportions, got 3$", "history"),
+    "history-wilson-without-n": Case(lambda w: ["show", str(_history_summary(w, pairs={"incremental~prefill": {
+        "suffix_divergence": {"k": 1, "rate": 0.5, "ci_low": 0.1, "ci_high": 0.9}}}))],
+        r"h\.jsonl:1: field 'families\.crossing\.bf16\.pairs\.incremental~prefill\.suffix_divergence\.n' must "
+        r"be a non-negative integer, missing$", "history"),
+    "history-count-a-string": Case(lambda w: ["show", str(_history_summary(w, replicas_exact={"k": "12", "n": 12}))],
+                                   r"h\.jsonl:1: field 'families\.crossing\.bf16\.replicas_exact\.k' must be a "
+                                   r"non-negative integer, got '12'$", "history"),
+    "history-rows-negative": Case(lambda w: ["show", str(_history_summary(w, rows=-1))],
+                                  r"h\.jsonl:1: field 'families\.crossing\.bf16\.rows' must be a non-negative "
+                                  r"integer, got -1$", "history"),
+    "history-rate-missing": Case(lambda w: ["show", str(_history_summary(w, replicas_exact={"k": 1, "n": 2}))],
+                                 r"h\.jsonl:1: field 'families\.crossing\.bf16\.replicas_exact\.rate' must be a "
+                                 r"number from 0 to 1, missing$", "history"),
+    "history-family-name-escape": Case(lambda w: ["show", str(_history(w, families={"x\x1b[2J": {}}))],
+                                       r"h\.jsonl:1: field 'families': the name 'x\\x1b\[2J' holds a control "
+                                       r"character U\+001B at index 1$", "history"),
+    "history-html-empty-causal": Case(lambda w: ["show", str(_history(w, causal={"transplant": {}})), "--html",
+                                                 str(w.root / "h.html")],
+                                      r"h\.jsonl:1: field 'causal\.transplant\.follows_donor' must be an object of "
+                                      r"Wilson proportions per direction, got None$", "history"),
+    "history-replication-without-label": Case(lambda w: ["show", str(_history(w, causal={"replication": {
+        "follows_donor": {}, "control_third": {}, "divergent": {"k": 0, "n": 0}}}))],
+        r"h\.jsonl:1: field 'causal\.replication\.label' must be a string of printable characters, missing$",
+        "history"),
+    # run.json wrong deep inside: refused as it is read, naming the field
+    "report-run-json-verdict-result": Case(lambda w: [str(_run_json(w, '{"verdict": {"result": 3}}')), "--out",
+                                                      str(w.root / "out")],
+                                           r"run\.json: field 'verdict\.result' must be a string, got 3$", "report"),
+    "compare-run-json-verdict-tests": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"verdict": {"result": "pass", "tests": {"passed": "12"}, "failures": []}}'))],
+        r"run\.json: field 'verdict\.tests' must be an object of test counts per outcome, got \{'passed': '12'\}$",
+        "compare"),
+    "compare-run-json-verdict-failure": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"verdict": {"result": "fail", "tests": {"failed": 1}, "failures": [{"check": "x"}]}}'))],
+        r"run\.json: field 'verdict\.failures\[0\]' must be an object with the strings check and message, got "
+        r"\{'check': 'x'\}$", "compare"),
+    "compare-run-json-software-a-list": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"environment": {"software": ["torch"], "hardware": {}}}'))],
+        r"run\.json: field 'environment\.software' must be an object, got \['torch'\]$", "compare"),
+    # an expected-state file's fields are printed in reason lines: no control character
+    "compare-expected-escape": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(DEFAULT_BASELINE_DIR), "--expected", str(
+        _expected(w, why="a\x1b[2Jb"))], r"e\.yaml: changes\[0\]: field 'why' holds a control character U\+001B at "
+                                          r"index 1$", "compare"),
+    "compare-expected-newline": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(DEFAULT_BASELINE_DIR), "--expected",
+                                                str(_expected(w, family="crossing\nPASS"))],
+                                     r"e\.yaml: changes\[0\]: field 'family' holds a control character U\+000A at "
+                                     r"index 8$", "compare"),
     "freeze-out-a-directory": Case(lambda w: ["--out", str(w.root)], r"--out .*: is a directory; expected a file",
                                    "freeze"),
     "freeze-manifest-a-directory": Case(lambda w: ["--out", str(w.write("f/b.manifest.json/x", "") and
@@ -515,9 +569,22 @@ def _ledger_metric(ws: Workspace, name: str, text: str, every: bool = False) -> 
 
 
 def _history(ws: Workspace, **fields) -> Path:
-    line = {"schema": "replaytests.history/1", "date": "2026-12-01T00:00:00", "label": None, "ledger": "x",
+    line = {"schema": "replaytests.history/1", "date": "2026-12-01T00:00:00", "label": "night", "ledger": "x",
             "ledger_sha256": "0" * 64, "families": {}} | fields
     return ws.write("h.jsonl", json.dumps({k: v for k, v in line.items() if v is not None}) + "\n")
+
+
+def _history_summary(ws: Workspace, **fields) -> Path:
+    """A history line whose one precision summary (crossing, bf16) is a valid one changed by `fields`."""
+    summary = {"rows": 12, "excluded": 0, "replicas_exact": wilson(12, 12).to_json(),
+               "pairs": {"incremental~prefill": {"suffix_divergence": wilson(3, 12).to_json()}}} | fields
+    return _history(ws, families={"crossing": {"bf16": summary}})
+
+
+def _expected(ws: Workspace, **fields) -> Path:
+    """An expected-state file of one entry, changed by `fields`."""
+    entry = {"family": "crossing", "precision": "fp32", "level": "bits", "why": "a known change"} | fields
+    return ws.write("e.yaml", "schema: replaytests.expected/1\nchanges:\n  - " + json.dumps(entry) + "\n")
 
 
 def _reported(ws: Workspace) -> Path:
