@@ -11,7 +11,9 @@ import math
 import os
 import re
 import stat
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -61,18 +63,58 @@ def umask() -> int:
     return mask
 
 
+LOCK_NOTICE = 1.0  # seconds: a lock held longer than this is said on stderr, once
+LOCK_POLL = 0.05  # seconds between tries
+
+
 @contextlib.contextmanager
-def exclusive(path: Path) -> Iterator[None]:
+def exclusive(path: Path, timeout: float, error: type[Exception]) -> Iterator[None]:
     """Hold an exclusive lock for a read-modify-write of `path` (replaced atomically, so its own inode cannot
     carry the lock): the lock is on its directory, which leaves no lock file behind. Writers in other
-    processes wait for it; readers need none (they see the old file or the new one)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)
+    processes wait for it; readers need none (they see the old file or the new one). A wait past
+    LOCK_NOTICE is said in one line on stderr (the directory, and the process holding it where Linux says),
+    and a wait past `timeout` seconds is `error`, one line: a lock left held never hangs a nightly job."""
+    directory = Path(path).parent
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _wait_for_lock(fd, Path(path), timeout, error)
         yield
     finally:
         os.close(fd)
+
+
+def _wait_for_lock(fd: int, path: Path, timeout: float, error: type[Exception]) -> None:
+    start, told = time.monotonic(), False
+    lock = f"the lock on {path.parent}/"
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waited = time.monotonic() - start
+        if waited >= timeout:
+            raise error(f"{path}: gave up after {timeout:g} s waiting for {lock}{_holder(fd)} (another writer of it; "
+                        "the lock is released when that process ends)")
+        if not told and waited >= LOCK_NOTICE:
+            print(f"replaytests: {path}: waiting up to {timeout:g} s for {lock}{_holder(fd)} (another writer of it)",
+                  file=sys.stderr, flush=True)
+            told = True
+        time.sleep(LOCK_POLL)
+
+
+def _holder(fd: int) -> str:
+    """', held by process N' where /proc/locks names the process holding a flock on `fd`'s file, else ''."""
+    info = os.fstat(fd)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:5678 0 EOF"; a waiter's line has "->" after the number
+            pids = [fields[4] for line in locks if len(fields := line.split()) > 5 and fields[1] == "FLOCK"
+                    and fields[5] == inode]
+    except OSError:
+        return ""
+    return f", held by process {pids[0]}" if pids else ""
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -97,7 +139,7 @@ def write_set(files: dict[Path, str]) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             temporaries[path] = tmp
-            os.chmod(tmp, 0o666 & ~umask())  # the mode open() would give, not mkstemp's private 0600
+            os.chmod(tmp, _mode(path))
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
@@ -108,6 +150,15 @@ def write_set(files: dict[Path, str]) -> None:
         for tmp in temporaries.values():
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _mode(path: Path) -> int:
+    """The mode open() would give: the file's own where it exists (a rename must not reset a chmod), else
+    what the umask leaves of 0666; never mkstemp's private 0600."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~umask()
 
 
 def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:

@@ -9,6 +9,8 @@ runs in date order: a compact table, and a plot per family and headline pair wit
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -201,10 +203,13 @@ def _instant(date: str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+LOCK_TIMEOUT = 60.0  # seconds an append waits for another one's lock on the history (docs/nightly.md)
+
+
 def append(source: Path, into: Path, label: str | None = None, date: str | None = None,
-           accept_interrupted: bool = False) -> dict:
-    """Add one run to the history (created if missing), atomically; the same ledger twice is refused, and
-    an interrupted run unless accept_interrupted."""
+           accept_interrupted: bool = False, lock_timeout: float | None = None) -> dict:
+    """Add one run to the history (created if missing), atomically, keeping its mode; the same ledger twice is
+    refused, and an interrupted run unless accept_interrupted, and a history this user may not write."""
     run = runs.read_run(source) or {}
     if (run.get("run") or {}).get("interrupted") and not accept_interrupted:
         raise HistoryError(f"{source}: an interrupted run (it holds only what it finished), not a night of the "
@@ -213,7 +218,9 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
     if problem := _problem(new):  # what a reader would refuse is never written
         raise HistoryError(f"{source}: cannot append this run: {problem}")
     try:
-        with exclusive(Path(into)):  # appends from several processes: each reads what the last one wrote
+        # appends from several processes: each reads what the last one wrote
+        with exclusive(Path(into), LOCK_TIMEOUT if lock_timeout is None else lock_timeout, HistoryError):
+            _check_writable(Path(into))
             text = read_text(into, "history", HistoryError) if Path(into).exists() else ""
             if same := next((e for e in _parse(into, text) if e["ledger_sha256"] == new["ledger_sha256"]), None):
                 raise HistoryError(f"{into}: this ledger is already in the history (run of {same['date']}, label "
@@ -224,6 +231,19 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
     except OSError as exc:
         raise HistoryError(f"{into}: cannot write history: {exc.strerror or exc}") from None
     return new
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a history this user may not write: renaming a new file over it would succeed all the same
+    (only its directory must be writable) and leave it writable. A file without any write bit is read-only
+    even to root, whom os.access lets write anything."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if not os.access(path, os.W_OK) or not mode & 0o222:
+        raise HistoryError(f"{path}: the history is read-only (mode {mode:04o}); not appended (make it writable, "
+                           "e.g. chmod u+w, to append)")
 
 
 def _lines(entries: list[dict]):
