@@ -287,6 +287,8 @@ PYTEST = {
                              r"field 'id' has 201 characters, more than 200"),
     "bank-duplicate-key": Case(lambda w: ["--bank", str(_bank_text(w, lambda line: '{"id": "dup", ' + line[1:]))],
                                r"tiny\.jsonl:1: field 'id' written twice in one object \(JSON would keep the last\)"),
+    "bank-row-nan": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(prefix_len=float("nan"))))],
+                         r"edited/tiny\.jsonl:1: field 'prefix_len' is NaN; expected a finite number \(strict JSON"),
     "contract-name-newline": Case(lambda w: ["--contract", str(_named(w, "bad\\nverdict: PASS (999 passed)"))],
                                   r"bad\.yaml: name: expected 1 to 200 characters, none a control character"),
     "contract-name-escape": Case(lambda w: ["--contract", str(_named(w, "bad\\e[31m"))],
