@@ -206,6 +206,8 @@ def read_json(path: Path, what: str, error: type[Exception], limit: int = MAX_IN
         raise error(f"{path}: cannot read {what}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise error(f"{path}: cannot read {what}: JSON nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise error(f"{path}: cannot read {what}: not valid JSON ({exc})") from None
 
 
 class _DuplicateKey(ValueError):
@@ -314,6 +316,8 @@ def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[i
             raise error(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:
             raise error(f"{path}:{number}: JSON nested too deeply") from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise error(f"{path}:{number}: not valid JSON ({exc})") from None
         if not isinstance(value, dict):
             raise error(f"{path}:{number}: expected a JSON object per line, got {type(value).__name__}")
         objects.append((number, value))

@@ -431,6 +431,12 @@ COMMANDS = {
                                  r"h\.jsonl:1: field 'label' holds a control character U\+001B at index 5", "history"),
     "history-bad-date": Case(lambda w: ["show", str(_history(w, date="yesterday"))],
                              r"h\.jsonl:1: field 'date' is not an ISO 8601 date", "history"),
+    "history-huge-integer": Case(lambda w: ["show", str(w.write("h.jsonl", '{"n": ' + "9" * 5000 + "}\n"))],
+                                 r"h\.jsonl:1: not valid JSON \(Exceeds the limit \(4300 digits\) for integer",
+                                 "history"),
+    "compare-run-json-huge-integer": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"n": ' + "9" * 5000 + "}"))], r"run\.json: cannot read run metadata: not valid JSON \(Exceeds the limit "
+                                           r"\(4300 digits\)", "compare"),
     # a history line wrong deep inside: refused as it is read, naming the field, never a traceback
     "history-without-label": Case(lambda w: ["show", str(_history(w, label=None))],
                                   r"h\.jsonl:1: field 'label' must be a string or null, missing$", "history"),
