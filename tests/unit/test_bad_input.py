@@ -309,6 +309,11 @@ PYTEST = {
                          r"edited/tiny\.jsonl: bank sha256 .* the bank changed since it was frozen; refused"),
     "manifest-old-schema": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m.update(schema="x/1")))],
                                 r"tiny\.manifest\.json: field 'schema' is 'x/1', expected 'replaytests\.bank-manifest"),
+    "manifest-without-contract": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m.pop("contract")))],
+                                      r"tiny\.manifest\.json: manifest has no field 'contract\.caps' \(freeze the "
+                                      r"bank again\)"),
+    "manifest-sha-a-number": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m["model"].update(sha256=7)))],
+                                  r"tiny\.manifest\.json: field 'model\.sha256' must be a string, got 7"),
     "manifest-not-json": Case(lambda w: ["--bank", str(_bank_with_manifest(w, "{"))],
                               r"x\.manifest\.json: cannot read bank manifest: not valid JSON"),
     # models

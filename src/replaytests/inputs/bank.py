@@ -201,10 +201,19 @@ def read_manifest(bank: Path) -> dict:
                           "with `replaytests freeze`")
     if not bank.is_file():
         raise ConfigError(f"{bank}: bank not found beside its manifest {path.name}")
+    for dotted, kind in MANIFEST_FIELDS.items():
+        if not isinstance(value := manifest_field(manifest, dotted, bank), kind):
+            raise ConfigError(f"{path}: field {dotted!r} must be {_KINDS[kind]}, got {short(value)} (freeze the bank "
+                              "again)")
     return manifest
 
 
 _MISSING = object()
+# The manifest's fields its readers take without a default (the integrity checks, the run's header, whether
+# live generation re-freezes the bank): checked once, as it is read.
+MANIFEST_FIELDS = {"bank_sha256": str, "model.sha256": str, "tokenizer.sha256": str, "tokenizer.delimiter_ids": list,
+                   "precision": str, "contract.caps": dict}
+_KINDS = {str: "a string", list: "a list", dict: "an object"}
 
 
 def manifest_field(manifest: dict, dotted: str, bank: Path):
