@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from replaytests.errors import ReplaytestsError
 from replaytests.outputs import history
 from replaytests.outputs.ledger import collate
 from replaytests.outputs.report import write_report
@@ -45,6 +46,19 @@ def shoot(browser: str, page: Path, png: Path, width: int, height: int) -> None:
     print(png)
 
 
+def render(run: Path, history_file: Path | None, out: Path) -> dict[str, Path]:
+    """The pages to shoot: the run's report re-rendered into `out`, and the history page."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReplaytestsError(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
+    pages = {"report": write_report(out, collate([run]), report_meta([run]))[2]}
+    if history_file:
+        pages["history"] = out / "history.html"
+        history.show(history_file, pages["history"])
+    return pages
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="a run directory, or a report root (through latest)")
@@ -53,11 +67,11 @@ def main() -> int:
     parser.add_argument("--widths", type=int, nargs="+", default=[1400, 800])
     args = parser.parse_args()
     browser = chromium()
-    args.out.mkdir(parents=True, exist_ok=True)
-    pages = {"report": write_report(args.out, collate([args.run]), report_meta([args.run]))[2]}
-    if args.history:
-        pages["history"] = args.out / "history.html"
-        history.show(args.history, pages["history"])
+    try:  # a bad ledger, run.json or history: one line, as replaytests itself says it
+        pages = render(args.run, args.history, args.out)
+    except ReplaytestsError as exc:
+        print(f"screenshots: error: {exc}", file=sys.stderr)
+        return 2
     for name, page in pages.items():
         for width in args.widths:
             shoot(browser, page, args.out / f"{name}-{width}-fold.png", width, FOLD)

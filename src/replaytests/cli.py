@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import math
 import os
 import secrets
 import signal
@@ -274,7 +275,8 @@ def _history(args: argparse.Namespace) -> int:
     from replaytests.outputs import history
 
     if args.action == "append":
-        entry = history.append(args.source, args.into, args.label, args.date, args.accept_interrupted)
+        entry = history.append(args.source, args.into, args.label, args.date, args.accept_interrupted,
+                               args.lock_timeout)
         print(f"appended {entry['ledger']} ({entry['date']}) to {args.into}")
     else:
         if args.html is not None:
@@ -290,6 +292,16 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text!r}") from None
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"expected a number between 0 and 1, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:  # NaN fails it too
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
     return value
 
 
@@ -440,6 +452,9 @@ def parser() -> argparse.ArgumentParser:
     append.add_argument("--date", default=None, help="ISO 8601 date of the run. Default: now (UTC)")
     append.add_argument("--accept-interrupted", action="store_true",
                         help="append an interrupted run (refused otherwise: it is not a whole night)")
+    append.add_argument("--lock-timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="how long to wait for another append's lock on the history before giving up. "
+                             "Default: 60")
     show = actions.add_parser("show", help="print the history as a table; --html also writes a page with plots")
     show.add_argument("history", type=Path, metavar="HISTORY", help="history JSONL")
     show.add_argument("--html", type=Path, default=None, metavar="OUT",

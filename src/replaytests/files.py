@@ -7,13 +7,17 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
+import re
 import stat
+import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from replaytests.errors import ConfigError
+from replaytests.errors import ConfigError, shorten
 
 
 def lookup(tree: object, *keys: str, default: object = None) -> object:
@@ -39,8 +43,21 @@ def sha256_file(path: Path, what: str = "a file to hash", error: type[Exception]
 
 def sha256_json(value: object) -> str:
     """Digest of a JSON-able value, independent of key order."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    text = dumps(value, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def dumps(value: object, **options) -> str:
+    """`value` as strict JSON: a NaN or an infinity is a NotStrictJSON naming its field, never written
+    as the `NaN` or `Infinity` that json.dumps writes by default and that strict JSON parsers (browsers, jq,
+    Go, Rust) refuse. The one writer of the suite's JSON."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:
+        found = _first(value, lambda v: isinstance(v, float) and not math.isfinite(v))
+        if found is None:
+            raise
+        raise NotStrictJSON(f"{_field(found[0])} is {found[1]}; strict JSON has no NaN or Infinity") from None
 
 
 def umask() -> int:
@@ -49,18 +66,58 @@ def umask() -> int:
     return mask
 
 
+LOCK_NOTICE = 1.0  # seconds: a lock held longer than this is said on stderr, once
+LOCK_POLL = 0.05  # seconds between tries
+
+
 @contextlib.contextmanager
-def exclusive(path: Path) -> Iterator[None]:
+def exclusive(path: Path, timeout: float, error: type[Exception]) -> Iterator[None]:
     """Hold an exclusive lock for a read-modify-write of `path` (replaced atomically, so its own inode cannot
     carry the lock): the lock is on its directory, which leaves no lock file behind. Writers in other
-    processes wait for it; readers need none (they see the old file or the new one)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(path).parent, os.O_RDONLY | os.O_DIRECTORY)
+    processes wait for it; readers need none (they see the old file or the new one). A wait past
+    LOCK_NOTICE is said in one line on stderr (the directory, and the process holding it where Linux says),
+    and a wait past `timeout` seconds is `error`, one line: a lock left held never hangs a nightly job."""
+    directory = Path(path).parent
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _wait_for_lock(fd, Path(path), timeout, error)
         yield
     finally:
         os.close(fd)
+
+
+def _wait_for_lock(fd: int, path: Path, timeout: float, error: type[Exception]) -> None:
+    start, told = time.monotonic(), False
+    lock = f"the lock on {path.parent}/"
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waited = time.monotonic() - start
+        if waited >= timeout:
+            raise error(f"{path}: gave up after {timeout:g} s waiting for {lock}{_holder(fd)} (another writer of it; "
+                        "the lock is released when that process ends)")
+        if not told and waited >= LOCK_NOTICE:
+            print(f"replaytests: {path}: waiting up to {timeout:g} s for {lock}{_holder(fd)} (another writer of it)",
+                  file=sys.stderr, flush=True)
+            told = True
+        time.sleep(LOCK_POLL)
+
+
+def _holder(fd: int) -> str:
+    """', held by process N' where /proc/locks names the process holding a flock on `fd`'s file, else ''."""
+    info = os.fstat(fd)
+    inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            # "1: FLOCK  ADVISORY  WRITE 4242 fd:01:5678 0 EOF"; a waiter's line has "->" after the number
+            pids = [fields[4] for line in locks if len(fields := line.split()) > 5 and fields[1] == "FLOCK"
+                    and fields[5] == inode]
+    except OSError:
+        return ""
+    return f", held by process {pids[0]}" if pids else ""
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -85,7 +142,7 @@ def write_set(files: dict[Path, str]) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             temporaries[path] = tmp
-            os.chmod(tmp, 0o666 & ~umask())  # the mode open() would give, not mkstemp's private 0600
+            os.chmod(tmp, _mode(path))
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
@@ -98,12 +155,21 @@ def write_set(files: dict[Path, str]) -> None:
         raise
 
 
+def _mode(path: Path) -> int:
+    """The mode open() would give: the file's own where it exists (a rename must not reset a chmod), else
+    what the umask leaves of 0666; never mkstemp's private 0600."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~umask()
+
+
 def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
-    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    write_atomic(path, "".join(dumps(r, sort_keys=True) + "\n" for r in records))
 
 
 def write_json_atomic(path: Path, value: object, sort_keys: bool = True) -> None:
-    write_atomic(path, json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
+    write_atomic(path, dumps(value, indent=2, sort_keys=sort_keys) + "\n")
 
 
 MAX_INPUT = 256 << 20  # bytes: a contract, bank, manifest, ledger or history larger than this is not one
@@ -164,17 +230,22 @@ def read_text(path: Path, what: str, error: type[Exception], limit: int = MAX_IN
 
 
 def read_json(path: Path, what: str, error: type[Exception], limit: int = MAX_INPUT) -> object:
-    """A JSON file read as every input is (read_text: a regular file of bounded size), with nesting bounded
-    and a key written twice refused: anything else is `error`, one line naming the file."""
+    """A JSON file read as every input is (read_text: a regular file of bounded size), as strict JSON (no
+    NaN or Infinity), with nesting bounded and a key written twice refused: anything else is `error`, one
+    line naming the file."""
     text = read_text(path, what, error, limit)
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return loads(text)
+    except NotStrictJSON as exc:
+        raise error(f"{path}:{_line_of_constant(text)}: cannot read {what}: {exc}") from None
     except _DuplicateKey as exc:
         raise error(f"{path}: cannot read {what}: field {exc.args[0]!r} written twice in one object") from None
     except json.JSONDecodeError as exc:
         raise error(f"{path}: cannot read {what}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise error(f"{path}: cannot read {what}: JSON nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise error(f"{path}: cannot read {what}: not valid JSON ({exc})") from None
 
 
 class _DuplicateKey(ValueError):
@@ -189,15 +260,93 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return value
 
 
+class NotStrictJSON(ValueError):
+    """A `NaN`, `Infinity` or `-Infinity` in a JSON text, or a number too large for a float (`1e999`):
+    Python's json reads them as NaN and infinities, strict JSON has none, so a value read with one would be
+    written on into a report.json no strict parser reads. Its text names the field that holds it."""
+
+
+class _Constant:
+    """Where a NaN or an infinity was read: found by its field's path once the text is known to hold one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _ConstantFound(Exception):
+    pass
+
+
+def _refuse_constant(name: str) -> object:
+    raise _ConstantFound(name)
+
+
+def _finite_float(text: str) -> float:
+    if math.isfinite(value := float(text)):
+        return value
+    raise _ConstantFound(text)
+
+
+def _float_or_constant(text: str) -> object:
+    return value if math.isfinite(value := float(text)) else _Constant(text)
+
+
+def loads(text: str) -> object:
+    """`text` read as strict JSON: a key written twice is a _DuplicateKey, a NaN or an infinity a
+    NotStrictJSON naming its field. Only a text that holds one is read twice (to find the field)."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_refuse_constant,
+                          parse_float=_finite_float)
+    except _ConstantFound:
+        path, found = _first(json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_Constant,
+                                        parse_float=_float_or_constant), lambda v: isinstance(v, _Constant))
+        raise NotStrictJSON(f"{_field(path)} is {shorten(found.name, 40)}; expected a finite number (strict "
+                                "JSON has no NaN or Infinity)") from None
+
+
+def _first(value: object, test: Callable[[object], bool], path: str = "") -> tuple[str, object] | None:
+    """The path (`a.b[2]`) of the first value in `value` that passes `test`, in the text's order, and it."""
+    if test(value):
+        return path, value
+    if isinstance(value, dict):
+        items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+    else:
+        items = ((f"{path}[{i}]", item) for i, item in enumerate(value if isinstance(value, (list, tuple)) else ()))
+    return next((found for inner, item in items if (found := _first(item, test, inner)) is not None), None)
+
+
+def _field(path: str) -> str:
+    return f"field {path!r}" if path else "the value"
+
+
+# A JSON string (skipped whole: it may spell "NaN"), or a constant or a number outside one.
+_STRING_OR_VALUE = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN|-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+))')
+
+
+def _line_of_constant(text: str) -> int:
+    """The line of the first NaN or infinity of a JSON text (one of several lines: a run.json)."""
+    found = next(m for m in _STRING_OR_VALUE.finditer(text)
+                 if m.group(1) and not math.isfinite(float(m.group(1))))
+    return text.count("\n", 0, found.start()) + 1
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSONL text: split at "\n" alone (a "\r" before it is JSON whitespace), never where
+    str.splitlines would also split: inside a string holding U+2028, U+2029 or U+0085 (NEL)."""
+    return text.split("\n")
+
+
 def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[int, dict]]:
-    """(line number, object) of each non-blank line of a JSONL text; a line that is not a JSON object
-    is `error`, naming the file and the line."""
+    """(line number, object) of each non-blank line of a JSONL text, read as strict JSON; a line that is
+    not a JSON object is `error`, naming the file, the line and the field."""
     objects = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(text), start=1):
         if not line.strip():
             continue
         try:
-            value = json.loads(line, object_pairs_hook=_unique_keys)
+            value = loads(line)
+        except NotStrictJSON as exc:
+            raise error(f"{path}:{number}: {exc}") from None
         except _DuplicateKey as exc:
             raise error(f"{path}:{number}: field {exc.args[0]!r} written twice in one object (JSON would keep "
                         "the last)") from None
@@ -205,6 +354,8 @@ def jsonl_objects(path: Path, text: str, error: type[Exception]) -> list[tuple[i
             raise error(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:
             raise error(f"{path}:{number}: JSON nested too deeply") from None
+        except ValueError as exc:  # an integer of more digits than Python converts
+            raise error(f"{path}:{number}: not valid JSON ({exc})") from None
         if not isinstance(value, dict):
             raise error(f"{path}:{number}: expected a JSON object per line, got {type(value).__name__}")
         objects.append((number, value))

@@ -24,6 +24,7 @@ import pytest
 from replaytests.cli import main
 from replaytests.inputs.bank import manifest_path
 from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, REPO, Options
+from replaytests.outputs.stats import wilson
 
 USAGE = pytest.ExitCode.USAGE_ERROR
 
@@ -306,6 +307,8 @@ PYTEST = {
                              r"field 'id' has 201 characters, more than 200"),
     "bank-duplicate-key": Case(lambda w: ["--bank", str(_bank_text(w, lambda line: '{"id": "dup", ' + line[1:]))],
                                r"tiny\.jsonl:1: field 'id' written twice in one object \(JSON would keep the last\)"),
+    "bank-row-nan": Case(lambda w: ["--bank", str(_bank_row(w, lambda r: r.update(prefix_len=float("nan"))))],
+                         r"edited/tiny\.jsonl:1: field 'prefix_len' is NaN; expected a finite number \(strict JSON"),
     "contract-name-newline": Case(lambda w: ["--contract", str(_named(w, "bad\\nverdict: PASS (999 passed)"))],
                                   r"bad\.yaml: name: expected 1 to 200 characters, none a control character"),
     "contract-name-escape": Case(lambda w: ["--contract", str(_named(w, "bad\\e[31m"))],
@@ -327,6 +330,11 @@ PYTEST = {
                          r"edited/tiny\.jsonl: bank sha256 .* the bank changed since it was frozen; refused"),
     "manifest-old-schema": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m.update(schema="x/1")))],
                                 r"tiny\.manifest\.json: field 'schema' is 'x/1', expected 'replaytests\.bank-manifest"),
+    "manifest-without-contract": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m.pop("contract")))],
+                                      r"tiny\.manifest\.json: manifest has no field 'contract\.caps' \(freeze the "
+                                      r"bank again\)"),
+    "manifest-sha-a-number": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m["model"].update(sha256=7)))],
+                                  r"tiny\.manifest\.json: field 'model\.sha256' must be a string, got 7"),
     "manifest-not-json": Case(lambda w: ["--bank", str(_bank_with_manifest(w, "{"))],
                               r"x\.manifest\.json: cannot read bank manifest: not valid JSON"),
     # models
@@ -454,6 +462,65 @@ COMMANDS = {
                                  r"h\.jsonl:1: field 'label' holds a control character U\+001B at index 5", "history"),
     "history-bad-date": Case(lambda w: ["show", str(_history(w, date="yesterday"))],
                              r"h\.jsonl:1: field 'date' is not an ISO 8601 date", "history"),
+    "history-huge-integer": Case(lambda w: ["show", str(w.write("h.jsonl", '{"n": ' + "9" * 5000 + "}\n"))],
+                                 r"h\.jsonl:1: not valid JSON \(Exceeds the limit \(4300 digits\) for integer",
+                                 "history"),
+    "compare-run-json-huge-integer": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"n": ' + "9" * 5000 + "}"))], r"run\.json: cannot read run metadata: not valid JSON \(Exceeds the limit "
+                                           r"\(4300 digits\)", "compare"),
+    # a history line wrong deep inside: refused as it is read, naming the field, never a traceback
+    "history-without-label": Case(lambda w: ["show", str(_history(w, label=None))],
+                                  r"h\.jsonl:1: field 'label' must be a string or null, missing$", "history"),
+    "history-pair-an-integer": Case(lambda w: ["show", str(_history_summary(w, pairs={"incremental~prefill": 3}))],
+                                    r"h\.jsonl:1: field 'families\.crossing\.bf16\.pairs\.incremental~prefill' "
+                                    r"must be an object of Wilson proportions, got 3$", "history"),
+    "history-wilson-without-n": Case(lambda w: ["show", str(_history_summary(w, pairs={"incremental~prefill": {
+        "suffix_divergence": {"k": 1, "rate": 0.5, "ci_low": 0.1, "ci_high": 0.9}}}))],
+        r"h\.jsonl:1: field 'families\.crossing\.bf16\.pairs\.incremental~prefill\.suffix_divergence\.n' must "
+        r"be a non-negative integer, missing$", "history"),
+    "history-count-a-string": Case(lambda w: ["show", str(_history_summary(w, replicas_exact={"k": "12", "n": 12}))],
+                                   r"h\.jsonl:1: field 'families\.crossing\.bf16\.replicas_exact\.k' must be a "
+                                   r"non-negative integer, got '12'$", "history"),
+    "history-rows-negative": Case(lambda w: ["show", str(_history_summary(w, rows=-1))],
+                                  r"h\.jsonl:1: field 'families\.crossing\.bf16\.rows' must be a non-negative "
+                                  r"integer, got -1$", "history"),
+    "history-rate-missing": Case(lambda w: ["show", str(_history_summary(w, replicas_exact={"k": 1, "n": 2}))],
+                                 r"h\.jsonl:1: field 'families\.crossing\.bf16\.replicas_exact\.rate' must be a "
+                                 r"number from 0 to 1, missing$", "history"),
+    "history-family-name-escape": Case(lambda w: ["show", str(_history(w, families={"x\x1b[2J": {}}))],
+                                       r"h\.jsonl:1: field 'families': the name 'x\\x1b\[2J' holds a control "
+                                       r"character U\+001B at index 1$", "history"),
+    "history-html-empty-causal": Case(lambda w: ["show", str(_history(w, causal={"transplant": {}})), "--html",
+                                                 str(w.root / "h.html")],
+                                      r"h\.jsonl:1: field 'causal\.transplant\.follows_donor' must be an object of "
+                                      r"Wilson proportions per direction, got None$", "history"),
+    "history-replication-without-label": Case(lambda w: ["show", str(_history(w, causal={"replication": {
+        "follows_donor": {}, "control_third": {}, "divergent": {"k": 0, "n": 0}}}))],
+        r"h\.jsonl:1: field 'causal\.replication\.label' must be a string of printable characters, missing$",
+        "history"),
+    # run.json wrong deep inside: refused as it is read, naming the field
+    "report-run-json-verdict-result": Case(lambda w: [str(_run_json(w, '{"verdict": {"result": 3}}')), "--out",
+                                                      str(w.root / "out")],
+                                           r"run\.json: field 'verdict\.result' must be a string, got 3$", "report"),
+    "compare-run-json-verdict-tests": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"verdict": {"result": "pass", "tests": {"passed": "12"}, "failures": []}}'))],
+        r"run\.json: field 'verdict\.tests' must be an object of test counts per outcome, got \{'passed': '12'\}$",
+        "compare"),
+    "compare-run-json-verdict-failure": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"verdict": {"result": "fail", "tests": {"failed": 1}, "failures": [{"check": "x"}]}}'))],
+        r"run\.json: field 'verdict\.failures\[0\]' must be an object with the strings check and message, got "
+        r"\{'check': 'x'\}$", "compare"),
+    "compare-run-json-software-a-list": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{"environment": {"software": ["torch"], "hardware": {}}}'))],
+        r"run\.json: field 'environment\.software' must be an object, got \['torch'\]$", "compare"),
+    # an expected-state file's fields are printed in reason lines: no control character
+    "compare-expected-escape": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(DEFAULT_BASELINE_DIR), "--expected", str(
+        _expected(w, why="a\x1b[2Jb"))], r"e\.yaml: changes\[0\]: field 'why' holds a control character U\+001B at "
+                                          r"index 1$", "compare"),
+    "compare-expected-newline": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(DEFAULT_BASELINE_DIR), "--expected",
+                                                str(_expected(w, family="crossing\nPASS"))],
+                                     r"e\.yaml: changes\[0\]: field 'family' holds a control character U\+000A at "
+                                     r"index 8$", "compare"),
     "freeze-out-a-directory": Case(lambda w: ["--out", str(w.root)], r"--out .*: is a directory; expected a file",
                                    "freeze"),
     "freeze-manifest-a-directory": Case(lambda w: ["--out", str(w.write("f/b.manifest.json/x", "") and
@@ -482,6 +549,26 @@ COMMANDS = {
                                                                 r"already; pass --out DIR", "report"),
     "report-empty-ledger": Case(lambda w: [str(w.write("e/ledger.jsonl", ""))], r"ledger\.jsonl: empty ledger",
                                 "report"),
+    # strict JSON: NaN and infinities are refused where they are read, and never written (report.json)
+    "compare-ledger-nan": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger_metric(w, "k_rel_l2", "NaN"))],
+                               r"bad\.jsonl:1: field 'comparisons\.[^']+\.k_rel_l2' is NaN; expected a finite "
+                               r"number \(strict JSON has no NaN or Infinity\)$", "compare"),
+    "report-ledger-infinity": Case(lambda w: [str(_ledger_metric(w, "logits_max_abs", "-Infinity"))],
+                                   r"bad\.jsonl:1: field 'comparisons\.[^']+\.logits_max_abs' is -Infinity; "
+                                   r"expected a finite number", "report"),
+    "report-ledger-overflow": Case(lambda w: [str(_ledger_metric(w, "v_max_abs", "1e999"))],
+                                   r"bad\.jsonl:1: field 'comparisons\.[^']+\.v_max_abs' is 1e999; expected a "
+                                   r"finite number", "report"),
+    "report-mean-overflows": Case(lambda w: [str(_ledger_metric(w, "k_max_abs", "1.7e308", every=True))],
+                                  r"report\.json: cannot write report: field 'families\.[^']+\.median' is inf; "
+                                  r"strict JSON has no NaN or Infinity$", "report"),
+    "compare-run-json-nan": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
+        w, '{\n  "schema": "replaytests.run/1",\n  "drift": [Infinity]\n}\n'))],
+        r"run\.json:3: cannot read run metadata: field 'drift\[0\]' is Infinity; expected a finite number",
+        "compare"),
+    "history-nan": Case(lambda w: ["show", str(_history(w, families={"live": {"bf16": {
+        "rows": float("nan"), "excluded": 0, "pairs": {}}}}))],
+        r"h\.jsonl:1: field 'families\.live\.bf16\.rows' is NaN; expected a finite number", "history"),
     "compare-unrelated-runs": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(REPO / "fixtures/ledgers/cpu-smollm2")],
                                    r"the runs were made on other inputs \(the input bank: .*--across-inputs",
                                    "compare"),
@@ -527,10 +614,31 @@ def _ledger(ws: Workspace, **fields) -> Path:
     return ws.write("bad.jsonl", json.dumps(record) + "\n")
 
 
+def _ledger_metric(ws: Workspace, name: str, text: str, every: bool = False) -> Path:
+    """The committed baseline's first record (`every`: all its records), each comparison's metric `name`
+    spelled `text` (a NaN, an infinity, a number past the float range)."""
+    lines = (DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()[: None if every else 1]
+    return ws.write("e/bad.jsonl", "".join(re.sub(rf'"{name}": [^,}}]+', f'"{name}": {text}', line) + "\n"
+                                           for line in lines))
+
+
 def _history(ws: Workspace, **fields) -> Path:
-    line = {"schema": "replaytests.history/1", "date": "2026-12-01T00:00:00", "label": None, "ledger": "x",
+    line = {"schema": "replaytests.history/1", "date": "2026-12-01T00:00:00", "label": "night", "ledger": "x",
             "ledger_sha256": "0" * 64, "families": {}} | fields
     return ws.write("h.jsonl", json.dumps({k: v for k, v in line.items() if v is not None}) + "\n")
+
+
+def _history_summary(ws: Workspace, **fields) -> Path:
+    """A history line whose one precision summary (crossing, bf16) is a valid one changed by `fields`."""
+    summary = {"rows": 12, "excluded": 0, "replicas_exact": wilson(12, 12).to_json(),
+               "pairs": {"incremental~prefill": {"suffix_divergence": wilson(3, 12).to_json()}}} | fields
+    return _history(ws, families={"crossing": {"bf16": summary}})
+
+
+def _expected(ws: Workspace, **fields) -> Path:
+    """An expected-state file of one entry, changed by `fields`."""
+    entry = {"family": "crossing", "precision": "fp32", "level": "bits", "why": "a known change"} | fields
+    return ws.write("e.yaml", "schema: replaytests.expected/1\nchanges:\n  - " + json.dumps(entry) + "\n")
 
 
 def _reported(ws: Workspace) -> Path:

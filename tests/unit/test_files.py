@@ -1,9 +1,11 @@
 """Atomic writes: a reader sees the old file or the new one, never a half-written one. Bounded reads: every
 reader takes a regular file only."""
 
+import json
 import os
 import re
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +13,20 @@ from conftest import within
 from replaytests.engine.llamacpp import conversion
 from replaytests.engine.llamacpp.hf_to_gguf import splits_as_gpt2
 from replaytests.engine.llamacpp.runtime import check_gguf
-from replaytests.errors import ConfigError
-from replaytests.files import read_text, sha256_file, write_atomic, write_set
+from replaytests.errors import ConfigError, LedgerError
+from replaytests.files import (
+    NotStrictJSON,
+    jsonl_objects,
+    read_json,
+    read_text,
+    sha256_file,
+    write_atomic,
+    write_json_atomic,
+    write_jsonl_atomic,
+    write_set,
+)
+from replaytests.inputs import bank
+from replaytests.outputs import history, ledger
 
 
 def test_written_file_has_the_mode_open_would_give(tmp_path):
@@ -122,3 +136,82 @@ def test_every_reader_of_a_users_file_is_bounded(tmp_path, read, expected):
         assert outcome is expected, f"{outcome!r}, expected {expected}"
     else:
         assert isinstance(outcome, ConfigError) and str(outcome).endswith(expected), f"{outcome!r}, expected {expected}"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("write", [write_json_atomic, lambda path, v: write_jsonl_atomic(path, [v])],
+                         ids=["json", "jsonl"])
+def test_a_writer_refuses_what_strict_json_cannot_hold(tmp_path, write, value):
+    """json.dumps writes NaN and Infinity by default; no strict JSON parser reads them back."""
+    path = tmp_path / "out.json"
+    with pytest.raises(NotStrictJSON, match=rf"^field 'runs\[1\]\.drift' is {value}; strict JSON has no NaN"):
+        write(path, {"runs": [{"drift": 0.5}, {"drift": value}]})
+    assert not path.exists(), "a refused value was written"
+
+
+SEPARATORS = {"LS": "\u2028", "PS": "\u2029", "NEL": "\u0085"}
+
+
+@pytest.mark.parametrize("separator", SEPARATORS.values(), ids=SEPARATORS.keys())
+@pytest.mark.parametrize("ending", ["\n", "\r\n"], ids=["LF", "CRLF"])
+def test_a_jsonl_line_ends_at_a_newline_only(separator, ending):
+    """str.splitlines also splits at U+2028, U+2029 and NEL, which JSON strings may hold raw."""
+    text = ending.join(json.dumps({"id": f"r{i}", "answer": f"a{separator}b"}, ensure_ascii=False)
+                       for i in range(3)) + ending
+    objects = jsonl_objects(Path("x.jsonl"), text, LedgerError)
+    assert [(n, o["answer"]) for n, o in objects] == [(n, f"a{separator}b") for n in (1, 2, 3)], objects
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('{"a": NaN}', "field 'a' is NaN"),
+    ('{"a": {"b": [0, Infinity]}}', r"field 'a\.b\[1\]' is Infinity"),
+    ('{"a": "NaN", "b": -Infinity}', "field 'b' is -Infinity"),
+    ('{"a": 1e999}', "field 'a' is 1e999"),
+    ('{"a": -1234567e400}', "field 'a' is -1234567e400"),
+])
+def test_a_reader_refuses_what_strict_json_has_not(tmp_path, text, field):
+    """Python's json reads NaN, Infinity and floats past the range (as infinities); strict JSON has none."""
+    with pytest.raises(LedgerError, match=rf"^x\.jsonl:2: {field}; expected a finite number \(strict JSON"):
+        jsonl_objects(Path("x.jsonl"), '{"ok": 1.5}\n' + text + "\n", LedgerError)
+    path = tmp_path / "run.json"
+    path.write_text('{\n  "ok": 1.5,\n  "bad": ' + text + "\n}\n")
+    with pytest.raises(LedgerError, match=rf"run\.json:3: cannot read run: field 'bad\.{field[7:]}"):
+        read_json(path, "run", LedgerError)
+
+
+LEDGER = Path(__file__).resolve().parents[2] / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
+
+
+def _ledger_lines(separator: str) -> list[str]:
+    first, second = (json.loads(line) for line in LEDGER.read_text().splitlines()[:2])
+    arm = next(iter(first["arms"]))
+    first["arms"][arm]["answer"] += separator
+    return [json.dumps(first, ensure_ascii=False), json.dumps(second)]
+
+
+def _history_lines(separator: str) -> list[str]:
+    return [json.dumps({"schema": "replaytests.history/1", "date": f"2026-12-0{i}T00:00:00", "label": None,
+                        "ledger": f"night{separator}{i}", "ledger_sha256": str(i) * 64, "families": {}},
+                       ensure_ascii=False) for i in (1, 2)]
+
+
+def _problem_lines(separator: str) -> list[str]:
+    return [json.dumps({"id": f"p{i}", "prompt": f"2 + {i}{separator}?", "expected_answer": None},
+                       ensure_ascii=False) for i in (1, 2)]
+
+
+READERS = {  # each JSONL reader: the lines it reads (one with `separator` in a string), and the reader
+    "ledger": (_ledger_lines, lambda path: ledger.read_ledger(path)),
+    "records": (_ledger_lines, lambda path: ledger.read_appended(path)[0]),
+    "history": (_history_lines, lambda path: history.read_history(path)),
+    "problems": (_problem_lines, lambda path: bank.read_problems(path)),
+}
+
+
+@pytest.mark.parametrize("separator", SEPARATORS.values(), ids=SEPARATORS.keys())
+@pytest.mark.parametrize("reader", READERS.values(), ids=READERS.keys())
+def test_every_jsonl_reader_keeps_a_line_whole(tmp_path, reader, separator):
+    make, read = reader
+    path = tmp_path / "file.jsonl"
+    path.write_text("\r\n".join(make(separator)) + "\r\n", encoding="utf-8")
+    assert len(read(path)) == 2, "a line was split or lost"

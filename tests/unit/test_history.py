@@ -3,15 +3,18 @@ write) and `replaytests history show` (table in date order, HTML page with plots
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import threading
 from pathlib import Path
 
 import pytest
 from test_compare import diverging, make
 from test_report import write_ledger_file
 
+from replaytests import files
 from replaytests.cli import main
 from replaytests.files import sha256_file
 from replaytests.outputs import history
@@ -236,3 +239,55 @@ def test_show_orders_runs_by_instant_across_time_zones(nights, tmp_path):
     history.append(nights[0], into, "first", "2026-01-02T02:00:00+02:00")  # 00:00 UTC
     history.append(nights[1], into, "second", "2026-01-02T01:00:00+00:00")
     assert [e["label"] for e in history.read_history(into)] == ["first", "second"]
+
+
+def test_append_refuses_a_read_only_history(nights, tmp_path, capsys):
+    """A new file renamed over a read-only one would succeed (only the directory must be writable) and leave
+    the history writable."""
+    into = tmp_path / "history.jsonl"
+    history.append(nights[0], into)
+    into.chmod(0o444)
+    before = into.read_bytes()
+    code = main(["history", "append", str(nights[1]), "--into", str(into)])
+    err = capsys.readouterr().err
+    assert (code, err.count("\n")) == (4, 1), f"exit {code}, stderr {err!r}"
+    assert f"{into}: the history is read-only (mode 0444); not appended" in err, err
+    assert (into.read_bytes(), oct(into.stat().st_mode & 0o777)) == (before, "0o444"), "the history was changed"
+
+
+def test_append_keeps_the_history_mode(nights, tmp_path):
+    into = tmp_path / "history.jsonl"
+    history.append(nights[0], into)
+    into.chmod(0o640)
+    history.append(nights[1], into)
+    assert (len(lines(into)), oct(into.stat().st_mode & 0o777)) == (2, "0o640"), "the append reset the mode"
+
+
+@pytest.fixture
+def held(tmp_path, monkeypatch):
+    """The lock on the history's directory, held by this process (as by a hung append) until released."""
+    monkeypatch.setattr(files, "LOCK_NOTICE", 0.1)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield lambda: fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def test_append_says_what_it_waits_for_and_gives_up(nights, tmp_path, capsys, held):
+    into = tmp_path / "history.jsonl"
+    code = main(["history", "append", str(nights[0]), "--into", str(into), "--lock-timeout", "0.5"])
+    waiting, error = capsys.readouterr().err.splitlines()
+    lock = f"the lock on {tmp_path}/, held by process {os.getpid()} (another writer of it"
+    assert waiting == f"replaytests: {into}: waiting up to 0.5 s for {lock})", waiting
+    assert (code, error.startswith(f"replaytests: error: {into}: gave up after 0.5 s waiting for {lock}; ")) == \
+        (4, True), f"exit {code}, {error!r}"
+    assert not into.exists(), "appended without the lock"
+
+
+def test_append_waits_for_a_lock_released_in_time(nights, tmp_path, capsys, held):
+    threading.Timer(0.5, held).start()
+    into = tmp_path / "history.jsonl"
+    code = main(["history", "append", str(nights[0]), "--into", str(into), "--lock-timeout", "30"])
+    err = capsys.readouterr().err
+    assert (code, len(lines(into))) == (0, 1), err
+    assert err.startswith(f"replaytests: {into}: waiting up to 30 s for the lock on {tmp_path}/"), err

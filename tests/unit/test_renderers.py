@@ -4,12 +4,17 @@ from the SVG, not pixels). tools/screenshots.py shows the same pages in a browse
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 from test_report import comparison, crossing, excluded, record, typed
 
 from replaytests.families.registry import LAYERS
+from replaytests.inputs.options import REPO
 from replaytests.outputs import plots, report_html, sections
 from replaytests.outputs.report import build_report
 from replaytests.outputs.stats import wilson
@@ -134,3 +139,39 @@ def test_series_differ_by_more_than_colour():
 
 def test_a_drift_plot_of_exact_layers_only_is_not_drawn():
     assert plots.drift_plot("exact", {("bf16", "K"): [0.0, 0.0]}) is None
+
+
+def _screenshots():
+    spec = importlib.util.spec_from_file_location("screenshots", REPO / "tools" / "screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bad_ledger(tmp: Path) -> list[str]:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "ledger.jsonl").write_text('{"schema": "replaytests.ledger/5", "family": 3}\n')
+    return [str(tmp / "run")]
+
+
+def _bad_history(tmp: Path) -> list[str]:
+    shutil.copytree(REPO / "fixtures" / "ledgers" / "cpu-tiny", tmp / "run")
+    (tmp / "h.jsonl").write_text(json.dumps({"schema": "replaytests.history/1", "date": "2026-12-01", "label": None,
+                                             "ledger": "x", "ledger_sha256": "0" * 64,
+                                             "families": {"live": {"bf16": 3}}}) + "\n")
+    return [str(tmp / "run"), "--history", str(tmp / "h.jsonl")]
+
+
+@pytest.mark.parametrize(("inputs", "line"), [
+    pytest.param(_bad_ledger, r"run/ledger\.jsonl:1: ledger record .*field 'family': expected a string, got 3",
+                 id="bad-ledger"),
+    pytest.param(_bad_history, r"h\.jsonl:1: field 'families\.live\.bf16' must be an object with rows, excluded and "
+                               r"pairs, got 3", id="bad-history"),
+])
+def test_screenshots_of_bad_input_is_one_line(tmp_path, monkeypatch, capsys, inputs, line):
+    monkeypatch.setenv("CHROMIUM", "/bin/true")  # found, never reached: the inputs are read first
+    monkeypatch.setattr("sys.argv", ["screenshots.py", *inputs(tmp_path), "--out", str(tmp_path / "shots")])
+    code = _screenshots().main()
+    err = capsys.readouterr().err
+    assert (code, err.count("\n")) == (2, 1), f"exit {code}, stderr {err!r}"
+    assert re.match(rf"screenshots: error: .*{line}$", err.strip()), err

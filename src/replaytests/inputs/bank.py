@@ -7,7 +7,6 @@ the model's, the tokenizer's and the contract it was frozen under.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from replaytests import __version__
 from replaytests.errors import BankError, ConfigError, control_character, short
-from replaytests.files import jsonl_objects, lookup, read_json, read_text, sha256_file, sha256_json, write_set
+from replaytests.files import dumps, jsonl_objects, lookup, read_json, read_text, sha256_file, sha256_json, write_set
 from replaytests.inputs import models
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.models import TOKENIZER_FILES
@@ -169,7 +168,7 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
                precision: str, platform: dict) -> None:
     """Write the bank and its manifest (with the platform the rows were generated on) as one pair: neither
     replaces what was there unless both are written."""
-    text = "".join(json.dumps(row.to_json(), sort_keys=True) + "\n" for row in rows)
+    text = "".join(dumps(row.to_json(), sort_keys=True) + "\n" for row in rows)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "bank": path.name,
@@ -185,7 +184,7 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
         "platform": platform,
         "replaytests_version": __version__,
     }
-    write_set({path: text, manifest_path(path): json.dumps(manifest, indent=2, sort_keys=True) + "\n"})
+    write_set({path: text, manifest_path(path): dumps(manifest, indent=2, sort_keys=True) + "\n"})
 
 
 def read_manifest(bank: Path) -> dict:
@@ -202,10 +201,19 @@ def read_manifest(bank: Path) -> dict:
                           "with `replaytests freeze`")
     if not bank.is_file():
         raise ConfigError(f"{bank}: bank not found beside its manifest {path.name}")
+    for dotted, kind in MANIFEST_FIELDS.items():
+        if not isinstance(value := manifest_field(manifest, dotted, bank), kind):
+            raise ConfigError(f"{path}: field {dotted!r} must be {_KINDS[kind]}, got {short(value)} (freeze the bank "
+                              "again)")
     return manifest
 
 
 _MISSING = object()
+# The manifest's fields its readers take without a default (the integrity checks, the run's header, whether
+# live generation re-freezes the bank): checked once, as it is read.
+MANIFEST_FIELDS = {"bank_sha256": str, "model.sha256": str, "tokenizer.sha256": str, "tokenizer.delimiter_ids": list,
+                   "precision": str, "contract.caps": dict}
+_KINDS = {str: "a string", list: "a list", dict: "an object"}
 
 
 def manifest_field(manifest: dict, dotted: str, bank: Path):

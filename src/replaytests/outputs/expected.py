@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from replaytests.errors import ConfigError, short
+from replaytests.errors import ConfigError, control_character, short
 from replaytests.inputs.cells import NAME_PATTERN
 from replaytests.inputs.gates import LEVELS
 from replaytests.inputs.schema import read_yaml
@@ -59,6 +59,9 @@ class Expected:
                 raise ConfigError(f"{where}: expected exactly the fields {', '.join(FIELDS)}, got {short(item)}")
             if bad := next((f for f, kind in FIELDS.items() if not isinstance(item[f], kind) or not item[f]), None):
                 raise ConfigError(f"{where}: field {bad!r} must be a non-empty string, got {short(item[bad])}")
+            if found := next(((f, c) for f in FIELDS if (c := control_character(item[f]))), None):
+                # each is printed in a reason line: a newline would fake a line, an escape code drive the terminal
+                raise ConfigError(f"{where}: field {found[0]!r} holds a {found[1]}")
             if not re.fullmatch(NAME_PATTERN, item["precision"]):
                 raise ConfigError(f"{where}: field 'precision' is {short(item['precision'])}, expected a cell name")
             if item["level"] not in LEVELS:

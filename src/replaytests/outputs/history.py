@@ -9,13 +9,15 @@ runs in date order: a compact table, and a plot per family and headline pair wit
 
 from __future__ import annotations
 
-import json
+import os
+import stat
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.errors import ReplaytestsError, control_character, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
-from replaytests.files import exclusive, read_text, sha256_file, write_atomic
+from replaytests.files import dumps, exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
 from replaytests.outputs import causal, ledger, plots, report, report_html, runs
 from replaytests.outputs.records import Record
@@ -100,7 +102,9 @@ def _parse(path: Path, text: str) -> list[dict]:
 
 
 def _problem(entry_: dict) -> str | None:
-    """What makes a history line unreadable (a field missing or of the wrong shape), or None."""
+    """What makes a history line unreadable (a field missing or of the wrong shape, anywhere in it), or None:
+    the table and the page read every field below, so a hand-edited line is refused here, naming the field
+    and what was expected, never half-way through a page."""
     for name, kind in (("date", str), ("ledger_sha256", str), ("families", dict)):
         if not isinstance(entry_.get(name), kind):
             return f"field {name!r} must be a {kind.__name__}, got {short(entry_.get(name))}"
@@ -108,18 +112,81 @@ def _problem(entry_: dict) -> str | None:
         datetime.fromisoformat(entry_["date"])
     except ValueError:
         return f"field 'date' is not an ISO 8601 date: {short(entry_['date'])}"
-    if entry_.get("label") is not None and not isinstance(entry_["label"], str):
-        return f"field 'label' must be a string or null, got {short(entry_['label'])}"
+    if not isinstance(entry_.get("label", 0), str | None):  # the table and the page read it, null or not
+        return f"field 'label' must be a string or null, {_got(entry_, 'label')}"
     if entry_.get("label") and (found := control_character(entry_["label"])):  # it is printed to a terminal
         return f"field 'label' holds a {found}"
-    if not isinstance(entry_.get("causal", {}), dict):  # absent in lines written before it was tracked
-        return f"field 'causal' must be an object, got {short(entry_['causal'])}"
-    for family, precisions in entry_["families"].items():
-        for precision, summary in (precisions.items() if isinstance(precisions, dict) else [(None, None)]):
-            if not (isinstance(summary, dict) and isinstance(summary.get("rows"), int)
-                    and isinstance(summary.get("excluded"), int) and isinstance(summary.get("pairs"), dict)):
-                return f"families.{family}.{precision} must hold rows, excluded and pairs"
+    return (_objects(entry_["families"], "families", "precisions",
+                     lambda precisions, where: _objects(precisions, where, "precision summaries", _summary))
+            # absent in lines written before it was tracked
+            or _objects(entry_.get("causal", {}), "causal", "causal outcomes", _causal_outcome))
+
+
+def _objects(value: object, where: str, what: str, item: Callable[[object, str], str | None]) -> str | None:
+    """An object of `what`, each value checked by `item`; each name is printed, so holds no control character."""
+    if not isinstance(value, dict):
+        return f"field {where!r} must be an object of {what}, got {short(value)}"
+    for name, inner in value.items():
+        if found := control_character(name):
+            return f"field {where!r}: the name {short(name)} holds a {found}"
+        if problem := item(inner, f"{where}.{name}"):
+            return problem
     return None
+
+
+def _summary(summary: object, where: str) -> str | None:
+    """A precision's summary: its row counts, its replicas (where the family has some), its headline pairs."""
+    if not isinstance(summary, dict):
+        return f"field {where!r} must be an object with rows, excluded and pairs, got {short(summary)}"
+    if problem := next(filter(None, (_count_problem(summary, name, where) for name in ("rows", "excluded"))), None):
+        return problem
+    if "replicas_exact" in summary and (problem := _wilson(summary["replicas_exact"], f"{where}.replicas_exact")):
+        return problem
+    return _objects(summary.get("pairs"), f"{where}.pairs", "headline pairs",
+                    lambda pair, at: _objects(pair, at, "Wilson proportions", _wilson))
+
+
+def _causal_outcome(outcome: object, where: str) -> str | None:
+    """A causal family's outcomes: donor recovery and third trajectories per direction; a replication's
+    divergent rows and label too."""
+    if not isinstance(outcome, dict):
+        return f"field {where!r} must be an object with follows_donor and control_third, got {short(outcome)}"
+    for name in ("follows_donor", "control_third"):
+        if problem := _objects(outcome.get(name), f"{where}.{name}", "Wilson proportions per direction", _wilson):
+            return problem
+    if where != "causal.replication" and "divergent" not in outcome:
+        return None
+    if problem := _wilson(outcome.get("divergent"), f"{where}.divergent"):
+        return problem
+    if not isinstance(outcome.get("label"), str) or control_character(outcome["label"]):
+        return f"field '{where}.label' must be a string of printable characters, {_got(outcome, 'label')}"
+    return None
+
+
+def _wilson(value: object, where: str) -> str | None:
+    """A Wilson proportion as report.json writes it: k of n and, where n > 0, the rate and its interval."""
+    if not isinstance(value, dict):
+        return f"field {where!r} must be a Wilson proportion (an object with k and n), got {short(value)}"
+    if problem := next(filter(None, (_count_problem(value, name, where) for name in ("k", "n"))), None):
+        return problem
+    if value["k"] > value["n"]:
+        return f"field '{where}.k' is {value['k']}, more than n ({value['n']})"
+    for name in ("rate", "ci_low", "ci_high") if value["n"] else ():
+        number = value.get(name)
+        if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number <= 1:
+            return f"field '{where}.{name}' must be a number from 0 to 1, {_got(value, name)}"
+    return None
+
+
+def _count_problem(value: dict, name: str, where: str) -> str | None:
+    count = value.get(name)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        return f"field '{where}.{name}' must be a non-negative integer, {_got(value, name)}"
+    return None
+
+
+def _got(value: dict, name: str) -> str:
+    return f"got {short(value[name])}" if name in value else "missing"
 
 
 def read_history(path: Path) -> list[dict]:
@@ -137,10 +204,13 @@ def _instant(date: str) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+LOCK_TIMEOUT = 60.0  # seconds an append waits for another one's lock on the history (docs/nightly.md)
+
+
 def append(source: Path, into: Path, label: str | None = None, date: str | None = None,
-           accept_interrupted: bool = False) -> dict:
-    """Add one run to the history (created if missing), atomically; the same ledger twice is refused, and
-    an interrupted run unless accept_interrupted."""
+           accept_interrupted: bool = False, lock_timeout: float | None = None) -> dict:
+    """Add one run to the history (created if missing), atomically, keeping its mode; the same ledger twice is
+    refused, and an interrupted run unless accept_interrupted, and a history this user may not write."""
     run = runs.read_run(source) or {}
     if (run.get("run") or {}).get("interrupted") and not accept_interrupted:
         raise HistoryError(f"{source}: an interrupted run (it holds only what it finished), not a night of the "
@@ -149,17 +219,32 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
     if problem := _problem(new):  # what a reader would refuse is never written
         raise HistoryError(f"{source}: cannot append this run: {problem}")
     try:
-        with exclusive(Path(into)):  # appends from several processes: each reads what the last one wrote
+        # appends from several processes: each reads what the last one wrote
+        with exclusive(Path(into), LOCK_TIMEOUT if lock_timeout is None else lock_timeout, HistoryError):
+            _check_writable(Path(into))
             text = read_text(into, "history", HistoryError) if Path(into).exists() else ""
             if same := next((e for e in _parse(into, text) if e["ledger_sha256"] == new["ledger_sha256"]), None):
                 raise HistoryError(f"{into}: this ledger is already in the history (run of {same['date']}, label "
                                    f"{same['label']!r}, ledger sha256 {new['ledger_sha256'][:12]}...); not appended "
                                    "twice")
             write_atomic(Path(into), text + ("\n" if text and not text.endswith("\n") else "")
-                         + json.dumps(new, sort_keys=True) + "\n")
+                         + dumps(new, sort_keys=True) + "\n")
     except OSError as exc:
         raise HistoryError(f"{into}: cannot write history: {exc.strerror or exc}") from None
     return new
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a history this user may not write: renaming a new file over it would succeed all the same
+    (only its directory must be writable) and leave it writable. A file without any write bit is read-only
+    even to root, whom os.access lets write anything."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if not os.access(path, os.W_OK) or not mode & 0o222:
+        raise HistoryError(f"{path}: the history is read-only (mode {mode:04o}); not appended (make it writable, "
+                           "e.g. chmod u+w, to append)")
 
 
 def _lines(entries: list[dict]):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from replaytests.errors import LedgerError, short
 from replaytests.families.registry import CROSS
-from replaytests.files import jsonl_objects, read_text, write_jsonl_atomic
+from replaytests.files import dumps, jsonl_lines, jsonl_objects, read_text, write_jsonl_atomic
 from replaytests.outputs.records import KEY_FIELDS, READABLE, SCHEMA, Record, RecordError
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import CAUSAL, SHAPES
@@ -46,7 +46,7 @@ def append_record(path: Path, record: Record) -> None:
     flushed to disk, so a run that is stopped keeps every record it finished. A write cut short (a full
     disk) is taken back, and a line left unfinished by a process that died while writing it is ended
     first, so that it never swallows the next record."""
-    line = (json.dumps(record.to_json(), sort_keys=True) + "\n").encode()
+    line = (dumps(record.to_json(), sort_keys=True) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -82,7 +82,7 @@ def read_appended(path: Path) -> tuple[list[Record], list[int]]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return [], []
-    lines = text.split("\n")
+    lines = jsonl_lines(text)
     torn = [number for number, line in enumerate(lines, start=1) if line.strip() and record_line(line) is None]
     cut = set(torn)
     kept = "\n".join("" if number in cut else line for number, line in enumerate(lines, start=1))

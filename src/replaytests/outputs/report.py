@@ -7,14 +7,13 @@ their reasons and never enter a denominator.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError
-from replaytests.files import write_set
+from replaytests.files import NotStrictJSON, dumps, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.gates import bit_exact, replicas_exact
 from replaytests.outputs import causal, flips, ledger, report_html, sections, serving, summary
@@ -45,7 +44,9 @@ def _spread(values: list[float], positions: bool = False) -> dict:
     a = np.asarray(values, dtype=float)
     out: dict = {"n": len(a), "median": None, "mean": None, "min": None, "max": None}
     if len(a):
-        out |= {"median": float(np.median(a)), "mean": float(a.mean()), "min": float(a.min()), "max": float(a.max())}
+        with np.errstate(over="ignore"):  # values near the float limit: the writer refuses the infinity, one line
+            out |= {"median": float(np.median(a)), "mean": float(a.mean()), "min": float(a.min()),
+                    "max": float(a.max())}
     if positions:
         out["positions"] = sorted(int(v) for v in values)
     return out
@@ -204,8 +205,10 @@ def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Pa
     report = build_report(records, meta)
     paths = [report_dir / name for name in REPORT_FILES]
     try:  # as one set: a report.json never stands beside another run's report.html
-        write_set({paths[0]: json.dumps(report, indent=2) + "\n", paths[1]: sections.markdown(report),
+        write_set({paths[0]: dumps(report, indent=2) + "\n", paths[1]: sections.markdown(report),
                    paths[2]: report_html.page(report)})
+    except NotStrictJSON as exc:  # a number the ledger's finite ones overflowed to (a mean of 1e308s)
+        raise LedgerError(f"{paths[0]}: cannot write report: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{report_dir}: cannot write report: {exc.strerror or exc}") from None
     return paths

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from replaytests.files import jsonl_lines
 from replaytests.outputs import ledger
 from replaytests.outputs.records import Record
 
@@ -68,7 +69,7 @@ class Claims:
                 text = handle.read()
                 whole = text[: text.rfind(b"\n") + 1]  # a line still being written is read next time
                 self._offset += len(whole)
-                for line in whole.decode(errors="replace").splitlines():
+                for line in jsonl_lines(whole.decode(errors="replace")):
                     if (value := ledger.record_line(line)) is not None:  # a torn line is nobody's record
                         record = Record.from_json(value)
                         self._finished[record.key] = record

@@ -7,11 +7,11 @@ test's stash (pytest-json-report's metadata). suite.plugin registers this module
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import pytest
 
+from replaytests.files import dumps
 from replaytests.outputs import audit
 from replaytests.outputs.records import Record
 from replaytests.suite.state import replay_session
@@ -38,7 +38,7 @@ def record(replay: ReplaySession, request: pytest.FixtureRequest):
 
     def get(family: str, row, precision: str) -> Record:
         result = replay.record(family, row, precision)
-        request.node.user_properties.append((RECORD_PROPERTY, json.dumps(facts(result))))
+        request.node.user_properties.append((RECORD_PROPERTY, dumps(facts(result))))
         request.node.stash.setdefault(METRICS_KEY, []).append(summary.metrics(result))
         return result
 
@@ -52,7 +52,7 @@ def audit_record(replay: ReplaySession, record, request: pytest.FixtureRequest):
     def get(baseline: Record) -> audit.Audit:
         family, row, precision = baseline.key
         result = audit.audit_record(baseline, record(family, replay.row(row), precision))
-        request.node.user_properties.append((AUDIT_PROPERTY, json.dumps(
+        request.node.user_properties.append((AUDIT_PROPERTY, dumps(
             {"key": [family, row, precision], "leaves": result.leaves, "changes": len(result.changes)})))
         return result
 
