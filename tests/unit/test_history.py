@@ -223,3 +223,15 @@ def test_show_orders_runs_by_instant_across_time_zones(nights, tmp_path):
     history.append(nights[0], into, "first", "2026-01-02T02:00:00+02:00")  # 00:00 UTC
     history.append(nights[1], into, "second", "2026-01-02T01:00:00+00:00")
     assert [e["label"] for e in history.read_history(into)] == ["first", "second"]
+
+
+def test_append_refuses_two_definitions_of_one_cell(tmp_path, capsys):
+    """Records of one cell under two definitions (a ledger collated from two runs) are not one history row."""
+    ledger = write_ledger_file(tmp_path / "run" / "ledger.jsonl",
+                               [make("crossing", "r0"), make("crossing", "r1") | {"cell_digest": "e" * 16}])
+    into = tmp_path / "history.jsonl"
+    assert main(["history", "append", str(ledger.parent), "--into", str(into)]) == 2
+    assert capsys.readouterr().err == (f"replaytests: error: cell bf16 has two definitions: digest dddddddddddd… in "
+                                       f"{ledger}, eeeeeeeeeeee… in {ledger} (crossing/r1/bf16); its records cannot be "
+                                       "counted as one cell\n")
+    assert not into.exists(), "the history was written"

@@ -551,7 +551,7 @@ def test_transplant_and_replication_outcomes_are_tabled(repo):
         assert title in text, f"report.md lacks {title!r}"
 
 
-# Issue 47: replicas of no comparison, and a verdict the records contradict.
+# Issue 47: replicas of no comparison, two definitions of one cell, and a verdict the records contradict.
 
 def no_replicas(record_: dict, kept: tuple[str, ...] = ()) -> dict:
     return record_ | {"comparisons": {pair: c for pair, c in record_["comparisons"].items()
@@ -579,6 +579,18 @@ def test_a_record_lacking_one_replica_pair_is_not_counted_exact():
     exact = at(report, "families", "crossing", "precisions", "bf16", "replicas_exact")
     assert (exact["k"], exact["n"]) == (3, 4), exact
     assert report["headline"]["rows"][0][4] == "3/4", report["headline"]["rows"][0]
+
+
+def test_collate_refuses_two_definitions_of_one_cell(tmp_path, capsys):
+    a = write_ledger_file(tmp_path / "a" / "ledger.jsonl", [crossing("r1")])
+    b = write_ledger_file(tmp_path / "b" / "ledger.jsonl", [crossing("r2") | {"cell_digest": "e" * 16}])
+    message = (f"cell bf16 has two definitions: digest dddddddddddd… in {a}, eeeeeeeeeeee… in {b} (crossing/r2/bf16); "
+               "its records cannot be counted as one cell")
+    with pytest.raises(LedgerError, match=f"^{re.escape(message)}$"):
+        collate([a, b])
+    assert main(["report", str(a.parent), str(b.parent), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"replaytests: error: {message}\n"
+    assert not (tmp_path / "out").exists(), "a report of two cells under one name was written"
 
 
 PASSED = {"result": "pass", "tests": {"passed": 12}, "failures": []}
