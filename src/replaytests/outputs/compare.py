@@ -36,7 +36,7 @@ from replaytests.outputs import localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
 from replaytests.outputs.findings import Findings, Group, Measure
-from replaytests.outputs.ledger import collate
+from replaytests.outputs.ledger import cell_digests, collate
 from replaytests.outputs.records import Record
 from replaytests.outputs.report import mcnemar_paired
 from replaytests.outputs.rundir import ledger_of
@@ -131,16 +131,10 @@ def _excluded(out: Findings, group: Group, base: Rows, new: Rows) -> None:
                          f"{', '.join(others)}")
 
 
-def _cell_digests(records: list[Record]) -> dict[str, str]:
-    """cell -> the digest of its definition its records carry (ledger/5; a side's reader, ledger.collate,
-    refuses two definitions of one cell)."""
-    return {r.precision: r.cell_digest for r in records if r.cell_digest is not None}
-
-
 def _definitions(out: Findings, baseline: list[Record], new: list[Record]) -> None:
     """A cell whose definition (its records' cell_digest) differs between the runs is another cell under
     the same name: its records are not comparable, a reason at every level."""
-    before, after = _cell_digests(baseline), _cell_digests(new)
+    before, after = cell_digests(baseline), cell_digests(new)
     for cell in sorted(before.keys() & after.keys()):
         if before[cell] != after[cell]:
             out.reasons.append(f"cell {cell}: definition changed (digest {before[cell][:12]}… vs {after[cell][:12]}…, "

@@ -83,11 +83,12 @@ def _date(text: str | None, run: dict) -> str:
 def entry(source: Path, label: str | None = None, date: str | None = None) -> dict:
     """The history line of one run (a ledger file or a run directory, with its run.json if present): dated
     and labelled by the run itself (its start time and name) unless `date` or `label` is given."""
-    path, run = ledger_of(Path(source)), runs.read_run(source) or {}
-    families, causal_outcomes = summarize(ledger.collate([source]))
+    path, run, records = ledger_of(Path(source)), runs.read_run(source) or {}, ledger.collate([source])
+    families, causal_outcomes = summarize(records)
     return {"schema": SCHEMA, "date": _date(date, run), "label": label or (run.get("run") or {}).get("name"),
             "ledger": str(path), "ledger_sha256": sha256_file(path), "contract": run.get("contract"),
-            "platform": run.get("platform"), "families": families, "causal": causal_outcomes}
+            "platform": run.get("platform"), "families": families, "causal": causal_outcomes,
+            "cells": ledger.cell_digests(records)}
 
 
 def _parse(path: Path, text: str) -> list[dict]:
@@ -154,11 +155,24 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
                 raise HistoryError(f"{into}: this ledger is already in the history (run of {same['date']}, label "
                                    f"{same['label']!r}, ledger sha256 {new['ledger_sha256'][:12]}...); not appended "
                                    "twice")
+            _same_cells(new, _parse(into, text), into)
             write_atomic(Path(into), text + ("\n" if text and not text.endswith("\n") else "")
                          + json.dumps(new, sort_keys=True) + "\n")
     except OSError as exc:
         raise HistoryError(f"{into}: cannot write history: {exc.strerror or exc}") from None
     return new
+
+
+def _same_cells(new: dict, entries: list[dict], into: Path) -> None:
+    """A cell of the new run defined otherwise (another digest) than in a night of the history would be
+    drawn as one series with it: refused (lines written before digests were tracked name none)."""
+    for e in entries:
+        before = e.get("cells") if isinstance(e.get("cells"), dict) else {}
+        if cell := next((c for c, d in new["cells"].items() if before.get(c) not in (None, d)), None):
+            now, then = new["cells"][cell][:12], before[cell][:12]
+            raise HistoryError(f"cell {cell} has two definitions: digest {now}… in {new['ledger']}, {then}… in "
+                               f"{e.get('ledger')} (the run of {e['date']} in {into}); not appended: start another "
+                               "history file for the new definition")
 
 
 def _lines(entries: list[dict]):

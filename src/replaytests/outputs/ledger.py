@@ -22,8 +22,8 @@ from replaytests.outputs.records import KEY_FIELDS, READABLE, SCHEMA, Record, Re
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import CAUSAL, SHAPES
 
-__all__ = ["READABLE", "SCHEMA", "Record", "append_record", "collate", "headline_problem", "merge", "parse_records",
-           "read_appended", "read_ledger", "record_line", "versioned_objects", "write_ledger"]
+__all__ = ["READABLE", "SCHEMA", "Record", "append_record", "cell_digests", "collate", "headline_problem", "merge",
+           "parse_records", "read_appended", "read_ledger", "record_line", "versioned_objects", "write_ledger"]
 
 
 def merge(records: list[Record]) -> list[Record]:
@@ -155,6 +155,11 @@ def collate(paths: list[Path]) -> list[Record]:
             seen.setdefault(record.key, (record, path))
             _check_definition(defined, record, path)
     return [seen[k][0] for k in sorted(seen)]
+
+
+def cell_digests(records: list[Record]) -> dict[str, str]:
+    """cell -> the digest of its definition its records carry (ledger/5; collate refuses two of one cell)."""
+    return {r.precision: r.cell_digest for r in records if r.cell_digest is not None}
 
 
 def _check_definition(defined: dict[str, tuple[str, Path]], record: Record, path: Path) -> None:
