@@ -603,6 +603,9 @@ PASSED = {"result": "pass", "tests": {"passed": 12}, "failures": []}
     pytest.param(lambda rs: rs.__setitem__(slice(None), [no_replicas(r) for r in rs]), 1,
                  "FAIL (run.json said PASS: 12 passed; the records show replicas failing in 2 rows (crossing/r0/bf16, "
                  "crossing/r1/bf16))", id="replicas-removed"),
+    pytest.param(lambda rs: rs.append(crossing("r2", "fp32", suffix_equal=False, first_divergence=3)), 1,
+                 "FAIL (run.json said PASS: 12 passed; the records show exact-cell suffixes failing in 1 row "
+                 "(crossing/r2/fp32))", id="fp32-diverges"),
     pytest.param(lambda rs: None, 0, "PASS (12 passed)", id="records-agree"),
 ])
 def test_cli_report_verdict_agrees_with_the_records(tmp_path, capsys, edit, code, said):

@@ -210,10 +210,15 @@ def run_gates(meta: dict) -> Gates:
 
 def _failing(record: Record, gates: Gates) -> list[str]:
     """The exactness checks an ok record fails under `gates`: its replicas (a pair its family compares and the
-    record lacks fails too) and, for the bridge, live~incremental."""
+    record lacks fails too), for the bridge live~incremental, and a headline pair whose suffixes diverge in a
+    cell the gates require exact (a cell they do not name is not judged here)."""
     replicas = missing_replicas(record) or any(gates.replicas(record, pair).failed for pair in replica_pairs(record))
     bridge = record.family == "bridge" and BRIDGE_PAIR in record.comparisons and gates.bridge(record).failed
-    return [name for name, failed in (("replicas", replicas), ("the bridge", bridge)) if failed]
+    exact = gates.suffix_divergence_allowed.get(record.family, {}).get(record.precision) is False
+    diverged = exact and any(gates.divergence(record, pair).failed for pair in SHAPES[record.family].headline
+                             if pair in record.comparisons)
+    return [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
+                                      ("exact-cell suffixes", diverged)) if failed]
 
 
 def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) -> dict | None:
