@@ -463,3 +463,13 @@ def test_cli_compare_refuses_a_cell_of_unknown_gates(tmp_path, capsys):
     declaring = CONTRACT.with_name("cpu-tiny-cells.yaml")
     assert main(["compare", str(base), str(new), "--gate", "rates", "--contract", str(declaring)]) == 0, \
         f"{declaring.name} allows w-int8 crossings to diverge: {capsys.readouterr()}"
+
+
+def test_a_transplant_panel_without_divergent_rows_establishes_no_donor_recovery():
+    controls = [transplant(f"c{i}", "control", "keeps_own", "keeps_own") for i in range(3)]
+    result = compare(controls, controls)
+    assert result.passed, result.reasons
+    assert {"transplant gate: transplant/bf16 incremental<-prefill: donor recovery not established (0 testable "
+            "divergent rows)", "transplant gate: transplant/bf16 prefill<-incremental: donor recovery not established "
+            "(0 testable divergent rows)"} <= set(result.notes), result.notes
+    assert not [m for m in result.lines if m.measure.endswith("follows donor")], "donor recovery over 0 rows tabled"

@@ -207,23 +207,29 @@ def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> 
 
 
 def _outcome_counts(rows: Rows, role: str, outcome: str) -> dict[str, tuple[int, int]]:
-    """Per direction: (records of `role` with `outcome`, records of `role`) over the ok records."""
-    seen = [transplant_outcomes(r) for r in _ok(rows) if r.role == role]
-    return {name: (sum(o[name] == outcome for o in seen), len(seen)) for name in sorted({n for o in seen for n in o})}
+    """Per direction any ok record ran: (records of `role` with `outcome`, records of `role`); a direction
+    with no record of `role` is (0, 0), which establishes nothing."""
+    ok = _ok(rows)
+    seen = [transplant_outcomes(r) for r in ok if r.role == role]
+    names = sorted({name for r in ok for name in transplant_outcomes(r)})
+    return {name: (sum(o.get(name) == outcome for o in seen), len(seen)) for name in names}
 
 
 def _transplant(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
     """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run),
-    judged by gates.transplant."""
+    judged by gates.transplant; a direction with no such row is noted as not established, never met."""
     follows, thirds = _outcome_counts(new, "divergent", "follows_donor"), _outcome_counts(new, "control", "third")
-    failed = [j.message for j in gates.transplant_family(follows, thirds) if j.failed]
+    judged = gates.transplant_family(follows, thirds)
+    failed = [j.message for j in judged if j.failed]
     for label, role, outcome, counts in (("follows donor", "divergent", "follows_donor", follows),
                                          ("third trajectory", "control", "third", thirds)):
         before = _outcome_counts(base, role, outcome)
         for name, (k, n) in counts.items():
-            ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
-            out.lines.append(Measure(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
+            if n:  # a direction with no such row is noted below (not established), not tabled as ok
+                ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
+                out.lines.append(Measure(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
     out.reasons += [f"transplant gate: {'/'.join(group)} {message}" for message in failed]
+    out.notes += [f"transplant gate: {'/'.join(group)} {j.message}" for j in judged if j.outcome == "recorded"]
 
 
 def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
