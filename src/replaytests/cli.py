@@ -207,8 +207,9 @@ def _selftest(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from replaytests.outputs import verdict
     from replaytests.outputs.ledger import collate
-    from replaytests.outputs.report import REPORT_FILES, write_report
+    from replaytests.outputs.report import REPORT_FILES, build_report, write_built
     from replaytests.outputs.rundir import ledger_of
     from replaytests.outputs.runs import report_meta
 
@@ -218,9 +219,12 @@ def _report(args: argparse.Namespace) -> int:
     if existing and not args.force:
         raise ConfigError(f"{out}: holds {', '.join(existing)} already; pass --out DIR for a new report, or "
                           "--force to replace them")
-    for path in write_report(out, records, report_meta(args.inputs)):
+    report = build_report(records, report_meta(args.inputs))
+    for path in write_built(out, report):
         print(path)
-    return 0
+    if report["verdict"]:  # the verdict printed, and the status it gives (contradicted: by the records, a FAIL)
+        print(verdict.lines(report["verdict"])[0])
+    return verdict.exit_status(report["verdict"])
 
 
 def _check_writable(path: Path, option: str) -> None:

@@ -469,6 +469,9 @@ COMMANDS = {
         w, '{"n": ' + "9" * 5000 + "}"))], r"run\.json: cannot read run metadata: not valid JSON \(Exceeds the limit "
                                            r"\(4300 digits\)", "compare"),
     # a history line wrong deep inside: refused as it is read, naming the field, never a traceback
+    "history-cell-digest-a-number": Case(lambda w: ["show", str(_history(w, cells={"bf16": 3}))],
+                                         r"h\.jsonl:1: field 'cells\.bf16' must be a cell digest \(a string\), got 3$",
+                                         "history"),
     "history-without-label": Case(lambda w: ["show", str(_history(w, label=None))],
                                   r"h\.jsonl:1: field 'label' must be a string or null, missing$", "history"),
     "history-pair-an-integer": Case(lambda w: ["show", str(_history_summary(w, pairs={"incremental~prefill": 3}))],

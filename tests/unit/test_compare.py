@@ -358,3 +358,118 @@ def test_two_runtimes_cannot_be_gated_on_bits(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the runs were made by other runtimes (hf vs vllm)" in err[0], err
     assert main(["compare", *sides, "--gate", "trajectories"]) == 0, capsys.readouterr().out[-2000:]
+
+
+# Issue 47: a gate met on nothing is no pass (replicas never compared, rows excluded, a cell redefined or
+# of unknown gates).
+
+def without_replicas(records: list[dict], kept: tuple[str, ...] = ()) -> list[dict]:
+    """`records` with every replica comparison removed but `kept` (a ledger edited, or a runtime that lost them)."""
+    return [r | {"comparisons": {pair: c for pair, c in r["comparisons"].items()
+                                 if not pair.endswith("_replica") or pair in kept}} for r in records]
+
+
+@pytest.mark.parametrize("gate", ["bits", "trajectories", "rates"])
+@pytest.mark.parametrize("kept", [(), ("incremental~incremental_replica",)], ids=["none", "one-of-two"])
+def test_records_without_their_replica_pairs_fail_at_every_level(gate, kept):
+    new = without_replicas(run(), kept)
+    result = compare(new, new, gate=gate)
+    expected = "replicas exact: crossing/r0/bf16 " + "; ".join(
+        f"{pair} (not recorded)" for pair in PAIRS["crossing"][1] if pair not in kept)
+    assert expected in result.reasons, result.reasons
+    assert len(result.reasons) == 12, f"one reason per crossing (8) and live (4) record: {result.reasons}"
+    line = next(m for m in result.lines if m.group == ("crossing", "bf16") and m.measure == "replicas exact")
+    assert (line.new, line.ok) == ((0, 4), False), f"replicas of no comparison counted as exact: {line}"
+
+
+def test_missing_replicas_fail_even_where_the_contract_allows_inexact_ones():
+    lenient = dataclasses.replace(default_gates(), replicas_exact=dict.fromkeys(("crossing", "live", "serving"), False))
+    new = without_replicas(run())
+    result = compare(run(), new, gates=lenient, gate="rates")
+    assert "replicas exact: live/r3/bf16 live~live_replica (not recorded); prefill~prefill_replica (not recorded)" in \
+        result.reasons, result.reasons
+
+
+def test_cli_compare_fails_a_ledger_whose_replica_comparisons_were_removed(tmp_path, capsys):
+    base = write_ledger_file(tmp_path / "base" / "ledger.jsonl", run())
+    new = write_ledger_file(tmp_path / "new" / "ledger.jsonl", without_replicas(run()))
+    assert main(["compare", str(base), str(new), "--gate", "rates"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "FAIL: 12 reasons", lines[-1]
+    assert ("reason: replicas exact: crossing/r0/bf16 incremental~incremental_replica (not recorded); "
+            "prefill~prefill_replica (not recorded)") in lines, lines
+
+
+def fail_closed(record: dict, reason: str = "BoundaryMismatch: x") -> dict:
+    return {k: v for k, v in record.items() if k not in ("arms", "comparisons")} | {"status": "excluded",
+                                                                                      "reason": reason}
+
+
+@pytest.mark.parametrize("gate", ["bits", "trajectories", "rates"])
+def test_rows_the_baseline_judged_and_the_new_run_excluded_fail_at_every_level(gate):
+    baseline = diverging("crossing", 48, 0)
+    new = [fail_closed(r) if i < 47 else r for i, r in enumerate(baseline)]
+    result = compare(baseline, new, gate=gate)
+    reason = ("excluded: crossing/bf16: 47 of 48 rows ok in the baseline failed closed in the new run (r00, r01, r02, "
+              "r03, r04, ...; r00: BoundaryMismatch: x)")
+    assert reason in result.reasons, result.reasons
+    assert gate != "rates" or result.reasons == [reason], f"other reasons at --gate rates: {result.reasons}"
+    assert not any(note.startswith("crossing/bf16: ") for note in result.notes), result.notes
+
+
+def test_a_family_and_cell_with_no_testable_row_fails():
+    """Excluded in both runs: no row could be judged, so nothing in that family and cell passed."""
+    records = [fail_closed(r) if r["family"] == "live" else r for r in run()]
+    result = compare(records, records, gate="rates")
+    assert result.reasons == ["no testable row: live/bf16: each of the new run's 4 records was excluded (fail-closed "
+                              "checks): nothing in this family and cell could be judged"], result.reasons
+    assert "live/bf16: 4 records excluded in the new run (fail-closed checks): r0, r1, r2, r3" in result.notes
+
+
+@pytest.mark.parametrize("gate", ["bits", "trajectories", "rates"])
+def test_a_cell_whose_definition_changed_fails_at_every_level(gate):
+    new = [r | {"cell_digest": "e" * 16} if r["precision"] == "fp32" else r for r in run()]
+    result = compare(run(), new, gate=gate)
+    reason = ("cell fp32: definition changed (digest dddddddddddd… vs eeeeeeeeeeee…, baseline vs new): its records "
+              "are of another cell under the same name")
+    assert reason in result.reasons, result.reasons
+    assert gate != "rates" or result.reasons == [reason], f"other reasons at --gate rates: {result.reasons}"
+
+
+def test_a_cell_the_gates_do_not_name_is_exact():
+    """Without a divergence gate for a cell, its divergence is judged as in an exact cell, never allowed."""
+    records = [make("crossing", "r0", "kv-hqq4", suffix_equal=False, first_divergence=0)]
+    result = compare(records, records)
+    assert result.reasons == ["kv-hqq4 divergence: crossing/r0/kv-hqq4 incremental~prefill suffixes diverge at suffix "
+                              "index 0 (gate crossing.suffix_divergence_allowed.kv-hqq4: false)"], result.reasons
+
+
+def test_cli_compare_refuses_a_cell_of_unknown_gates(tmp_path, capsys):
+    """Without --contract (or under one that does not declare it) a cell's gates are unknown: refused, never
+    taken as allowed to diverge; under the contract that declares it, judged by its gates."""
+    records = [make("crossing", f"r{i}", "w-int8", suffix_equal=False, first_divergence=0) for i in range(2)]
+    base = write_ledger_file(tmp_path / "base" / "ledger.jsonl", records).parent
+    new = write_ledger_file(tmp_path / "new" / "ledger.jsonl", records).parent
+    (new / "run.json").write_text(json.dumps({"contract": {"path": "contracts/x.yaml"}}), encoding="utf-8")
+    hint = "pass --contract with the contract the runs were made under (run.json names contracts/x.yaml)"
+    assert main(["compare", str(base), str(new), "--gate", "rates"]) == 4
+    err = capsys.readouterr().err
+    assert err == ("replaytests: error: compare: the gates of cell w-int8 are unknown (without --contract, compare "
+                   f"knows only the paper's cells: bf16, fp32); {hint}\n"), err
+    assert main(["compare", str(base), str(new), "--gate", "rates", "--contract", str(CONTRACT)]) == 4
+    err = capsys.readouterr().err
+    assert err == (f"replaytests: error: compare: the gates of cell w-int8 are unknown (not declared by --contract "
+                   f"{CONTRACT}); {hint}\n"), err
+    declaring = CONTRACT.with_name("cpu-tiny-cells.yaml")
+    assert main(["compare", str(base), str(new), "--gate", "rates", "--contract", str(declaring)]) == 0, \
+        f"{declaring.name} allows w-int8 crossings to diverge: {capsys.readouterr()}"
+
+
+def test_a_transplant_panel_without_divergent_rows_establishes_no_donor_recovery():
+    controls = [transplant(f"c{i}", "control", "keeps_own", "keeps_own") for i in range(3)]
+    result = compare(controls, controls)
+    assert result.passed, result.reasons
+    assert {"transplant gate: transplant/bf16 incremental<-prefill: donor recovery not established (0 testable "
+            "divergent rows)", "transplant gate: transplant/bf16 prefill<-incremental: donor recovery not established "
+            "(0 testable divergent rows)"} <= set(result.notes), result.notes
+    assert not [m for m in result.lines if m.measure.endswith("follows donor")], "donor recovery over 0 rows tabled"

@@ -291,3 +291,31 @@ def test_append_waits_for_a_lock_released_in_time(nights, tmp_path, capsys, held
     err = capsys.readouterr().err
     assert (code, len(lines(into))) == (0, 1), err
     assert err.startswith(f"replaytests: {into}: waiting up to 30 s for the lock on {tmp_path}/"), err
+
+
+def test_append_refuses_two_definitions_of_one_cell(tmp_path, capsys):
+    """Records of one cell under two definitions (a ledger collated from two runs) are not one history row."""
+    ledger = write_ledger_file(tmp_path / "run" / "ledger.jsonl",
+                               [make("crossing", "r0"), make("crossing", "r1") | {"cell_digest": "e" * 16}])
+    into = tmp_path / "history.jsonl"
+    assert main(["history", "append", str(ledger.parent), "--into", str(into)]) == 4
+    assert capsys.readouterr().err == (f"replaytests: error: cell bf16 has two definitions: digest dddddddddddd… in "
+                                       f"{ledger}, eeeeeeeeeeee… in {ledger} (crossing/r1/bf16); its records cannot be "
+                                       "counted as one cell\n")
+    assert not into.exists(), "the history was written"
+
+
+def test_append_refuses_a_night_whose_cell_was_defined_otherwise(nights, tmp_path, capsys):
+    """Two definitions of one cell on two nights would be drawn as one series: the second is refused."""
+    into = tmp_path / "history.jsonl"
+    assert main(["history", "append", str(nights[0]), "--into", str(into)]) == 0, capsys.readouterr().err
+    redefined = [make("crossing", f"r{i}") | {"cell_digest": "e" * 16} for i in range(2)]
+    ledger = write_ledger_file(tmp_path / "night3" / "ledger.jsonl", redefined)
+    before = into.read_text(encoding="utf-8")
+    assert main(["history", "append", str(ledger.parent), "--into", str(into)]) == 4
+    assert capsys.readouterr().err == (
+        f"replaytests: error: cell bf16 has two definitions: digest eeeeeeeeeeee… in {ledger}, dddddddddddd… in "
+        f"{nights[0] / 'ledger.jsonl'} (the run of {lines(into)[0]['date']} in {into}); not appended: start another "
+        "history file for the new definition\n")
+    assert into.read_text(encoding="utf-8") == before, "the history changed"
+    assert main(["history", "append", str(nights[1]), "--into", str(into)]) == 0, "the same definition is appended"

@@ -549,3 +549,88 @@ def test_transplant_and_replication_outcomes_are_tabled(repo):
     text = markdown(report)
     for title in ("### Transplant (Table 5), bf16:", "### Replication on a later checkpoint (Table 6), bf16"):
         assert title in text, f"report.md lacks {title!r}"
+
+
+# Issue 47: replicas of no comparison, two definitions of one cell, and a verdict the records contradict.
+
+def no_replicas(record_: dict, kept: tuple[str, ...] = ()) -> dict:
+    return record_ | {"comparisons": {pair: c for pair, c in record_["comparisons"].items()
+                                      if not pair.endswith("_replica") or pair in kept}}
+
+
+def test_replicas_of_no_comparison_are_reported_as_missing_not_exact():
+    from replaytests.outputs.summary import text_table
+
+    records = typed([no_replicas(crossing(f"r{i:02d}")) for i in range(48)])
+    report = build_report(records, {})
+    cell = at(report, "families", "crossing", "precisions", "bf16")
+    assert cell["replicas_exact"] is None, f"replicas over no comparison: {cell['replicas_exact']}"
+    assert report["headline"]["rows"][0][4] == "none recorded", report["headline"]["rows"][0]
+    shown = [line for line in markdown(report).splitlines() if "replicas exact (cache" in line]
+    assert shown and all("none recorded" in line for line in shown), shown
+    row = re.split(r"\s{2,}", text_table(records).splitlines()[1])
+    assert row[4] == "none recorded", f"summary.md's replicas column: {row}"
+
+
+def test_a_record_lacking_one_replica_pair_is_not_counted_exact():
+    records = [crossing(f"r{i}") for i in range(4)]
+    records[0] = no_replicas(records[0], kept=("incremental~incremental_replica",))
+    report = build_report(typed(records), {})
+    exact = at(report, "families", "crossing", "precisions", "bf16", "replicas_exact")
+    assert (exact["k"], exact["n"]) == (3, 4), exact
+    assert report["headline"]["rows"][0][4] == "3/4", report["headline"]["rows"][0]
+
+
+def test_collate_refuses_two_definitions_of_one_cell(tmp_path, capsys):
+    a = write_ledger_file(tmp_path / "a" / "ledger.jsonl", [crossing("r1")])
+    b = write_ledger_file(tmp_path / "b" / "ledger.jsonl", [crossing("r2") | {"cell_digest": "e" * 16}])
+    message = (f"cell bf16 has two definitions: digest dddddddddddd… in {a}, eeeeeeeeeeee… in {b} (crossing/r2/bf16); "
+               "its records cannot be counted as one cell")
+    with pytest.raises(LedgerError, match=f"^{re.escape(message)}$"):
+        collate([a, b])
+    assert main(["report", str(a.parent), str(b.parent), "--out", str(tmp_path / "out")]) == 4
+    assert capsys.readouterr().err == f"replaytests: error: {message}\n"
+    assert not (tmp_path / "out").exists(), "a report of two cells under one name was written"
+
+
+PASSED = {"result": "pass", "tests": {"passed": 12}, "failures": []}
+
+
+@pytest.mark.parametrize(("edit", "code", "said"), [
+    pytest.param(lambda rs: rs[0]["comparisons"]["prefill~prefill_replica"].update(suffix_equal=False), 1,
+                 "FAIL (run.json said PASS: 12 passed; the records show replicas failing in 1 row (crossing/r0/bf16))",
+                 id="replica-inexact"),
+    pytest.param(lambda rs: rs.__setitem__(slice(None), [no_replicas(r) for r in rs]), 1,
+                 "FAIL (run.json said PASS: 12 passed; the records show replicas failing in 2 rows (crossing/r0/bf16, "
+                 "crossing/r1/bf16))", id="replicas-removed"),
+    pytest.param(lambda rs: rs.append(crossing("r2", "fp32", suffix_equal=False, first_divergence=3)), 1,
+                 "FAIL (run.json said PASS: 12 passed; the records show exact-cell suffixes failing in 1 row "
+                 "(crossing/r2/fp32))", id="fp32-diverges"),
+    pytest.param(lambda rs: None, 0, "PASS (12 passed)", id="records-agree"),
+])
+def test_cli_report_verdict_agrees_with_the_records(tmp_path, capsys, edit, code, said):
+    records = [crossing("r0"), crossing("r1")]
+    edit(records)
+    run = write_ledger_file(tmp_path / "run" / "ledger.jsonl", records).parent
+    (run / "run.json").write_text(json.dumps({"verdict": PASSED}), encoding="utf-8")
+    assert main(["report", str(run)]) == code, capsys.readouterr()
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"verdict: {said}", f"last line printed: {out[-1]!r}"  # the verdict, whatever it is
+    assert f"## {said}" in (run / "report.md").read_text(encoding="utf-8").splitlines(), "report.md's verdict"
+    result = json.loads((run / "report.json").read_text(encoding="utf-8"))["verdict"]["result"]
+    assert result == ("fail" if code else "pass"), f"report.json's verdict: {result}"
+
+
+def test_a_pass_the_runs_contract_allows_stands(tmp_path, repo):
+    """The recomputed checks judge by the run's own contract where its file still has the recorded digest."""
+    from replaytests.inputs.contract import load_contract
+
+    contract = tmp_path / "lenient.yaml"
+    contract.write_text(f"extends: {repo / 'contracts' / 'cpu-tiny.yaml'}\nname: lenient\n"
+                        "gates: {crossing: {replicas_exact: false}}\n", encoding="utf-8")
+    records = [crossing("r0"), crossing("r1")]
+    records[0]["comparisons"]["prefill~prefill_replica"]["suffix_equal"] = False
+    meta = {"verdict": PASSED, "contract": {"path": str(contract), "sha256": load_contract(contract).digest}}
+    assert build_report(typed(records), meta)["verdict"] == PASSED, "a pass its contract allows was overturned"
+    moved = meta | {"contract": {"path": str(contract), "sha256": "0" * 64}}
+    assert build_report(typed(records), moved)["verdict"]["result"] == "fail", "judged by a contract that changed"

@@ -73,8 +73,11 @@ def replica_pairs(record: Record) -> list[str]:
 
 
 def replicas_exact(record: Record) -> bool:
-    """Every replica pair of the record bit-exact in cache, logits and suffix."""
-    return all(bit_exact(record.comparisons[pair]) for pair in replica_pairs(record))
+    """Every replica pair of the record bit-exact in cache, logits and suffix. A record that carries no
+    replica pair is not: a check over no comparison is no pass (outputs.shapes.replicas_hold also wants
+    each pair the record's family compares)."""
+    pairs = replica_pairs(record)
+    return bool(pairs) and all(bit_exact(record.comparisons[pair]) for pair in pairs)
 
 
 def differences(metrics: Comparison, pair: str) -> list[str]:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from replaytests.families.registry import CROSS, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.inputs.cells import PAPER
 from replaytests.inputs.contract import SCHEMA
-from replaytests.inputs.gates import replicas_exact
 from replaytests.outputs.records import Comparison, Outcome, Record
+from replaytests.outputs.shapes import replicas_hold
 from replaytests.outputs.stats import proportion
 
 # The registered minimum of exact controls for a strong replication, where a run names none: the contract's default.
@@ -107,11 +107,11 @@ def replication(records: list[Record], min_exact_controls: int = MIN_EXACT_CONTR
 
     recovery = {name: proportion(testable, outcome_is(name, "follows_donor")) for name in TRANSPLANTS}
     third = {name: proportion(controls, outcome_is(name, "third")) for name in TRANSPLANTS}
-    replicated = (bool(testable) and all(replicas_exact(r) for r in ok)
+    replicated = (bool(testable) and all(replicas_hold(r) for r in ok)
                   and all(p["k"] == p["n"] for p in recovery.values()) and all(p["k"] == 0 for p in third.values()))
     return {
         "rows": len(mine), "excluded": len(mine) - len(ok),
-        "replicas_exact": proportion(ok, replicas_exact),
+        "replicas_exact": proportion(ok, replicas_hold),
         "divergent": proportion(ok, lambda r: not cross[r.row].suffix_equal),
         "not_testable": [[r.row, not_testable_reason(cross[r.row])] for r in divergent if r not in testable],
         "validity": validity(mine),

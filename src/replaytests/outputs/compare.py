@@ -8,11 +8,14 @@ A change between the runs is judged at one of three levels (LEVELS, `--gate`), s
 - `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id).
 
 A gate at a level fails on findings at that level and every coarser one; finer findings are notes.
-Whatever the level, the new run fails when a replica pair is not exact, the bridge is not bit-exact,
-a headline pair diverges at FP32 where the contract forbids it, donor recovery fell below its gate (or
-more transplant controls than allowed took a third trajectory), or a whole family/precision of the
-baseline is missing. An expected-state file (outputs/expected.py) accepts known changes per family and
-precision, and fails where one no longer occurs ("improved"). Rows present in one run only are noted.
+Whatever the level, the new run fails when a replica pair is not exact (or an ok record lacks one its
+family compares), the bridge is not bit-exact, a headline pair diverges in a cell where the contract
+forbids it, donor recovery fell below its gate (or more transplant controls than allowed took a third
+trajectory), a whole family/precision of the baseline is missing, rows the baseline judged were excluded
+in the new run (or a family/precision has no testable row), or a cell's definition changed. A cell whose
+gates are unknown is refused (check_cells): never taken for one allowed to diverge. An expected-state
+file (outputs/expected.py) accepts known changes per family and precision, and fails where one no longer
+occurs ("improved"). Rows present in one run only are noted.
 
 What the checks find, and its text, are outputs/findings.py's.
 """
@@ -33,12 +36,13 @@ from replaytests.outputs import localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
 from replaytests.outputs.findings import Findings, Group, Measure
-from replaytests.outputs.ledger import collate
+from replaytests.outputs.ledger import cell_digests, collate
 from replaytests.outputs.records import Record
 from replaytests.outputs.report import mcnemar_paired
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.runs import MANIFEST_DIGESTS, read_run
-from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES
+from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES, missing_replicas
+from replaytests.outputs.tables import first
 
 ALPHA = 0.05  # the McNemar significance of the rates level
 TRANSPLANT = "transplant"
@@ -78,15 +82,23 @@ def _ok(rows: Rows) -> list[Record]:
 
 
 def _inexact(record: Record, pairs: list[str]) -> list[str]:
-    """`pair (field false, ...)` for each pair of the record that is not bit-exact (cache, logits, suffix)."""
-    return [f"{pair} ({', '.join(f'{f} false' for f in failed)})" for pair in pairs
-            if (failed := inexact(record.comparisons[pair]))]
+    """`pair (field false, ...)` for each pair of the record that is not bit-exact (cache, logits, suffix), and
+    `pair (not recorded)` for each it does not carry."""
+    return [f"{pair} (not recorded)" if pair not in record.comparisons else
+            f"{pair} ({', '.join(f'{f} false' for f in failed)})" for pair in pairs
+            if pair not in record.comparisons or (failed := inexact(record.comparisons[pair]))]
+
+
+def _replicas(record: Record) -> list[str]:
+    """The record's replica pairs: those it carries, then those its family compares that it lacks."""
+    return [*replica_pairs(record), *missing_replicas(record)]
 
 
 def _exactness(out: Findings, group: Group, base: Rows, new: Rows, measure: str,
                pairs: Callable[[Record], list[str]], required: bool) -> None:
     """A gate on the new run: every ok record's `pairs` bit-exact (the baseline's count informs); where
-    the contract does not require it, an inexact pair is a note."""
+    the contract does not require it, an inexact pair is a note. A pair the record's family compares and the
+    record lacks fails at every level: the check was never made."""
     def split(rows: Rows) -> tuple[int, list[tuple[Record, list[str]]]]:
         """Ok records carrying the pairs, and (record, its inexact pairs) for each that is not exact."""
         carrying = [r for r in _ok(rows) if pairs(r)]
@@ -96,7 +108,37 @@ def _exactness(out: Findings, group: Group, base: Rows, new: Rows, measure: str,
     if n_new:
         out.lines.append(Measure(group, measure, n_new, (n_base - len(bad_base), n_base) if n_base else None,
                                  (n_new - len(bad_new), n_new), None, not bad_new, not required))
-    (out.reasons if required else out.notes).extend(f"{measure}: {r.label} {'; '.join(bad)}" for r, bad in bad_new)
+    for record, bad in bad_new:
+        (out.reasons if required or missing_replicas(record) else out.notes).append(
+            f"{measure}: {record.label} {'; '.join(bad)}")
+
+
+def _excluded(out: Findings, group: Group, base: Rows, new: Rows) -> None:
+    """Records excluded by fail-closed checks in the new run. Rows the baseline judged (ok there) that the
+    new run excluded fail at every level, as does a family and cell of the new run with no ok record: a
+    gate met on rows nobody could test is vacuous. Other exclusions (rows the baseline also excluded, or
+    does not hold) are noted."""
+    cell = "/".join(group)
+    lost = [row for row in sorted(new) if not new[row].ok and row in base and base[row].ok]
+    if lost:
+        out.reasons.append(f"excluded: {cell}: {len(lost)} of {len(_ok(base))} rows ok in the baseline failed closed "
+                           f"in the new run ({first(lost)}; {lost[0]}: {new[lost[0]].reason})")
+    if not _ok(new):
+        out.reasons.append(f"no testable row: {cell}: each of the new run's {len(new)} records was excluded "
+                           "(fail-closed checks): nothing in this family and cell could be judged")
+    if others := [row for row in sorted(new) if not new[row].ok and row not in lost]:
+        out.notes.append(f"{cell}: {len(others)} records excluded in the new run (fail-closed checks): "
+                         f"{', '.join(others)}")
+
+
+def _definitions(out: Findings, baseline: list[Record], new: list[Record]) -> None:
+    """A cell whose definition (its records' cell_digest) differs between the runs is another cell under
+    the same name: its records are not comparable, a reason at every level."""
+    before, after = cell_digests(baseline), cell_digests(new)
+    for cell in sorted(before.keys() & after.keys()):
+        if before[cell] != after[cell]:
+            out.reasons.append(f"cell {cell}: definition changed (digest {before[cell][:12]}… vs {after[cell][:12]}…, "
+                               "baseline vs new): its records are of another cell under the same name")
 
 
 def _bridge(record: Record) -> list[str]:
@@ -129,9 +171,10 @@ def _changes(out: Findings, group: Group, base: Rows, new: Rows) -> None:
 def _exact_cell_divergence(out: Findings, group: Group, new: Rows, gates: Gates) -> None:
     """The zero-divergence gate of an exact cell, at every level: a headline pair of the new run whose
     suffixes diverge in a cell where the contract (gates.<family>.suffix_divergence_allowed.<cell>: false)
-    does not allow it. A cell the gates do not name is not judged here."""
+    does not allow it. A family without divergence gates (the bridge: gates.bridge.exact) is not judged here;
+    a cell its gates do not name is exact (compare_paths refuses one before any gate: check_cells)."""
     family, cell = group
-    if gates.suffix_divergence_allowed.get(family, {}).get(cell, True):
+    if family not in gates.suffix_divergence_allowed or gates.suffix_divergence_allowed[family].get(cell, False):
         return
     for record in _ok(new):
         for pair in SHAPES[family].headline:
@@ -164,23 +207,29 @@ def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> 
 
 
 def _outcome_counts(rows: Rows, role: str, outcome: str) -> dict[str, tuple[int, int]]:
-    """Per direction: (records of `role` with `outcome`, records of `role`) over the ok records."""
-    seen = [transplant_outcomes(r) for r in _ok(rows) if r.role == role]
-    return {name: (sum(o[name] == outcome for o in seen), len(seen)) for name in sorted({n for o in seen for n in o})}
+    """Per direction any ok record ran: (records of `role` with `outcome`, records of `role`); a direction
+    with no record of `role` is (0, 0), which establishes nothing."""
+    ok = _ok(rows)
+    seen = [transplant_outcomes(r) for r in ok if r.role == role]
+    names = sorted({name for r in ok for name in transplant_outcomes(r)})
+    return {name: (sum(o.get(name) == outcome for o in seen), len(seen)) for name in names}
 
 
 def _transplant(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
     """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run),
-    judged by gates.transplant."""
+    judged by gates.transplant; a direction with no such row is noted as not established, never met."""
     follows, thirds = _outcome_counts(new, "divergent", "follows_donor"), _outcome_counts(new, "control", "third")
-    failed = [j.message for j in gates.transplant_family(follows, thirds) if j.failed]
+    judged = gates.transplant_family(follows, thirds)
+    failed = [j.message for j in judged if j.failed]
     for label, role, outcome, counts in (("follows donor", "divergent", "follows_donor", follows),
                                          ("third trajectory", "control", "third", thirds)):
         before = _outcome_counts(base, role, outcome)
         for name, (k, n) in counts.items():
-            ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
-            out.lines.append(Measure(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
+            if n:  # a direction with no such row is noted below (not established), not tabled as ok
+                ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
+                out.lines.append(Measure(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
     out.reasons += [f"transplant gate: {'/'.join(group)} {message}" for message in failed]
+    out.notes += [f"transplant gate: {'/'.join(group)} {j.message}" for j in judged if j.outcome == "recorded"]
 
 
 def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
@@ -198,10 +247,9 @@ def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) ->
                 for row in rows:
                     one_side[(group[0], name)][row].add(group[1])
     for (family, name), rows in sorted(one_side.items()):
-        shown = sorted(rows)
         precisions = sorted({p for ps in rows.values() for p in ps})
         out.notes.append(f"{family}: {len(rows)} rows only in the {name} ({', '.join(precisions)}: "
-                         f"{', '.join(shown[:5])}{', ...' if len(rows) > 5 else ''})")
+                         f"{first(sorted(rows))})")
 
 
 def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
@@ -258,12 +306,11 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
         base_groups = {g: rows for g, rows in base_groups.items() if g in common}
         new_groups = {g: rows for g, rows in new_groups.items() if g in common}
     _presence(out, base_groups, new_groups)
+    _definitions(out, baseline, new)
     for group in sorted(new_groups):
         base, current = base_groups.get(group, {}), new_groups[group]
-        if excluded := sorted(row for row, r in current.items() if not r.ok):
-            out.notes.append(f"{'/'.join(group)}: {len(excluded)} records excluded in the new run "
-                             f"(fail-closed checks): {', '.join(excluded)}")
-        _exactness(out, group, base, current, "replicas exact", replica_pairs,
+        _excluded(out, group, base, current)
+        _exactness(out, group, base, current, "replicas exact", _replicas,
                    gates.replicas_exact.get(group[0], True))
         _exactness(out, group, base, current, "bridge bit exact", _bridge, gates.bridge_exact)
         _changes(out, group, base, current)
@@ -299,7 +346,9 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
         raise ConfigError(f"compare {baseline} {new}: the runs were made by other runtimes ({runtimes[0]} vs "
                           f"{runtimes[1]}), whose fingerprints are of different things (one a whole logit row and its "
                           "K/V, the other top-k logits): no bit can match; pass --gate trajectories or --gate rates")
-    out = compare(base_records, new_records, alpha, gates_of(contract), gate, known, runtimes)
+    gates = gates_of(contract)
+    check_cells([*base_records, *new_records], gates, contract, base_run or new_run)
+    out = compare(base_records, new_records, alpha, gates, gate, known, runtimes)
     out.causes = causes(base_run, new_run)
     # One run given twice (the same ledger file, or copies of one run: the same run name and start time);
     # two runs whose records are equal are not that, they are an upgrade that moved nothing.
@@ -334,3 +383,19 @@ def check_comparable(baseline: tuple[Path, list[Record], dict | None], new: tupl
     if not judged[0] & judged[1]:
         raise ConfigError(f"compare {base_path} {new_path}: each of the {len(common)} records in common failed closed "
                           "(excluded) in one run or both: nothing could be judged")
+
+
+def check_cells(records: list[Record], gates: Gates, contract: Path | None, run: dict | None) -> None:
+    """A ConfigError, one line, where the runs hold a cell whose gates compare does not know (not declared by
+    --contract; without one, not one of the paper's cells the contract defaults judge): compare never takes
+    an unknown cell for one allowed to diverge. `run` is a run.json, which names the contract of its run."""
+    known = gates.suffix_divergence_allowed["crossing"]
+    unknown = sorted({r.precision for r in records} - known.keys())
+    if not unknown:
+        return
+    made = lookup(run or {}, "contract", "path")
+    hint = f" (run.json names {made})" if made else ""
+    which = (f"not declared by --contract {contract}" if contract is not None else
+             f"without --contract, compare knows only the paper's cells: {', '.join(known)}")
+    raise ConfigError(f"compare: the gates of cell {', '.join(unknown)} are unknown ({which}); pass --contract with "
+                      f"the contract the runs were made under{hint}")

@@ -85,12 +85,12 @@ def _date(text: str | None, run: dict) -> str:
 def entry(source: Path, label: str | None = None, date: str | None = None) -> dict:
     """The history line of one run (a ledger file or a run directory, with its run.json if present): dated
     and labelled by the run itself (its start time and name) unless `date` or `label` is given."""
-    path, run = ledger_of(Path(source)), runs.read_run(source) or {}
-    families, causal_outcomes = summarize(ledger.collate([source]))
+    path, run, records = ledger_of(Path(source)), runs.read_run(source) or {}, ledger.collate([source])
+    families, causal_outcomes = summarize(records)
     return {"schema": SCHEMA, "date": _date(date, run), "label": label or (run.get("run") or {}).get("name"),
             "ledger": str(path), "ledger_sha256": sha256_file(path, "ledger", HistoryError),
             "contract": run.get("contract"), "platform": run.get("platform"), "families": families,
-            "causal": causal_outcomes}
+            "causal": causal_outcomes, "cells": ledger.cell_digests(records)}
 
 
 def _parse(path: Path, text: str) -> list[dict]:
@@ -119,7 +119,12 @@ def _problem(entry_: dict) -> str | None:
     return (_objects(entry_["families"], "families", "precisions",
                      lambda precisions, where: _objects(precisions, where, "precision summaries", _summary))
             # absent in lines written before it was tracked
-            or _objects(entry_.get("causal", {}), "causal", "causal outcomes", _causal_outcome))
+            or _objects(entry_.get("causal", {}), "causal", "causal outcomes", _causal_outcome)
+            or _objects(entry_.get("cells", {}), "cells", "cell digests", _digest))
+
+
+def _digest(value: object, where: str) -> str | None:
+    return None if isinstance(value, str) else f"field {where!r} must be a cell digest (a string), got {short(value)}"
 
 
 def _objects(value: object, where: str, what: str, item: Callable[[object, str], str | None]) -> str | None:
@@ -227,6 +232,7 @@ def append(source: Path, into: Path, label: str | None = None, date: str | None 
                 raise HistoryError(f"{into}: this ledger is already in the history (run of {same['date']}, label "
                                    f"{same['label']!r}, ledger sha256 {new['ledger_sha256'][:12]}...); not appended "
                                    "twice")
+            _same_cells(new, _parse(into, text), into)
             write_atomic(Path(into), text + ("\n" if text and not text.endswith("\n") else "")
                          + dumps(new, sort_keys=True) + "\n")
     except OSError as exc:
@@ -245,6 +251,18 @@ def _check_writable(path: Path) -> None:
     if not os.access(path, os.W_OK) or not mode & 0o222:
         raise HistoryError(f"{path}: the history is read-only (mode {mode:04o}); not appended (make it writable, "
                            "e.g. chmod u+w, to append)")
+
+
+def _same_cells(new: dict, entries: list[dict], into: Path) -> None:
+    """A cell of the new run defined otherwise (another digest) than in a night of the history would be
+    drawn as one series with it: refused (lines written before digests were tracked name none)."""
+    for e in entries:
+        before = e.get("cells", {})  # each night's shape is checked when read (_problem)
+        if cell := next((c for c, d in new["cells"].items() if before.get(c) not in (None, d)), None):
+            now, then = new["cells"][cell][:12], before[cell][:12]
+            raise HistoryError(f"cell {cell} has two definitions: digest {now}… in {new['ledger']}, {then}… in "
+                               f"{e.get('ledger')} (the run of {e['date']} in {into}); not appended: start another "
+                               "history file for the new definition")
 
 
 def _lines(entries: list[dict]):

@@ -22,8 +22,8 @@ from replaytests.outputs.records import KEY_FIELDS, READABLE, SCHEMA, Record, Re
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import CAUSAL, SHAPES
 
-__all__ = ["READABLE", "SCHEMA", "Record", "append_record", "collate", "headline_problem", "merge", "parse_records",
-           "read_appended", "read_ledger", "record_line", "versioned_objects", "write_ledger"]
+__all__ = ["READABLE", "SCHEMA", "Record", "append_record", "cell_digests", "collate", "headline_problem", "merge",
+           "parse_records", "read_appended", "read_ledger", "record_line", "versioned_objects", "write_ledger"]
 
 
 def merge(records: list[Record]) -> list[Record]:
@@ -139,9 +139,12 @@ def headline_problem(record: Record) -> str | None:
 def collate(paths: list[Path]) -> list[Record]:
     """Records of one or more ledgers (files or run directories), de-duplicated, sorted by key.
 
-    The same (family, row, precision) in two inputs must be identical: different results are an error.
+    The same (family, row, precision) in two inputs must be identical: different results are an error, and
+    so are two definitions of one cell (records of one name with another `cell_digest`), which would be
+    counted as one cell.
     """
     seen: dict[tuple, tuple[Record, Path]] = {}
+    defined: dict[str, tuple[str, Path]] = {}  # cell -> (the digest of its definition, the ledger saying so)
     for path in map(ledger_of, map(Path, paths)):
         records = read_ledger(path, headline_problem)
         if not records:
@@ -150,4 +153,22 @@ def collate(paths: list[Path]) -> list[Record]:
             if record.key in seen and seen[record.key][0] != record:
                 raise LedgerError(f"ledger record {record.label} differs between {seen[record.key][1]} and {path}")
             seen.setdefault(record.key, (record, path))
+            _check_definition(defined, record, path)
     return [seen[k][0] for k in sorted(seen)]
+
+
+def cell_digests(records: list[Record]) -> dict[str, str]:
+    """cell -> the digest of its definition its records carry (ledger/5; collate refuses two of one cell)."""
+    return {r.precision: r.cell_digest for r in records if r.cell_digest is not None}
+
+
+def _check_definition(defined: dict[str, tuple[str, Path]], record: Record, path: Path) -> None:
+    """One definition per cell among the ledgers read together (a record without a digest, older than
+    ledger/5, names none)."""
+    if record.cell_digest is None:
+        return
+    digest, where = defined.setdefault(record.precision, (record.cell_digest, path))
+    if digest != record.cell_digest:
+        raise LedgerError(f"cell {record.precision} has two definitions: digest {digest[:12]}… in {where}, "
+                          f"{record.cell_digest[:12]}… in {path} ({record.label}); its records cannot be counted as "
+                          "one cell")

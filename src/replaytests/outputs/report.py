@@ -12,13 +12,23 @@ from pathlib import Path
 
 import numpy as np
 
-from replaytests.errors import ConfigError, LedgerError
-from replaytests.files import NotStrictJSON, dumps, write_set
+from replaytests.errors import ConfigError, LedgerError, ReplaytestsError
+from replaytests.files import NotStrictJSON, dumps, lookup, write_set
 from replaytests.inputs import cells
-from replaytests.inputs.gates import bit_exact, replicas_exact
+from replaytests.inputs.contract import default_gates, load_contract
+from replaytests.inputs.gates import BRIDGE_PAIR, Gates, bit_exact, replica_pairs
 from replaytests.outputs import causal, flips, ledger, report_html, sections, serving, summary
 from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
-from replaytests.outputs.shapes import DIVERGENCES, FLAGS, PER_LAYER, SHAPES, SPREADS, Shape
+from replaytests.outputs.shapes import (
+    DIVERGENCES,
+    FLAGS,
+    PER_LAYER,
+    SHAPES,
+    SPREADS,
+    Shape,
+    missing_replicas,
+    replicas_hold,
+)
 from replaytests.outputs.stats import (
     LEVEL,
     RESAMPLES,
@@ -29,6 +39,7 @@ from replaytests.outputs.stats import (
     proportion,
     wilson,
 )
+from replaytests.outputs.tables import first
 
 SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")
@@ -113,8 +124,8 @@ def _precision(records: list[Record], shape: Shape) -> dict:
     names = sorted({name for r in ok for name in r.comparisons})
     out: dict = {"rows": len(records), "ok": len(ok), "excluded": len(records) - len(ok),
                  "pairs": {name: _pair([r.comparisons[name] for r in ok if name in r.comparisons]) for name in names}}
-    if shape.replicas and all("bit_exact" in out["pairs"].get(n, {}) for n in shape.replicas):
-        out["replicas_exact"] = proportion(ok, replicas_exact)
+    if shape.replicas and ok:  # null: no ok record carries a replica pair (the check is missing, not met)
+        out["replicas_exact"] = proportion(ok, replicas_hold) if summary.replicas_recorded(ok) else None
     if ok and all(r.z_matches_bank is not None for r in ok):
         out["z_matches_bank"] = proportion(ok, lambda r: r.z_matches_bank)
     if shape.accuracy and (accuracy := _accuracy(ok, *shape.accuracy)):
@@ -167,7 +178,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
     excluded = [{name: getattr(r, name) for name in (*KEY_FIELDS, "reason")}
                 for r in sorted(records, key=lambda r: r.key) if not r.ok]
     return {
-        "verdict": meta.get("verdict"),  # first: did it pass, and why not (verdict.py)
+        "verdict": checked_verdict(meta.get("verdict"), records, run_gates(meta)),  # first: did it pass, and why not
         "schema": SCHEMA,
         "meta": {key: value for key, value in meta.items() if key != "verdict"},
         "statistics": {"interval": "wilson", "level": LEVEL, "paired_test": "mcnemar-exact",
@@ -187,6 +198,47 @@ def build_report(records: list[Record], meta: dict) -> dict:
     }
 
 
+def run_gates(meta: dict) -> Gates:
+    """The gates the run was judged by: its contract's (meta `contract`: the file at its path, where it still
+    has the recorded sha256), else the contract defaults, which require every replica and the bridge exact."""
+    path, digest = (lookup(meta, "contract", key) for key in ("path", "sha256"))
+    try:
+        contract = load_contract(Path(path)) if isinstance(path, str) and Path(path).is_file() else None
+    except ReplaytestsError:
+        contract = None
+    return contract.gates if contract is not None and contract.digest == digest else default_gates()
+
+
+def _failing(record: Record, gates: Gates) -> list[str]:
+    """The exactness checks an ok record fails under `gates`: its replicas (a pair its family compares and the
+    record lacks fails too), for the bridge live~incremental, and a headline pair whose suffixes diverge in a
+    cell the gates require exact (a cell they do not name is not judged here)."""
+    replicas = missing_replicas(record) or any(gates.replicas(record, pair).failed for pair in replica_pairs(record))
+    bridge = record.family == "bridge" and BRIDGE_PAIR in record.comparisons and gates.bridge(record).failed
+    exact = gates.suffix_divergence_allowed.get(record.family, {}).get(record.precision) is False
+    diverged = exact and any(gates.divergence(record, pair).failed for pair in SHAPES[record.family].headline
+                             if pair in record.comparisons)
+    return [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
+                                      ("exact-cell suffixes", diverged)) if failed]
+
+
+def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) -> dict | None:
+    """The run's verdict (run.json's), unless it says pass while the records show a replica or bridge check
+    failing (a ledger edited after the run, or collated with another): then a fail whose `contradicted` says
+    what the records show, so that the verdict a report prints agrees with its tables."""
+    if not recorded or recorded.get("result") != "pass":
+        return recorded
+    failing: dict[str, list[str]] = defaultdict(list)
+    for record in records:
+        for name in _failing(record, gates) if record.ok else ():
+            failing[name].append(record.label)
+    if not failing:
+        return recorded
+    shown = "; ".join(f"{name} failing in {len(rows)} row{'s' * (len(rows) > 1)} ({first(rows, 3)})"
+                      for name, rows in failing.items())
+    return recorded | {"result": "fail", "contradicted": f"the records show {shown}"}
+
+
 def _causal(records: list[Record], meta: dict) -> dict:
     """Per cell, the transplant (Table 5) and replication (Table 6) outcomes, where they ran."""
     minimum = ((meta.get("panels") or {}).get("replication") or {}).get("min_exact_controls",
@@ -201,8 +253,12 @@ def _causal(records: list[Record], meta: dict) -> dict:
 
 def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Path]:
     """Write report.json, report.md and report.html (each atomically); returns their paths."""
+    return write_built(report_dir, build_report(records, meta))
+
+
+def write_built(report_dir: Path, report: dict) -> list[Path]:
+    """Write a built report (build_report) as report.json, report.md and report.html; returns their paths."""
     report_dir = Path(report_dir)
-    report = build_report(records, meta)
     paths = [report_dir / name for name in REPORT_FILES]
     try:  # as one set: a report.json never stands beside another run's report.html
         write_set({paths[0]: dumps(report, indent=2) + "\n", paths[1]: sections.markdown(report),

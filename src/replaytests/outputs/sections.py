@@ -17,7 +17,7 @@ from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.files import lookup
 from replaytests.outputs import causal, verdict
 from replaytests.outputs.records import KEY_FIELDS
-from replaytests.outputs.shapes import DIVERGENCES, SHAPES
+from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES
 from replaytests.outputs.stats import INTERVAL, LEVEL
 from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
 from replaytests.outputs.tables import markdown as md_table
@@ -155,9 +155,15 @@ def fmt_positions(spread: dict | None) -> str:
     return f"{spread['median']:g} ({spread['min']:g}-{spread['max']:g}), n = {spread['n']}"
 
 
+def _replicas(summary: dict) -> str:
+    """A cell's replica count; a null count (ok records with no replica pair) is a missing check."""
+    missing = "replicas_exact" in summary and summary["replicas_exact"] is None
+    return NO_REPLICAS if missing else fmt_proportion(summary.get("replicas_exact"))
+
+
 HEADLINE_LINES = (
     Line("rows ok / excluded", lambda s, pair: f"{s['ok']} / {s['excluded']}"),
-    Line("replicas exact (cache, logits, suffix)", lambda s, pair: fmt_proportion(s.get("replicas_exact"))),
+    Line("replicas exact (cache, logits, suffix)", lambda s, pair: _replicas(s)),
     Line("live z matches the bank", lambda s, pair: fmt_proportion(s.get("z_matches_bank"))),
     Line("bit exact (cache, logits, suffix)", _pair_cell("bit_exact")),
     Line("cache exact", _pair_cell("cache_exact")),

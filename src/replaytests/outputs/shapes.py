@@ -6,8 +6,13 @@ these; they import nothing of the report's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replaytests.families.registry import FAMILIES
+from replaytests.inputs.gates import replicas_exact
+
+if TYPE_CHECKING:
+    from replaytests.outputs.records import Record
 
 
 @dataclass(frozen=True)
@@ -40,3 +45,19 @@ DIVERGENCES = ("suffix_divergence", "answer_divergence", "correctness_divergence
 SPREADS = {"cache_max_abs": ("k_max_abs", "v_max_abs"), "k_rel_l2": ("k_rel_l2",), "v_rel_l2": ("v_rel_l2",),
            "logits_max_abs": ("logits_max_abs",), "steps_max_abs": ("steps_max_abs",)}
 PER_LAYER = ("k_rel_l2_per_layer", "v_rel_l2_per_layer")
+# What a report shows for a family with replica pairs whose ok records carry none (report.json: null): the
+# replica check is missing, never met.
+NO_REPLICAS = "none recorded"
+
+
+def missing_replicas(record: Record) -> list[str]:
+    """The replica pairs the record's family compares (the registry's) that the record does not carry; for
+    a family the registry does not know, none."""
+    family = FAMILIES.get(record.family)
+    return [pair for pair in (family.replicas if family else ()) if pair not in record.comparisons]
+
+
+def replicas_hold(record: Record) -> bool:
+    """The record carries every replica pair its family compares, and each is bit-exact (gates.replicas_exact):
+    a record without its replica comparisons was never checked, which is no pass."""
+    return not missing_replicas(record) and replicas_exact(record)

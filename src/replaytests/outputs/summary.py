@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from replaytests.families.registry import FAMILIES
-from replaytests.inputs.gates import Gates, replicas_exact, unmeasured
+from replaytests.inputs.gates import Gates, replica_pairs, unmeasured
 from replaytests.outputs import causal, verdict
 from replaytests.outputs.records import Record
+from replaytests.outputs.shapes import NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
@@ -33,7 +34,7 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     def some_not(field: str):
         return lambda r: not every(field, known.headline)(r)
 
-    replicas = _count(ok, replicas_exact) if known.replicas else "-"
+    replicas = "-" if not known.replicas else _count(ok, replicas_hold) if replicas_recorded(ok) else NO_REPLICAS
     measured = not any(unmeasured(r.comparisons[p]) for r in ok for p in known.headline)
     return [
         family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
@@ -42,6 +43,12 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
         _count(ok, some_not("answer_equal")),
         _count(ok, some_not("correct_equal")),
     ]
+
+
+def replicas_recorded(ok: list[Record]) -> bool:
+    """Whether any of these ok records carries a replica pair (none: the replica check is missing, not met);
+    without ok records, nothing was expected."""
+    return not ok or any(replica_pairs(r) for r in ok)
 
 
 def table_rows(records: list[Record]) -> list[list[str]]:

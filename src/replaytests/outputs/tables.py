@@ -10,6 +10,11 @@ from html import escape
 from replaytests.errors import CONTROL
 
 
+def first(items: list[str], n: int = 5) -> str:
+    """The first `n` items, comma-separated, and `...` where there are more."""
+    return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
+
+
 @dataclass(frozen=True)
 class Table:
     title: str

@@ -8,6 +8,9 @@ an artifact made elsewhere) are counted apart from failures.
 
 from __future__ import annotations
 
+from replaytests.errors import Exit
+from replaytests.outputs.tables import first
+
 OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
 
 
@@ -20,8 +23,17 @@ def build(tests: dict[str, int], failures: list[dict], context: dict, interrupte
     return {"result": result, "tests": {k: tests.get(k, 0) for k in OUTCOMES}, "failures": failures, **context}
 
 
+def exit_status(verdict: dict | None) -> Exit:
+    """The exit status a verdict gives (docs/ci.md); records collated from ledgers carry none: 0."""
+    result = (verdict or {}).get("result")
+    return {"fail": Exit.FAIL, "interrupted": Exit.INTERRUPTED}.get(result, Exit.PASS)
+
+
 def headline(verdict: dict) -> str:
+    """`PASS (48 passed)`; a pass the records contradict (report.checked_verdict) says both."""
     counts = ", ".join(f"{n} {name}" for name, n in verdict["tests"].items() if n) or "no tests ran"
+    if verdict.get("contradicted"):
+        return f"{verdict['result'].upper()} (run.json said PASS: {counts}; {verdict['contradicted']})"
     return f"{verdict['result'].upper()} ({counts})"
 
 
@@ -54,5 +66,5 @@ def artifact(name: str, platform_differences: list[str], finding: str, drift: st
     made on another platform and the run's numbers differ from it, the platform-drift line."""
     made = ("made on this platform" if not platform_differences
             else f"made on another platform ({'; '.join(platform_differences)})")
-    shown = ", ".join(rows[:5]) + (", ..." if len(rows) > 5 else "")
+    shown = first(rows)
     return f"{name}, {made}: {finding}", (f"{drift} ({shown})" if platform_differences and rows else None)

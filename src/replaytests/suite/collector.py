@@ -190,10 +190,7 @@ def exit_status(outcome: dict, status: int) -> int:
     a run-level check the controller makes after the tests, such as the baseline's rates); a run the verdict
     calls interrupted (a torn records file) exits 2 where pytest saw nothing wrong. A status pytest already
     set for a reason of its own (an error, -x, Ctrl-C) is kept."""
-    if status != pytest.ExitCode.OK:
-        return status
-    return {"fail": pytest.ExitCode.TESTS_FAILED, "interrupted": pytest.ExitCode.INTERRUPTED}.get(
-        outcome["result"], status)
+    return status if status != Exit.PASS else verdict.exit_status(outcome)
 
 
 def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
