@@ -38,6 +38,21 @@ def _processes_naming(marker: str) -> list[str]:
     return found
 
 
+def _stopped(argv: list[str], records: Path, count: int, send, env: dict | None = None) -> tuple[int, str]:
+    """Start `argv` in a process group of its own, `send(process)` once `records` holds `count` records, and
+    wait for it to end: its exit status and output."""
+    process = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=env)
+    try:
+        _wait_for(lambda: records.is_file() and records.read_text().count("\n") >= count, 240, f"{count} records")
+        send(process)
+        out, _ = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, out.decode(errors="replace")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to prove no process is left")
 @pytest.mark.parametrize(("workers", "how"), [
     pytest.param("2", "sigterm-to-audit", id="sigterm-xdist"),
@@ -50,21 +65,14 @@ def test_a_stopped_audit_keeps_what_it_finished(tmp_path, workers, how):
     argv = ([str(Path(sys.executable).with_name("replaytests")), "audit", "--workers", workers, *run_options]
             if workers else [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:xdist",
                              "-p", "no:cacheprovider", *run_options])
-    audit = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             env=os.environ | {"CI": "1"})
-    records = root / name / RECORDS
-    try:
-        _wait_for(lambda: records.is_file() and records.read_text().count("\n") >= 1, 240, "a first record")
+    def send(audit: subprocess.Popen) -> None:
         if how.startswith("sigterm"):
             audit.send_signal(signal.SIGTERM)
         else:
             os.killpg(audit.pid, signal.SIGINT)  # the terminal's Ctrl-C: the audit's whole process group
-        out, _ = audit.communicate(timeout=240)
-    finally:
-        if audit.poll() is None:
-            audit.kill()
-    text = out.decode(errors="replace")
-    assert audit.returncode == INTERRUPTED, f"exit {audit.returncode}, expected {INTERRUPTED}:\n{text[-3000:]}"
+
+    code, text = _stopped(argv, root / name / RECORDS, 1, send, env=os.environ | {"CI": "1"})
+    assert code == INTERRUPTED, f"exit {code}, expected {INTERRUPTED}:\n{text[-3000:]}"
     assert "Traceback" not in text, f"a traceback reached the user:\n{text[-3000:]}"
     run = json.loads((root / name / "run.json").read_text())
     assert run["run"]["interrupted"] is True, f"run.json does not say interrupted: {run['run']}"
@@ -86,17 +94,8 @@ def test_a_stop_in_the_middle_of_a_long_test_ends_at_the_next_forward_call(tmp_p
     argv = [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:xdist", "-p",
             "no:cacheprovider", "--rows", "0:16", "--precision", "bf16", "-k", "transplant", "--report-dir", str(root),
             "--run-name", name]
-    run = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    records = root / name / RECORDS
-    try:
-        _wait_for(lambda: records.is_file() and records.read_text().count("\n") >= 2, 240, "two records")
-        run.send_signal(signal.SIGTERM)
-        out, _ = run.communicate(timeout=240)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    text = out.decode(errors="replace")
-    assert run.returncode == INTERRUPTED, f"exit {run.returncode}, expected {INTERRUPTED}:\n{text[-3000:]}"
+    code, text = _stopped(argv, root / name / RECORDS, 2, lambda run: run.send_signal(signal.SIGTERM))
+    assert code == INTERRUPTED, f"exit {code}, expected {INTERRUPTED}:\n{text[-3000:]}"
     assert "stopped between two forward calls" in text, f"the stop does not say where it stopped:\n{text[-2000:]}"
     kept = [json.loads(line) for line in (root / name / "ledger.jsonl").read_text().splitlines()]
     crossing = [r for r in kept if r["family"] == "crossing"]

@@ -13,7 +13,7 @@ from replaytests.engine.backend import Backend
 from replaytests.engine.boundary import Boundary, Suffix, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import compare_boundaries, compare_suffixes, first_divergence
 from replaytests.errors import FailClosed
-from replaytests.families.registry import Family
+from replaytests.families.registry import FAMILIES, Family
 from replaytests.files import sha256_json
 from replaytests.inputs.bank import BankRow
 from replaytests.outputs import ledger
@@ -22,6 +22,14 @@ from replaytests.outputs.records import Record, title
 
 def z_digest(tokens: list[int], roles: list[int]) -> str:
     return sha256_json({"tokens": tokens, "roles": roles})
+
+
+def other_z(record: Record, row: BankRow) -> str | None:
+    """Token identity: the arms of an ok record that consumed a z other than the bank row's, in one line, or
+    None (the conformance test and `replaytests selftest` judge by it)."""
+    expected = z_digest(row.tokens, row.roles)
+    wrong = sorted(arm for arm in FAMILIES[record.family].arms if record.arms[arm].z_sha256 != expected)
+    return f"{record.title}: arms {wrong} consumed a z other than the bank row's" if wrong else None
 
 
 def z_difference(live: list[int], bank: list[int]) -> dict | None:
