@@ -159,7 +159,7 @@ def test_cli_lists_and_refuses_in_one_line(cache):
     assert listed.returncode == 0, listed.stderr
     assert f"{cache / 'models' / 'smollm2'} (not prepared)" in listed.stdout, listed.stdout
     refused = subprocess.run([*run, "prepare", "nope"], capture_output=True, text=True, check=False)
-    assert (refused.returncode, refused.stderr.count("\n")) == (2, 1), refused.stderr
+    assert (refused.returncode, refused.stderr.count("\n")) == (4, 1), refused.stderr
     assert "unknown model 'nope'" in refused.stderr
 
 
