@@ -62,9 +62,10 @@ class Dump:
         for row in self.rows:
             for name in ("prompt_ids", "response_ids"):
                 ids = getattr(row, name)
-                if (top := max(ids)) >= vocab_size:
-                    raise DumpError(f"{self.path}:{row.line}: field '{name}[{ids.index(top)}]': token id {top} is "
-                                    f"outside the model's vocabulary (vocab_size {vocab_size}, {source})")
+                if max(ids) >= vocab_size:
+                    at = next(index for index, token in enumerate(ids) if token >= vocab_size)
+                    raise DumpError(f"{self.path}:{row.line}: field '{name}[{at}]': token id {ids[at]} is outside "
+                                    f"the model's vocabulary (vocab_size {vocab_size}, {source})")
             if row.length > max_positions:
                 raise DumpError(f"{self.path}:{row.line}: field 'response_ids': prompt and response are {row.length} "
                                 f"tokens, more than the {max_positions} positions the model takes ({source})")
