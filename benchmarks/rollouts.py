@@ -128,8 +128,7 @@ def main() -> None:
     result.update(schema="replaytests.benchmarks.rollouts/1", settings={
         "rows": args.rows, "length": args.length, "prompt": args.prompt, "precision": args.precision,
         "repeats": args.repeats, "seed": args.seed, "model": str(args.model), "contract": str(args.contract)},
-        platform=f"{cpu_isa.cpu_model() or 'CPU model not listed'}, kernels at {cpu_isa.in_force()}, "
-                 f"{contract.cpu_threads} thread(s)", environment=capture(contract))
+        platform=f"{cpu_isa.platform_line()}, {contract.cpu_threads} thread(s)", environment=capture(contract))
     write_json_atomic(args.out, result)
     write_atomic(args.out.with_suffix(".md"), markdown(result))
     print(markdown(result), end="")

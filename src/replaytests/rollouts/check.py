@@ -54,35 +54,51 @@ def _verdict(run: RunMeasures, gate: bool) -> str:
         f"verdict: FAIL ({len(failures)} of {len(run.rows)} rows with a token past a threshold)")
 
 
-def run(request: Request) -> int:
-    started = time.perf_counter()
+def checked_dump(request: Request) -> Dump:
+    """The dump read and checked, and every token against the model and the cell against the contract: all
+    before any model work."""
     dump = read_dump(request.dump)
     model = limits(request.model)
     dump.check_model(model.vocab_size, model.max_positions, model.source)
     request.contract.cell(request.precision)
+    return dump
+
+
+def _meta(request: Request, dump: Dump, seconds: float) -> dict:
+    """What rollouts.json says of the inputs, the platform and the time beside the measures."""
+    return {"dump": str(request.dump), "dump_sha256": dump.sha256, "model": str(request.model),
+            "contract": f"{request.contract.name} ({request.contract.path})", "precision": request.precision,
+            "platform": cpu_isa.platform_line(), "environment": capture(request.contract, request.device),
+            "gate": request.gate, "recompute_seconds": round(seconds, 3),
+            "tokens_per_second": dump.tokens / seconds if seconds > 0 else 0.0}
+
+
+def _print_failures(failures: list[str]) -> None:
+    more = [f"... and {len(failures) - SHOWN} more rows"] if len(failures) > SHOWN else []
+    for line in failures[:SHOWN] + more:
+        print(line)
+
+
+def run(request: Request) -> int:
+    """The check: print the tables, write the report, exit 1 only where --gate finds a token past a threshold."""
+    started = time.perf_counter()
+    dump = checked_dump(request)
     directory = rundir.output_dir(request.out, DEFAULT_REPORT_DIR, {
         "dump": request.dump, "model": request.model, "contract": request.contract.path}, "rollouts")
     scorer = Scorer.load(request.model, request.contract, request.precision, request.device)
     recompute_started = time.perf_counter()
     scored = recompute(scorer, dump)
-    seconds = time.perf_counter() - recompute_started
+    meta = _meta(request, dump, time.perf_counter() - recompute_started)
     measures = run_measures(scored, request.thresholds)
     verdict = _verdict(measures, request.gate)
-    platform = f"{cpu_isa.cpu_model() or 'CPU model not listed'}, kernels at {cpu_isa.in_force()}"
-    meta = {"dump": str(request.dump), "dump_sha256": dump.sha256, "model": str(request.model),
-            "contract": f"{request.contract.name} ({request.contract.path})", "precision": request.precision,
-            "platform": platform, "environment": capture(request.contract, request.device),
-            "gate": request.gate, "recompute_seconds": round(seconds, 3),
-            "tokens_per_second": dump.tokens / seconds if seconds > 0 else 0.0,
-            "seconds": round(time.perf_counter() - started, 1)}
+    meta["seconds"] = round(time.perf_counter() - started, 1)
     print(f"rollouts check: {request.dump} ({len(dump.rows)} rows, {dump.tokens} response tokens) on "
-          f"{request.model} at {request.precision}, {platform}; {meta['tokens_per_second']:.0f} tokens/s")
+          f"{request.model} at {request.precision}, {meta['platform']}; {meta['tokens_per_second']:.0f} tokens/s")
     print("\n".join(rollout_report.summary(measures)))
     print("worst tokens:\n" + "\n".join(rollout_report.worst(measures)))
     for path in rollout_report.write(directory(), measures, meta, verdict):
         print(f"wrote {path}")
     print(verdict)
     failures = measures.failures() if request.gate else []
-    for line in failures[:SHOWN] + ([f"... and {len(failures) - SHOWN} more rows"] if len(failures) > SHOWN else []):
-        print(line)
+    _print_failures(failures)
     return Exit.FAIL if failures else Exit.PASS

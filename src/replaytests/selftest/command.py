@@ -57,7 +57,7 @@ def run(contract: Contract, model: Path, bank: Path, out: Path | None, device: s
     cells = run_all(shared)
     meta = {"model": str(model), "bank": str(bank), "contract": f"{contract.name} ({contract.path})",
             "row": f"{shared.row.id} ({shared.row.prefix_len} tokens)", "precision": BANK_CELL,
-            "platform": f"{cpu_isa.cpu_model() or 'CPU model not listed'}, kernels at {cpu_isa.in_force()}",
+            "platform": cpu_isa.platform_line(),
             "seconds": round(time.perf_counter() - started, 1)}
     print(f"selftest: {meta['model']} under contract {meta['contract']}, row {meta['row']}, {BANK_CELL}, on "
           f"{meta['platform']}")
