@@ -25,7 +25,7 @@ def build(run: RunMeasures, meta: dict) -> dict:
 
 
 def _interval(value: ClusterInterval, scale: float = 1.0, unit: str = "") -> str:
-    return (f"{value.estimate * scale:.4g}{unit} [{value.ci_low * scale:.4g}, {value.ci_high * scale:.4g}]"
+    return (f"{value.estimate * scale:.4g}{unit} [{value.ci_low * scale:.4g}{unit}, {value.ci_high * scale:.4g}{unit}]"
             if value.estimate is not None else "n/a")
 
 
