@@ -246,23 +246,15 @@ def _rollouts(args: argparse.Namespace) -> int:
 
 
 def _ratio_bounds(text: str) -> tuple[float, float]:
+    from replaytests.outputs.mismatch import Thresholds
+
     try:
         low, high = (float(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LOW,HIGH (e.g. 0.5,2), got {text!r}") from None
-    if not 0 < low <= 1 <= high < math.inf:
-        raise argparse.ArgumentTypeError(f"expected 0 < LOW <= 1 <= HIGH, got {text!r}")
+        Thresholds(low, high)  # its own check of the bounds
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH with 0 < LOW <= 1 <= HIGH (e.g. 0.5,2), got {text!r}"
+                                         ) from exc
     return low, high
-
-
-def _nats(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a number of nats, 0 or more, got {text!r}")
-    return value
 
 
 def _rollouts_parser(sub) -> None:
@@ -283,7 +275,7 @@ def _rollouts_parser(sub) -> None:
                        help="directory for rollouts.json and rollouts.md. Default: a new directory in reports/")
     check.add_argument("--ratio-bounds", type=_ratio_bounds, default=(0.5, 2.0), metavar="LOW,HIGH",
                        help="bounds of p_replay / p_live a token may take. Default: 0.5,2")
-    check.add_argument("--delta-threshold", type=_nats, default=0.05, metavar="NATS",
+    check.add_argument("--delta-threshold", type=_non_negative("nats"), default=0.05, metavar="NATS",
                        help="the |delta logp| past which a row's first position is named. Default: %(default)s")
     check.add_argument("--gate", action="store_true",
                        help="exit 1 where any token is past a threshold (without it the report measures only)")
@@ -366,14 +358,22 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:  # NaN fails it too
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
-    return value
+def _non_negative(unit: str):
+    """An option's type: a finite number of `unit`, 0 or more."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value < math.inf:  # NaN fails it too
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, 0 or more, got {text!r}")
+        return value
+
+    return parse
+
+
+_seconds = _non_negative("seconds")
 
 
 def _env(args: argparse.Namespace) -> int:
