@@ -90,7 +90,8 @@ class Scorer:
         for step in range(length):
             token = int(logits.argmax())
             tokens.append(token)
-            logprobs.append(float(chosen_logprobs(logits[None], logits.new_tensor([token]).long(), "live")[0]))
+            chosen = torch.tensor([token], dtype=torch.long, device=self.device)  # never via the logits' dtype
+            logprobs.append(float(chosen_logprobs(logits[None], chosen, "live")[0]))
             if step + 1 < length:
                 logits = self._call([token], len(prompt) + step, cache, 1)[-1]
         return tokens, logprobs
