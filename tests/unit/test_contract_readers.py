@@ -16,7 +16,7 @@ import textwrap
 import pytest
 from test_contract import schema_paths
 
-from replaytests.engine.hf import adapter, environment, inspection, runtime, weights
+from replaytests.engine.hf import adapter, environment, forward, inspection, runtime, weights
 from replaytests.engine.llamacpp import runtime as llamacpp_runtime
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
@@ -33,14 +33,14 @@ READERS = {
     "name": contract.load_contract,
     "extends": contract._resolve,
     "description": artifacts.run_metadata,
-    "environment.attention": runtime.Runtime.load,
+    "environment.attention": forward.load_cell,
     "environment.cache": runtime.Runtime.load,
     "protocol.visibility": runtime.Runtime.load,
     "environment.cpu_isa": session.ReplaySession.open,
     "precisions": contract.load_contract,
-    "precisions.<precision>.dtype": runtime.Runtime.load,
+    "precisions.<precision>.dtype": forward.load_cell,
     "cells": contract.load_contract,
-    "cells.<cell>.dtype": runtime.Runtime.load,
+    "cells.<cell>.dtype": forward.load_cell,
     "cell_pairs": artifacts.run_metadata,
     **{f"{cells}.kv_cache.{key}": adapter.new_cache for cells in ("precisions.<precision>", "cells.<cell>")
        for key in ("format", "library", "bits", "group_size", "residual_length")},

@@ -140,6 +140,11 @@ def in_force() -> str:
     return f"{aten} (oneDNN BF16 kernels {'on' if bf16 else 'off'})"
 
 
+def platform_line() -> str:
+    """The CPU model and the level in force, as a command's header and its report name the platform."""
+    return f"{cpu_model() or 'CPU model not listed'}, kernels at {in_force()}"
+
+
 def check_applied(pinned: Pin, where: str) -> str | None:
     """The one-line error when replaytests applied a level but torch reads back another (torch had
     dispatched a kernel before the contract was read); None when all is well."""

@@ -137,6 +137,20 @@ class Root:
             self._lock.close()
 
 
+def output_dir(out: Path | None, root: Path, inputs: dict[str, Path], kind: str):
+    """Where a command that is not a run writes its files (a selftest, a rollouts check), checked before any
+    model work: `out`, a directory (created if absent), or by default a new directory `<time>-<kind>-<id>` in
+    the report root `root`, made a root as a run makes it (so that a later run there still accepts it) when the
+    files are written; `latest` is not moved. Returns the function that gives the directory."""
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out}: exists and is not a directory")
+        return lambda: out
+    check_root(root, inputs)
+    made = Root(root)
+    return lambda: made.new_run(f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{kind}-{secrets.token_hex(3)}")
+
+
 def ledger_of(path: Path) -> Path:
     """The ledger a path names: a ledger file, a run directory holding one, or a report root (its
     latest completed run)."""

@@ -6,10 +6,8 @@ Imported by the CLI after the contract's CPU instruction set is pinned (cli._pin
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.engine import backend
@@ -47,16 +45,8 @@ def bench(contract: Contract, model: Path, bank: Path, device: str | None = None
 
 
 def output(out: Path | None, inputs: dict[str, Path]) -> Callable[[], Path]:
-    """Where the matrix goes, checked before any model work: `out`, a directory (created if absent), or by
-    default a new directory in the report root reports/, made a root as a run makes it (so that a later
-    run there still accepts it), made when the matrix is written."""
-    if out is not None:
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"--out {out}: exists and is not a directory")
-        return lambda: out
-    rundir.check_root(DEFAULT_REPORT_DIR, inputs)
-    root = rundir.Root(DEFAULT_REPORT_DIR)
-    return lambda: root.new_run(f"{datetime.now(UTC):%Y%m%d-%H%M%S}-selftest-{secrets.token_hex(3)}")
+    """Where the matrix goes (rundir.output_dir: `out`, or a new directory in the report root reports/)."""
+    return rundir.output_dir(out, DEFAULT_REPORT_DIR, inputs, "selftest")
 
 
 def run(contract: Contract, model: Path, bank: Path, out: Path | None, device: str | None = None) -> int:
@@ -67,7 +57,7 @@ def run(contract: Contract, model: Path, bank: Path, out: Path | None, device: s
     cells = run_all(shared)
     meta = {"model": str(model), "bank": str(bank), "contract": f"{contract.name} ({contract.path})",
             "row": f"{shared.row.id} ({shared.row.prefix_len} tokens)", "precision": BANK_CELL,
-            "platform": f"{cpu_isa.cpu_model() or 'CPU model not listed'}, kernels at {cpu_isa.in_force()}",
+            "platform": cpu_isa.platform_line(),
             "seconds": round(time.perf_counter() - started, 1)}
     print(f"selftest: {meta['model']} under contract {meta['contract']}, row {meta['row']}, {BANK_CELL}, on "
           f"{meta['platform']}")

@@ -221,8 +221,14 @@ class Forward:
         return new_cache(self.model, self.cache, self.kv)
 
     def __call__(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """Return the last position's logits [batch, vocab]; the cache grows in place. A preallocated
-        (static) cache attends over its whole capacity: the mask's keys are extended to it, hidden."""
+        """Return the last position's logits [batch, vocab]; the cache grows in place."""
+        return self.logits(input_ids, mask, positions, cache, 1)[:, -1, :]
+
+    def logits(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache,
+               keep: int) -> torch.Tensor:
+        """The logits of the last `keep` positions (0: every position), [batch, keep, vocab]; the cache grows in
+        place. A preallocated (static) cache attends over its whole capacity: the mask's keys are extended to
+        it, hidden."""
         capacity = int(cache.get_max_length()) if self.cache == "static" else 0
         if capacity > mask.shape[-1]:
             padded = mask.new_zeros(*mask.shape[:-1], capacity)
@@ -233,9 +239,9 @@ class Forward:
             mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions,
-            use_cache=True, logits_to_keep=1, **{self._cache_arg: cache},
+            use_cache=True, logits_to_keep=keep, **{self._cache_arg: cache},
         )
-        return out.logits[:, -1, :]
+        return out.logits
 
 
 def cache_from_layers(model, layers: list[KV], like):

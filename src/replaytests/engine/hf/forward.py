@@ -93,6 +93,27 @@ def apply_numeric_flags(flags: Cell, threads: int) -> dict:
     return actual
 
 
+def load_cell(model_dir: Path, contract: Contract, precision: str,
+              device: str | None = None) -> tuple[Cell, str, object]:
+    """The model at one of the contract's cells, on `device` (default: the contract's), with the cell's numeric
+    settings applied and read back: (the cell, the device, the model)."""
+    flags = contract.cell(precision)
+    device = device or contract.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"{contract.path}: environment.device is {device!r} but CUDA is not available here")
+    if contract.cache == "offloaded" and not device.startswith("cuda"):
+        raise ConfigError(f"{contract.path}: environment.cache offloaded keeps layers on the CPU between uses "
+                          f"of a CUDA device; the device here is {device!r}")
+    if not flags.kv_cache.native and contract.cache != "dynamic":
+        raise ConfigError(f"{contract.path}: cells.{precision}.kv_cache: a quantized K/V cache replaces the "
+                          f"cache class; environment.cache must be dynamic, got {contract.cache!r}")
+    apply_numeric_flags(flags, contract.cpu_threads)
+    model = hf_adapter.load_model(model_dir, flags.dtype, device, contract.attention)
+    if not flags.weights.native:
+        weights.quantize(model, flags.weights, f"{model_dir} (cell {precision})")
+    return flags, device, model
+
+
 @dataclass
 class Step:
     """One model at one precision, with the protocol's grammar and the physical-batch forward call, and the
@@ -112,21 +133,8 @@ class Step:
     @classmethod
     def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None,
              batch: int | None = None) -> Step:
-        flags = contract.cell(precision)
-        device = device or contract.device
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"{contract.path}: environment.device is {device!r} but CUDA is not available here")
-        if contract.cache == "offloaded" and not device.startswith("cuda"):
-            raise ConfigError(f"{contract.path}: environment.cache offloaded keeps layers on the CPU between uses "
-                              f"of a CUDA device; the device here is {device!r}")
-        if not flags.kv_cache.native and contract.cache != "dynamic":
-            raise ConfigError(f"{contract.path}: cells.{precision}.kv_cache: a quantized K/V cache replaces the "
-                              f"cache class; environment.cache must be dynamic, got {contract.cache!r}")
-        apply_numeric_flags(flags, contract.cpu_threads)
+        flags, device, model = load_cell(model_dir, contract, precision, device)
         tokenizer = hf_adapter.load_tokenizer(model_dir)
-        model = hf_adapter.load_model(model_dir, flags.dtype, device, contract.attention)
-        if not flags.weights.native:
-            weights.quantize(model, flags.weights, f"{model_dir} (cell {precision})")
         delims = Delimiters.resolve(tokenizer, contract.delimiters)
         grammar = Grammar(delims, contract.caps, hf_adapter.vocab_size(model), len(tokenizer),
                           contract.banned_tokens, device)
