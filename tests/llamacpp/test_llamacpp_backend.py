@@ -245,3 +245,38 @@ def test_the_run_is_audited_against_the_committed_llamacpp_baseline(conformance_
     assert outcomes and len(outcomes) == audited, (outcomes, audited)
     bad = [line for line in outcomes if not (line.startswith("PASSED") or "platform drift" in line)]
     assert not bad, bad
+
+
+@pytest.mark.parametrize("fault", ["stale", "foreign"])
+def test_a_prefix_hit_on_a_stale_or_foreign_block_is_found(runtime, rows, monkeypatch, fault):
+    """Must-fail control of the serving family (issue 47): the hit reuses a cache that lost its last token (a
+    stale block) or one another request left (a foreign block: llama.cpp counts a full hit all the same). On
+    the clean hit the serving family's live~prefix_hit comparison is bit-exact (the committed baselines: 48/48
+    rows); with the fault it must not be, or the row must fail closed."""
+    from replaytests.engine.llamacpp.context import Context
+    from replaytests.families import serving
+
+    row, other = rows[0], max(rows[1:], key=lambda r: r.prefix_len)
+    assert other.prefix_len >= row.prefix_len, "premise: no longer row to take a foreign block from"
+    clean = serving.run(runtime, row)
+    before = clean.comparisons["live~prefix_hit"]
+    assert clean.ok and before.logits_exact and before.cache_exact, \
+        f"premise: the clean hit is not bit-exact to the live request here ({before}): the control proves nothing"
+    truncate, foreign = Context.truncate, runtime.build("prefill", other.tokens).state
+
+    def faulty(context, length):
+        if fault == "foreign":
+            context.load(foreign.state, foreign.length)
+        truncate(context, length - (fault == "stale"))
+
+    monkeypatch.setattr(Context, "truncate", faulty)
+    hit = serving.run(runtime, row)
+    shown = hit.comparisons.get("live~prefix_hit")
+    print(f"{fault} block: " + (f"excluded: {hit.reason}" if not hit.ok else f"cache exact {shown.cache_exact}, "
+                                 f"logits exact {shown.logits_exact}, suffix equal {shown.suffix_equal}"))
+    if hit.ok:  # else it failed closed: found
+        counted = clean.prefix_hit.cached_tokens - (fault == "stale")
+        assert hit.prefix_hit.cached_tokens == counted, f"premise: llama.cpp counted {hit.prefix_hit}, not {counted}"
+        after = hit.comparisons["live~prefix_hit"]
+        assert not (after.logits_exact or after.cache_exact), \
+            f"a hit on a {fault} block passed as the live state: {after}"

@@ -88,8 +88,8 @@ def test_a_trial_that_raises_is_a_failing_cell_and_the_others_run(monkeypatch):
     monkeypatch.setattr(trials, "TRIALS", (broken, trials.serving_cells))
     cells = trials.run_all(SimpleNamespace())
     assert [(c.fault, c.outcome, c.detail) for c in cells] == [
-        ("broken", matrix.ERROR, "RuntimeError: boom"), ("prefix-cache hit on a stale block", NOT_RUN,
-                                                         "needs the vllm / llama.cpp backend")]
+        ("broken", matrix.ERROR, "RuntimeError: boom"),
+        ("prefix-cache hit on a stale block", NOT_RUN, "needs a serving backend (tests/llamacpp runs it on llama.cpp)")]
     assert matrix.exit_code(cells) == 1
 
 

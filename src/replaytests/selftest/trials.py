@@ -228,7 +228,7 @@ def isa_cells(bench: Bench) -> list[Cell]:
 
 def serving_cells(bench: Bench) -> list[Cell]:
     return [Cell("prefix-cache hit on a stale block", "serving live~prefix_hit (families/serving.py)",
-                 NOT_RUN, "needs the vllm / llama.cpp backend")]
+                 NOT_RUN, "needs a serving backend (tests/llamacpp runs it on llama.cpp)")]
 
 
 TRIALS = (ulp_cells, mask_cells, position_cells, token_cells, batch_cells, transplant_cells, ledger_cells,
