@@ -420,6 +420,9 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+WHOLE = "what it writes is written whole or not at all"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad option or argument exiting Exit.BAD_INPUT (argparse's own 2 is "interrupted" to
     pytest, and so to a CI script reading `replaytests audit`)."""
@@ -587,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `replaytests history show ... | head -1`: the reader left; end quietly
         _quietly_closed()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C in a long command (freeze, selftest, rollouts check): the status a
+        print(f"replaytests: {args.command}: interrupted (Ctrl-C); {WHOLE}", file=sys.stderr)  # stopped run has
+        return Exit.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -199,3 +199,16 @@ def test_the_audit_gives_its_child_each_option_once(monkeypatch, tmp_path, extra
     spellings = [a for a in argv if a.split("=")[0] in ("--precision", "--replay-precision")]
     assert len(spellings) == 1 and argv[argv.index(spellings[0]):][:len(given)] == given, argv
     assert argv.count("--report-dir") == 1, argv
+
+
+def test_a_command_stopped_by_ctrl_c_is_one_line_and_exits_2(monkeypatch, capsys):
+    """Every command exits with the conformance run's statuses (errors.Exit): Ctrl-C is 2, not a traceback."""
+    from replaytests import cli
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_check_model", stopped)
+    code = cli.main(["check-model"])
+    err = capsys.readouterr().err
+    assert (code, err) == (2, f"replaytests: check-model: interrupted (Ctrl-C); {cli.WHOLE}\n"), (code, err)
