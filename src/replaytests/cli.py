@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from replaytests.errors import ConfigError, Exit, ReplaytestsError
-from replaytests.inputs.cells import BANK_CELL
+from replaytests.inputs.cells import BANK_CELL, RECOMPUTE_CELL
 from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
 
@@ -267,8 +267,8 @@ def _rollouts_parser(sub) -> None:
     check.add_argument("dump", type=Path, metavar="DUMP", help="a replaytests.rollouts/1 JSONL dump")
     check.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model directory. Default: %(default)s")
     check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
-    check.add_argument("--precision", default="bf16", metavar="CELL",
-                       help="the contract's cell the recompute runs in (a trainer's forward is usually bf16). "
+    check.add_argument("--precision", default=RECOMPUTE_CELL, metavar="CELL",
+                       help="the contract's cell the recompute runs in (a trainer's forward usually runs in BF16). "
                             "Default: %(default)s")
     check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
     check.add_argument("--out", type=Path, default=None,

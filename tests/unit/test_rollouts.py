@@ -112,6 +112,21 @@ def test_worst_tokens_and_failures_name_row_and_position():
     assert (run.rows_exceeding.k, run.rows_exceeding.n) == (1, 2)
 
 
+def test_user_text_in_the_markdown_report_is_text_not_markup():
+    """A row id and paths from the dump reach rollouts.md as literal text: a `|` splits no table cell, a tag
+    is no HTML."""
+    from replaytests.outputs import rollout_report
+
+    hostile = "r|<img src=x onerror=alert(1)>"
+    run = run_measures([scored([-1.0, -2.0], [-1.0, -2.5], hostile)], Thresholds(), resamples=10)
+    meta = {"dump": f"/d/{hostile}.jsonl", "model": "/m|x", "contract": "c<b>", "precision": "bf16",
+            "platform": "p", "tokens_per_second": 1.0}
+    text = rollout_report.markdown(rollout_report.build(run, meta), run, "verdict: PASS")
+    assert "<img" not in text and "<b>" not in text and "r|<" not in text, text
+    rows = [line for line in text.splitlines() if line.startswith("| r")]
+    assert rows and all(line.count(" | ") == line.replace("\\|", "").count(" | ") for line in rows), rows
+
+
 # ---- the dump, and the command's bad input ----
 
 def line(**fields) -> dict:

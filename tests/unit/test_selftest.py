@@ -104,12 +104,12 @@ def test_exit_code_and_failure_lines():
 
 
 def test_the_matrix_is_written_as_json_and_markdown(tmp_path):
-    cells = [Cell("a", "x", DETECTED, "found | piped", "passed")]
+    cells = [Cell("a", "x", DETECTED, "found | piped <b>", "passed")]
     paths = matrix.write(tmp_path / "out", cells, {"row": "r"})
     assert [p.name for p in paths] == list(matrix.FILES)
     document = json.loads(paths[0].read_text(encoding="utf-8"))
     assert document["schema"] == matrix.SCHEMA and document["passed"] and document["row"] == "r"
-    assert "| a | x | detected | passed | found / piped |" in paths[1].read_text(encoding="utf-8")
+    assert "| a | x | detected | passed | found \\| piped &lt;b> |" in paths[1].read_text(encoding="utf-8")
 
 
 def test_the_default_output_is_a_new_directory_in_a_report_root_a_run_still_accepts(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ PAPER = ("bf16", "fp32")
 PAPER_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 PAPER_DIVERGENCE = {"bf16": True, "fp32": False}  # the paper's gates: BF16 suffixes may diverge, FP32 are exact
 BANK_CELL = PAPER[0]  # a bank's boundaries are generated live in this cell, as the paper froze its prefixes
+RECOMPUTE_CELL = PAPER[0]  # `rollouts check` recomputes in this cell: a trainer's forward usually runs in BF16
 DTYPES = ("bfloat16", "float16", "float32")
 NAME_PATTERN = r"[a-z0-9][a-z0-9._+-]{0,39}"  # a test id and a file name: no comma, no space, no '/'
 SELECTORS = ("both", "all")  # --precision words that are not cell names

@@ -8,6 +8,7 @@ from pathlib import Path
 from replaytests.files import dumps, write_set
 from replaytests.outputs.mismatch import RunMeasures
 from replaytests.outputs.stats import ClusterInterval
+from replaytests.outputs.tables import md_cell
 
 SCHEMA = "replaytests.rollouts-report/1"
 FILES = ("rollouts.json", "rollouts.md")
@@ -49,7 +50,7 @@ def summary(run: RunMeasures) -> list[str]:
 
 def worst(run: RunMeasures) -> list[str]:
     return ["| row | position | token | live logp | recomputed logp | delta |", "|---|---|---|---|---|---|",
-            *(f"| {w.row} | {w.position} | {w.token} | {w.live:.9g} | {w.replay:.9g} | {w.delta:+.4g} |"
+            *(f"| {md_cell(w.row)} | {w.position} | {w.token} | {w.live:.9g} | {w.replay:.9g} | {w.delta:+.4g} |"
               for w in run.worst)]
 
 
@@ -57,13 +58,14 @@ def _rows(run: RunMeasures) -> list[str]:
     listed = sorted(run.rows, key=lambda m: -m.abs_delta_max)[:LISTED_ROWS]
     return ["| row | tokens | bitwise equal | abs(delta) max | k3 | outside bounds | first abs(delta) > threshold |",
             "|---|---|---|---|---|---|---|",
-            *(f"| {m.row} | {m.tokens} | {m.bitwise_equal} | {m.abs_delta_max:.4g} | {m.k3:.3g} | {m.outside_bounds} "
-              f"| {'-' if m.first_exceeding is None else m.first_exceeding} |" for m in listed)]
+            *(f"| {md_cell(m.row)} | {m.tokens} | {m.bitwise_equal} | {m.abs_delta_max:.4g} | {m.k3:.3g} "
+              f"| {m.outside_bounds} | {'-' if m.first_exceeding is None else m.first_exceeding} |" for m in listed)]
 
 
 def markdown(report: dict, run: RunMeasures, verdict: str) -> str:
-    head = [f"# Rollouts check: {report['dump']}", "", verdict, "",
-            f"Model {report['model']}, contract {report['contract']}, cell {report['precision']}, "
+    head = [f"# Rollouts check: {md_cell(str(report['dump']))}", "", md_cell(verdict), "",
+            f"Model {md_cell(str(report['model']))}, contract {md_cell(str(report['contract']))}, cell "
+            f"{report['precision']}, "
             f"{report['platform']}; {report['tokens_per_second']:.0f} response tokens/s.", "",
             report["definition"] + ".",
             "", "## Run", "", *summary(run), "", "## Worst tokens", "", *worst(run), "",

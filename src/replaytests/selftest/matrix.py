@@ -5,11 +5,11 @@ No torch here: the matrix is plain data once the trials have run.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from replaytests.files import write_set
+from replaytests.files import dumps, write_set
+from replaytests.outputs.tables import md_cell
 
 SCHEMA = "replaytests.selftest/1"
 DETECTED, MISSED, CONTROL_FAILED, NOT_RUN = "detected", "missed", "control failed", "not run"
@@ -69,9 +69,10 @@ def table(cells: list[Cell], width: int = 70) -> str:
 
 def markdown(cells: list[Cell], meta: dict) -> str:
     lines = ["# replaytests selftest", "", f"verdict: {'PASS' if not exit_code(cells) else 'FAIL'}", ""]
-    lines += [f"- {key}: {value}" for key, value in meta.items()]
+    lines += [f"- {key}: {md_cell(str(value))}" for key, value in meta.items()]  # paths the user gave
     lines += ["", "| fault | check | outcome | control | finding |", "|---|---|---|---|---|"]
-    lines += [f"| {c.fault} | {c.check} | {c.outcome} | {c.control} | {c.detail.replace('|', '/')} |" for c in cells]
+    lines += ["| " + " | ".join(md_cell(part) for part in (c.fault, c.check, c.outcome, c.control, c.detail)) + " |"
+              for c in cells]
     return "\n".join(lines) + "\n"
 
 
@@ -79,5 +80,5 @@ def write(out: Path, cells: list[Cell], meta: dict) -> list[Path]:
     """The matrix as JSON and Markdown in `out`, written as one set (files.write_set)."""
     document = {"schema": SCHEMA, "passed": not exit_code(cells), **meta, "cells": [asdict(c) for c in cells]}
     paths = [out / name for name in FILES]
-    write_set({paths[0]: json.dumps(document, indent=2) + "\n", paths[1]: markdown(cells, meta)})
+    write_set({paths[0]: dumps(document, indent=2) + "\n", paths[1]: markdown(cells, meta)})
     return paths
