@@ -5,6 +5,10 @@ may differ where the contract allows it (BF16): such a divergence is recorded as
 with its details, and it fails where the contract says the precision is exact (FP32). Batch
 composition (pair vs singleton) is judged the same way, and so is each construction of a serving
 engine (prefix hit, fresh, chunked and batched prefill), once its premise holds.
+
+A rollout's teacher-forced replay on the live schedule must reproduce every live log-probability bit for bit
+(the control: without it no mismatch below means anything); the trainer's recompute (one prefill call) is
+judged against the contract's rollout bounds, and recorded where it sets none.
 """
 
 import pytest
@@ -39,3 +43,19 @@ def test_serving_construction_vs_live(record, replay, serving_row, precision, pa
     result = ok(record("serving", serving_row, precision))
     gates = replay.contract.gates
     judge(gates.served(result, pair), gates.divergence(result, pair))
+
+
+def test_rollout_teacher_forcing_equals_live(record, replay, rollout_row, precision):
+    judge(replay.contract.gates.rollout_control(ok(record("rollout", rollout_row, precision))))
+
+
+def test_rollout_sampled_teacher_forcing_equals_live(record, replay, rollout_row, precision):
+    judge(replay.contract.gates.rollout_control(ok(record("rollout_sampled", rollout_row, precision))))
+
+
+def test_rollout_trainer_recompute(record, replay, rollout_row, precision):
+    judge(replay.contract.gates.rollout_recompute(ok(record("rollout", rollout_row, precision))))
+
+
+def test_rollout_sampled_trainer_recompute(record, replay, rollout_row, precision):
+    judge(replay.contract.gates.rollout_recompute(ok(record("rollout_sampled", rollout_row, precision))))

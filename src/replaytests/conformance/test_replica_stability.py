@@ -41,3 +41,16 @@ def test_baseline_record_reproduces(audit_record, replay, baseline_record):
     every metric — is reproduced exactly by this run (gates.audit.reproduce). The causal families'
     records are audited in their own layer (test_causal_sufficiency)."""
     audit_against_baseline(audit_record, replay, baseline_record)
+
+
+@pytest.mark.parametrize("pair", _arms("rollout"))
+def test_rollout_replica_exact(record, replay, rollout_row, precision, pair):
+    """A greedy rollout decoded twice, and each replay of it run twice: the same tokens, log-probabilities,
+    cache over z + response and next-token logits, bit for bit."""
+    judge(replay.contract.gates.replicas(ok(record("rollout", rollout_row, precision)), pair))
+
+
+@pytest.mark.parametrize("pair", _arms("rollout_sampled"))
+def test_rollout_sampled_replica_exact(record, replay, rollout_row, precision, pair):
+    """A sampled rollout drawn twice with the row's seed, and each replay of it run twice: bit for bit."""
+    judge(replay.contract.gates.replicas(ok(record("rollout_sampled", rollout_row, precision)), pair))

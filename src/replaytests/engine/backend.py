@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from replaytests.engine.boundary import Boundary, Suffix
     from replaytests.engine.protocol import Grammar
+    from replaytests.engine.rollout import Rollout
     from replaytests.inputs.cells import Cell
     from replaytests.inputs.contract import Contract
 
@@ -34,6 +35,8 @@ CAPABILITIES = {
     "full_logits": "the boundary's whole logit row (else top-k logprobs only)",
     "prefix_cache": "a prefix cache the engine reuses across requests, with its own count of the tokens it reused",
     "chunked_prefill": "a prefill split into chunks under a token budget, the chunks observed in the scheduler",
+    "rollout_logprobs": "a rollout decoded live with each chosen token's log-probability over the full vocabulary, "
+                        "and replays that score the same tokens",
 }
 SERVING = frozenset({"prefix_cache", "chunked_prefill"})  # what a serving engine has and one forward call has not
 
@@ -71,6 +74,14 @@ class Backend(Protocol):
 
     def suffix(self, boundary: Boundary) -> Suffix:
         """The shared suffix decoder, from a boundary through <|/answer|>."""
+
+    def rollout(self, z: list[int], length: int, seed: int | None, construction: str = "live") -> Rollout:
+        """A live rollout of `length` tokens from the boundary of z (engine/rollout.py): greedy where `seed` is
+        None, else sampled at temperature 1, top-p 1 with that seed; `live_replica` names a second one."""
+
+    def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
+        """`incremental` or `prefill` (or a `*_replica`) over z + response: the response's log-probabilities
+        as that replay computes them."""
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:

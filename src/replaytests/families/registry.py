@@ -12,7 +12,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from replaytests.engine.rollout import MODES
 from replaytests.inputs.blocks import direction
+from replaytests.inputs.gates import ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
 
 CROSS = "incremental~prefill"  # the crossing pair, also the transplant's and the replication's headline
 # The transplant: (recipient, donor) in each direction, and the validity control (each construction's
@@ -66,6 +68,7 @@ class Family:
     title: str = ""  # as a report names it
     requires: tuple[str, ...] = ()  # the backend capabilities it needs (engine.backend.CAPABILITIES)
     reads: tuple[str, ...] = ()  # the families whose finished records (same row and precision) it reads
+    settings: str | None = None  # the contract section its `run` takes as a third argument
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -90,6 +93,13 @@ _BATCH = ("incremental", "prefill")
 SERVING_ARMS = ("live", "prefix_hit", "live_replica", "prefill", "prefill_replica", "chunked", "batched")
 _SERVING_PAIRS = (("live", "live_replica"), ("prefill", "prefill_replica"), ("live", "prefix_hit"),
                   ("live", "prefill"), ("prefill", "chunked"), ("prefill", "batched"))
+
+# The rollout families (families/rollout.py): the live rollout, the trainer's recompute (prefill) and teacher
+# forcing on the live schedule (incremental), each with a replica. live~incremental must be bit-exact (the
+# control); live~prefill is the training-inference mismatch.
+ROLLOUT_ARMS = _with_replicas("live", "incremental", "prefill")
+_ROLLOUT_PAIRS = (("live", "live_replica"), ("incremental", "incremental_replica"), ("prefill", "prefill_replica"),
+                  ("live", "incremental"), ("live", "prefill"))
 
 FAMILIES = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
@@ -118,4 +128,8 @@ FAMILIES = {family.name: family for family in (
            ("replica", "fidelity"), accuracy=("live", "prefill"), reductions=True,
            title="Serving engine: prefix-cache hit, fresh, chunked and batched prefill vs live",
            requires=("prefix_cache", "chunked_prefill")),
+    *(Family(name, ROLLOUT_ARMS, _ROLLOUT_PAIRS, (ROLLOUT_RECOMPUTE,), "rollout", ("replica", "fidelity"),
+             headline_table=False, title=f"Rollout fidelity, {mode}: the trainer's recompute of a live rollout",
+             requires=("rollout_logprobs",), settings="rollout")
+      for name, mode in zip(ROLLOUT_FAMILIES, MODES, strict=True)),
 )}

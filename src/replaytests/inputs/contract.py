@@ -148,6 +148,15 @@ SCHEMA = Section({
             "rows": Value(int, default=48, low=1, high=MAX_COUNT),
             "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT),
         }, default={}),
+        "rollout": _pin(int, low=1, high=MAX_COUNT),  # null: every selected row
+    }, default={}),
+    # The rollout families (docs/protocol.md §17): how long a rollout is, the sampler's seed, and the
+    # thresholds a token's log-probability ratio r = p_replay / p_live and |delta logp| are measured against.
+    "rollout": Section({
+        "length": Value(int, default=32, low=1, high=MAX_COUNT),
+        "seed": Value(int, default=0, low=0, high=2**63 - 1),
+        "ratio_bounds": ListOf(Value(_NUMBER, low=0, high=MAX_COUNT), default=[0.5, 2.0]),
+        "delta_threshold": Value(_NUMBER, default=0.05, low=0, high=MAX_COUNT),
     }, default={}),
     "gates": Section({
         "crossing": Section({"replicas_exact": Value(bool, default=True),
@@ -162,6 +171,14 @@ SCHEMA = Section({
                                "controls_third_trajectory": Value(int, default=0, low=0, high=MAX_COUNT)},
                               default={}),
         "audit": Section({"reproduce": Value(bool, default=True)}, default={}),
+        # Both rollout families: replicas bit-exact; the teacher-forced replay on the live schedule bit-exact
+        # with the live log-probabilities (the control); per row, bounds on the trainer's recompute (live~prefill):
+        # the k3 estimate of KL(live || replay) per token and the share of tokens with r outside ratio_bounds
+        # (null: measured and recorded, not gated).
+        "rollout": Section({"replicas_exact": Value(bool, default=True),
+                            "live_incremental_exact": Value(bool, default=True),
+                            "k3_max": _pin(_NUMBER, low=0, high=MAX_COUNT),
+                            "outside_bounds_max": _pin(_NUMBER, low=0, high=1)}, default={}),
     }),
 })
 
@@ -209,6 +226,7 @@ class Contract:
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
     vllm = property(lambda self: self.settings["runtime"]["vllm"])
     llamacpp = property(lambda self: self.settings["runtime"]["llamacpp"])
+    rollout = property(lambda self: self.settings["rollout"])
     cell_pairs = property(lambda self: [tuple(pair) for pair in self.settings["cell_pairs"]])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])
@@ -251,6 +269,10 @@ def _check_together(s: dict, fields: Checker) -> None:
         raise fields.error("runtime.vllm.chunk_budget",
                            f"expected at least max_num_seqs ({vllm['max_num_seqs']}): vLLM refuses a smaller token "
                            f"budget, got {vllm['chunk_budget']}")
+    bounds = s["rollout"]["ratio_bounds"]
+    if len(bounds) != 2 or not 0 < bounds[0] <= 1 <= bounds[1]:
+        raise fields.error("rollout.ratio_bounds", f"expected [low, high] with 0 < low <= 1 <= high (bounds on "
+                                                   f"p_replay / p_live), got {bounds}")
     _fill_divergence(s["gates"], list(declared), fields)
 
 

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from replaytests.outputs.records import Comparison, Record
 
 BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
+# The rollout families (families.registry, which this module does not import: it reads the ledger format alone)
+ROLLOUT_FAMILIES = ("rollout", "rollout_sampled")
+ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE = "live~incremental", "live~prefill"
 REPLICA_SUFFIX = "_replica"
 BRIDGE_PAIR = "live~incremental"
 FOLLOWS, THIRD = "follows_donor", "third"
@@ -54,7 +57,7 @@ def inexact(metrics: Comparison) -> list[str]:
     """The bit-exactness fields (cache, logits, suffix; and every suffix step's logits where a serving
     engine recorded them, `steps_exact`) that are not true for one comparison. A cache the backend does
     not expose is recorded as null (not measured): it is not counted either way."""
-    names = (*BIT_EXACT, "steps_exact") if metrics.steps_exact is not None else BIT_EXACT
+    names = (*BIT_EXACT, *(name for name in ("steps_exact", "logprobs_exact") if getattr(metrics, name) is not None))
     return [name for name in names if getattr(metrics, name) is not True and not unmeasured(metrics, name)]
 
 
@@ -96,7 +99,19 @@ def differences(metrics: Comparison, pair: str) -> list[str]:
         steps_max_abs = float("nan") if metrics.steps_max_abs is None else metrics.steps_max_abs
         out.append(f"{pair} suffix logits differ from step {metrics.steps_first_difference} on (max |d| "
                    f"{steps_max_abs:.3g}), the tokens do not")
+    if metrics.logprobs_exact is False:
+        out.append(f"{pair} log-probabilities differ: {_mismatch(metrics)}")
     return out
+
+
+def _mismatch(metrics: Comparison) -> str:
+    """A rollout pair's mismatch measures in one phrase."""
+    if not metrics.logprob_tokens:
+        return "no response token in common"
+    first = metrics.first_exceeding
+    return (f"{metrics.logprob_tokens_equal}/{metrics.logprob_tokens} tokens bitwise equal, max |delta logp| "
+            f"{metrics.abs_dlogp_max:.3g}, k3 {metrics.k3:.3g} per token, {metrics.outside_bounds} outside the ratio "
+            f"bounds, {'none' if first is None else f'first at position {first}'} past the |delta logp| threshold")
 
 
 def _required(required: bool, message: str, gate: str) -> Judgement:
@@ -116,18 +131,25 @@ class Gates:
     donor_recovery: float
     controls_third_trajectory: int
     audit_reproduce: bool
+    rollout_control_exact: bool = True  # gates.rollout.live_incremental_exact
+    rollout_k3_max: float | None = None  # gates.rollout.k3_max (None: recorded, not gated)
+    rollout_outside_max: float | None = None  # gates.rollout.outside_bounds_max
 
     @classmethod
     def from_settings(cls, gates: dict) -> Gates:
         """From a validated `gates:` mapping with every default filled in."""
         return cls(
-            replicas_exact={family: gates[family]["replicas_exact"] for family in ("crossing", "live", "serving")},
+            replicas_exact={family: gates[family]["replicas_exact"] for family in ("crossing", "live", "serving")}
+            | dict.fromkeys(ROLLOUT_FAMILIES, gates["rollout"]["replicas_exact"]),
             suffix_divergence_allowed={family: dict(gates[family]["suffix_divergence_allowed"])
                                        for family in ("crossing", "live", "batch", "serving")},
             bridge_exact=gates["bridge"]["exact"],
             donor_recovery=gates["transplant"]["donor_recovery"],
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
             audit_reproduce=gates["audit"]["reproduce"],
+            rollout_control_exact=gates["rollout"]["live_incremental_exact"],
+            rollout_k3_max=gates["rollout"]["k3_max"],
+            rollout_outside_max=gates["rollout"]["outside_bounds_max"],
         )
 
     def replicas(self, record: Record, pair: str) -> Judgement:
@@ -145,6 +167,39 @@ class Gates:
         if not problems:
             return PASS
         return _required(self.bridge_exact, f"{record.title}: {'; '.join(problems)}", "bridge.exact")
+
+    def rollout_control(self, record: Record) -> Judgement:
+        """A rollout's teacher-forced replay on the live schedule (live~incremental): the same calls as the live
+        decoder, so every log-probability, the cache over z + response and the next token's logits are the live
+        ones bit for bit; else the measurement itself is broken (gate rollout.live_incremental_exact)."""
+        problems = differences(record.comparisons[ROLLOUT_CONTROL], ROLLOUT_CONTROL)
+        if not problems:
+            return PASS
+        return _required(self.rollout_control_exact, f"{record.title}: {'; '.join(problems)}",
+                         "rollout.live_incremental_exact")
+
+    def rollout_recompute(self, record: Record) -> Judgement:
+        """The trainer's recompute (live~prefill) against the rollout gates: the k3 estimate per token and the
+        share of tokens with the ratio outside the bounds, each within its bound where the contract sets one
+        (a failure past it); a mismatch with no bound set is recorded as data; bitwise equal log-probabilities
+        pass."""
+        metrics = record.comparisons[ROLLOUT_RECOMPUTE]
+        if metrics.logprobs_exact:
+            return PASS
+        detail = f"{record.title}: {ROLLOUT_RECOMPUTE}: {_mismatch(metrics)}"
+        share = metrics.outside_bounds / metrics.logprob_tokens
+        over = []
+        if self.rollout_k3_max is not None and metrics.k3 > self.rollout_k3_max:
+            over.append(f"k3 {metrics.k3:.3g} above gate rollout.k3_max {self.rollout_k3_max:g}")
+        if self.rollout_outside_max is not None and share > self.rollout_outside_max:
+            over.append(f"share outside the ratio bounds {share:.3g} above gate rollout.outside_bounds_max "
+                        f"{self.rollout_outside_max:g}")
+        if over:
+            return Judgement("fail", f"{detail}; {'; '.join(over)}")
+        if self.rollout_k3_max is None and self.rollout_outside_max is None:
+            return Judgement("recorded", f"mismatch recorded (gates rollout.k3_max and outside_bounds_max unset): "
+                                         f"{detail}")
+        return PASS
 
     def divergence(self, record: Record, pair: str) -> Judgement:
         """A headline pair's suffixes: a divergence is recorded where the contract allows it at this

@@ -250,6 +250,11 @@ class Arm(Part):
     served: Served | None = field(default=None, metadata=OPTIONAL)
     # a quantized cache's codes, scales and residual
     stored_digest: str | None = field(default=None, metadata=OPTIONAL | BITS)
+    # a rollout arm (families/rollout.py): each response token's log-probability, the two most likely ids at
+    # each step, and how the log-probabilities were computed (engine/rollout.py)
+    logprobs: tuple[float, ...] | None = field(default=None, metadata=OPTIONAL | BITS)
+    top2: tuple[tuple[int, ...], ...] | None = field(default=None, metadata=OPTIONAL | BITS)
+    logprobs_mode: str | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -279,6 +284,33 @@ class Comparison(Part):
     steps_exact: bool | None = field(default=None, metadata=OPTIONAL | BITS)
     steps_first_difference: int | None = field(default=None, metadata=OPTIONAL | BITS)
     steps_max_abs: float | None = field(default=None, metadata=OPTIONAL | BITS)
+    # two rollout arms (outputs/mismatch.py, docs/ledger.md "Rollout measures"), over the response tokens they
+    # share: every log-probability bitwise equal; how many tokens, how many equal; |delta logp| max, median,
+    # 99th percentile; the k3 estimate of KL per token; tokens with the ratio outside the bounds; the first
+    # position past the |delta logp| threshold
+    logprobs_exact: bool | None = field(default=None, metadata=OPTIONAL | BITS)
+    logprob_tokens: int | None = field(default=None, metadata=OPTIONAL)
+    logprob_tokens_equal: int | None = field(default=None, metadata=OPTIONAL | BITS)
+    abs_dlogp_max: float | None = field(default=None, metadata=OPTIONAL | BITS)
+    abs_dlogp_median: float | None = field(default=None, metadata=OPTIONAL | BITS)
+    abs_dlogp_p99: float | None = field(default=None, metadata=OPTIONAL | BITS)
+    k3: float | None = field(default=None, metadata=OPTIONAL | BITS)
+    outside_bounds: int | None = field(default=None, metadata=OPTIONAL | BITS)
+    first_exceeding: int | None = field(default=None, metadata=OPTIONAL | BITS)
+
+
+@dataclass(frozen=True)
+class RolloutSettings(Part):
+    """How a rollout record's rollout was drawn and judged (families/rollout.py)."""
+
+    mode: str  # greedy or sampled
+    length: int
+    seed: int | None  # the sampler's per-row seed (engine.rollout.row_seed); None where greedy
+    temperature: float
+    top_p: float
+    ratio_low: float
+    ratio_high: float
+    delta_threshold: float
 
 
 @dataclass(frozen=True)
@@ -355,6 +387,7 @@ class Record(Part):
     layer_search: str | None = field(default=None, metadata=OPTIONAL)
     layer_ranges: JSON = field(default=None, metadata=OPTIONAL)
     minimal_layers: JSON = field(default=None, metadata=OPTIONAL)
+    rollout: RolloutSettings | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def from_json(cls, value: object, where: str = "", version: int | None = None) -> Record:

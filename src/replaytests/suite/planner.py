@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
-                "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving"}
+                "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving",
+                "rollout_row": "rollout"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Plan:
         """The size of a family's panel (None: every selected row)."""
         kind = FAMILIES[family].panel
         return {"bridge": self.panels["bridge"], "live": self.panels["live"],
-                "replication": self.panels["replication"]["rows"]}.get(kind)
+                "replication": self.panels["replication"]["rows"], "rollout": self.panels["rollout"]}.get(kind)
 
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share

@@ -409,4 +409,5 @@ class ReplaySession:
             (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
             return transplant.run(self.runtime(precision), row, read, self.transplant_role(row, precision))
         model = self.options.later_model if spec.panel == "replication" else None
-        return spec.run(self.runtime(precision, model), row)
+        settings = (self.contract.settings[spec.settings],) if spec.settings else ()
+        return spec.run(self.runtime(precision, model), row, *settings)

@@ -65,9 +65,17 @@ class DecodeState:
         self.tokens.append(token)
         self.roles.append(role)
 
-    def feed(self, count: int, step: str) -> None:
-        """Run the model over the last `count` pushed tokens; keep the new logits."""
-        if len(self._unchecked) == CHUNK:
+    def append(self, token: int, role: int) -> None:
+        """Append a token outside the block grammar (a rollout's response: the model's own distribution,
+        unmasked), in the role its queries take."""
+        self.tokens.append(token)
+        self.roles.append(role)
+
+    def feed(self, count: int, step: str, every: bool = False) -> torch.Tensor:
+        """Run the model over the last `count` pushed tokens; keep the new logits (the last position's).
+        `every`: return every position's logits [count, vocab], checked across the physical batch (a
+        trainer's recompute reads them all)."""
+        if len(self._unchecked) == CHUNK or (every and self._unchecked):
             self.settle()
         start, end, written = len(self.tokens) - count, len(self.tokens), self._visibility.length
         if end - written == 1:
@@ -76,9 +84,15 @@ class DecodeState:
             self._ids[written:end] = torch.tensor(self.tokens[written:], dtype=torch.long)
         self._visibility.extend(self.roles[written:])
         batch_logits = self.runtime.forward(self._batched_ids[:, start:end],
-                                            self._visibility.mask(self.roles[start:], start), start, self.cache)
+                                            self._visibility.mask(self.roles[start:], start), start, self.cache,
+                                            0 if every else 1)
         self._unchecked.append((batch_logits, step))
+        if every:
+            self.settle()
+            self.logits = batch_logits[0, -1]
+            return batch_logits[0]
         self.logits = batch_logits[0]
+        return self.logits
 
     def settle(self) -> None:
         """Fail closed unless every call so far gave finite logits, bitwise equal in every physical-batch

@@ -162,17 +162,20 @@ class Step:
         """The first copy of a physical batch as a storage-isolated singleton boundary."""
         return replace(boundary, cache=hf_adapter.first_copy(self.model, boundary.cache))
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, cache) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, start: int, cache, keep: int = 1) -> torch.Tensor:
         """Process the tokens `ids` [batch, q] at positions start.. under the 4D `mask` [batch, 1, q, k]
         (protocol.Visibility), every copy the same row. Returns the last position's logits of every copy,
-        [batch, vocab], unchecked: the caller compares the copies (check_batch_equal, or copies_differ
-        where a host sync is not wanted) before it reads them, as DecodeState does for every call."""
+        [batch, vocab] (`keep` 0: every position's, [batch, q, vocab]), unchecked: the caller compares the
+        copies (check_batch_equal, or copies_differ where a host sync is not wanted) before it reads them, as
+        DecodeState does for every call."""
         stop.check()
         end = start + ids.shape[1]
         if self._positions is None or self._positions.shape[1] < end:
             length = max(end, hf_adapter.max_positions(self.model))
             self._positions = torch.arange(length, device=self.device).expand(self.batch, -1)
         with torch.inference_mode():
+            if keep != 1:
+                return self._forward.logits(ids, mask, self._positions[:, start:end], cache, keep)
             return self._forward(ids, mask, self._positions[:, start:end], cache)
 
 

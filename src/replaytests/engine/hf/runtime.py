@@ -14,9 +14,10 @@ from replaytests.engine import backend
 from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import constructions, inspection, weights
+from replaytests.engine.hf import constructions, inspection, rollout, weights
 from replaytests.engine.hf.decoder import DecodeState, suffix_of
 from replaytests.engine.hf.forward import Step
+from replaytests.engine.rollout import Rollout
 from replaytests.engine.transplant import transplant as transplanted
 from replaytests.inputs.cells import RUNTIME_KV_FORMATS, Cell
 
@@ -81,6 +82,12 @@ class Runtime(Step):
 
     def suffix(self, boundary: Boundary) -> Suffix:
         return suffix_of(self, boundary)
+
+    def rollout(self, z: list[int], length: int, seed: int | None, construction: str = "live") -> Rollout:
+        return rollout.live(self, z, length, seed, construction)
+
+    def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
+        return rollout.replay(self, construction, z, response)
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
