@@ -27,8 +27,10 @@ ARM = "live"  # the arm exported: the rollout as the live decoder drew it
 
 
 def _run(ledger: Path) -> dict:
-    run = read_run(ledger.parent / "run.json") if (ledger.parent / "run.json").is_file() else None
-    return run if isinstance(run, dict) else {}
+    run = read_run(ledger)
+    if run is None:
+        raise DumpError(f"{ledger}: no run.json beside it: the run's contract and bank are unknown")
+    return run
 
 
 def _check_causal(ledger: Path, run: dict) -> None:
@@ -67,7 +69,7 @@ def export(ledger: Path, out: Path, bank: Path | None = None, precision: str | N
     options = run.get("options") if isinstance(run.get("options"), dict) else {}
     bank = bank or (Path(options["bank"]) if isinstance(options.get("bank"), str) else None)
     if bank is None:
-        raise DumpError(f"{ledger}: no run.json beside it names the bank; pass --bank BANK")
+        raise DumpError(f"{ledger}: its run.json names no bank; pass --bank BANK")
     prefixes = read_prefixes(bank)
     engine = options.get("backend") if isinstance(options.get("backend"), str) else "unknown"
     wanted = [r for r in read_ledger(ledger) if r.family in families and r.ok
