@@ -341,3 +341,10 @@ def test_sign_flip_draws_where_enumerating_is_too_much_and_never_gives_zero():
 def test_sign_flip_refuses_unpaired_rows():
     with pytest.raises(ValueError, match="must pair the same rows, got lengths 2 and 3"):
         sign_flip([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_the_report_keeps_the_rollout_replicas_count_for_the_history():
+    records = run(3)
+    records[1]["comparisons"]["live~live_replica"]["suffix_equal"] = False
+    found = build_report(typed(records), {})["families"]["rollout"]["precisions"]["bf16"]["replicas_exact"]
+    assert (found["k"], found["n"]) == (2, 3), f"rows whose every replica pair is exact: {found}"

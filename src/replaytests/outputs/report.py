@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, ReplaytestsError
+from replaytests.families.registry import FAMILIES
 from replaytests.files import NotStrictJSON, dumps, lookup, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.contract import default_gates, load_contract
@@ -156,6 +157,14 @@ def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str
     return out
 
 
+def _shape(family: str) -> Shape:
+    """How the report reads a family: its headline-table shape; for a rollout family (no headline table: its own
+    section, outputs/rollout_families.py) its replicas alone, so that their count is kept (history tracks it)."""
+    if family in ROLLOUT_FAMILIES:
+        return Shape(replicas=FAMILIES[family].replicas)
+    return SHAPES.get(family, Shape())
+
+
 def cell_pairs(meta: dict, names) -> list[tuple[str, str]]:
     """The pairs of cells a report compares: the run's contract's (run.json `cell_pairs`), or for a run
     that did not record them the paper's pair where its records hold both cells."""
@@ -194,7 +203,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
         "records": {"total": len(records), "ok": len(records) - len(excluded), "excluded": len(excluded)},
         "headline": {"columns": list(summary.COLUMNS), "rows": summary.table_rows(records)},
         "excluded": excluded,
-        "families": {f: _family(by_family[f], SHAPES.get(f, Shape()), pairs, cell_order(meta))
+        "families": {f: _family(by_family[f], _shape(f), pairs, cell_order(meta))
                      for f in ordered(by_family, tuple(SHAPES))},
         # The first cell's causal outcomes (the paper's bf16 where it ran) as `causal`, every cell's in
         # `causal_cells` (history tracks `causal`).
