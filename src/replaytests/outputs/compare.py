@@ -5,11 +5,14 @@ A change between the runs is judged at one of three levels (LEVELS, `--gate`), s
 - `bits`: a record present in both runs changed in any leaf (a digest, a drift, a trajectory);
 - `trajectories`: a suffix, answer or correctness label (or a live z, a transplant outcome: any leaf
   that is not a numeric fingerprint, records.BITS) changed on a paired row;
-- `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id).
+- `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id); for the
+  rollout families, the trainer's recompute's per-row mismatch (k3, mean |delta logp|) moved beyond chance (a
+  paired sign-flip permutation test on the rows paired by id).
 
 A gate at a level fails on findings at that level and every coarser one; finer findings are notes.
 Whatever the level, the new run fails when a replica pair is not exact (or an ok record lacks one its
-family compares), the bridge is not bit-exact, a headline pair diverges in a cell where the contract
+family compares), the bridge or a rollout's control (live~incremental) is not bit-exact, a rollout's recompute
+passes the contract's rollout bounds, a headline pair diverges in a cell where the contract
 forbids it, donor recovery fell below its gate (or more transplant controls than allowed took a third
 trajectory), a whole family/precision of the baseline is missing, rows the baseline judged were excluded
 in the new run (or a family/precision has no testable row), or a cell's definition changed. A cell whose
@@ -26,13 +29,24 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
-from replaytests.inputs.gates import BRIDGE_PAIR, LEVELS, Gates, inexact, replica_pairs
+from replaytests.inputs.gates import (
+    BRIDGE_PAIR,
+    LEVELS,
+    ROLLOUT_CONTROL,
+    ROLLOUT_FAMILIES,
+    ROLLOUT_RECOMPUTE,
+    Gates,
+    inexact,
+    replica_pairs,
+)
 from replaytests.inputs.platforms import platform_differences
-from replaytests.outputs import localization
+from replaytests.outputs import localization, rollout_families
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
 from replaytests.outputs.findings import Findings, Group, Measure
@@ -42,11 +56,14 @@ from replaytests.outputs.report import mcnemar_paired
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.runs import MANIFEST_DIGESTS, read_run
 from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES, missing_replicas
+from replaytests.outputs.stats import sign_flip, smallest_p
 from replaytests.outputs.tables import first
 
-ALPHA = 0.05  # the McNemar significance of the rates level
+ALPHA = 0.05  # the significance of the rates level (McNemar; the rollouts' sign-flip test)
 TRANSPLANT = "transplant"
 RATES_REASON = "divergence rate changed beyond chance"
+ROLLOUT_RATES_REASON = "rollout mismatch changed beyond chance"
+RATES_REASONS = (RATES_REASON, ROLLOUT_RATES_REASON)  # what a finding at the rates level starts with
 
 
 def transplant_outcomes(record: Record) -> dict[str, str]:
@@ -206,6 +223,57 @@ def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> 
                             f"{test.b}, new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
 
 
+def _rollout_control(record: Record) -> list[str]:
+    return [ROLLOUT_CONTROL] if record.family in ROLLOUT_FAMILIES and ROLLOUT_CONTROL in record.comparisons else []
+
+
+def _rollout_gates(out: Findings, group: Group, new: Rows, gates: Gates) -> None:
+    """The trainer's recompute of the new run against the contract's rollout bounds (gates.rollout_recompute:
+    k3 and the share outside the ratio bounds), at every level; a mismatch no bound judges is data."""
+    for record in _ok(new):
+        if ROLLOUT_RECOMPUTE in record.comparisons and (judged := gates.rollout_recompute(record)).failed:
+            out.reasons.append(f"rollout gate: {judged.message}")
+
+
+# What the rates level tests of a rollout, per row of the trainer's recompute: name -> the row's value.
+ROLLOUT_MEASURES: dict[str, Callable[[Record], float | None]] = {
+    "k3 per token": lambda r: r.comparisons[ROLLOUT_RECOMPUTE].k3,
+    "mean |delta logp|": lambda r: None if (s := rollout_families.scored(r, ROLLOUT_RECOMPUTE)) is None
+    else float(np.abs(s.delta()).mean()),
+}
+
+
+def _rollout_rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
+    """The trainer's recompute's per-row mismatch, paired by row between the runs: a sign-flip permutation test
+    of the mean per-row difference (stats.sign_flip), p < alpha a finding at the rates level. Where the rows are
+    too few for any p below alpha, a note says so: such a pass could not have failed."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok
+            and ROLLOUT_RECOMPUTE in base[row].comparisons and ROLLOUT_RECOMPUTE in new[row].comparisons]
+    cell = "/".join(group)
+    for name, value in ROLLOUT_MEASURES.items() if both else ():
+        paired = [(b, n) for b, n in ((value(b), value(n)) for b, n in both) if b is not None and n is not None]
+        if not paired:
+            continue
+        before, after = ([p[i] for p in paired] for i in (0, 1))
+        test = sign_flip(after, before)
+        means = (f"{np.mean(before):.4g} (row mean)", f"{np.mean(after):.4g} (row mean)")
+        measure = f"{ROLLOUT_RECOMPUTE} {name}"
+        out.lines.append(Measure(group, measure, len(paired), *means, test.p, test.p >= alpha))
+        if test.p < alpha:
+            out.finding("rates", group, f"{ROLLOUT_RATES_REASON}: {cell} {measure}: baseline {means[0]}, new "
+                                        f"{means[1]} over {len(paired)} paired rows, sign-flip permutation p = "
+                                        f"{test.p:.3g} < {alpha:g}")
+    if both and out.gated("rates") and smallest_p(len(both)) >= alpha:
+        out.notes.append(f"{cell} {ROLLOUT_RECOMPUTE}: {len(both)} paired rows cannot show a change at alpha {alpha:g} "
+                         f"(the smallest p a sign-flip test gives is {smallest_p(len(both)):.3g}): at least "
+                         f"{min_rows(alpha)} rows are needed")
+
+
+def min_rows(alpha: float) -> int:
+    """The fewest paired rows whose sign-flip test can give a p below alpha."""
+    return next(n for n in range(1, 64) if smallest_p(n) < alpha)
+
+
 def _outcome_counts(rows: Rows, role: str, outcome: str) -> dict[str, tuple[int, int]]:
     """Per direction any ok record ran: (records of `role` with `outcome`, records of `role`); a direction
     with no record of `role` is (0, 0), which establishes nothing."""
@@ -313,10 +381,15 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
         _exactness(out, group, base, current, "replicas exact", _replicas,
                    gates.replicas_exact.get(group[0], True))
         _exactness(out, group, base, current, "bridge bit exact", _bridge, gates.bridge_exact)
+        _exactness(out, group, base, current, "rollout control bit exact", _rollout_control,
+                   gates.rollout_control_exact)
         _changes(out, group, base, current)
         if group[0] in SHAPES:
             _exact_cell_divergence(out, group, current, gates)
             _rates(out, group, base, current, alpha)
+        if group[0] in ROLLOUT_FAMILIES:
+            _rollout_gates(out, group, current, gates)
+            _rollout_rates(out, group, base, current, alpha)
         if group[0] == TRANSPLANT:
             _transplant(out, group, base, current, gates)
         if runtimes and group[0] in FAMILIES:

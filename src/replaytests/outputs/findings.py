@@ -31,14 +31,15 @@ class Measure:
     group: Group
     measure: str
     rows: int
-    baseline: tuple[int, int] | None
-    new: tuple[int, int] | None
+    baseline: tuple[int, int] | str | None  # a count k/n (shown with its Wilson interval), or a value as shown
+    new: tuple[int, int] | str | None
     p: float | None
     ok: bool
     allowed: bool = False  # a change at a level this gate does not judge: it informs
 
     def cells(self) -> tuple[str, ...]:
-        counts = ["-" if c is None else _with_interval(*c) for c in (self.baseline, self.new)]
+        counts = ["-" if c is None else c if isinstance(c, str) else _with_interval(*c) for c in (self.baseline,
+                                                                                                   self.new)]
         verdict = "ok" if self.ok else "changed (allowed)" if self.allowed else "FAIL"
         return (*self.group, self.measure, str(self.rows), *counts, "-" if self.p is None else f"{self.p:.3g}", verdict)
 

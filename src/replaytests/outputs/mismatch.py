@@ -103,7 +103,9 @@ class RunMeasures:
     thresholds: Thresholds
 
     def to_json(self) -> dict:
-        return {"rows": len(self.rows), "tokens": self.tokens, "bitwise_equal": self.bitwise_equal.to_json(),
+        return {"rows": len(self.rows), "tokens": self.tokens,
+                "tokens_bitwise_equal": sum(m.bitwise_equal for m in self.rows),
+                "bitwise_equal": self.bitwise_equal.to_json(),
                 "abs_delta_mean": self.abs_delta_mean.to_json(), "k3": self.k3.to_json(),
                 "outside_bounds": self.outside_bounds.to_json(), "abs_delta_max": self.abs_delta_max,
                 "abs_delta_median": self.abs_delta_median, "abs_delta_p99": self.abs_delta_p99,

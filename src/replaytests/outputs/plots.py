@@ -236,3 +236,41 @@ def time_plot(caption: str, runs: list[str], series: dict[str, list[dict | None]
     axes = frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)], [(x(i), runs[i]) for i in shown], "run",
                       "rows")
     return figure(svg(caption, WIDTH, frame.height + key_height + 4, axes + "".join(body) + key), caption)
+
+
+def cdf_plot(title: str, series: dict[str, dict], exact: list[str]) -> str:
+    """The distribution of |delta logp| per pair (outputs/rollout_families.distribution) as the share of tokens at
+    or below each value: a log axis of |delta logp| (evaluated at the bin edges) with a column of its own at the
+    left for a delta of exactly 0, which a log axis cannot hold; the pairs bitwise equal at every token (`exact`)
+    are named in the caption, not drawn."""
+    lo = min(min(d["edges_log10"]) for d in series.values())
+    hi = max(max(d["edges_log10"]) for d in series.values())
+    lo, hi = math.floor(lo), max(math.ceil(hi), math.floor(lo) + 1)
+    frame = Frame(left=58, top=12, plot_height=180)
+    zero_x, log_left = frame.left + 20, frame.left + 56  # the zero column, then a gap, then the log axis
+    entries = [(name, i, SERIES[i % len(SERIES)][2]) for i, name in enumerate(series)]
+    key, key_height = legend(entries, frame.left, frame.height + 8, WIDTH - frame.left)
+    x = scale(lo, hi, log_left, frame.right)
+    y = scale(0, 1, frame.bottom_y, frame.top)
+    body = [f'<line x1="{(zero_x + log_left) / 2:.1f}" x2="{(zero_x + log_left) / 2:.1f}" y1="{frame.top}" '
+            f'y2="{frame.bottom_y}" stroke="{AXIS}" stroke-dasharray="2 3"/>']
+    for index, (name, d) in enumerate(series.items()):
+        colour, shape, dash = SERIES[index % len(SERIES)]
+        share = d["zero"] / d["tokens"]
+        points = [(zero_x, share, f"{name}: {d['zero']} of {d['tokens']} tokens with delta = 0 "
+                                  f"({d['bitwise_equal']} bitwise equal)"), (x(d["edges_log10"][0]), share, "")]
+        below = d["zero"]
+        for edge, count in zip(d["edges_log10"][1:], d["counts"], strict=True):
+            below += count
+            points.append((x(edge), below / d["tokens"], f"{name}: {below} of {d['tokens']} tokens at or below "
+                                                         f"{10 ** edge:.3g}"))
+        body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}" points="'
+                    + " ".join(f"{px:.1f},{y(py):.1f}" for px, py, _ in points) + '"/>')
+        body += [marker(shape, px, y(py), colour, 3.5, tip) for px, py, tip in points if tip]
+    axes = frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)],
+                      [(zero_x, "0"), *((x(d), f"1e{d}") for d in ticks(lo, hi, 6))], "|delta logp| (nats)",
+                      "tokens at or below")
+    caption = (f"{title}: share of response tokens with |delta logp| at or below each value (log axis; a delta of "
+               "exactly 0 in its own column at the left)." + (f" Bitwise equal at every token: {', '.join(exact)}."
+                                                               if exact else ""))
+    return figure(svg(caption, WIDTH, frame.height + key_height + 4, axes + "".join(body) + key), caption)

@@ -13,11 +13,19 @@ from pathlib import Path
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, ReplaytestsError
+from replaytests.families.registry import FAMILIES
 from replaytests.files import NotStrictJSON, dumps, lookup, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.contract import default_gates, load_contract
-from replaytests.inputs.gates import BRIDGE_PAIR, Gates, bit_exact, replica_pairs
-from replaytests.outputs import causal, flips, ledger, report_html, sections, serving, summary
+from replaytests.inputs.gates import (
+    BRIDGE_PAIR,
+    ROLLOUT_CONTROL,
+    ROLLOUT_FAMILIES,
+    Gates,
+    bit_exact,
+    replica_pairs,
+)
+from replaytests.outputs import causal, flips, ledger, report_html, rollout_families, sections, serving, summary
 from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
 from replaytests.outputs.shapes import (
     DIVERGENCES,
@@ -149,6 +157,14 @@ def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str
     return out
 
 
+def _shape(family: str) -> Shape:
+    """How the report reads a family: its headline-table shape; for a rollout family (no headline table: its own
+    section, outputs/rollout_families.py) its replicas alone, so that their count is kept (history tracks it)."""
+    if family in ROLLOUT_FAMILIES:
+        return Shape(replicas=FAMILIES[family].replicas)
+    return SHAPES.get(family, Shape())
+
+
 def cell_pairs(meta: dict, names) -> list[tuple[str, str]]:
     """The pairs of cells a report compares: the run's contract's (run.json `cell_pairs`), or for a run
     that did not record them the paper's pair where its records hold both cells."""
@@ -187,7 +203,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
         "records": {"total": len(records), "ok": len(records) - len(excluded), "excluded": len(excluded)},
         "headline": {"columns": list(summary.COLUMNS), "rows": summary.table_rows(records)},
         "excluded": excluded,
-        "families": {f: _family(by_family[f], SHAPES.get(f, Shape()), pairs, cell_order(meta))
+        "families": {f: _family(by_family[f], _shape(f), pairs, cell_order(meta))
                      for f in ordered(by_family, tuple(SHAPES))},
         # The first cell's causal outcomes (the paper's bf16 where it ran) as `causal`, every cell's in
         # `causal_cells` (history tracks `causal`).
@@ -195,7 +211,16 @@ def build_report(records: list[Record], meta: dict) -> dict:
         "causal_cells": by_cell,
         "flips": flips.flips(records, {family: shape.headline for family, shape in SHAPES.items()}),
         **({"serving": serving.premise(records)} if serving.FAMILY in by_family else {}),
+        **({"rollouts": rollouts} if (rollouts := rollout_families.build(records, runtime(meta), cell_order(meta)))
+           else {}),
     }
+
+
+def runtime(meta: dict) -> str:
+    """The backend that made the records (run.json `options.backend`; the runs' where several were collated)."""
+    runs = list((meta.get("runs") or {}).values()) or [meta]
+    names = sorted({lookup(run, "options", "backend") or "hf" for run in runs if isinstance(run.get("options"), dict)})
+    return ", ".join(names) if names else "not recorded"
 
 
 def run_gates(meta: dict) -> Gates:
@@ -211,15 +236,18 @@ def run_gates(meta: dict) -> Gates:
 
 def _failing(record: Record, gates: Gates) -> list[str]:
     """The exactness checks an ok record fails under `gates`: its replicas (a pair its family compares and the
-    record lacks fails too), for the bridge live~incremental, and a headline pair whose suffixes diverge in a
-    cell the gates require exact (a cell they do not name is not judged here)."""
+    record lacks fails too), for the bridge live~incremental, for a rollout its control live~incremental
+    (gates.rollout_control), and a headline pair whose suffixes diverge in a cell the gates require exact (a cell
+    they do not name is not judged here)."""
     replicas = missing_replicas(record) or any(gates.replicas(record, pair).failed for pair in replica_pairs(record))
     bridge = record.family == "bridge" and BRIDGE_PAIR in record.comparisons and gates.bridge(record).failed
+    control = (record.family in ROLLOUT_FAMILIES and ROLLOUT_CONTROL in record.comparisons
+               and gates.rollout_control(record).failed)
     exact = gates.suffix_divergence_allowed.get(record.family, {}).get(record.precision) is False
-    diverged = exact and any(gates.divergence(record, pair).failed for pair in SHAPES[record.family].headline
-                             if pair in record.comparisons)
+    headline = SHAPES.get(record.family, Shape()).headline
+    diverged = exact and any(gates.divergence(record, pair).failed for pair in headline if pair in record.comparisons)
     return [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
-                                      ("exact-cell suffixes", diverged)) if failed]
+                                      ("the rollout control", control), ("exact-cell suffixes", diverged)) if failed]
 
 
 def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) -> dict | None:

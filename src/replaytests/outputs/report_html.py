@@ -3,7 +3,8 @@ the verdict, the headline table, one section per fidelity layer, the plots, the 
 input folded away. Every string that comes from a ledger or the run metadata is HTML-escaped.
 
 Plots (outputs/plots.py): the divergence rates of every headline pair with their Wilson intervals,
-per-layer K and V drift of each headline pair, first-divergence positions.
+per-layer K and V drift of each headline pair, first-divergence positions, and for the rollout families the
+distribution of |delta logp| of every pair per cell.
 """
 
 from __future__ import annotations
@@ -84,7 +85,24 @@ def report_plots(report: dict) -> tuple[list[str], list[str]]:
     figures += [figure for figure in drawn.values() if figure]
     figures += [plots.histogram(f"{family} {pair} {precision}", s["first_divergence"]["positions"])
                 for family, pair, precision, s in headline if (s.get("first_divergence") or {}).get("n")]
+    figures += rollout_plots(report)
     return figures, [title for title, figure in drawn.items() if figure is None]
+
+
+def rollout_plots(report: dict) -> list[str]:
+    """Per rollout family and cell, the distribution of |delta logp| of each pair (outputs/rollout_families.py);
+    a cell whose every pair is bitwise equal at every token gets a line of text instead of an empty plot."""
+    figures = []
+    for family, by_cell in (report.get("rollouts") or {}).items():
+        for cell, found in by_cell.items():
+            spread = {pair: run["distribution"] for pair, run in found["pairs"].items()
+                      if run["distribution"]["edges_log10"]}
+            exact = [pair for pair in found["pairs"] if pair not in spread]
+            title = f"{family} {cell} ({found['runtime']})"
+            figures.append(plots.cdf_plot(title, spread, exact) if spread else
+                           f'<p class="note">{escape(title)}: every pair bitwise equal at every token '
+                           f'({escape(", ".join(exact))}): no |delta logp| to draw.</p>')
+    return figures
 
 
 def page(report: dict) -> str:

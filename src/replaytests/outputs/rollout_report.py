@@ -1,5 +1,7 @@
 """The report of `replaytests rollouts check` (docs/rollouts.md): rollouts.json and rollouts.md, written as one
-(files.write_set), and the lines the command prints. Reads measures only (outputs.mismatch)."""
+(files.write_set), and the lines the command prints. Reads measures only (outputs.mismatch). The run's table
+and the worst tokens render from the measures' JSON form, so the run report's rollout section (outputs/sections.py)
+shows them in the same words."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ from pathlib import Path
 
 from replaytests.files import dumps, write_set
 from replaytests.outputs.mismatch import RunMeasures
-from replaytests.outputs.stats import ClusterInterval
-from replaytests.outputs.tables import md_cell
+from replaytests.outputs.tables import Table, md_cell
+from replaytests.outputs.tables import markdown as md_table
 
 SCHEMA = "replaytests.rollouts-report/1"
 FILES = ("rollouts.json", "rollouts.md")
@@ -25,33 +27,66 @@ def build(run: RunMeasures, meta: dict) -> dict:
             "rows": [row.to_json() for row in run.rows]}
 
 
-def _interval(value: ClusterInterval, scale: float = 1.0, unit: str = "") -> str:
-    return (f"{value.estimate * scale:.4g}{unit} [{value.ci_low * scale:.4g}{unit}, {value.ci_high * scale:.4g}{unit}]"
-            if value.estimate is not None else "n/a")
+def interval(value: dict, scale: float = 1.0, unit: str = "") -> str:
+    """A ClusterInterval's JSON as `estimate [low, high]`, `n/a` where nothing was measured."""
+    if value["estimate"] is None:
+        return "n/a"
+    return (f"{value['estimate'] * scale:.4g}{unit} [{value['ci_low'] * scale:.4g}{unit}, "
+            f"{value['ci_high'] * scale:.4g}{unit}]")
+
+
+def measure_rows(run: dict) -> list[tuple[str, str]]:
+    """The run's measures, (name, value) per line, from RunMeasures.to_json(): the one rendering of
+    `rollouts check`'s table and the run report's rollout tables."""
+    t = run["thresholds"]
+    exceeding = run["rows_exceeding"]
+    return [("rows / response tokens", f"{run['rows']} / {run['tokens']}"),
+            ("tokens bitwise equal (share, 95% CI over rows)",
+             f"{run['tokens_bitwise_equal']} ({interval(run['bitwise_equal'], 100, '%')})"),
+            ("abs(delta logp) max / median / p99 (nats)",
+             f"{run['abs_delta_max']:.4g} / {run['abs_delta_median']:.4g} / {run['abs_delta_p99']:.4g}"),
+            ("abs(delta logp) mean (nats, 95% CI)", interval(run["abs_delta_mean"])),
+            ("k3 KL(live ‖ replay) per token (95% CI)", interval(run["k3"])),
+            (f"tokens with ratio outside [{t['ratio_low']:g}, {t['ratio_high']:g}] (95% CI)",
+             interval(run["outside_bounds"], 100, "%")),
+            (f"rows with abs(delta logp) > {t['delta']:g} (Wilson 95%)",
+             f"{exceeding['k']} of {exceeding['n']} [{exceeding['ci_low']:.3g}, {exceeding['ci_high']:.3g}]")]
+
+
+COMPACT = ("tokens bitwise equal", "abs(delta logp) mean [95% CI]", "abs(delta logp) max", "k3 per token [95% CI]",
+           "ratio outside bounds [95% CI]", "rows past the threshold")
+
+
+def compact(run: dict) -> tuple[str, ...]:
+    """The run's measures in one line of COMPACT's columns (summary.md)."""
+    return (f"{run['tokens_bitwise_equal']}/{run['tokens']}", interval(run["abs_delta_mean"]),
+            f"{run['abs_delta_max']:.4g}", interval(run["k3"]), interval(run["outside_bounds"], 100, "%"),
+            f"{run['rows_exceeding']['k']}/{run['rows_exceeding']['n']}")
 
 
 def summary(run: RunMeasures) -> list[str]:
     """The run's measures as a Markdown table (printed as is)."""
-    t = run.thresholds
-    bits = sum(m.bitwise_equal for m in run.rows)
-    rows = [("rows / response tokens", f"{len(run.rows)} / {run.tokens}"),
-            ("tokens bitwise equal (share, 95% CI over rows)",
-             f"{bits} ({_interval(run.bitwise_equal, 100, '%')})"),
-            ("abs(delta logp) max / median / p99 (nats)",
-             f"{run.abs_delta_max:.4g} / {run.abs_delta_median:.4g} / {run.abs_delta_p99:.4g}"),
-            ("abs(delta logp) mean (nats, 95% CI)", _interval(run.abs_delta_mean)),
-            ("k3 KL(live ‖ replay) per token (95% CI)", _interval(run.k3)),
-            (f"tokens with ratio outside [{t.ratio_low:g}, {t.ratio_high:g}] (95% CI)",
-             _interval(run.outside_bounds, 100, "%")),
-            (f"rows with abs(delta logp) > {t.delta:g} (Wilson 95%)", f"{run.rows_exceeding.k} of "
-             f"{run.rows_exceeding.n} [{run.rows_exceeding.ci_low:.3g}, {run.rows_exceeding.ci_high:.3g}]")]
-    return ["| measure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
+    return md_table(Table("", ("measure", "value"), tuple(measure_rows(run.to_json()))), 0)[:-1]
+
+
+def _top2(ids) -> str:
+    return "-" if ids is None else " / ".join(map(str, ids))
+
+
+def worst_table(worst: list[dict], title: str = "", names: tuple[str, str] = ("live", "recomputed")) -> Table:
+    """The worst tokens (Worst.to_json(), with `top2` per arm where the records hold the two most likely ids
+    at that step: {arm: [id, id]}), each arm's log-probability and the delta."""
+    top2 = any("top2" in w for w in worst)
+    header = ("row", "position", "token", *(f"{name} logp" for name in names), "delta",
+              *((f"{name} top-2" for name in names) if top2 else ()))
+    rows = tuple((w["row"], str(w["position"]), str(w["token"]), f"{w['live']:.9g}", f"{w['replay']:.9g}",
+                  f"{w['delta']:+.4g}", *((_top2(w.get("top2", {}).get(name)) for name in names) if top2 else ()))
+                 for w in worst)
+    return Table(title, header, rows)
 
 
 def worst(run: RunMeasures) -> list[str]:
-    return ["| row | position | token | live logp | recomputed logp | delta |", "|---|---|---|---|---|---|",
-            *(f"| {md_cell(w.row)} | {w.position} | {w.token} | {w.live:.9g} | {w.replay:.9g} | {w.delta:+.4g} |"
-              for w in run.worst)]
+    return md_table(worst_table([w.to_json() for w in run.worst]), 0)[:-1]
 
 
 def _rows(run: RunMeasures) -> list[str]:

@@ -15,11 +15,12 @@ from typing import NamedTuple
 
 from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.files import lookup
-from replaytests.outputs import causal, verdict
+from replaytests.inputs.gates import ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+from replaytests.outputs import causal, rollout_families, rollout_report, verdict
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES
 from replaytests.outputs.stats import INTERVAL, LEVEL
-from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
+from replaytests.outputs.tables import Table, first, fmt_number, fmt_proportion, md_cell
 from replaytests.outputs.tables import markdown as md_table
 
 
@@ -90,7 +91,7 @@ def summary_line(report: dict) -> str:
 def _replica(report: dict) -> Section:
     rows = []
     for family, summary in report["families"].items():
-        replicas = SHAPES[family].replicas if family in SHAPES else ()
+        replicas = FAMILIES[family].replicas if family in SHAPES or family in ROLLOUT_FAMILIES else ()
         for precision, s in summary["precisions"].items():
             rows += [(family, precision, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
                      for pair in replicas if pair in s["pairs"]]
@@ -227,6 +228,11 @@ def _fidelity(report: dict) -> Section:
             folded.append(_pairs_table(family, summary))
     if report.get("flips"):
         tables.append(_flips_table(report["flips"]))
+    for family, by_cell in (report.get("rollouts") or {}).items():
+        for cell, found in by_cell.items():
+            shown, hidden = _rollout_tables(family, cell, found)
+            tables += shown
+            folded += hidden
     return Section(*LAYERS["fidelity"], tuple(tables), folded=tuple(folded))
 
 
@@ -284,6 +290,35 @@ def _serving_premise(report: dict) -> Table:
                  ("", *premise), tuple((label, *(cell(s) for s in premise.values())) for label, cell in SERVING_LINES),
                  f"Runtime: vLLM {runtime}. A hit that reused no live-decoded block, or a chunked prefill in one step, "
                  "is vacuous: recorded as such, never counted as fidelity (docs/vllm.md).")
+
+
+def _rollout_tables(family: str, cell: str, found: dict) -> tuple[list[Table], list[Table]]:
+    """A rollout family's cell (outputs/rollout_families.py): the run's measures of every pair side by side, the
+    worst tokens of the headline pair; the worst tokens of every other pair that is not bitwise equal, folded."""
+    name = f"Rollout fidelity ({family}), {cell}, runtime {found['runtime']}"
+    pairs = found["pairs"]
+    if not pairs:
+        return [Table(name, ("", ""), (("rows ok / excluded", f"{found['ok']} / {found['excluded']}"),
+                                        ("measured", "no row holds log-probabilities")))], []
+    columns = {pair: rollout_report.measure_rows(run) for pair, run in pairs.items()}
+    labels = [label for label, _ in next(iter(columns.values()))]
+    rows = [("rows ok / excluded", *(f"{found['ok']} / {found['excluded']}" for _ in pairs)),
+            *((label, *(dict(columns[pair])[label] for pair in pairs)) for label in labels),
+            ("rows with a token past the threshold", *(first(run["exceeding"], 3) or "none" for run in pairs.values()))]
+    t = found["thresholds"]
+    note = (f"{found['mode'].capitalize()} rollouts of {found['length']} response tokens per row; the control "
+            "(teacher forcing on the live schedule, the same calls) must be bitwise equal. delta logp = logp(second "
+            "arm) - logp(first arm) per response token, over the tokens both arms share; ratio = exp(delta), bounds "
+            f"[{t['ratio_low']:g}, {t['ratio_high']:g}], |delta logp| threshold {t['delta']:g} nats; k3 = mean of "
+            "ratio - 1 - log ratio, an estimate of KL(first || second); 95% intervals: percentile bootstrap over rows "
+            f"(cluster), rows past the threshold: {INTERVAL}. " + " ".join(found["notes"]))
+    shown = [Table(name, ("", *(f"{pair}, {rollout_families.role(pair)}" for pair in pairs)), tuple(rows),
+                   note.strip())]
+    worst = {pair: rollout_report.worst_table(run["worst"], f"{name}: the worst tokens of {pair}",
+                                              tuple(pair.split("~")))
+             for pair, run in pairs.items() if run["abs_delta_max"] > 0}
+    headline = [table for pair, table in worst.items() if pair == ROLLOUT_RECOMPUTE]
+    return shown + headline, [table for pair, table in worst.items() if pair != ROLLOUT_RECOMPUTE]
 
 
 # ---- layer 4: causal state sufficiency ----

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from replaytests.families.registry import FAMILIES
-from replaytests.inputs.gates import Gates, replica_pairs, unmeasured
-from replaytests.outputs import causal, verdict
+from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE, Gates, replica_pairs, unmeasured
+from replaytests.outputs import causal, rollout_families, rollout_report, verdict
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
+from replaytests.outputs.tables import markdown as md_table
 
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
@@ -120,6 +121,22 @@ def gate_text(judgements: list) -> str:
     return "not established: " + "; ".join(unsettled) if unsettled else "met"
 
 
+def rollout_lines(records: list[Record]) -> list[str]:
+    """The rollout families' headline and control pairs per cell (outputs/rollout_families.py), as Markdown."""
+    found = rollout_families.build(records, "")
+    rows = [(family, cell, pair, *rollout_report.compact(run)) for family, by_cell in found.items()
+            for cell, summary in by_cell.items() for pair, run in summary["pairs"].items()
+            if pair in (ROLLOUT_RECOMPUTE, ROLLOUT_CONTROL)]
+    if not rows:
+        return []
+    table = Table("Rollouts: the trainer's recompute and its control", ("family", "precision", "pair",
+                                                                         *rollout_report.COMPACT), tuple(rows),
+                  f"{ROLLOUT_RECOMPUTE}: the training-inference mismatch; {ROLLOUT_CONTROL}: teacher forcing on the "
+                  "live schedule, which must be bitwise equal. Intervals: percentile bootstrap over rows; report.md "
+                  "has every pair, the worst tokens and the thresholds.")
+    return md_table(table, 2)
+
+
 def metrics(record: Record) -> dict:
     """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
     return {
@@ -138,6 +155,7 @@ def markdown(records: list[Record], header: dict[str, str], audits: list[dict] =
     headline = "; ".join(f"{name}: {' and '.join(f.headline)}" for name, f in FAMILIES.items())
     lines += ["", f"Cache and divergence columns compare each family's headline arms ({headline}); "
               "each count is k/n over the rows that passed every fail-closed check.", ""]
+    lines += rollout_lines(records)
     if audits:
         lines += [audit_line(audits), ""]
     if causal:
