@@ -79,7 +79,7 @@ def baseline_rates(replay: ReplaySession, records: list[Record]) -> list[dict]:
         return []
     found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
     return [{"check": "baseline rates", "message": reason} for reason in found.reasons
-            if reason.startswith(compare.RATES_REASON)]
+            if reason.startswith(compare.RATES_REASONS)]
 
 
 def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool, started: datetime) -> dict:
