@@ -137,3 +137,16 @@ def test_audit_extrapolation_scales_each_family_and_names_what_it_did_not_time(t
     got = _load("audit").extrapolate(profiled, tmp_path / "ledger.jsonl")
     assert (got["cpu_s"], got["two_workers_floor_s"]) == (12.0, 6.0), got
     assert got["left_out"] == {"replication bf16": 1}, got["left_out"]
+
+
+@pytest.mark.e2e  # spawns a run of the model
+def test_the_rollout_family_benchmark_runs_at_toy_sizes_and_writes_its_table(tmp_path):
+    out = tmp_path / "family.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "rollout_family.py"), "--rows", "1", "--repeats", "1",
+                           "--cells", "fp32", "--out", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
+    assert proc.returncode == 0, f"benchmarks/rollout_family.py failed:\n{proc.stderr[-3000:]}"
+    result = json.loads(out.read_text(encoding="utf-8"))
+    measured = result["cells"]["fp32"]
+    assert set(measured["seconds_per_row"]) == {"crossing", "rollout", "rollout_sampled", "recompute", "bare"}
+    assert all(value > 0 for value in measured["seconds_per_row"].values()), measured["seconds_per_row"]
+    assert "| fp32 |" in out.with_suffix(".md").read_text(encoding="utf-8")
