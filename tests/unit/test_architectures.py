@@ -227,3 +227,42 @@ def test_check_model_refuses_with_one_line(family, extra, message, tmp_path, cap
     code = main(["check-model", "--model", str(directory)])
     err = capsys.readouterr().err.strip()
     assert code == 4 and len(err.splitlines()) == 1 and re.search(message, err), err
+
+
+def rollout_runtime(family: str, cell: str, contract, tokenizer, delims) -> Runtime:
+    """The family's tiny model at one of the embedded contract's cells (BF16: the FP32 model cast), for the
+    rollout families."""
+    flags = contract.cells[cell]
+    model = build_model(family, "eager" if family in EAGER else "sdpa").to(getattr(torch, flags.dtype))
+    grammar = Grammar(delims, contract.caps, VOCAB, len(tokenizer))
+    return Runtime(cell, flags, contract.cpu_threads, model, tokenizer, grammar, torch.device("cpu"),
+                   contract.physical_batch)
+
+
+def rollout_record(runtime: Runtime, family: str, name: str, contract):
+    """One rollout family's record of the seeded synthetic row (checks.synthetic_z)."""
+    from replaytests.families.registry import FAMILIES as REGISTRY
+    from replaytests.inputs.bank import BankRow
+
+    z = checks.synthetic_z(runtime, seed=0)
+    row = BankRow(f"{family}-synthetic", z, runtime.grammar.parse(z, f"{family} synthetic row"), None)
+    return REGISTRY[name].run(runtime, row, contract.rollout)
+
+
+@pytest.mark.parametrize("cell", ["fp32", "bf16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_replays_its_rollout_bit_exact_by_teacher_forcing(family, cell, tiny_contract, tokenizer,
+                                                                      delims):
+    # The rollout families' control and replicas on every architecture, MoE included (how large the trainer's
+    # recompute mismatch is per architecture is a measurement: benchmarks/rollout_architectures.py).
+    runtime = rollout_runtime(family, cell, tiny_contract, tokenizer, delims)
+    record = rollout_record(runtime, family, "rollout_sampled", tiny_contract)
+    if not record.ok and family in KNOWN and DESYNC in record.reason:
+        pytest.xfail(KNOWN[family])
+    assert record.ok, f"{family} at {cell}: {record.reason}"
+    gates = tiny_contract.gates
+    judged = [gates.rollout_control(record)] + [gates.replicas(record, pair) for pair in
+                                                ("live~live_replica", "incremental~incremental_replica",
+                                                 "prefill~prefill_replica")]
+    failed = [j.message for j in judged if j.outcome != "pass"]
+    assert not failed, f"{family} at {cell}: " + "; ".join(failed)

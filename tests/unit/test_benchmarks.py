@@ -150,3 +150,16 @@ def test_the_rollout_family_benchmark_runs_at_toy_sizes_and_writes_its_table(tmp
     assert set(measured["seconds_per_row"]) == {"crossing", "rollout", "rollout_sampled", "recompute", "bare"}
     assert all(value > 0 for value in measured["seconds_per_row"].values()), measured["seconds_per_row"]
     assert "| fp32 |" in out.with_suffix(".md").read_text(encoding="utf-8")
+
+
+@pytest.mark.e2e  # builds models in a subprocess
+def test_the_rollout_architecture_benchmark_runs_at_toy_sizes(tmp_path):
+    out = tmp_path / "arch.json"
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "rollout_architectures.py"), "--families", "llama,mixtral",
+                           "--cells", "bf16", "--rows", "1", "--out", str(out)], capture_output=True, text=True,
+                          check=False, cwd=REPO)
+    assert proc.returncode == 0, f"benchmarks/rollout_architectures.py failed:\n{proc.stderr[-3000:]}"
+    measured = {(m["family"], m["cell"]): m for m in json.loads(out.read_text(encoding="utf-8"))["measured"]}
+    assert set(measured) == {("llama", "bf16"), ("mixtral", "bf16")}
+    assert all(m["rows"] == 2 and m["tokens"] == 2 * 32 for m in measured.values()), measured  # 2 families x 1 row
+    assert "| mixtral | yes | bf16 |" in out.with_suffix(".md").read_text(encoding="utf-8")
