@@ -12,6 +12,11 @@
 - `cells`: per model and numeric cell (contracts/*-cells.yaml, fixtures/ledgers/*-cells), the crossing's and
   the live matrix's divergences, where the suffixes first split, replicas, transplant donor recovery, and
   each cell against the cell it is paired with (the contract's cell_pairs: the amplification).
+- `rollouts`: the rollout families' trainer's recompute (live~prefill) per model, cell and family from the
+  committed ledgers (transformers draws and recomputes), and across runtimes from the committed `rollouts
+  check` reports (a vLLM or llama.cpp rollout recomputed on transformers): tokens bitwise equal, mean
+  abs(delta logp) and the k3 estimate of KL per token with intervals over rows, tokens outside the ratio
+  bounds, rows with a token past the abs(delta logp) threshold (README, "Rollouts").
 - `behaviour`: the crossing's behavioural rows (answers and correctness labels differ, accuracy per arm,
   the paired accuracy difference with McNemar) for the tiny model, SmolLM2 and SmolLM2 with the protocol
   adapter, beside the paper's Table 4 (README, "A checkpoint that answers").
@@ -284,8 +289,49 @@ def cells_table() -> str:
     return _markdown(rows)
 
 
+# label: (committed run directories, the runtime that drew and recomputed), or a committed rollouts check report
+ROLLOUT_RUNS = {"tiny": ("cpu-tiny-cells",), "SmolLM2": ("cpu-smollm2",)}
+ROLLOUT_CHECKS: dict[str, tuple[str, str]] = {}  # label: (report path under fixtures/ledgers, rollout -> recompute)
+ROLLOUT_HEADER = ["model", "rollout -> recompute", "cell", "family", "rows", "tokens bitwise equal",
+                  "mean abs(d logp) [95%]", "k3 per token [95%]", "outside ratio bounds", "rows past threshold"]
+
+
+def _interval(value: dict, digits: str = ".2g") -> str:
+    return f"{value['estimate']:{digits}} [{value['ci_low']:{digits}}, {value['ci_high']:{digits}}]"
+
+
+def _rollout_row(measured: dict) -> list[str]:
+    """One run's measures of the trainer's recompute (mismatch.RunMeasures.to_json)."""
+    bounds = measured["thresholds"]
+    exceeding = measured["rows_exceeding"]
+    return [str(measured["rows"]), f"{measured['tokens_bitwise_equal']}/{measured['tokens']}",
+            _interval(measured["abs_delta_mean"]), _interval(measured["k3"]),
+            f"{_interval(measured['outside_bounds'])} of [{bounds['ratio_low']:g}, {bounds['ratio_high']:g}]",
+            f"{exceeding['k']}/{exceeding['n']} past {bounds['delta']:g}"]
+
+
+def rollouts_table() -> str:
+    import json
+
+    from replaytests.inputs.gates import ROLLOUT_RECOMPUTE
+    from replaytests.outputs import rollout_families
+
+    rows = [ROLLOUT_HEADER]
+    for model, names in ROLLOUT_RUNS.items():
+        built = rollout_families.build(collate([LEDGERS / name for name in names]), "hf", ("bf16", "fp32"))
+        for family, cells in built.items():
+            for cell, measured in cells.items():
+                pair = measured["pairs"].get(ROLLOUT_RECOMPUTE)
+                if pair is not None:
+                    rows.append([model, "transformers -> transformers", cell, family, *_rollout_row(pair)])
+    for model, (path, runtimes) in ROLLOUT_CHECKS.items():
+        report = json.loads((LEDGERS / path).read_text(encoding="utf-8"))
+        rows.append([model, runtimes, report["precision"], "rollouts check", *_rollout_row(report["run"])])
+    return _markdown(rows)
+
+
 TABLES = {"vllm": vllm_table, "llamacpp": llamacpp_table, "flips": flips_table, "behaviour": behaviour_table,
-          "cells": cells_table}
+          "cells": cells_table, "rollouts": rollouts_table}
 
 if __name__ == "__main__":
     print("\n\n".join(make() for make in TABLES.values()))
