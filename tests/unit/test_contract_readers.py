@@ -20,6 +20,7 @@ from replaytests.engine.hf import adapter, environment, forward, inspection, run
 from replaytests.engine.llamacpp import runtime as llamacpp_runtime
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
+from replaytests.families import rollout
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
 from replaytests.inputs.cells import PAPER
@@ -64,7 +65,10 @@ READERS = {
         "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
         "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",
         "transplant.donor_recovery", "transplant.controls_third_trajectory", "audit.reproduce",
-        "serving.replicas_exact", "serving.suffix_divergence_allowed")},
+        "serving.replicas_exact", "serving.suffix_divergence_allowed", "rollout.replicas_exact",
+        "rollout.live_incremental_exact", "rollout.k3_max", "rollout.outside_bounds_max")},
+    "panels.rollout": planner.Plan.panel_size,
+    **{f"rollout.{key}": rollout.settings for key in ("length", "seed", "ratio_bounds", "delta_threshold")},
     "runtime.vllm.version": vllm_runtime.Runtime._check_pins,
     "runtime.vllm.attention_backend": vllm_runtime.Runtime._check_pins,
     "runtime.vllm.block_size": vllm_runtime.Runtime.load,
