@@ -74,6 +74,8 @@ def dequantized(gguf: Path, out: Path) -> Path:
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
+    model.hf_quantizer = None  # already dequantized: save_pretrained refuses while the GGUF marker stays
+    model.config.__dict__.pop("quantization_config", None)  # (as inputs/preparation.convert_gguf)
     work = out.with_name(out.name + ".partial")
     shutil.rmtree(work, ignore_errors=True)
     model.save_pretrained(work)
