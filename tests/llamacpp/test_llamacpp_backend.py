@@ -147,7 +147,8 @@ def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run):
     assert proc.returncode == 0, f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
     assert "backend llamacpp lacks batch_size" in proc.stdout, "no skip names the missing capability"
     records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
-    assert {r["family"] for r in records} == {"live", "crossing", "bridge", "serving"}, {r["family"] for r in records}
+    assert {r["family"] for r in records} == {"live", "crossing", "bridge", "serving", "rollout", "rollout_sampled"}, \
+        {r["family"] for r in records}
     assert all(r["status"] == "ok" and r["precision"] == "fp32" for r in records), records
 
 

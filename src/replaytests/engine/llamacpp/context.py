@@ -2,7 +2,10 @@
 class: the suite decides every batch, position and logits row itself).
 
 A context holds one sequence (seq 0). Its tokens are evaluated in calls of at most `n_batch` tokens; a
-call returns the logits of its last token only (the boundary's row, or the row a greedy choice reads).
+call returns the logits of its last token only (the boundary's row, or the row a greedy choice reads),
+except a rollout's recompute (`feed_every`): one call with every token marked as an output in the batch
+(`llama_batch.logits[i]`; this C API has no context-wide `logits_all`, which is the `Llama` class's), whose
+rows `llama_get_logits` returns in the batch's order (llama-context.cpp, `output_reorder`).
 The sequence's whole state (its K/V cells, positions and the last logits) is saved and loaded as
 llama.cpp's sequence state (`llama_state_seq_get_data` / `_set_data`). llama.cpp's own counters of the
 tokens it evaluated (`llama_perf_context`: n_p_eval for calls of several tokens, n_eval for single-token
@@ -185,6 +188,18 @@ class Context:
             self.length += len(chunk)
         return self.last_logits()
 
+    def feed_every(self, tokens: list[int], step: str) -> np.ndarray:
+        """Evaluate `tokens` of seq 0 at its next positions in one llama_decode call with every token an
+        output: their logits [len(tokens), n_vocab] float32 (a trainer's recompute reads them all). More
+        tokens than n_batch would be several calls: refused. n_ubatch = n_batch, so it is one ubatch too, and
+        the outputs reserved per ubatch (n_outputs_max, 0 = n_batch) hold every row."""
+        if len(tokens) > self.n_batch:
+            raise DecodeFailed(f"{step}: {len(tokens)} tokens do not fit one call of {self.n_batch}")
+        self._decode([(0, self.length, tokens)], step, every=True)
+        self.length += len(tokens)
+        rows = self.llama_cpp.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(rows, shape=(len(tokens), self.model.n_vocab)).copy()
+
     def feed_together(self, sequences: list[list[int]], step: str) -> np.ndarray:
         """Evaluate each sequence from position 0 as seq 0, 1, ... of one llama_decode call (a batch of
         requests); the logits of seq 0's last token."""
@@ -194,14 +209,15 @@ class Context:
         self.length = len(sequences[0])
         return self.last_logits()
 
-    def _decode(self, parts: list[tuple[int, int, list[int]]], step: str) -> None:
-        """One llama_decode call of (seq, first position, tokens) parts; logits of seq 0's last token only."""
+    def _decode(self, parts: list[tuple[int, int, list[int]]], step: str, every: bool = False) -> None:
+        """One llama_decode call of (seq, first position, tokens) parts; logits of seq 0's last token only, or
+        of every token (`every`)."""
         batch, i = self.batch, 0
         for seq, first, tokens in parts:
             for offset, token in enumerate(tokens):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, first + offset, 1
                 batch.seq_id[i][0] = seq
-                batch.logits[i] = seq == 0 and offset == len(tokens) - 1
+                batch.logits[i] = every or (seq == 0 and offset == len(tokens) - 1)
                 i += 1
         batch.n_tokens = i
         stop.check()

@@ -19,7 +19,8 @@ causally and takes no role masks, so a contract's visibility must be causal, as 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -29,6 +30,7 @@ import torch
 from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
+from replaytests.engine.llamacpp import rollout
 from replaytests.engine.llamacpp.context import (
     INSTALL,
     Context,
@@ -41,6 +43,7 @@ from replaytests.engine.llamacpp.context import (
 )
 from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
 from replaytests.engine.protocol import MERGE, Cursor, Delimiters, Grammar, answer_ids, companions, prompt_of
+from replaytests.engine.rollout import Rollout
 from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
 from replaytests.files import open_regular
@@ -95,7 +98,7 @@ class Runtime:
     name: ClassVar[str] = "llamacpp"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy",
-                                                        "prefix_cache", "chunked_prefill"})
+                                                        "prefix_cache", "chunked_prefill", "rollout_logprobs"})
 
     def __init__(self, model: Model, contract: Contract, precision: str) -> None:
         self.model, self.contract, self.precision = model, contract, precision
@@ -189,7 +192,7 @@ class Runtime:
                             f"{int(torch.isinf(logits).sum())} infinite values of {logits.numel()}")
         return logits
 
-    def _feed(self, context: Context, tokens: list[int], step: str) -> torch.Tensor:
+    def feed(self, context: Context, tokens: list[int], step: str) -> torch.Tensor:
         try:
             return self._logits(context.feed(tokens, step), step)
         except DecodeFailed as exc:
@@ -208,10 +211,30 @@ class Runtime:
                               key=lambda item: (-item[1], item[0])))
         return int(masked.argmax()), ranked[0][1], ranked[0][1] - ranked[1][1], ranked
 
-    def _boundary(self, construction: str, context: Context, tokens: list[int], logits: torch.Tensor,
-                  evaluated: int, prefill_steps: int | None) -> Boundary:
+    def feed_every(self, context: Context, tokens: list[int], step: str) -> torch.Tensor:
+        """Every token's logits [n, vocab] of one call over `tokens` (a rollout's recompute)."""
+        try:
+            return self._logits(context.feed_every(tokens, step), step)
+        except DecodeFailed as exc:
+            raise BoundaryMismatch(f"llamacpp ({self.precision}): {exc}") from None
+
+    @contextmanager
+    def arm_context(self, construction: str) -> Iterator[Context]:
+        """The context an arm runs in, cleared: the runtime's own, or a fresh one for a `*_replica` (closed after)."""
+        context = self._fresh() if construction.endswith("_replica") else self.context
+        try:
+            context.clear()
+            yield context
+        finally:
+            if context is not self.context:
+                context.close()
+
+    def boundary_of(self, construction: str, context: Context, tokens: list[int], logits: torch.Tensor,
+                    evaluated: int, prefill_steps: int | None, roles: list[int] | None = None) -> Boundary:
+        """The state the context holds after `tokens`, saved; their roles by the grammar unless given (a
+        rollout's response is outside it)."""
         where = f"llamacpp {construction} ({self.precision})"
-        roles = self.grammar.parse(tokens, where)
+        roles = self.grammar.parse(tokens, where) if roles is None else roles
         saved = Saved(context.save(), context.length, evaluated, len(prompt_of(tokens, self.grammar.delims)),
                       prefill_steps)
         return Boundary(construction, list(tokens), roles, self._cache(saved.state, where), logits, saved)
@@ -229,7 +252,7 @@ class Runtime:
         tokens, cursor = list(prompt_block), Cursor()
         for token in prompt_block:
             cursor.advance(token, self.grammar)
-        logits = self._feed(context, prompt_block, f"{construction} prompt block")
+        logits = self.feed(context, prompt_block, f"{construction} prompt block")
         room = self.settings["n_ctx"] - self.grammar.caps.suffix_room()
         while not (cursor.block == MERGE and cursor.open):
             if len(tokens) >= room:
@@ -238,21 +261,22 @@ class Runtime:
             token = int(self._masked(logits, cursor).argmax())  # live records no top-k: the choice alone
             cursor.advance(token, self.grammar)
             tokens.append(token)
-            logits = self._feed(context, [token], f"{construction} token {len(tokens) - 1}")
+            logits = self.feed(context, [token], f"{construction} token {len(tokens) - 1}")
         return tokens, logits
 
     # --- the Backend protocol ------------------------------------------------------------------------
 
+    def rollout(self, z: list[int], length: int, seed: int | None, construction: str = "live") -> Rollout:
+        return rollout.live(self, z, length, seed, construction)
+
+    def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
+        return rollout.replay(self, construction, z, response)
+
     def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
-        context = self._fresh() if construction.endswith("_replica") else self.context
-        try:
-            context.clear()
+        with self.arm_context(construction) as context:
             before = context.evaluated()
             tokens, logits = self._live(context, prompt_block, construction)
-            return self._boundary(construction, context, tokens, logits, context.evaluated() - before, 1)
-        finally:
-            if context is not self.context:
-                context.close()
+            return self.boundary_of(construction, context, tokens, logits, context.evaluated() - before, 1)
 
     def build(self, construction: str, z: list[int]) -> Boundary:
         kind = construction.removesuffix("_replica")
@@ -271,7 +295,7 @@ class Runtime:
             before, calls = context.evaluated(), context.calls
             if kind == "incremental":
                 for i, token in enumerate(z):
-                    logits = self._feed(context, [token], f"{construction} token {i}")
+                    logits = self.feed(context, [token], f"{construction} token {i}")
             elif kind == "prefix_hit":
                 live, _ = self._live(context, prompt_of(z, self.grammar.delims), construction)
                 if live != z:
@@ -279,14 +303,14 @@ class Runtime:
                                            "another prefix than z (a live replica that differs); no hit to test")
                 before, calls = context.evaluated(), context.calls  # the hit: the request after the live one
                 context.truncate(len(z) - 1)
-                logits = self._feed(context, z[-1:], f"{construction} last token")
+                logits = self.feed(context, z[-1:], f"{construction} last token")
             elif kind == "batched":
                 others = companions(z, self.grammar.delims)
                 logits = self._logits(context.feed_together([z, *others], construction), construction)
                 before += sum(map(len, others))  # llama.cpp counts the whole call; the companions' tokens are theirs
             else:
-                logits = self._feed(context, z, construction)
-            return self._boundary(construction, context, z, logits, context.evaluated() - before,
+                logits = self.feed(context, z, construction)
+            return self.boundary_of(construction, context, z, logits, context.evaluated() - before,
                                   context.calls - calls)
         finally:
             if context is not self.context:
@@ -298,7 +322,7 @@ class Runtime:
     def probe(self, tokens: list[int]) -> torch.Tensor:
         """The last position's logits of one call over `tokens`, in the runtime's own context."""
         self.context.clear()
-        return self._feed(self.context, tokens, "probe")
+        return self.feed(self.context, tokens, "probe")
 
     def _fresh(self) -> Context:
         return self._context(self.settings["n_ctx"])
@@ -327,7 +351,7 @@ class Runtime:
             top1.append(best)
             if cursor.done:
                 break
-            logits = self._feed(context, [token], f"suffix token {len(tokens) - 1} of {boundary.construction}")
+            logits = self.feed(context, [token], f"suffix token {len(tokens) - 1} of {boundary.construction}")
         saved.steps = tuple(steps)
         return Suffix(tokens, margins, self.model.decode(answer_ids(tokens, self.grammar)), top1)
 
