@@ -291,7 +291,9 @@ def cells_table() -> str:
 
 # label: (committed run directories, the runtime that drew and recomputed), or a committed rollouts check report
 ROLLOUT_RUNS = {"tiny": ("cpu-tiny-cells",), "SmolLM2": ("cpu-smollm2",)}
-ROLLOUT_CHECKS: dict[str, tuple[str, str]] = {}  # label: (report path under fixtures/ledgers, rollout -> recompute)
+# label: (a committed rollouts check report under fixtures/ledgers, rollout -> recompute)
+ROLLOUT_CHECKS = {"SmolLM2 Q4_1 (4 rows)": ("llamacpp-smollm2-rollout/check/rollouts.json",
+                                          "llama.cpp -> transformers (GGUF dequantized to fp32)")}
 ROLLOUT_HEADER = ["model", "rollout -> recompute", "cell", "family", "rows", "tokens bitwise equal",
                   "mean abs(d logp) [95%]", "k3 per token [95%]", "outside ratio bounds", "rows past threshold"]
 

@@ -43,7 +43,8 @@ def test_the_vllm_backend_resolves_without_vllm_and_declares_a_serving_engine():
 
 def test_the_llamacpp_backend_resolves_without_llama_cpp_and_declares_k_v_without_a_physical_batch():
     cls = resolve("llamacpp")
-    assert {"kv_tensors", "state_copy", "prefix_cache", "chunked_prefill"} <= cls.capabilities, cls.capabilities
+    assert {"kv_tensors", "state_copy", "prefix_cache", "chunked_prefill", "rollout_logprobs"} <= cls.capabilities, (
+        cls.capabilities)
     assert not cls.capabilities & {"role_visibility", "physical_batch", "batch_size"}, cls.capabilities
 
 
