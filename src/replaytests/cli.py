@@ -22,6 +22,7 @@ from pathlib import Path
 
 from replaytests.errors import ConfigError, Exit, ReplaytestsError
 from replaytests.inputs.cells import BANK_CELL, RECOMPUTE_CELL
+from replaytests.inputs.gates import ROLLOUT_FAMILIES
 from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
 
@@ -236,6 +237,14 @@ def _rollouts(args: argparse.Namespace) -> int:
         _check_new([args.output], "OUT", args.force)
         print(f"converted {convert(args.kind, args.input, args.output)} rows of {args.kind} into {args.output}")
         return Exit.PASS
+    if args.action == "export":
+        from replaytests.rollouts.export import export
+
+        _check_writable(args.output, "--out")
+        _check_new([args.output], "--out", args.force)
+        written = export(args.ledger, args.output, args.bank, args.precision, tuple(args.family or ROLLOUT_FAMILIES))
+        print(f"exported {written} live rollouts of {args.ledger} into {args.output}")
+        return Exit.PASS
     contract, _ = _pin(args.contract)
     from replaytests.outputs.mismatch import Thresholds
     from replaytests.rollouts import check
@@ -279,6 +288,16 @@ def _rollouts_parser(sub) -> None:
                        help="the |delta logp| past which a row's first position is named. Default: %(default)s")
     check.add_argument("--gate", action="store_true",
                        help="exit 1 where any token is past a threshold (without it the report measures only)")
+    export = actions.add_parser("export", help="a run's live rollouts (rollout families) as a "
+                                               "replaytests.rollouts/1 dump, for another runtime to recompute")
+    export.add_argument("ledger", type=Path, metavar="LEDGER",
+                        help="a run's ledger.jsonl (its run.json names the bank)")
+    export.add_argument("--out", dest="output", type=Path, required=True, help="the dump to write")
+    export.add_argument("--bank", type=Path, default=None, help="the bank the run replayed. Default: run.json's")
+    export.add_argument("--precision", default=None, metavar="CELL", help="only this cell's records. Default: all")
+    export.add_argument("--family", action="append", choices=ROLLOUT_FAMILIES,
+                        help="only this family (repeatable). Default: both")
+    export.add_argument("--force", action="store_true", help="replace OUT that exists already")
     convert = actions.add_parser("convert", help="a framework's rollouts JSONL as a replaytests.rollouts/1 dump")
     convert.add_argument("--from", dest="kind", required=True, choices=sorted(FORMATS), help="the input's format")
     convert.add_argument("input", type=Path, metavar="IN", help="the framework's JSONL")

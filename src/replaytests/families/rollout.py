@@ -21,7 +21,7 @@ from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.rollout import Rollout, row_seed
 from replaytests.errors import FailClosed
 from replaytests.families.registry import FAMILIES, Family
-from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
+from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base, z_digest
 from replaytests.inputs.bank import BankRow
 from replaytests.outputs.mismatch import Scored, Thresholds, row_measures
 from replaytests.outputs.records import Record, title
@@ -76,9 +76,11 @@ def evaluate(runtime: Backend, row: BankRow, family: Family, mode: str, rollout:
         return excluded(base, exc)
     decode = getattr(runtime, "decode", None)
     suffixes = {arm: Suffix(r.tokens, r.margins, decode(r.tokens) if decode else "", []) for arm, r in arms.items()}
-    records = {arm: arm_record(r.end, suffixes[arm], None) | {"logprobs": r.logprobs, "top2": r.top2,
-                                                               "logprobs_mode": r.logprobs_mode}
-               for arm, r in arms.items()}
+    # z_sha256: the prompt each arm consumed (its first len(z) tokens and roles); the response is its suffix
+    prompt = len(row.tokens)
+    records = {arm: arm_record(r.end, suffixes[arm], None) | {
+        "z_sha256": z_digest(r.end.tokens[:prompt], r.end.roles[:prompt]), "logprobs": r.logprobs, "top2": r.top2,
+        "logprobs_mode": r.logprobs_mode} for arm, r in arms.items()}
     comparisons = compare_arms(family.pairs, {arm: r.end for arm, r in arms.items()}, suffixes, records)
     for a, b in family.pairs:
         comparisons[f"{a}~{b}"] |= measures(arms[a], arms[b], thresholds)

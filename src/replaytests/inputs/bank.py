@@ -121,6 +121,20 @@ def read_bank(path: Path, grammar: Grammar, max_positions: int, suffix_room: int
     return rows
 
 
+def read_prefixes(path: Path) -> dict[str, tuple[list[int], list[int]]]:
+    """Each row's id -> (tokens, roles), read without the model's grammar (what a record names by row id; the
+    z digest a record carries says whether it is the z this run consumed)."""
+    rows = []
+    for where, obj in _read_jsonl(path, "bank"):
+        row_id = _row_id(obj, where)
+        tokens, roles = _field(obj, "tokens", list, where), _field(obj, "roles", list, where)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens + roles):
+            raise BankError(f"{where} (row {row_id}): fields 'tokens' and 'roles' must hold integers only")
+        rows.append((row_id, (tokens, roles)))
+    _check_unique([row_id for row_id, _ in rows], path)
+    return dict(rows)
+
+
 def _check_unique(ids: list[str], path: Path) -> None:
     seen = set()
     for row_id in ids:
