@@ -91,9 +91,24 @@ def runtime():
     return Runtime.load(MODEL, load_contract(CONTRACT), "fp32"), z
 
 
+# Every engine started in this process stays alive to its end: a vLLM engine that is collected tears down the
+# process's distributed state, and the engines left stop working ("pipeline model parallel group is not
+# initialized").
+ENGINES: list = []
+
+
 def _fresh_rollout_engine(runtime, monkeypatch, mode: str) -> None:
+    """The next rollout request starts a rollout engine in `mode` (kept in ENGINES once started)."""
     monkeypatch.setattr(runtime, "rollout_logprobs_mode", mode)
     monkeypatch.setattr(runtime, "_rollout", None)
+    started = type(runtime).rollout_engine.fget
+
+    def kept(self):
+        engine = started(self)
+        ENGINES.append(engine)
+        return engine
+
+    monkeypatch.setattr(type(runtime), "rollout_engine", property(kept))
 
 
 def test_the_checked_rollout_is_the_suites_log_probability(runtime):
