@@ -304,7 +304,7 @@ class Runtime:
             self._rollout = (engine, rollouts.Tap(engine))
         return self._rollout
 
-    def _check_pins(self, engine) -> None:
+    def _check_pins(self, engine=None) -> None:
         """The vLLM version and attention backend the contract pins are the ones running, and the engine runs
         the cell's dtype and K/V cache format as it names them (vLLM may cast a dtype its platform does not
         serve, and say so only in its log): a cell is never run in another format under its name."""
@@ -314,6 +314,7 @@ class Runtime:
             if wanted is not None and wanted != actual:
                 raise ConfigError(f"{self.contract.path}: runtime.vllm.{key}: the contract pins {wanted!r}, "
                                   f"this engine runs {actual!r}")
+        engine = engine or self.engine
         config = engine.llm_engine.vllm_config
         ran = {"dtype": str(config.model_config.dtype).removeprefix("torch."),
                "kv_cache.format": str(config.cache_config.cache_dtype)}
@@ -327,9 +328,10 @@ class Runtime:
         if self.contract.device == "cpu":
             self._check_gemms(engine)
 
-    def _check_gemms(self, engine) -> None:
+    def _check_gemms(self, engine=None) -> None:
         """The engine's linear layers run the GEMM the run's platform records for this cell (describe's
         dense_gemm), small weights aside, which vLLM may give its small-weight kernel."""
+        engine = engine or self.engine
         gemms = engine.apply_model(lambda model: sorted({gemm_of(module.cpu_linear) for module in model.modules()
                                                               if hasattr(module, "cpu_linear")}))[0]
         recorded = dense_gemm(self.dtype)
