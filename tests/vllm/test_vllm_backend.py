@@ -8,37 +8,13 @@ user runs it: `pytest --pyargs replaytests.conformance --backend vllm ...`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm", reason="vllm is not installed here (bash tools/install-vllm.sh; docs/vllm.md)")
 
-REPO = Path(__file__).resolve().parents[2]
-CONTRACT = REPO / "contracts" / "cpu-tiny-vllm.yaml"
-BANK = REPO / "fixtures" / "banks" / "tiny-causal.jsonl"
-
-
-def _run(root: Path, name: str, *args: str, contract: Path = CONTRACT, bank: Path = BANK):
-    """A child conformance run on the vLLM backend: (the process, its run directory)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
-         "no:xdist", "-rA", "--backend", "vllm", "--bank", str(bank), "--contract", str(contract),
-         "--report-dir", str(root), "--run-name", name, *args], cwd=root, capture_output=True, text=True, check=False)
-    return proc, root / name
-
-
-def _records(run: Path, family: str | None = None) -> list[dict]:
-    records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
-    return [r for r in records if family in (None, r["family"])]
-
-
-@pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory):
-    """The first three rows, both precisions, every family the backend serves."""
-    return _run(tmp_path_factory.mktemp("vllm"), "tiny", "--rows", "3")
+from vllm_runs import CONTRACT, REPO, _records, _run
 
 
 def test_the_run_passes_and_skips_what_needs_k_v_with_the_capability(vllm_run):
@@ -46,7 +22,7 @@ def test_the_run_passes_and_skips_what_needs_k_v_with_the_capability(vllm_run):
     assert proc.returncode == 0, f"the vLLM run failed:\n{proc.stdout[-4000:]}"
     assert "backend vllm lacks kv_tensors" in proc.stdout, "no skip names the missing capability"
     families = {json.loads(line)["family"] for line in (run / "ledger.jsonl").read_text().splitlines()}
-    assert families == {"live", "crossing", "serving"}, families
+    assert families == {"live", "crossing", "serving", "rollout", "rollout_sampled"}, families
 
 
 def test_the_platform_records_the_gemm_each_cell_ran(vllm_run):
@@ -133,20 +109,6 @@ def test_a_vacuous_hit_is_reported_as_vacuous_never_as_exact(wide_blocks):
     vacuous = [line for line in outcomes if test.format("tiny-000") in line]
     assert len(vacuous) == 1 and vacuous[0].startswith("XFAIL") and "vacuous prefix hit" in vacuous[0], vacuous
     assert any(line.startswith("PASSED") and test.format("tiny-001") in line for line in outcomes), outcomes
-
-
-@pytest.fixture(scope="module")
-def smollm2_run(tmp_path_factory):
-    """Two rows of SmolLM2-135M's causal bank, both precisions, on vLLM (the model prepared by the suite's
-    own venv: `replaytests models prepare smollm2` needs the smollm2 extra's transformers)."""
-    from replaytests.inputs import models
-
-    model = models.prepared("smollm2")
-    if model is None:
-        pytest.skip("SmolLM2 is not prepared here: run `replaytests models prepare smollm2` in the suite's venv")
-    return _run(tmp_path_factory.mktemp("smollm2"), "smollm2", "--rows", "2", "--model", str(model),
-                bank=REPO / "fixtures" / "banks" / "smollm2-causal.jsonl",
-                contract=REPO / "contracts" / "cpu-smollm2-vllm.yaml")
 
 
 def test_smollm2_rows_reproduce_the_committed_vllm_baseline(smollm2_run):

@@ -2,7 +2,8 @@
 over each request's tokens, and forces the tokens of a teacher-forced (incremental) construction.
 
 vLLM instantiates the class itself, in this process (the backend turns its multiprocessing off), so
-the grammar reaches it through GRAMMARS, keyed by the request's `extra_args`.
+the grammar reaches it through GRAMMARS, keyed by the request's `extra_args`. A request that names no grammar
+(a rollout's teacher forcing: the model's own distribution, no structural mask) is only forced.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ ARG = "replaytests"  # the key of SamplingParams.extra_args this processor reads
 
 class StructuralMask(AdapterLogitsProcessor):
     """Greedy choice under the grammar: every token outside the eligible set goes to -inf; where the
-    request forces its next tokens (`forced`), only the forced one stays."""
+    request forces its next tokens (`forced`), only the forced one stays; past them, a request without a
+    grammar is left as the model made it."""
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes the argmax: vLLM must apply it under greedy decoding
@@ -27,18 +29,25 @@ class StructuralMask(AdapterLogitsProcessor):
         args = (params.extra_args or {}).get(ARG)
         if args is None:
             return None
-        return _Request(GRAMMARS[args["grammar"]], tuple(args.get("forced", ())))
+        grammar = args.get("grammar")
+        return _Request(None if grammar is None else GRAMMARS[grammar], tuple(args.get("forced", ())))
 
 
 class _Request:
     """One request's cursor, advanced over the tokens it decoded since the last step."""
 
-    def __init__(self, grammar: Grammar, forced: tuple[int, ...]) -> None:
+    def __init__(self, grammar: Grammar | None, forced: tuple[int, ...]) -> None:
         self.grammar, self.forced = grammar, forced
         self.cursor: Cursor | None = None
         self.seen = 0
 
     def __call__(self, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if self.grammar is None:
+            if len(output_ids) >= len(self.forced):
+                return logits
+            keep = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+            keep[self.forced[len(output_ids)]] = True
+            return logits.masked_fill(~keep, float("-inf"))
         if self.cursor is None:
             self.cursor = Cursor()
             for token in prompt_ids:

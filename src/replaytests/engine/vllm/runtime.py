@@ -17,6 +17,9 @@ boundary carries those in place of K/V and the full logit row.
   scheduler itself planned them.
 - `batched`: z as one prompt beside two other requests of the same problem in one engine step.
 Each `X_replica` is the same request again on an empty cache.
+
+The rollout families' arms (engine/vllm/rollout.py) run on an engine of their own, whose logprobs mode is
+raw_logprobs (the suite's definition of a log-probability), with no structural mask.
 """
 
 from __future__ import annotations
@@ -33,9 +36,13 @@ import torch
 from replaytests.engine import backend, stop
 from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
+from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import inspection
 from replaytests.engine.protocol import ANSWER, MERGE, Delimiters, Grammar, answer_ids, companions, prompt_of
+from replaytests.engine.rollout import Rollout
+from replaytests.engine.vllm import rollout as rollouts
+from replaytests.engine.vllm.rollout import LogprobsUnchecked
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
 from replaytests.files import lookup, read_json
 from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
@@ -157,7 +164,9 @@ class Runtime:
 
     name: ClassVar[str] = "vllm"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
-    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill",
+                                                        "rollout_logprobs"})
+    rollout_logprobs_mode: ClassVar[str] = rollouts.LOGPROBS_MODE  # the rollout engine's (a test may set another)
     inspect = staticmethod(inspection.inspect)  # vLLM serves Hugging Face directories
     check_loadable = staticmethod(hf_adapter.check_tensors)
 
@@ -178,9 +187,10 @@ class Runtime:
 
         mask.GRAMMARS[self._key] = self.grammar
         self._chunked = None
+        self._rollout = None
         self._steps: list[dict[str, int]] = []
         self._watch(self.engine)
-        self._check_pins()
+        self._check_pins(self.engine)
 
     @classmethod
     def cell_problem(cls, cell) -> CellProblem | None:
@@ -219,7 +229,7 @@ class Runtime:
         torch.set_num_threads(contract.cpu_threads)
         return cls(model_dir, contract, precision, device, vllm)
 
-    def _engine(self, budget: int | None):
+    def _engine(self, budget: int | None, logprobs_mode: str = "processed_logits"):
         """A vLLM engine; `budget` splits every prefill into chunks of at most that many tokens."""
         from replaytests.engine.vllm.mask import StructuralMask
 
@@ -233,7 +243,7 @@ class Runtime:
                 enforce_eager=settings["enforce_eager"], block_size=settings["block_size"],
                 enable_prefix_caching=True, enable_chunked_prefill=True, max_model_len=length,
                 max_num_batched_tokens=budget or length, max_num_seqs=settings["max_num_seqs"],
-                logits_processors=[StructuralMask], logprobs_mode="processed_logits",
+                logits_processors=[StructuralMask], logprobs_mode=logprobs_mode,
                 max_logprobs=settings["logprobs"], trust_remote_code=False)
         except Exception as exc:
             raise ConfigError(f"--backend vllm: the engine did not start on {self.model_dir} "
@@ -280,7 +290,21 @@ class Runtime:
             return next(iter(layers.values())).attn_backend.get_name()
         return None
 
-    def _check_pins(self) -> None:
+    @property
+    def rollout_engine(self):
+        """The rollout families' engine and the tap on its logits layer (engine/vllm/rollout.py): logprobs_mode
+        raw_logprobs, otherwise the main engine's settings."""
+        if self._rollout is None:
+            if self.settings["logprobs"] < 2:
+                raise ConfigError(f"{self.contract.path}: runtime.vllm.logprobs: a rollout needs the top 2 "
+                                  f"log-probabilities of each step, got {self.settings['logprobs']}")
+            engine = self._engine(budget=None, logprobs_mode=self.rollout_logprobs_mode)
+            self._watch(engine)
+            self._check_pins(engine)
+            self._rollout = (engine, rollouts.Tap(engine))
+        return self._rollout
+
+    def _check_pins(self, engine=None) -> None:
         """The vLLM version and attention backend the contract pins are the ones running, and the engine runs
         the cell's dtype and K/V cache format as it names them (vLLM may cast a dtype its platform does not
         serve, and say so only in its log): a cell is never run in another format under its name."""
@@ -290,7 +314,8 @@ class Runtime:
             if wanted is not None and wanted != actual:
                 raise ConfigError(f"{self.contract.path}: runtime.vllm.{key}: the contract pins {wanted!r}, "
                                   f"this engine runs {actual!r}")
-        config = self.engine.llm_engine.vllm_config
+        engine = engine or self.engine
+        config = engine.llm_engine.vllm_config
         ran = {"dtype": str(config.model_config.dtype).removeprefix("torch."),
                "kv_cache.format": str(config.cache_config.cache_dtype)}
         wanted = {"dtype": self.dtype, "kv_cache.format": "auto" if self.cell.kv_cache.native
@@ -301,12 +326,13 @@ class Runtime:
                                   f"{wanted[key]!r}, the engine runs {actual!r}; refused: the cell would not run in "
                                   "its format")
         if self.contract.device == "cpu":
-            self._check_gemms()
+            self._check_gemms(engine)
 
-    def _check_gemms(self) -> None:
+    def _check_gemms(self, engine=None) -> None:
         """The engine's linear layers run the GEMM the run's platform records for this cell (describe's
         dense_gemm), small weights aside, which vLLM may give its small-weight kernel."""
-        gemms = self.engine.apply_model(lambda model: sorted({gemm_of(module.cpu_linear) for module in model.modules()
+        engine = engine or self.engine
+        gemms = engine.apply_model(lambda model: sorted({gemm_of(module.cpu_linear) for module in model.modules()
                                                               if hasattr(module, "cpu_linear")}))[0]
         recorded = dense_gemm(self.dtype)
         if recorded not in gemms or set(gemms) - {recorded, SMALL_WEIGHT_GEMM}:
@@ -328,15 +354,18 @@ class Runtime:
 
     def _request(self, prompts: list[list[int]], forced: list[int] | None = None, engine=None, reset: bool = True):
         """Run the prompts as one batch of requests; the first's output, and its prefill step count."""
+        params = [self._params((forced or []) if i == 0 else []) for i in range(len(prompts))]
+        return self._submit(prompts, params, engine or self.engine, reset)
+
+    def _submit(self, prompts: list[list[int]], params: list, engine, reset: bool = True):
+        """Run the prompts as one batch of requests with their sampling params; the first's output, and its
+        prefill step count."""
         stop.check()  # between requests: vLLM's own steps cannot be cut
-        engine = engine or self.engine
         if reset:
             engine.reset_prefix_cache()
         self._steps.clear()
         prompt_type = self._vllm.inputs.TokensPrompt
-        outs = engine.generate([prompt_type(prompt_token_ids=p) for p in prompts],
-                               [self._params((forced or []) if i == 0 else []) for i in range(len(prompts))],
-                               use_tqdm=False)
+        outs = engine.generate([prompt_type(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         out = outs[0]
         # The scheduler knows a request by its id plus a suffix of its own ("0-b81ba0b0" for request "0").
         steps = [tokens for step in self._steps for rid, tokens in step.items()
@@ -398,6 +427,73 @@ class Runtime:
 
     def suffix(self, boundary: Boundary) -> Suffix:
         return boundary.state.suffix
+
+    def _rollout_request(self, prompt: list[int], params, where: str):
+        """One rollout request on a reset cache: its output, the logits its steps computed (tapped), and the
+        logprobs mode that computed its numbers; fail closed unless the mode is the suite's definition and the
+        engine's own counters say it computed every prompt token itself, in one scheduler step."""
+        engine, tap = self.rollout_engine
+        mode = engine.llm_engine.model_config.logprobs_mode
+        if mode != rollouts.LOGPROBS_MODE:
+            raise LogprobsUnchecked(f"{where}: the engine reports logprobs_mode {mode!r}; the suite's log-probability "
+                                    f"(FP32 log-softmax of the logits, before any processor) is vLLM's "
+                                    f"{rollouts.LOGPROBS_MODE!r}")
+        tap.start()
+        try:
+            out, prefill_steps = self._submit([prompt], [params], engine)
+        finally:
+            rows = tap.stop()
+        cached = out.num_cached_tokens or 0
+        if cached or prefill_steps != 1:
+            raise LogprobsUnchecked(f"{where}: the request did not compute its {len(prompt)} prompt tokens itself in "
+                                    f"one step: {cached} read from the prefix cache, scheduler steps {prefill_steps}")
+        return out, rows, mode
+
+    def _decoded(self, construction: str, z: list[int], length: int, params, where: str):
+        """A request that decodes `length` + 1 tokens after z, one per step: its checked steps and tapped rows."""
+        out, rows, mode = self._rollout_request(z, params, where)
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        if len(tokens) != length + 1 or len(rows) != length + 1 or any(row.shape[0] != 1 for row in rows):
+            raise LogprobsUnchecked(f"{where}: expected {length + 1} decode steps of one row each, the request decoded "
+                                    f"{len(tokens)} tokens and the tap saw {[row.shape[0] for row in rows]} rows")
+        steps = rollouts.steps(completion.logprobs, tokens)
+        rollouts.check(steps, torch.cat(rows), self.vocab, where)
+        return rollouts.rollout(construction, z, steps[:length], rows[length][0], self.grammar, mode, where)
+
+    def rollout(self, z: list[int], length: int, seed: int | None, construction: str = "live") -> Rollout:
+        where = f"vllm rollout {construction} ({self.precision})"
+        params = rollouts.params(self._vllm, length + 1, self.settings["logprobs"], seed)
+        return self._decoded(construction, z, length, params, where)
+
+    def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
+        kind = construction.removesuffix("_replica")
+        where = f"vllm rollout {construction} ({self.precision})"
+        k = self.settings["logprobs"]
+        if kind == "incremental":
+            params = rollouts.params(self._vllm, len(response) + 1, k, forced=response)
+            replayed = self._decoded(construction, z, len(response), params, where)
+            split = first_divergence(replayed.tokens, response)
+            if split is not None:
+                raise LogprobsUnchecked(f"{where}: the forced decode chose other tokens than the response, first at "
+                                        f"step {split}")
+            return replayed
+        if kind != "prefill":
+            raise ConfigError(f"vllm: unknown rollout replay {construction!r} (expected incremental or prefill, or a "
+                              "*_replica)")
+        prompt = list(z) + list(response)
+        out, rows, mode = self._rollout_request(prompt, rollouts.params(self._vllm, 1, k, prompt_logprobs=k), where)
+        positions = [row for row in rows if row.shape[0] == len(prompt) - 1]
+        sampled = [row for row in rows if row.shape[0] == 1]
+        if len(rows) != 2 or len(positions) != 1 or len(sampled) != 1 or out.prompt_logprobs is None:
+            raise LogprobsUnchecked(f"{where}: expected one call over the {len(prompt) - 1} prompt positions and one "
+                                    f"sampling step, the tap saw {[row.shape[0] for row in rows]} rows")
+        steps = rollouts.steps(out.prompt_logprobs[1:], prompt[1:])
+        rollouts.check(steps, positions[0], self.vocab, where)
+        completion = out.outputs[0]
+        rollouts.check(rollouts.steps(completion.logprobs, list(completion.token_ids)), sampled[0], self.vocab,
+                       f"{where} (the step after the response)")
+        return rollouts.rollout(construction, z, steps[len(z) - 1:], sampled[0][0], self.grammar, mode, where)
 
     def transplant(self, recipient, donor, layers=None, parts=("k", "v")) -> Boundary:
         raise Unsupported(f"backend {self.name} exposes no K/V tensors to transplant")
