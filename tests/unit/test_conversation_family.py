@@ -44,10 +44,10 @@ CASES = [
     Case("equal", HISTORY, ANSWERS, None, None, None, None),
     # the must-fail control: a template that drops the separator closing the assistant turn (verl #6501's kind)
     Case("dropped-separator", HISTORY[:7] + HISTORY[8:], ANSWERS, 7, 1, "assistant", "template"),
-    Case("user-turn-edited", HISTORY[:9] + [80] + HISTORY[10:], ANSWERS, 9, 2, "user", "template"),
+    Case("user-turn-edited", [*HISTORY[:9], 80, *HISTORY[10:]], ANSWERS, 9, 2, "user", "template"),
     Case("lossy-decode", USERS[0] + [65533, 50, SLASH_A] + USERS[1], [[200, 50, SLASH_A]], 5, 1, "assistant",
          "lossy decode"),
-    Case("longer", HISTORY + [A], ANSWERS, len(HISTORY), 2, "user", "template"),
+    Case("longer", [*HISTORY, A], ANSWERS, len(HISTORY), 2, "user", "template"),
 ]
 
 
@@ -55,7 +55,8 @@ CASES = [
 def test_rerender_difference_names_turn_position_and_why(case):
     history = USERS[0] + case.answers[0] + USERS[1]
     found = rerender_difference(history, case.rendered, USERS, case.answers, 2, encode, decode)
-    assert found["ids_equal"] is (case.first is None), f"ids_equal {found['ids_equal']}, expected {case.first is None}"
+    equal = case.first is None
+    assert found["ids_equal"] is equal, f"ids_equal {found['ids_equal']}, expected {equal}"
     assert (found["first_difference"], found["turn"], found["segment"]) == (case.first, case.turn, case.segment), (
         f"found token {found['first_difference']} in turn {found['turn']} {found['segment']}, expected token "
         f"{case.first} in turn {case.turn} {case.segment}")
