@@ -60,7 +60,8 @@ def test_rerender_difference_names_turn_position_and_why(case):
     assert (found["first_difference"], found["turn"], found["segment"]) == (case.first, case.turn, case.segment), (
         f"found token {found['first_difference']} in turn {found['turn']} {found['segment']}, expected token "
         f"{case.first} in turn {case.turn} {case.segment}")
-    assert (found["reason"] or "").startswith(case.reason or ""), f"reason {found['reason']!r}, expected {case.reason!r}"
+    reason = found["reason"] or ""
+    assert reason.startswith(case.reason or ""), f"reason {reason!r}, expected one starting {case.reason!r}"
 
 
 def _bank(tmp_path: Path, turns: list) -> Path:
