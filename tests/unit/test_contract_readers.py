@@ -20,7 +20,7 @@ from replaytests.engine.hf import adapter, environment, forward, inspection, run
 from replaytests.engine.llamacpp import runtime as llamacpp_runtime
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
-from replaytests.families import rollout
+from replaytests.families import conversation, rollout
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
 from replaytests.inputs.cells import PAPER
@@ -66,7 +66,10 @@ READERS = {
         "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",
         "transplant.donor_recovery", "transplant.controls_third_trajectory", "audit.reproduce",
         "serving.replicas_exact", "serving.suffix_divergence_allowed", "rollout.replicas_exact",
-        "rollout.live_incremental_exact", "rollout.k3_max", "rollout.outside_bounds_max")},
+        "rollout.live_incremental_exact", "rollout.k3_max", "rollout.outside_bounds_max",
+        "conversation.replicas_exact", "conversation.control_exact", "conversation.rerendered_ids_equal")},
+    "panels.conversation": planner.Plan.panel_size,
+    "conversation.cap": conversation.run,
     "panels.rollout": planner.Plan.panel_size,
     **{f"rollout.{key}": rollout.settings for key in ("length", "seed", "ratio_bounds", "delta_threshold")},
     "runtime.vllm.version": vllm_runtime.Runtime._check_pins,

@@ -59,3 +59,18 @@ def test_rollout_trainer_recompute(record, replay, rollout_row, precision):
 
 def test_rollout_sampled_trainer_recompute(record, replay, rollout_row, precision):
     judge(replay.contract.gates.rollout_recompute(ok(record("rollout_sampled", rollout_row, precision))))
+
+
+def test_conversation_control(record, replay, conversation_row, precision):
+    judge(replay.contract.gates.conversation_control(ok(record("conversation", conversation_row, precision))))
+
+
+@pytest.mark.parametrize("pair", ["session~replay", "session~incremental", "session~rerendered"])
+def test_conversation_turns(record, replay, conversation_row, precision, pair):
+    """Turn k of a cached chat against the same turn rebuilt: one call over the token history, one token per
+    call, or the messages rendered and tokenized again."""
+    judge(replay.contract.gates.conversation_turns(ok(record("conversation", conversation_row, precision)), pair))
+
+
+def test_conversation_rerendered_ids(record, replay, conversation_row, precision):
+    judge(replay.contract.gates.conversation_rerendered(ok(record("conversation", conversation_row, precision))))

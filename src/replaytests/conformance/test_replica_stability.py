@@ -54,3 +54,10 @@ def test_rollout_replica_exact(record, replay, rollout_row, precision, pair):
 def test_rollout_sampled_replica_exact(record, replay, rollout_row, precision, pair):
     """A sampled rollout drawn twice with the row's seed, and each replay of it run twice: bit for bit."""
     judge(replay.contract.gates.replicas(ok(record("rollout_sampled", rollout_row, precision)), pair))
+
+
+@pytest.mark.parametrize("pair", _arms("conversation"))
+def test_conversation_replica_exact(record, replay, conversation_row, precision, pair):
+    """Each construction of every turn of a conversation built twice (the session decoding its assistant turns
+    live both times): the same cache, next-token logits and assistant turn, bit for bit."""
+    judge(replay.contract.gates.conversation_replicas(ok(record("conversation", conversation_row, precision)), pair))

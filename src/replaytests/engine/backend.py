@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from replaytests.engine.boundary import Boundary, Suffix
+    from replaytests.engine.conversation import TurnState
     from replaytests.engine.protocol import Grammar
     from replaytests.engine.rollout import Rollout
     from replaytests.inputs.cells import Cell
@@ -37,6 +38,8 @@ CAPABILITIES = {
     "chunked_prefill": "a prefill split into chunks under a token budget, the chunks observed in the scheduler",
     "rollout_logprobs": "a rollout decoded live with each chosen token's log-probability over the full vocabulary, "
                         "and replays that score the same tokens",
+    "conversation": "a conversation's turns: one session cache carried across turns, its token history replayed "
+                    "(one call, one token per call) and its messages rendered by a chat template",
 }
 SERVING = frozenset({"prefix_cache", "chunked_prefill"})  # what a serving engine has and one forward call has not
 
@@ -83,6 +86,17 @@ class Backend(Protocol):
         """`incremental` or `prefill` (or a `*_replica`) over z + response: the response's log-probabilities
         as that replay computes them."""
 
+    def session(self, users: list[list[int]], cap: int, construction: str = "session") -> list[TurnState]:
+        """A conversation's session (engine/conversation.py): each user turn appended in one call, each
+        assistant turn decoded live on the same cache; `session_replica` names a second one."""
+
+    def replayed(self, construction: str, histories: list[list[int]], cap: int) -> list[TurnState]:
+        """`replay`, `rerendered` (one call over each turn's history) or `incremental` (one token per call),
+        or a `*_replica`: each turn's state and the assistant turn decoded from it."""
+
+    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> list[int]:
+        """Chat messages through a chat template, tokenized (what a server does with a client's text)."""
+
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
         """The recipient's boundary with the selected layers' K and/or V copied from the donor; Unsupported
@@ -90,6 +104,9 @@ class Backend(Protocol):
 
     def encode(self, text: str) -> list[int]:
         """`text` in the model's own tokenizer, without added special tokens (a problem's prompt)."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids as text in the model's own tokenizer (what a client keeps of an assistant turn)."""
 
     def probe(self, tokens: list[int]):
         """The last position's logits (a [vocab] tensor) of one call over `tokens`, any prefix the grammar

@@ -101,6 +101,14 @@ ROLLOUT_ARMS = _with_replicas("live", "incremental", "prefill")
 _ROLLOUT_PAIRS = (("live", "live_replica"), ("incremental", "incremental_replica"), ("prefill", "prefill_replica"),
                   ("live", "incremental"), ("live", "prefill"))
 
+# The conversation family (families/conversation.py): four constructions of turn k, each with a replica.
+# session~replay is a server's cached turn against the same turn sent again after an eviction; session~rerendered
+# what a client sending text gets; at turn 1 session and replay are the same one call (the control).
+CONVERSATION_ARMS = _with_replicas("session", "replay", "rerendered", "incremental")
+_CONVERSATION_PAIRS = (*((c, f"{c}_replica") for c in ("session", "replay", "rerendered", "incremental")),
+                       ("session", "replay"), ("session", "incremental"), ("session", "rerendered"),
+                       ("replay", "rerendered"))
+
 FAMILIES = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
                                                       ("live", "prefill")), ("live~prefill",), "live",
@@ -132,4 +140,8 @@ FAMILIES = {family.name: family for family in (
              headline_table=False, title=f"Rollout fidelity, {mode}: the trainer's recompute of a live rollout",
              requires=("rollout_logprobs",), settings="rollout")
       for name, mode in zip(ROLLOUT_FAMILIES, MODES, strict=True)),
+    Family("conversation", CONVERSATION_ARMS, _CONVERSATION_PAIRS, ("session~replay", "session~rerendered"),
+           "conversation", ("replica", "fidelity"), headline_table=False,
+           title="Conversations: turn k of a cached chat, replayed and re-rendered",
+           requires=("conversation",), settings="conversation"),
 )}

@@ -149,6 +149,7 @@ SCHEMA = Section({
             "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT),
         }, default={}),
         "rollout": _pin(int, low=1, high=MAX_COUNT),  # null: every selected row
+        "conversation": Value(int, default=12, low=1, high=MAX_COUNT),  # conversations run (each a bank row's)
     }, default={}),
     # The rollout families (docs/protocol.md §17): how long a rollout is, the sampler's seed, and the
     # thresholds a token's log-probability ratio r = p_replay / p_live and |delta logp| are measured against.
@@ -157,6 +158,11 @@ SCHEMA = Section({
         "seed": Value(int, default=0, low=0, high=2**63 - 1),
         "ratio_bounds": ListOf(Value(_NUMBER, low=0, high=MAX_COUNT), default=[0.5, 2.0]),
         "delta_threshold": Value(_NUMBER, default=0.05, low=0, high=MAX_COUNT),
+    }, default={}),
+    # The conversation family (docs/protocol.md §17): the content tokens an assistant turn may hold (its
+    # conversation bank's manifest must record the same cap: the session reproduces the bank under it).
+    "conversation": Section({
+        "cap": Value(int, default=12, low=1, high=MAX_COUNT),
     }, default={}),
     "gates": Section({
         "crossing": Section({"replicas_exact": Value(bool, default=True),
@@ -175,6 +181,12 @@ SCHEMA = Section({
         # with the live log-probabilities (the control); per row, bounds on the trainer's recompute (live~prefill):
         # the k3 estimate of KL(live || replay) per token and the share of tokens with r outside ratio_bounds
         # (null: measured and recorded, not gated).
+        # The conversation family: every turn's replicas bit-exact; at turn 1 the session and the replay are
+        # the same one call over the first user turn (the control), bit-exact; re-rendered ids that differ from
+        # the generated ones at a turn are recorded (true: a failure).
+        "conversation": Section({"replicas_exact": Value(bool, default=True),
+                                 "control_exact": Value(bool, default=True),
+                                 "rerendered_ids_equal": Value(bool, default=False)}, default={}),
         "rollout": Section({"replicas_exact": Value(bool, default=True),
                             "live_incremental_exact": Value(bool, default=True),
                             "k3_max": _pin(_NUMBER, low=0, high=MAX_COUNT),

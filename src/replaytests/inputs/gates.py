@@ -25,6 +25,7 @@ BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
 # The rollout families (families.registry, which this module does not import: it reads the ledger format alone)
 ROLLOUT_FAMILIES = ("rollout", "rollout_sampled")
 ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE = "live~incremental", "live~prefill"
+CONVERSATION, CONVERSATION_CONTROL = "conversation", "session~replay"  # the control: at turn 1, one call each
 REPLICA_SUFFIX = "_replica"
 BRIDGE_PAIR = "live~incremental"
 FOLLOWS, THIRD = "follows_donor", "third"
@@ -134,13 +135,16 @@ class Gates:
     rollout_control_exact: bool = True  # gates.rollout.live_incremental_exact
     rollout_k3_max: float | None = None  # gates.rollout.k3_max (None: recorded, not gated)
     rollout_outside_max: float | None = None  # gates.rollout.outside_bounds_max
+    conversation_control_exact: bool = True  # gates.conversation.control_exact
+    conversation_rerendered_equal: bool = False  # gates.conversation.rerendered_ids_equal
 
     @classmethod
     def from_settings(cls, gates: dict) -> Gates:
         """From a validated `gates:` mapping with every default filled in."""
         return cls(
             replicas_exact={family: gates[family]["replicas_exact"] for family in ("crossing", "live", "serving")}
-            | dict.fromkeys(ROLLOUT_FAMILIES, gates["rollout"]["replicas_exact"]),
+            | dict.fromkeys(ROLLOUT_FAMILIES, gates["rollout"]["replicas_exact"])
+            | {CONVERSATION: gates["conversation"]["replicas_exact"]},
             suffix_divergence_allowed={family: dict(gates[family]["suffix_divergence_allowed"])
                                        for family in ("crossing", "live", "batch", "serving")},
             bridge_exact=gates["bridge"]["exact"],
@@ -150,6 +154,8 @@ class Gates:
             rollout_control_exact=gates["rollout"]["live_incremental_exact"],
             rollout_k3_max=gates["rollout"]["k3_max"],
             rollout_outside_max=gates["rollout"]["outside_bounds_max"],
+            conversation_control_exact=gates["conversation"]["control_exact"],
+            conversation_rerendered_equal=gates["conversation"]["rerendered_ids_equal"],
         )
 
     def replicas(self, record: Record, pair: str) -> Judgement:
@@ -200,6 +206,60 @@ class Gates:
             return Judgement("recorded", f"mismatch recorded (gates rollout.k3_max and outside_bounds_max unset): "
                                          f"{detail}")
         return PASS
+
+    def conversation_replicas(self, record: Record, pair: str) -> Judgement:
+        """A conversation's replica pair at every turn: bit-exact (gate conversation.replicas_exact)."""
+        problems = [f"turn {t.turn}: {p}" for t in record.turns for p in differences(t.comparisons[pair], pair)]
+        if not problems:
+            return PASS
+        return _required(self.replicas_exact.get(CONVERSATION, True), f"{record.title}: {'; '.join(problems)}",
+                         "conversation.replicas_exact")
+
+    def conversation_control(self, record: Record) -> Judgement:
+        """At turn 1 the session and the replay are the same one call over the first user turn: bit-exact, or
+        the constructions themselves are broken (gate conversation.control_exact)."""
+        problems = differences(record.turns[0].comparisons[CONVERSATION_CONTROL], CONVERSATION_CONTROL)
+        if not problems:
+            return PASS
+        return _required(self.conversation_control_exact, f"{record.title}: turn 1: {'; '.join(problems)}",
+                         "conversation.control_exact")
+
+    def conversation_turns(self, record: Record, pair: str) -> Judgement:
+        """A headline pair at every turn after the first: divergent assistant turns are recorded where the
+        contract allows the crossing to diverge at this cell, a failure where it does not. A re-rendered history
+        that shares no token past the first user turn's with the generated one has nothing to compare: vacuous,
+        recorded as such, never a pass."""
+        later = record.turns[1:]
+        if not later:
+            return Judgement("recorded", f"{record.title}: one turn only: nothing after the first turn to compare")
+        other_ids = [t for t in later if "rerendered" in pair and not t.rerendered.ids_equal]
+        vacuous = [t.turn for t in other_ids if t.rerendered.turn == 1]
+        diverged = [f"turn {t.turn} at token {t.comparisons[pair].first_divergence}" for t in later
+                    if not t.comparisons[pair].suffix_equal and t not in other_ids]
+        notes = [f"{pair} at turn {t.turn} reads other ids from token {t.rerendered.first_difference} on (turn "
+                 f"{t.rerendered.turn} {t.rerendered.segment}: {t.rerendered.reason}): its assistant turn "
+                 f"{'equal' if t.comparisons[pair].suffix_equal else 'differs'}, not judged" for t in other_ids]
+        if vacuous:
+            notes.append(f"{pair} vacuous at turns {vacuous}: the histories share no assistant token")
+        if diverged:
+            detail = f"{record.title}: {pair} assistant turns diverge ({', '.join(diverged)})"
+            if not self.suffix_divergence_allowed["crossing"][record.precision]:
+                return Judgement("fail", f"{detail}; the contract requires {record.precision} crossing suffixes to "
+                                         f"be exact (gate crossing.suffix_divergence_allowed.{record.precision})")
+            notes.append(f"divergence recorded, allowed by the contract: {detail}")
+        return Judgement("recorded", "; ".join(notes)) if notes else PASS
+
+    def conversation_rerendered(self, record: Record) -> Judgement:
+        """The re-rendered history's ids against the generated ones at every turn: differences recorded with
+        where and why (gate conversation.rerendered_ids_equal true: a failure)."""
+        found = [f"turn {t.turn}: first at token {t.rerendered.first_difference} (turn {t.rerendered.turn} "
+                 f"{t.rerendered.segment}: {t.rerendered.reason})" for t in record.turns if not t.rerendered.ids_equal]
+        if not found:
+            return PASS
+        message = f"{record.title}: re-rendered ids differ from the generated ones: {'; '.join(found)}"
+        if self.conversation_rerendered_equal:
+            return Judgement("fail", f"{message} (gate conversation.rerendered_ids_equal: required)")
+        return Judgement("recorded", message)
 
     def divergence(self, record: Record, pair: str) -> Judgement:
         """A headline pair's suffixes: a divergence is recorded where the contract allows it at this

@@ -314,6 +314,36 @@ class RolloutSettings(Part):
 
 
 @dataclass(frozen=True)
+class Rerendered(Part):
+    """A conversation turn's history as the chat template renders the messages, tokenized again, against the
+    token history the session generated (families/conversation.py)."""
+
+    ids_equal: bool
+    length: int  # tokens of the re-rendered history
+    shared: int  # tokens it has in common with the generated history, from the start
+    first_difference: int | None  # the position of the first id that differs (None: equal)
+    turn: int | None  # the turn whose part of the history holds it
+    segment: str | None  # "user" or "assistant": which part of that turn
+    reason: str | None  # why: a lossy decode, a retokenization, the template's edit
+    # the earlier assistant turns whose ids decode to text that encodes to other ids
+    turns_not_round_tripping: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ConversationTurn(Part):
+    """One turn k of a conversation: every construction's state before the assistant's first token, the
+    assistant turn decoded from it (an arm's suffix), and the pairs compared."""
+
+    turn: int
+    history_len: int  # tokens of the generated history through the generation prompt
+    expected_answer: str | None
+    session_matches_bank: bool  # the session's assistant turn is the bank's (the ids it was frozen with)
+    arms: Mapping[str, Arm]
+    comparisons: Mapping[str, Comparison]
+    rerendered: Rerendered
+
+
+@dataclass(frozen=True)
 class Outcome(Part):
     """Where a transplanted construction's suffix went: its donor's trajectory or its own."""
 
@@ -388,6 +418,9 @@ class Record(Part):
     layer_ranges: JSON = field(default=None, metadata=OPTIONAL)
     minimal_layers: JSON = field(default=None, metadata=OPTIONAL)
     rollout: RolloutSettings | None = field(default=None, metadata=OPTIONAL)
+    # a conversation record: every turn (its `arms` and `comparisons` are the last turn's, for the readers
+    # of every family)
+    turns: tuple[ConversationTurn, ...] | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def from_json(cls, value: object, where: str = "", version: int | None = None) -> Record:

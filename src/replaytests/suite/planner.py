@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
                 "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving",
-                "rollout_row": "rollout"}
+                "rollout_row": "rollout", "conversation_row": "conversation"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class Plan:
         """The size of a family's panel (None: every selected row)."""
         kind = FAMILIES[family].panel
         return {"bridge": self.panels["bridge"], "live": self.panels["live"],
-                "replication": self.panels["replication"]["rows"], "rollout": self.panels["rollout"]}.get(kind)
+                "replication": self.panels["replication"]["rows"], "rollout": self.panels["rollout"],
+                "conversation": self.panels["conversation"]}.get(kind)
 
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share

@@ -20,7 +20,7 @@ from replaytests.errors import ConfigError, RecordNotKept, short
 from replaytests.families import transplant
 from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.files import lookup
-from replaytests.inputs import cells, cpu_isa, platforms
+from replaytests.inputs import cells, conversations, cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
 from replaytests.inputs.contract import Contract, load_contract
 from replaytests.inputs.gates import PASS, Judgement, artifact, gated
@@ -309,8 +309,16 @@ class ReplaySession:
                               f"started, {now[:12]}… after loading); refused: one run never mixes two models")
 
     def unavailable(self, family: str) -> str | None:
-        """Why the backend cannot serve a family (the capabilities it lacks), or None where it can."""
+        """Why the backend cannot serve a family (the capabilities it lacks, or its input missing), or None
+        where it can."""
+        if family == "conversation" and not conversations.path_for(self.options.bank).is_file():
+            return f"no conversation bank beside the bank ({conversations.path_for(self.options.bank).name})"
         return backend.missing(self.backend.capabilities, FAMILIES[family].requires, self.backend.name)
+
+    def family_settings(self, family: str) -> dict:
+        """The contract section a family's `run` takes; the conversation family's with its bank's path."""
+        section = self.contract.settings[FAMILIES[family].settings]
+        return section | {"bank": conversations.path_for(self.options.bank)} if family == "conversation" else section
 
     def row(self, row_id: str) -> BankRow:
         for row in self.rows:
@@ -409,5 +417,5 @@ class ReplaySession:
             (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
             return transplant.run(self.runtime(precision), row, read, self.transplant_role(row, precision))
         model = self.options.later_model if spec.panel == "replication" else None
-        settings = (self.contract.settings[spec.settings],) if spec.settings else ()
+        settings = (self.family_settings(family),) if spec.settings else ()
         return spec.run(self.runtime(precision, model), row, *settings)

@@ -13,8 +13,9 @@ import torch
 from replaytests.engine import backend
 from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import Boundary, Suffix
+from replaytests.engine.conversation import TurnState
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import constructions, inspection, rollout, weights
+from replaytests.engine.hf import constructions, conversation, inspection, rollout, weights
 from replaytests.engine.hf.decoder import DecodeState, suffix_of
 from replaytests.engine.hf.forward import Step
 from replaytests.engine.rollout import Rollout
@@ -89,6 +90,15 @@ class Runtime(Step):
     def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
         return rollout.replay(self, construction, z, response)
 
+    def session(self, users: list[list[int]], cap: int, construction: str = "session") -> list[TurnState]:
+        return conversation.session(self, users, cap, construction)
+
+    def replayed(self, construction: str, histories: list[list[int]], cap: int) -> list[TurnState]:
+        return conversation.replayed(self, construction, histories, cap)
+
+    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> list[int]:
+        return conversation.render(self, template, messages, generation_prompt)
+
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
         def splice(chosen: list[int], selected: tuple[str, ...]) -> tuple[object, None]:
@@ -98,6 +108,9 @@ class Runtime(Step):
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
 
     def probe(self, tokens: list[int]) -> torch.Tensor:
         """The last position's logits of one prefill call over `tokens`."""

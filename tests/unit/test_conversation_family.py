@@ -1,0 +1,110 @@
+"""The conversation family: where a re-rendered history first differs from the generated one (and the must-fail
+control, a dropped separator found at its turn and position), the conversation bank's reader and its refusals,
+the committed bank, and one row run end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from replaytests.errors import BankError
+from replaytests.families.conversation import rerender_difference
+from replaytests.inputs.conversations import path_for, read_conversations
+from replaytests.inputs.options import REPO
+
+BANK = REPO / "fixtures" / "banks" / "tiny.jsonl"
+P, SLASH_P, A, SLASH_A = 257, 258, 267, 268  # <|prompt|> <|/prompt|> <|answer|> <|/answer|> in the tiny tokenizer
+USERS = [[P, 72, 105, SLASH_P, A], [P, 78, 111, SLASH_P, A]]
+ANSWERS = [[52, 50, SLASH_A]]  # "42", then the closer
+HISTORY = USERS[0] + ANSWERS[0] + USERS[1]
+
+
+def encode(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def decode(ids: list[int]) -> str:
+    return "".join("\ufffd" if i >= 128 else chr(i) for i in ids)  # ids past ASCII: bytes that are not UTF-8
+
+
+class Case(NamedTuple):
+    id: str
+    rendered: list[int]
+    answers: list[list[int]]
+    first: int | None
+    turn: int | None
+    segment: str | None
+    reason: str | None
+
+
+CASES = [
+    Case("equal", HISTORY, ANSWERS, None, None, None, None),
+    # the must-fail control: a template that drops the separator closing the assistant turn (verl #6501's kind)
+    Case("dropped-separator", HISTORY[:7] + HISTORY[8:], ANSWERS, 7, 1, "assistant", "template"),
+    Case("user-turn-edited", [*HISTORY[:9], 80, *HISTORY[10:]], ANSWERS, 9, 2, "user", "template"),
+    Case("lossy-decode", USERS[0] + [65533, 50, SLASH_A] + USERS[1], [[200, 50, SLASH_A]], 5, 1, "assistant",
+         "lossy decode"),
+    Case("longer", [*HISTORY, A], ANSWERS, len(HISTORY), 2, "user", "template"),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_rerender_difference_names_turn_position_and_why(case):
+    history = USERS[0] + case.answers[0] + USERS[1]
+    found = rerender_difference(history, case.rendered, USERS, case.answers, 2, encode, decode)
+    equal = case.first is None
+    assert found["ids_equal"] is equal, f"ids_equal {found['ids_equal']}, expected {equal}"
+    assert (found["first_difference"], found["turn"], found["segment"]) == (case.first, case.turn, case.segment), (
+        f"found token {found['first_difference']} in turn {found['turn']} {found['segment']}, expected token "
+        f"{case.first} in turn {case.turn} {case.segment}")
+    reason = found["reason"] or ""
+    assert reason.startswith(case.reason or ""), f"reason {reason!r}, expected one starting {case.reason!r}"
+
+
+def _bank(tmp_path: Path, turns: list) -> Path:
+    path = tmp_path / "bad.conversations.jsonl"
+    path.write_text(json.dumps({"schema": "replaytests.conversations/1", "id": "c0", "template": "t.jinja",
+                                "turns": turns}) + "\n", encoding="utf-8")
+    return path
+
+
+GOOD = {"user": "What is 1 + 2?", "expected_answer": "3", "assistant_ids": [51, SLASH_A], "assistant": "3"}
+BAD_BANKS = [
+    pytest.param({k: v for k, v in GOOD.items() if k != "user"}, "turns\\[0\\]: missing field 'user'", id="no-role"),
+    pytest.param(GOOD | {"assistant_ids": [51] * 13 + [SLASH_A]}, "13 content tokens, more than the cap \\(12\\)",
+                 id="longer-than-cap"),
+    pytest.param(GOOD | {"assistant_ids": [51, 999]}, "ids \\[999\\] outside the vocabulary", id="outside-vocab"),
+]
+
+
+@pytest.mark.parametrize(("turn", "message"), BAD_BANKS)
+def test_a_bad_conversation_bank_is_one_line_naming_file_line_and_field(tmp_path, turn, message):
+    path = _bank(tmp_path, [turn])
+    with pytest.raises(BankError, match=f"bad.conversations.jsonl:1 \\(conversation c0\\): .*{message}"):
+        read_conversations(path, 320, 12)
+
+
+def test_the_committed_bank_holds_48_conversations_of_three_turns_within_the_cap():
+    conversations = read_conversations(path_for(BANK), 320, 12, min_turns=3)
+    manifest = json.loads(path_for(BANK).with_name("tiny.conversations.manifest.json").read_text(encoding="utf-8"))
+    assert len(conversations) == manifest["conversations"] == 48, f"{len(conversations)} conversations"
+    assert manifest["cap"] == 12 and manifest["correct_per_turn"] == [0, 0, 0], manifest
+
+
+def test_one_row_end_to_end_on_the_tiny_model(fp32_runtime, bank_rows):
+    from replaytests.families.conversation import run
+
+    record = run(fp32_runtime, bank_rows[0], {"cap": 12, "bank": path_for(BANK)})
+    assert record.ok, record.reason
+    assert len(record.turns) == 3, f"{len(record.turns)} turns"
+    control = record.turns[0].comparisons["session~replay"]
+    assert control.cache_exact and control.logits_exact and control.suffix_equal, f"turn-1 control: {control}"
+    inexact = [(t.turn, pair) for t in record.turns for pair in ("session~session_replica", "replay~replay_replica")
+               if not t.comparisons[pair].suffix_equal or not t.comparisons[pair].cache_exact]
+    assert not inexact, f"replicas not bit-exact at (turn, pair) {inexact}"
+    assert all(t.session_matches_bank for t in record.turns[:1]), "turn 1 of the session differs from the bank"
+    lossy = [t.rerendered for t in record.turns[1:] if not t.rerendered.ids_equal]
+    assert lossy and all(r.reason.startswith("lossy decode") for r in lossy), [r.reason for r in lossy]
