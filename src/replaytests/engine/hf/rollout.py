@@ -17,16 +17,7 @@ import torch
 from replaytests.engine.hf.decoder import DecodeState
 from replaytests.engine.hf.forward import Step
 from replaytests.engine.rollout import Rollout
-
-
-def _scored(rows: torch.Tensor, tokens: list[int], construction: str, state: DecodeState) -> Rollout:
-    """The rollout of `tokens` from their steps' logits `rows` [n, vocab] (any dtype): FP32 log-softmax over
-    the full vocabulary at each token, the top two ids and their margin."""
-    logprobs = torch.log_softmax(rows.float(), dim=-1)
-    chosen = logprobs.gather(-1, torch.tensor(tokens, dtype=torch.long, device=rows.device)[:, None])[:, 0]
-    top = torch.topk(logprobs, 2, dim=-1)
-    return Rollout(construction, list(tokens), chosen.tolist(), [tuple(ids) for ids in top.indices.tolist()],
-                   (top.values[:, 0] - top.values[:, 1]).tolist(), state.boundary(construction))
+from replaytests.engine.sampling import chooser, scored
 
 
 def _prompt(runtime: Step, z: list[int], capacity: int, construction: str) -> DecodeState:
@@ -48,21 +39,13 @@ def _stepwise(runtime: Step, z: list[int], length: int, construction: str, choos
         tokens.append(token)
         state.append(token, role)
         state.feed(1, f"{construction} response token {step}")
-    state.settle()
-    return _scored(torch.stack(rows), tokens, construction, state)
+    return scored(torch.stack(rows), tokens, construction, state.boundary(construction))
 
 
 def live(runtime: Step, z: list[int], length: int, seed: int | None, construction: str = "live") -> Rollout:
     """The live rollout: greedy (seed None; the first maximal id) or sampled at temperature 1, top-p 1 from
     softmax of the FP32 logits with a generator seeded by `seed` (torch.multinomial)."""
-    generator = None if seed is None else torch.Generator(device=runtime.device).manual_seed(seed)
-
-    def choose(logits: torch.Tensor, step: int) -> int:
-        if generator is None:
-            return int(logits.argmax())
-        return int(torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator))
-
-    return _stepwise(runtime, z, length, construction, choose)
+    return _stepwise(runtime, z, length, construction, chooser(seed, runtime.device))
 
 
 def replay(runtime: Step, construction: str, z: list[int], response: list[int]) -> Rollout:
@@ -76,4 +59,4 @@ def replay(runtime: Step, construction: str, z: list[int], response: list[int]) 
     for token in response:
         state.append(token, role)
     logits = state.feed(len(z) + len(response), f"{construction} call over z and the response", every=True)
-    return _scored(logits[len(z) - 1:-1], response, construction, state)
+    return scored(logits[len(z) - 1:-1], response, construction, state.boundary(construction))

@@ -28,22 +28,12 @@ import torch
 
 from replaytests.engine.protocol import MERGE
 from replaytests.engine.rollout import Rollout
+from replaytests.engine.sampling import chooser, scored
 from replaytests.errors import BoundaryMismatch, ConfigError
 
 if TYPE_CHECKING:
-    from replaytests.engine.boundary import Boundary
     from replaytests.engine.llamacpp.context import Context
     from replaytests.engine.llamacpp.runtime import Runtime
-
-
-def _scored(rows: torch.Tensor, tokens: list[int], construction: str, end: Boundary) -> Rollout:
-    """The rollout of `tokens` from their steps' float32 logits `rows` [n, vocab]: FP32 log-softmax over the
-    full vocabulary at each token, the top two ids and their margin (engine/hf/rollout.py's `_scored`)."""
-    logprobs = torch.log_softmax(rows.float(), dim=-1)
-    chosen = logprobs.gather(-1, torch.tensor(tokens, dtype=torch.long)[:, None])[:, 0]
-    top = torch.topk(logprobs, 2, dim=-1)
-    return Rollout(construction, list(tokens), chosen.tolist(), [tuple(ids) for ids in top.indices.tolist()],
-                   (top.values[:, 0] - top.values[:, 1]).tolist(), end)
 
 
 def _roles(runtime: Runtime, z: list[int], response: list[int], where: str) -> list[int]:
@@ -84,21 +74,14 @@ def _stepwise(runtime: Runtime, z: list[int], length: int, construction: str,
         _calls(context, calls, 1 + length, where)
         end = runtime.boundary_of(construction, context, z + tokens, logits, context.evaluated() - before, 1,
                                   roles=_roles(runtime, z, tokens, where))
-    return _scored(torch.stack(rows), tokens, construction, end)
+    return scored(torch.stack(rows), tokens, construction, end)
 
 
 def live(runtime: Runtime, z: list[int], length: int, seed: int | None, construction: str = "live") -> Rollout:
     """The live rollout: greedy (seed None; the first maximal id of the full vocabulary) or sampled at
     temperature 1, top-p 1 from softmax of the FP32 logits with a CPU generator seeded by `seed`
     (torch.multinomial), as engine/hf/rollout.py draws."""
-    generator = None if seed is None else torch.Generator(device="cpu").manual_seed(seed)
-
-    def choose(logits: torch.Tensor, step: int) -> int:
-        if generator is None:
-            return int(logits.argmax())
-        return int(torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=generator))
-
-    return _stepwise(runtime, z, length, construction, choose)
+    return _stepwise(runtime, z, length, construction, chooser(seed))
 
 
 def replay(runtime: Runtime, construction: str, z: list[int], response: list[int]) -> Rollout:
@@ -116,4 +99,4 @@ def replay(runtime: Runtime, construction: str, z: list[int], response: list[int
         prefill_steps = _calls(context, calls, 1, where)
         end = runtime.boundary_of(construction, context, z + response, rows[-1], context.evaluated() - before,
                                   prefill_steps, roles=_roles(runtime, z, response, where))
-    return _scored(rows[len(z) - 1:-1], response, construction, end)
+    return scored(rows[len(z) - 1:-1], response, construction, end)
