@@ -17,8 +17,9 @@ from test_report import LAYERS, comparison, typed, write_ledger_file
 
 from replaytests.cli import main
 from replaytests.outputs import compare as comparing
-from replaytests.outputs import ledger, report_html, sections, summary
+from replaytests.outputs import ledger, report_html, rollout_families, sections, summary
 from replaytests.outputs.mismatch import Scored, Thresholds, row_measures, run_measures
+from replaytests.outputs.records import Record
 from replaytests.outputs.report import build_report
 from replaytests.outputs.stats import sign_flip, smallest_p
 
@@ -348,3 +349,22 @@ def test_the_report_keeps_the_rollout_replicas_count_for_the_history():
     records[1]["comparisons"]["live~live_replica"]["suffix_equal"] = False
     found = build_report(typed(records), {})["families"]["rollout"]["precisions"]["bf16"]["replicas_exact"]
     assert (found["k"], found["n"]) == (2, 3), f"rows whose every replica pair is exact: {found}"
+
+
+# ---- cells against cells ----
+
+def test_each_cell_pair_is_compared_on_the_rows_both_cells_ran():
+    """kv-hqq4's recompute moved 50 times more than bf16's on the same rows: the paired test finds it, each cell's
+    mean is the mean of its rows' own k3; a row only one cell ran is not paired; a pair with no common row is
+    left out."""
+    records = run(6, scale=1e-3) + run(6, scale=5e-2, precision="kv-hqq4") + [rollout("row-x", 99, precision="bf16")]
+    paired = rollout_families.cell_pairs([Record.of(r) for r in records], [("kv-hqq4", "bf16"), ("fp16", "fp32")])
+    assert set(paired) == {"rollout"} and set(paired["rollout"]) == {"kv-hqq4 -> bf16"}, paired
+    found = paired["rollout"]["kv-hqq4 -> bf16"]
+    assert found["rows"] == 6
+    k3 = {cell: np.mean([r["comparisons"]["live~prefill"]["k3"] for r in records
+                         if r["precision"] == cell and r["row"] != "row-x"]) for cell in ("kv-hqq4", "bf16")}
+    assert found["k3"]["means"] == pytest.approx([k3["kv-hqq4"], k3["bf16"]], rel=1e-12)
+    assert found["k3"]["test"]["p"] <= 2 / 2**6 + 1e-12, found["k3"]["test"]  # every row moved the same way
+    same = rollout_families.cell_pairs([Record.of(r) for r in run(6) + run(6, precision="fp32")], [("fp32", "bf16")])
+    assert same["rollout"]["fp32 -> bf16"]["k3"]["test"]["p"] == 1.0, same  # equal rows: no difference at all

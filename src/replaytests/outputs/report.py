@@ -213,6 +213,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
         **({"serving": serving.premise(records)} if serving.FAMILY in by_family else {}),
         **({"rollouts": rollouts} if (rollouts := rollout_families.build(records, runtime(meta), cell_order(meta)))
            else {}),
+        **({"rollout_cell_pairs": paired} if (paired := rollout_families.cell_pairs(records, pairs)) else {}),
     }
 
 

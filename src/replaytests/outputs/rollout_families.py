@@ -126,3 +126,37 @@ def build(records: list[Record], runtime: str, order: Sequence[str] = ()) -> dic
              for family, by_cell in groups.items()}
     return {family: {cell: _cell(groups[family][cell], runtime) for cell in cells[family]}
             for family in ROLLOUT_FAMILIES if family in groups}
+
+
+
+def _k3(record: Record) -> float:
+    return record.comparisons[ROLLOUT_RECOMPUTE].k3
+
+
+def _abs_delta_mean(record: Record) -> float:
+    item = scored(record, ROLLOUT_RECOMPUTE)
+    return float(np.abs(item.delta()).mean())
+
+
+def cell_pairs(records: list[Record], pairs: Sequence[tuple[str, str]]) -> dict:
+    """family -> "A -> B" -> the trainer's recompute in cell A against cell B on the rows both ran (ok), paired by
+    row, as the crossing pairs its cells (a quantized cell's amplification over its native one): each cell's mean
+    of the per-row k3 and mean abs(delta logp), and a paired sign-flip test (stats.sign_flip) of the per-row
+    differences. A pair of cells with no row in common is left out (a comparison with nothing in common)."""
+    from replaytests.outputs import stats
+
+    by_key = {(r.family, r.precision, r.row): r for r in records if r.family in ROLLOUT_FAMILIES and r.ok
+              and ROLLOUT_RECOMPUTE in r.comparisons and r.comparisons[ROLLOUT_RECOMPUTE].logprob_tokens}
+    out: dict[str, dict] = {}
+    for family in ROLLOUT_FAMILIES:
+        for a, b in pairs:
+            rows = sorted(row for f, cell, row in by_key if f == family and cell == a and (family, b, row) in by_key)
+            if not rows:
+                continue
+            measured = {}
+            for name, read in (("k3", _k3), ("abs_delta_mean", _abs_delta_mean)):
+                x, y = ([read(by_key[family, cell, row]) for row in rows] for cell in (a, b))
+                measured[name] = {"means": [float(np.mean(x)), float(np.mean(y))],
+                                  "test": stats.sign_flip(x, y).to_json()}
+            out.setdefault(family, {})[f"{a} -> {b}"] = {"rows": len(rows), **measured}
+    return out

@@ -233,6 +233,8 @@ def _fidelity(report: dict) -> Section:
             shown, hidden = _rollout_tables(family, cell, found)
             tables += shown
             folded += hidden
+        if paired := (report.get("rollout_cell_pairs") or {}).get(family):
+            tables.append(_rollout_cell_pairs(family, paired))
     return Section(*LAYERS["fidelity"], tuple(tables), folded=tuple(folded))
 
 
@@ -319,6 +321,20 @@ def _rollout_tables(family: str, cell: str, found: dict) -> tuple[list[Table], l
              for pair, run in pairs.items() if run["abs_delta_max"] > 0}
     headline = [table for pair, table in worst.items() if pair == ROLLOUT_RECOMPUTE]
     return shown + headline, [table for pair, table in worst.items() if pair != ROLLOUT_RECOMPUTE]
+
+
+def _rollout_cell_pairs(family: str, paired: dict) -> Table:
+    """The trainer's recompute of each pair of cells, paired by row (outputs/rollout_families.cell_pairs)."""
+    def cell(measured: dict) -> str:
+        test = measured["test"]
+        return (f"{measured['means'][0]:.3g} vs {measured['means'][1]:.3g} (difference {test['diff']:.3g}, "
+                f"p {test['p']:.3g})")
+
+    rows = tuple((pair, str(m["rows"]), cell(m["k3"]), cell(m["abs_delta_mean"])) for pair, m in paired.items())
+    return Table(f"Rollout fidelity ({family}): the trainer's recompute, cell against cell (paired rows)",
+                 ("cells", "rows", "k3 per token, row means", "mean abs(delta logp), row means"), rows,
+                 "Per row, live~prefill in each cell of the contract's cell_pairs; difference = first - second; p: "
+                 "two-sided paired sign-flip permutation test over rows (exact up to 2^n <= 10,000 assignments).")
 
 
 # ---- layer 4: causal state sufficiency ----
