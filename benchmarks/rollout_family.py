@@ -44,7 +44,7 @@ def measure(args: argparse.Namespace, contract, cell: str) -> dict:
     runtime = Runtime.load(args.model, contract, cell)
     lines = [json.loads(line) for line in args.bank.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = spaced([BankRow(r["id"], r["tokens"], r["roles"], r.get("expected_answer")) for r in lines], args.rows)
-    settings = contract.rollout
+    settings = contract.rollout | ({"length": args.length} if args.length else {})
     seconds: dict[str, list[float]] = {name: [] for name in ("crossing", "rollout", "rollout_sampled", "recompute",
                                                               "bare")}
     for repeat in range(args.repeats):
@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--cells", default="bf16,fp32")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--length", type=int, default=None, help="rollout tokens. Default: the contract's")
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu-tiny-qwen2-rollout-family.json")
     args = parser.parse_args()
     contract = load_contract(args.contract)
@@ -105,7 +106,8 @@ def main() -> None:
 
     result = {"schema": "replaytests.benchmarks.rollout-family/1",
               "cells": {cell: measure(args, contract, cell) for cell in args.cells.split(",")},
-              "settings": {"rows": args.rows, "repeats": args.repeats, "length": contract.rollout["length"],
+              "settings": {"rows": args.rows, "repeats": args.repeats,
+                           "length": args.length or contract.rollout["length"],
                            "batch": contract.physical_batch, "model": str(args.model), "bank": str(args.bank),
                            "contract": str(args.contract)},
               "platform": f"{cpu_isa.platform_line()}, {contract.cpu_threads} thread(s)",

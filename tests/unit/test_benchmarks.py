@@ -143,7 +143,8 @@ def test_audit_extrapolation_scales_each_family_and_names_what_it_did_not_time(t
 def test_the_rollout_family_benchmark_runs_at_toy_sizes_and_writes_its_table(tmp_path):
     out = tmp_path / "family.json"
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "rollout_family.py"), "--rows", "1", "--repeats", "1",
-                           "--cells", "fp32", "--out", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
+                           "--cells", "fp32", "--length", "4", "--out", str(out)], capture_output=True, text=True,
+                          check=False, cwd=REPO)
     assert proc.returncode == 0, f"benchmarks/rollout_family.py failed:\n{proc.stderr[-3000:]}"
     result = json.loads(out.read_text(encoding="utf-8"))
     measured = result["cells"]["fp32"]

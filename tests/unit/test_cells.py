@@ -189,13 +189,16 @@ def test_a_run_over_five_cells_reports_compares_and_tracks_every_cell(repo, tmp_
     out = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
                            "replaytests.conformance", "--contract", str(repo / "contracts" / "cpu-tiny-cells.yaml"),
-                           "--precision", "all", "--rows", "0:2", "--report-dir", str(out), "-q", "-m", "not causal"],
+                           "--precision", "all", "--rows", "0:2", "--report-dir", str(out), "-q", "-m", "not causal",
+                           "-k", "not conversation"],
                           cwd=repo, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     run = json.loads((out / "latest" / "run.json").read_text(encoding="utf-8"))
     records = [json.loads(line) for line in (out / "latest" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]
     declared = {cell["name"]: cell for cell in run["cells"]}
     assert {r["precision"] for r in records} == set(declared), f"cells run: {sorted({r['precision'] for r in records})}"
+    rolled = {(r["family"], r["precision"]) for r in records if r["family"].startswith("rollout")}
+    assert rolled == {(f, cell) for f in ("rollout", "rollout_sampled") for cell in declared}, sorted(rolled)
     wrong = [(r["family"], r["row"], r["precision"]) for r in records
              if r["cell_digest"] != declared[r["precision"]]["digest"]]
     assert not wrong, f"records whose cell digest is not their cell's: {wrong}"
