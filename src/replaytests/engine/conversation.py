@@ -1,4 +1,4 @@
-"""A conversation's turns as the families see them (docs/protocol.md §17, "Conversations"): the state a
+"""A conversation's turns as the families see them (docs/protocol.md §16, "Conversations"): the state a
 construction reached at turn k, just before the assistant's first token, and the assistant turn decoded from it.
 
 Every token of a conversation takes the prompt's role, so attention is plain causal under either visibility

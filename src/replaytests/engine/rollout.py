@@ -1,4 +1,4 @@
-"""A rollout as the families see it (docs/protocol.md §17, "Rollouts"): the response a live decoder sampled
+"""A rollout as the families see it (docs/protocol.md §15, "Rollouts"): the response a live decoder sampled
 from a boundary, token by token, with each chosen token's log-probability, or a replay of the same tokens
 (the trainer's recompute, one prefill call; or teacher forcing on the live schedule, one token per call).
 

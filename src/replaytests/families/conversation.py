@@ -1,4 +1,4 @@
-"""Conversations: turn k of a cached chat, rebuilt the ways servers and clients rebuild it (docs/protocol.md §17).
+"""Conversations: turn k of a cached chat, rebuilt the ways servers and clients rebuild it (docs/protocol.md §16).
 
 Per bank row and cell, the conversation of the same id from the conversation bank beside the prefix bank
 (inputs/conversations.py): its fixed user turns, each rendered alone through the bank's chat template with the

@@ -1,4 +1,4 @@
-"""Rollout fidelity: the trainer's recompute of a rollout, token by token (docs/protocol.md §17).
+"""Rollout fidelity: the trainer's recompute of a rollout, token by token (docs/protocol.md §15).
 
 Per bank row and cell, from the boundary of the row's z: a live rollout of the contract's `rollout.length`
 tokens (z in one call, then one token per call; greedy here, sampled in `rollout_sampled`, with a per-row

@@ -151,7 +151,7 @@ SCHEMA = Section({
         "rollout": _pin(int, low=1, high=MAX_COUNT),  # null: every selected row
         "conversation": Value(int, default=12, low=1, high=MAX_COUNT),  # conversations run (each a bank row's)
     }, default={}),
-    # The rollout families (docs/protocol.md §17): how long a rollout is, the sampler's seed, and the
+    # The rollout families (docs/protocol.md §15): how long a rollout is, the sampler's seed, and the
     # thresholds a token's log-probability ratio r = p_replay / p_live and |delta logp| are measured against.
     "rollout": Section({
         "length": Value(int, default=32, low=1, high=MAX_COUNT),
@@ -159,7 +159,7 @@ SCHEMA = Section({
         "ratio_bounds": ListOf(Value(_NUMBER, low=0, high=MAX_COUNT), default=[0.5, 2.0]),
         "delta_threshold": Value(_NUMBER, default=0.05, low=0, high=MAX_COUNT),
     }, default={}),
-    # The conversation family (docs/protocol.md §17): the content tokens an assistant turn may hold (its
+    # The conversation family (docs/protocol.md §16): the content tokens an assistant turn may hold (its
     # conversation bank's manifest must record the same cap: the session reproduces the bank under it).
     "conversation": Section({
         "cap": Value(int, default=12, low=1, high=MAX_COUNT),

@@ -1,4 +1,4 @@
-"""Conversation banks (docs/protocol.md §17): multi-turn chats frozen with a manifest, as prefix banks are.
+"""Conversation banks (docs/protocol.md §16): multi-turn chats frozen with a manifest, as prefix banks are.
 
 One JSON object per line: an id, the chat template it was generated under (`template`, a path relative to
 the bank, whose sha256 the manifest records) and its turns. Each turn holds a fixed user message, the answer
