@@ -86,16 +86,18 @@ class Backend(Protocol):
         """`incremental` or `prefill` (or a `*_replica`) over z + response: the response's log-probabilities
         as that replay computes them."""
 
-    def session(self, users: list[list[int]], cap: int, construction: str = "session") -> list[TurnState]:
-        """A conversation's session (engine/conversation.py): each user turn appended in one call, each
-        assistant turn decoded live on the same cache; `session_replica` names a second one."""
+    def session(self, users: list[list[int]], cap: int, closer: int,
+                construction: str = "session") -> list[TurnState]:
+        """A conversation's session (engine/conversation.py): each user turn's segment appended in one call,
+        each assistant turn decoded live on the same cache up to the closer (the template's end-of-turn token,
+        chosen or forced after `cap` content tokens); `session_replica` names a second one."""
 
-    def replayed(self, construction: str, histories: list[list[int]], cap: int) -> list[TurnState]:
+    def replayed(self, construction: str, histories: list[list[int]], cap: int, closer: int) -> list[TurnState]:
         """`replay`, `rerendered` (one call over each turn's history) or `incremental` (one token per call),
         or a `*_replica`: each turn's state and the assistant turn decoded from it."""
 
-    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> list[int]:
-        """Chat messages through a chat template, tokenized (what a server does with a client's text)."""
+    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> str:
+        """Chat messages through a chat template, as text (what a server tokenizes for a client)."""
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
                    parts: Sequence[str] = ("k", "v")) -> Boundary:

@@ -21,12 +21,12 @@ from pathlib import Path
 from replaytests.engine.backend import Backend
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.conversation import TurnState
+from replaytests.engine.conversation import TurnState, end_of_turn, user_segments
 from replaytests.errors import BankError, FailClosed
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
-from replaytests.inputs.conversations import Conversation, read_conversations, template_path
+from replaytests.inputs.conversations import Conversation, read_conversations, read_template
 from replaytests.outputs.records import Record, title
 
 FAMILY = FAMILIES["conversation"]
@@ -35,16 +35,21 @@ FAMILY = FAMILIES["conversation"]
 @functools.cache
 def _bank(path: Path, vocab_size: int, cap: int) -> dict[str, tuple[Conversation, str]]:
     """Each conversation by id, with its chat template's text (read once per process)."""
-    out = {}
-    for conversation in read_conversations(path, vocab_size, cap):
-        template = template_path(path, conversation)
+    return {c.id: (c, read_template(path, c)) for c in read_conversations(path, vocab_size, cap)}
+
+
+def chat(runtime: Backend, template: str, users: list[str], where: str) -> tuple[int, list[list[int]]]:
+    """The template's end-of-turn token (each assistant turn's closer) and each user turn's segment as a
+    token-in session appends it, tokenized (engine/conversation.py). A template that fails to render, or
+    writes no single end-of-turn token, is a BankError naming `where`."""
+    def render(messages: list[dict], generation_prompt: bool) -> str:
         try:
-            text = template.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise BankError(f"{path} (conversation {conversation.id}): field 'template' {template}: "
-                            f"{exc.strerror or exc}") from None
-        out[conversation.id] = (conversation, text)
-    return out
+            return runtime.render(template, messages, generation_prompt)
+        except Exception as exc:  # jinja2's errors, and whatever a template's own raise_exception raises
+            raise BankError(f"{where}: the chat template fails to render: {type(exc).__name__}: {exc}") from None
+
+    closer = end_of_turn(render, runtime.encode, runtime.decode, where)
+    return closer, [runtime.encode(text) for text in user_segments(render, runtime.decode([closer]), users, where)]
 
 
 def messages(conversation: Conversation, answers: list[str], turn: int) -> list[dict]:
@@ -152,16 +157,18 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
         conversation, template = _bank(settings["bank"], len(runtime.grammar.content), cap)[row.id]
     except KeyError:
         return excluded(base, BankError(f"{settings['bank']}: no conversation {row.id!r}"))
+    closer, users = chat(runtime, template, [t.user for t in conversation.turns],
+                         f"{settings['bank']}:{conversation.line} (conversation {conversation.id}): field 'template'")
     try:
-        users = [runtime.render(template, [{"role": "user", "content": t.user}], True) for t in conversation.turns]
-        sessions = {arm: runtime.session(users, cap, arm) for arm in ("session", "session_replica")}
+        sessions = {arm: runtime.session(users, cap, closer, arm) for arm in ("session", "session_replica")}
         answers = [s.answer.tokens for s in sessions["session"]]
         texts = [s.answer.answer for s in sessions["session"]]
         histories = [s.boundary.tokens for s in sessions["session"]]
-        rendered = [runtime.render(template, messages(conversation, texts, k), True)
+        rendered = [runtime.encode(runtime.render(template, messages(conversation, texts, k), True))
                     for k in range(1, len(users) + 1)]
         states = {**sessions, **{arm: runtime.replayed(arm, rendered if arm.startswith("rerendered") else histories,
-                                                       cap) for arm in FAMILY.arms if not arm.startswith("session")}}
+                                                       cap, closer)
+                                 for arm in FAMILY.arms if not arm.startswith("session")}}
         for k in range(len(users)):
             same = [states[arm][k].boundary for arm in FAMILY.arms if not arm.startswith("rerendered")]
             check_same_state(same, f"{where} turn {k + 1}")

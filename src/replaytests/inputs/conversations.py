@@ -10,7 +10,7 @@ begins with (its first user turn is that row's problem), so a family run on bank
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from replaytests.errors import BankError
@@ -35,6 +35,7 @@ class Conversation:
     id: str
     template: str  # the chat template's path, relative to the bank
     turns: tuple[Turn, ...]
+    line: int = field(default=0, compare=False)  # its line in the bank (0: not read from one)
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "id": self.id, "template": self.template,
@@ -91,7 +92,7 @@ def read_conversations(path: Path, vocab_size: int, cap: int, min_turns: int = 1
         if conversation_id in seen:
             raise BankError(f"{where}: duplicate conversation id {conversation_id!r}")
         seen.add(conversation_id)
-        out.append(Conversation(conversation_id, _field(obj, "template", str, where), parsed))
+        out.append(Conversation(conversation_id, _field(obj, "template", str, where), parsed, number))
     if not out:
         raise BankError(f"{path}: no conversations")
     return out
@@ -99,6 +100,24 @@ def read_conversations(path: Path, vocab_size: int, cap: int, min_turns: int = 1
 
 def template_path(bank: Path, conversation: Conversation) -> Path:
     return (bank.parent / conversation.template).resolve()
+
+
+def read_template(bank: Path, conversation: Conversation) -> str:
+    """A conversation's chat template, read and parsed as Jinja (a syntax error is one line naming the bank's
+    line and the template's)."""
+    import jinja2
+
+    where = f"{bank}:{conversation.line} (conversation {conversation.id}): field 'template'"
+    path = template_path(bank, conversation)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BankError(f"{where} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise BankError(f"{where} {path}:{exc.lineno}: not a Jinja template: {exc.message}") from None
+    return text
 
 
 def write_conversations(path: Path, conversations: list[Conversation], manifest: dict) -> None:

@@ -21,17 +21,15 @@ from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf.constructions import _checked
 from replaytests.engine.hf.decoder import DecodeState
 from replaytests.engine.hf.forward import Step
-from replaytests.inputs.blocks import ANSWER, PROMPT
+from replaytests.inputs.blocks import PROMPT
 
 ROLE = PROMPT  # every conversation token: plain causal attention (engine/conversation.py)
 
 
-def render(runtime: Step, template: str, messages: list[dict], generation_prompt: bool) -> list[int]:
-    """The messages through the chat template, as text, then tokenized (what a server does with a client's
-    messages)."""
-    text = runtime.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+def render(runtime: Step, template: str, messages: list[dict], generation_prompt: bool) -> str:
+    """The messages through the chat template, as text (what a server tokenizes for a client's messages)."""
+    return runtime.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
                                                  add_generation_prompt=generation_prompt)
-    return runtime.tokenizer.encode(text, add_special_tokens=False)
 
 
 def _snapshot(runtime: Step, state: DecodeState, construction: str, turn: int) -> Boundary:
@@ -42,12 +40,11 @@ def _snapshot(runtime: Step, state: DecodeState, construction: str, turn: int) -
     return _checked(dataclasses.replace(boundary, construction=f"{construction} turn {turn}"))
 
 
-def _decode(runtime: Step, state: DecodeState, cap: int, where: str) -> Suffix:
-    """The assistant turn from the state's logits, decoded on its cache: greedy under the answer block's mask,
-    each content token fed, the closer chosen (or forced at the cap) and not fed."""
-    grammar = runtime.grammar
-    closer = grammar.delims.closers[ANSWER]
-    content = grammar.content.to(state.logits.device)
+def _decode(runtime: Step, state: DecodeState, cap: int, closer: int, where: str) -> Suffix:
+    """The assistant turn from the state's logits, decoded on its cache: greedy over the content tokens and the
+    closer (the template's end-of-turn token), each content token fed, the closer chosen (or forced at the
+    cap) and not fed."""
+    content = runtime.grammar.content.to(state.logits.device)
     closer_only = torch.zeros_like(content)
     closer_only[closer] = True
     either = content | closer_only
@@ -68,13 +65,14 @@ def _decode(runtime: Step, state: DecodeState, cap: int, where: str) -> Suffix:
     return Suffix(tokens, margins, runtime.tokenizer.decode(tokens[:-1]), top1)
 
 
-def _decoded_from(runtime: Step, boundary: Boundary, cap: int, capacity: int) -> Suffix:
+def _decoded_from(runtime: Step, boundary: Boundary, cap: int, closer: int, capacity: int) -> Suffix:
     state = DecodeState(runtime, list(boundary.tokens), list(boundary.roles), None,
                         hf_adapter.clone_cache(runtime.model, boundary.cache), boundary.logits, capacity)
-    return _decode(runtime, state, cap, boundary.construction)
+    return _decode(runtime, state, cap, closer, boundary.construction)
 
 
-def session(runtime: Step, users: list[list[int]], cap: int, construction: str = "session") -> list[TurnState]:
+def session(runtime: Step, users: list[list[int]], cap: int, closer: int,
+            construction: str = "session") -> list[TurnState]:
     """The session: each user turn (with the generation prompt) appended in one call, the assistant turn
     decoded live on the same cache."""
     state = DecodeState(runtime, [], [], None, runtime.new_cache(), None,
@@ -85,13 +83,14 @@ def session(runtime: Step, users: list[list[int]], cap: int, construction: str =
             state.append(token, ROLE)
         state.feed(len(pending) + len(user), f"{construction} turn {turn} user call")
         boundary = _snapshot(runtime, state, construction, turn)
-        answer = _decode(runtime, state, cap, f"{construction} turn {turn}")
+        answer = _decode(runtime, state, cap, closer, f"{construction} turn {turn}")
         turns.append(TurnState(construction, turn, boundary, answer))
         pending = answer.tokens[-1:]  # the closer: processed with the next user turn
     return turns
 
 
-def replayed(runtime: Step, construction: str, histories: list[list[int]], cap: int) -> list[TurnState]:
+def replayed(runtime: Step, construction: str, histories: list[list[int]], cap: int,
+             closer: int) -> list[TurnState]:
     """`replay` or `rerendered` (one call over each turn's history) or `incremental` (one token per call over
     the last history, each turn's state taken where its history ends: the histories are prefixes of it)."""
     base, capacity = construction.removesuffix("_replica"), max(map(len, histories)) + cap + 1
@@ -112,5 +111,5 @@ def replayed(runtime: Step, construction: str, histories: list[list[int]], cap: 
             if position + 1 in ends:
                 boundaries.append(_snapshot(runtime, state, construction, ends[position + 1]))
     return [TurnState(construction, turn, dataclasses.replace(b, construction=construction),
-                      _decoded_from(runtime, b, cap, capacity))
+                      _decoded_from(runtime, b, cap, closer, capacity))
             for turn, b in enumerate(boundaries, start=1)]

@@ -90,13 +90,14 @@ class Runtime(Step):
     def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
         return rollout.replay(self, construction, z, response)
 
-    def session(self, users: list[list[int]], cap: int, construction: str = "session") -> list[TurnState]:
-        return conversation.session(self, users, cap, construction)
+    def session(self, users: list[list[int]], cap: int, closer: int,
+                construction: str = "session") -> list[TurnState]:
+        return conversation.session(self, users, cap, closer, construction)
 
-    def replayed(self, construction: str, histories: list[list[int]], cap: int) -> list[TurnState]:
-        return conversation.replayed(self, construction, histories, cap)
+    def replayed(self, construction: str, histories: list[list[int]], cap: int, closer: int) -> list[TurnState]:
+        return conversation.replayed(self, construction, histories, cap, closer)
 
-    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> list[int]:
+    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> str:
         return conversation.render(self, template, messages, generation_prompt)
 
     def transplant(self, recipient: Boundary, donor: Boundary, layers: Sequence[int] | None = None,
