@@ -206,10 +206,10 @@ def interval_plot(caption: str, rows: list[tuple[tuple[str, ...], list[tuple[int
 
 
 def time_plot(caption: str, runs: list[str], series: dict[str, list[dict | None]],
-              names: list[str] | None = None) -> str:
-    """Proportions over runs in order: a line and markers per measure, its Wilson interval as a band;
-    x ticks name the runs by `runs` (as many as fit without overlapping), tooltips by `names` (default:
-    the same)."""
+              names: list[str] | None = None, x_title: str = "run", y_title: str = "rows") -> str:
+    """Proportions over runs in order (or any ordered steps, named by `x_title`): a line and markers per measure,
+    its Wilson interval as a band, on a y axis of `y_title`; x ticks name the runs by `runs` (as many as fit without
+    overlapping), tooltips by `names` (default: the same)."""
     names_ = names or runs
     frame = Frame(left=54, top=12, plot_height=170)
     measures = list(series)
@@ -233,8 +233,8 @@ def time_plot(caption: str, runs: list[str], series: dict[str, list[dict | None]
                  for i, p in points]
     room = max(1, int((frame.right - frame.left) / (CHAR * max(map(len, runs)) + 16)) - 1)
     shown = ticks(0, len(runs) - 1, room) if len(runs) > 1 else [0]
-    axes = frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)], [(x(i), runs[i]) for i in shown], "run",
-                      "rows")
+    axes = frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)], [(x(i), runs[i]) for i in shown], x_title,
+                      y_title)
     return figure(svg(caption, WIDTH, frame.height + key_height + 4, axes + "".join(body) + key), caption)
 
 

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import (
+    CONVERSATION,
     ROLLOUT_CONTROL,
     ROLLOUT_FAMILIES,
     ROLLOUT_RECOMPUTE,
@@ -13,12 +14,17 @@ from replaytests.inputs.gates import (
     replica_pairs,
     unmeasured,
 )
-from replaytests.outputs import causal, rollout_families, rollout_report, verdict
+from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, verdict
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
 from replaytests.outputs.tables import markdown as md_table
 
+# each family's headline pairs, as the notes under the table name them (a conversation's: at every turn)
+HEADLINE_PAIRS = "; ".join(f"{name}: {' and '.join(f.headline)}" + (", at every turn" if name == CONVERSATION else "")
+                           for name, f in FAMILIES.items())
+HEADLINE_NOTE = (f"Cache and divergence columns compare each family's headline arms ({HEADLINE_PAIRS}); each count "
+                 "is k/n over the rows that passed every fail-closed check.")
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
 METRICS = ("cache_exact", "logits_exact", "k_rel_l2", "v_rel_l2", "logits_max_abs", "suffix_equal",
@@ -36,14 +42,14 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     if known is None:  # a family this version does not know: counts only
         return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
-    def every(field: str, pairs: tuple[str, ...]):
-        return lambda r: all(getattr(r.comparisons[p], field) for p in pairs)
+    def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn
+        return lambda r: all(getattr(c, field) for p in pairs for c in conversation_report.comparisons(r, p))
 
     def some_not(field: str):
         return lambda r: not every(field, known.headline)(r)
 
     replicas = "-" if not known.replicas else _count(ok, replicas_hold) if replicas_recorded(ok) else NO_REPLICAS
-    measured = not any(unmeasured(r.comparisons[p]) for r in ok for p in known.headline)
+    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in conversation_report.comparisons(r, p))
     # a rollout's replays are given the live tokens: no suffix of theirs can diverge (the rollout table says
     # what does, their log-probabilities)
     divergences = (["-"] * 3 if family in ROLLOUT_FAMILIES else
@@ -159,9 +165,7 @@ def markdown(records: list[Record], header: dict[str, str], audits: list[dict] =
     lines += [f"- **{name}**: {md_cell(str(value))}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in table_rows(records)]
-    headline = "; ".join(f"{name}: {' and '.join(f.headline)}" for name, f in FAMILIES.items())
-    lines += ["", f"Cache and divergence columns compare each family's headline arms ({headline}); "
-              "each count is k/n over the rows that passed every fail-closed check.", ""]
+    lines += ["", HEADLINE_NOTE, ""]
     lines += rollout_lines(records)
     if audits:
         lines += [audit_line(audits), ""]
