@@ -133,7 +133,8 @@ def test_the_tiny_template_closes_a_turn_with_the_answer_closer_and_segments_eac
         f"segments {segments}"
 
 
-@pytest.mark.parametrize(("bank", "cap"), [pytest.param("tiny", 12, id="tiny"), pytest.param("smollm2", 24, id="smollm2")])
+@pytest.mark.parametrize(("bank", "cap"), [pytest.param("tiny", 12, id="tiny"),
+                                          pytest.param("smollm2", 24, id="smollm2")])
 def test_a_committed_bank_holds_48_three_turn_conversations_within_its_cap_reaching_512_tokens(bank, cap):
     path = path_for(REPO / "fixtures" / "banks" / f"{bank}.jsonl")
     conversations = read_conversations(path, 50_000, cap, min_turns=3)
@@ -145,7 +146,7 @@ def test_a_committed_bank_holds_48_three_turn_conversations_within_its_cap_reach
 
     correct = [sum(bool(graded(c.turns[k].assistant, c.turns[k].expected_answer)) for c in conversations)
                for k in range(3)]
-    assert correct == manifest["correct_per_turn"], f"graded {correct}, the manifest says {manifest['correct_per_turn']}"
+    assert correct == manifest["correct_per_turn"], f"graded {correct}, manifest {manifest['correct_per_turn']}"
 
 
 def test_one_row_end_to_end_on_the_tiny_model(fp32_runtime, bank_rows):

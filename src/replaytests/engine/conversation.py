@@ -87,9 +87,9 @@ def user_segments(render: Render, closer_text: str, users: list[str], where: str
     return out
 
 
-NUMBER_WORDS = {word: str(n) for n, word in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
-    "eighteen nineteen twenty".split())}
+NUMBER_WORDS = {word: str(n) for n, word in enumerate((
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"))}
 _WORDS = re.compile(r"-?\d+|[^\W\d_]+")
 
 
