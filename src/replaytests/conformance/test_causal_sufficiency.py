@@ -94,14 +94,18 @@ def test_conversation_transplant_recipient_follows_donor(record, replay, causal_
     judge(replay.contract.gates.conversation_transplant_row(result, role))
 
 
-def test_conversation_transplant_has_something_to_transplant(replay, causal_cell):
-    """A panel without a testable divergent row checked nothing: "nothing to transplant", recorded, never a pass."""
+def test_conversation_transplant_has_something_to_transplant(record, replay, causal_cell):
+    """A panel without a testable divergent row checked nothing: "nothing to transplant", recorded, never a pass;
+    with one, its divergent rows in this shard are transplanted (their validity controls held)."""
     if reason := replay.unavailable("conversation_transplant"):
         pytest.skip(reason)
     if not replay.contract.cell(causal_cell).kv_cache.native:
         pytest.skip(f"{causal_cell}: a position splice of a quantized K/V cache is not defined")
     panel = replay.conversation_transplant_panel(causal_cell)
-    divergent = [row for row, role in panel.rows if role == "divergent"]
+    divergent = {row for row, role in panel.rows if role == "divergent"}
+    for row in replay.plan.family_rows("conversation_transplant"):
+        if row.id in divergent:
+            ok(record("conversation_transplant", row, causal_cell))
     candidates = min(replay.plan.panel_size("conversation"), len(replay.rows))
     judge(replay.contract.gates.conversation_transplant_panel(causal_cell, len(divergent), panel.not_testable,
                                                               candidates))
