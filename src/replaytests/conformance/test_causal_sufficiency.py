@@ -7,7 +7,10 @@ on each divergent row whose first suffix tokens agree, the prefill recipient giv
 donor's K/V must follow the donor's suffix, and the other way round; on exact controls a transplant
 must never produce a third trajectory (gates.transplant, per row and over the family). Replication
 asks the same of a later checkpoint on an outcome-blind panel. K-only, V-only and layer-range
-transplants are recorded in the ledger and report; they are findings, not gates.
+transplants are recorded in the ledger and report; they are findings, not gates. The conversation transplant
+asks it across turns, on rows drawn from the conversation records: at a turn where session and replay diverge, each
+given the other's K/V over turns 1..j (by position), under the transplant's gates; the earliest carrying turn is a
+finding, and a panel with nothing to transplant is recorded, never passed.
 """
 
 import pytest
