@@ -325,6 +325,42 @@ class Gates:
                              "transplant.controls_third_trajectory")
         return PASS
 
+    def conversation_transplant_row(self, record: Record, role: str) -> Judgement:
+        """One conversation transplant row (layer 4), under the transplant's gates: a divergent row's recipient
+        given the donor's whole turn-k K/V follows the donor in each direction (transplant.donor_recovery); a
+        control's splices, at every turn j, never take a third trajectory (transplant.controls_third_trajectory).
+        The earliest turn whose K/V carries the divergence is a finding, in the record."""
+        splice = record.turn_splice
+        if role == "divergent":
+            missed = {name: t.outcome for name, t in record.transplants.items() if t.outcome != FOLLOWS}
+            if missed:
+                return _required(self.donor_recovery >= 1, f"{record.title}: turn {splice.turn}: given the donor's "
+                                                            f"whole turn-{splice.turn} K/V the recipient did not "
+                                                            f"follow it: {missed}", "transplant.donor_recovery")
+            return PASS
+        third = [f"{name} over turns 1..{step.turn}" for name, curve in splice.curves.items() for step in curve
+                 if step.outcome == THIRD]
+        if third:
+            return _required(self.controls_third_trajectory == 0, f"{record.title}: turn {splice.turn}: a splice "
+                                                                 f"between agreeing constructions produced a third "
+                                                                 f"trajectory: {', '.join(third)}",
+                             "transplant.controls_third_trajectory")
+        return PASS
+
+    @staticmethod
+    def conversation_transplant_panel(cell: str, divergent: int, not_testable: list[tuple[str, str]],
+                                      candidates: int) -> Judgement:
+        """The premise of the conversation transplant: a divergent row to transplant. A panel with none (no
+        session~replay divergence among the candidate conversations, or none whose first tokens agree) checked
+        nothing: recorded as "nothing to transplant", never a pass."""
+        if divergent:
+            return PASS
+        why = (f"{len(not_testable)} divergent, none testable: " + "; ".join(f"{row}: {reason}"
+                                                                            for row, reason in not_testable)
+               if not_testable else "no session~replay divergence at any turn")
+        return Judgement("recorded", f"conversation transplant ({cell}): nothing to transplant: {why} among the "
+                                     f"{candidates} conversation(s) of the panel")
+
     def transplant_family(self, follows: dict[str, tuple[int, int]],
                           thirds: dict[str, tuple[int, int]]) -> list[Judgement]:
         """Per direction: the share of divergent rows whose recipient follows its donor (k, n) against
