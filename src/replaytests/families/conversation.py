@@ -11,6 +11,9 @@ generation prompt. At each turn k, four constructions (engine/conversation.py) a
   position and why, and its cache is compared over the tokens both histories share;
 - incremental: the token history one token per call.
 From each state the same greedy decoder writes the assistant turn k (an arm's suffix), compared pair by pair.
+On a serving engine (vLLM) each arm also records the engine's counters for its request (`served`), and each turn
+k >= 2 the session's prefix-cache hit (`prefix_hit`): a session's only where it reached into a block written
+while turn k-1 decoded (`covers_decode`), else vacuous (docs/vllm.md, "Conversations").
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.conversation import TurnState, end_of_turn, graded, user_segments
 from replaytests.errors import BankError, FailClosed
 from replaytests.families.registry import FAMILIES
+from replaytests.families.serving import SERVED, prefix_hit
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.conversations import Conversation, read_conversations, read_template
@@ -140,11 +144,20 @@ def _turn_record(k: int, states: dict[str, TurnState], conversation: Conversatio
         boundaries = {arm: _shared(b, shared) for arm, b in boundaries.items()}
     suffixes = {arm: s.answer for arm, s in states.items()}
     arms = {arm: arm_record(states[arm].boundary, s, expected) | {"correct": graded(s.answer, expected)}
-            for arm, s in suffixes.items()}
+            | _served(states[arm]) for arm, s in suffixes.items()}
     return {"turn": k, "history_len": len(states["session"].boundary.tokens), "expected_answer": expected,
             "session_matches_bank": tuple(states["session"].answer.tokens) == conversation.turns[k - 1].assistant_ids,
             "arms": arms, "comparisons": compare_arms(FAMILY.pairs, boundaries, suffixes, arms),
-            "rerendered": rerendered}
+            "rerendered": rerendered,
+            **({"prefix_hit": prefix_hit(arms["session"]["served"])} if k > 1 and "served" in arms["session"] else {})}
+
+
+def _served(state: TurnState) -> dict:
+    """A serving engine's own counters for the turn's request (vLLM's, as families/serving.py records them);
+    nothing for a backend that keeps none."""
+    served = state.boundary.state
+    return {"served": {name: getattr(served, name) for name in SERVED}} if all(
+        hasattr(served, name) for name in SERVED) else {}
 
 
 def run(runtime: Backend, row: BankRow, settings: dict) -> Record:

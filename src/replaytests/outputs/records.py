@@ -341,6 +341,9 @@ class ConversationTurn(Part):
     arms: Mapping[str, Arm]
     comparisons: Mapping[str, Comparison]
     rerendered: Rerendered
+    # a serving engine's (vLLM): the session's prefix-cache hit at turn k >= 2, and whether it read a block written
+    # while turn k-1 decoded (families/conversation.py)
+    prefix_hit: PrefixHit | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
