@@ -228,19 +228,25 @@ class Gates:
         """A headline pair at every turn after the first: divergent assistant turns are recorded where the
         contract allows the crossing to diverge at this cell, a failure where it does not. A re-rendered history
         that shares no token past the first user turn's with the generated one has nothing to compare: vacuous,
-        recorded as such, never a pass."""
+        recorded as such, never a pass. So is a session turn whose cache, by the runtime's own count, supplied none
+        of the tokens the session decoded (`session_reuse`): its history was evaluated again."""
         later = record.turns[1:]
         if not later:
             return Judgement("recorded", f"{record.title}: one turn only: nothing after the first turn to compare")
         other_ids = [t for t in later if "rerendered" in pair and not t.rerendered.ids_equal]
         vacuous = [t.turn for t in other_ids if t.rerendered.turn == 1]
+        evaluated = {t.turn: reuse for t in later for arm, reuse in (t.session_reuse or {}).items()
+                     if arm in pair.split("~") and reuse.covers_decode is False}
         diverged = [f"turn {t.turn} at token {t.comparisons[pair].first_divergence}" for t in later
-                    if not t.comparisons[pair].suffix_equal and t not in other_ids]
+                    if not t.comparisons[pair].suffix_equal and t not in other_ids and t.turn not in evaluated]
         notes = [f"{pair} at turn {t.turn} reads other ids from token {t.rerendered.first_difference} on (turn "
                  f"{t.rerendered.turn} {t.rerendered.segment}: {t.rerendered.reason}): its assistant turn "
                  f"{'equal' if t.comparisons[pair].suffix_equal else 'differs'}, not judged" for t in other_ids]
         if vacuous:
             notes.append(f"{pair} vacuous at turns {vacuous}: the histories share no assistant token")
+        notes += [f"{pair} at turn {turn}: a vacuous session: its cache supplied {reuse.cached_tokens} tokens of its "
+                  f"history by the runtime's count, none it decoded (from token {reuse.decoded_from}): the history "
+                  "was evaluated again, not judged" for turn, reuse in evaluated.items()]
         if diverged:
             detail = f"{record.title}: {pair} assistant turns diverge ({', '.join(diverged)})"
             if not self.suffix_divergence_allowed["crossing"][record.precision]:

@@ -330,6 +330,18 @@ class Rerendered(Part):
 
 
 @dataclass(frozen=True)
+class SessionReuse(Part):
+    """A conversation session's turn as the runtime counted it (families/conversation.py `session_reuse`): the
+    history's tokens its cache supplied, not evaluated, and where the tokens the session decoded in the latest
+    earlier assistant turn lie; `covers_decode` false: the history was evaluated again (a vacuous session)."""
+
+    cached_tokens: int
+    decoded_from: int | None  # None at turn 1 (nothing decoded yet)
+    decoded_end: int | None
+    covers_decode: bool | None
+
+
+@dataclass(frozen=True)
 class ConversationTurn(Part):
     """One turn k of a conversation: every construction's state before the assistant's first token, the
     assistant turn decoded from it (an arm's suffix), and the pairs compared."""
@@ -341,6 +353,8 @@ class ConversationTurn(Part):
     arms: Mapping[str, Arm]
     comparisons: Mapping[str, Comparison]
     rerendered: Rerendered
+    # per session arm, where the runtime counts what its cache supplied (llama.cpp's perf counters)
+    session_reuse: Mapping[str, SessionReuse] | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
