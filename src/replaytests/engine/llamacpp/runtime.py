@@ -30,7 +30,8 @@ import torch
 from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
-from replaytests.engine.llamacpp import rollout
+from replaytests.engine.conversation import TurnState
+from replaytests.engine.llamacpp import conversation, rollout
 from replaytests.engine.llamacpp.context import (
     INSTALL,
     Context,
@@ -98,7 +99,8 @@ class Runtime:
     name: ClassVar[str] = "llamacpp"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy",
-                                                        "prefix_cache", "chunked_prefill", "rollout_logprobs"})
+                                                        "prefix_cache", "chunked_prefill", "rollout_logprobs",
+                                                        "conversation"})
 
     def __init__(self, model: Model, contract: Contract, precision: str) -> None:
         self.model, self.contract, self.precision = model, contract, precision
@@ -272,6 +274,16 @@ class Runtime:
     def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
         return rollout.replay(self, construction, z, response)
 
+    def session(self, users: list[list[int]], cap: int, closer: int,
+                construction: str = "session") -> list[TurnState]:
+        return conversation.session(self, users, cap, closer, construction)
+
+    def replayed(self, construction: str, histories: list[list[int]], cap: int, closer: int) -> list[TurnState]:
+        return conversation.replayed(self, construction, histories, cap, closer)
+
+    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> str:
+        return conversation.render(self, template, messages, generation_prompt)
+
     def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
         with self.arm_context(construction) as context:
             before = context.evaluated()
@@ -318,6 +330,9 @@ class Runtime:
 
     def encode(self, text: str) -> list[int]:
         return self.model.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.model.decode(ids)
 
     def probe(self, tokens: list[int]) -> torch.Tensor:
         """The last position's logits of one call over `tokens`, in the runtime's own context."""
