@@ -77,6 +77,12 @@ def records(runtime, rows, settings):
     return [family.run(runtime, row, settings) for row in rows]
 
 
+def test_the_causal_banks_conversations_are_the_tiny_banks():
+    """tiny-causal.jsonl holds tiny.jsonl's problems under the same ids, and a conversation's tokens all take the
+    prompt's role: the conversations beside it are the same file, which drifts from the other only by mistake."""
+    assert path_for(BANK).read_bytes() == path_for(BANK.with_name("tiny.jsonl")).read_bytes()
+
+
 def test_the_chat_template_renders_as_transformers_renders_it(runtime, rows, settings):
     """llama-cpp-python's own chat formatter (what its server renders a GGUF's template with) gives the text
     transformers' apply_chat_template gives, for every prefix of the conversation, with and without the

@@ -8,7 +8,8 @@ Its constructions, each on seq 0 of a llama.cpp context:
 - prefix_hit: the live request, then the same prefix on the cache it left, as llama.cpp's server reuses a
   prompt (`cache_prompt`): every position but the last kept, the last re-evaluated for its logits. The
   reuse is proven by llama.cpp's own count of the tokens it evaluated (`Served.evaluated`);
-- `*_replica`: the same construction in a fresh context.
+- `*_replica`: the same construction in a fresh context;
+- a conversation's session, replays and rendering (engine/llamacpp/conversation.py).
 
 A boundary keeps the sequence state llama.cpp serializes (its K/V cells and positions), read as K/V
 tensors (engine/llamacpp/state.py); the shared suffix decoder loads it into a context and continues
