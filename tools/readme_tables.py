@@ -17,6 +17,12 @@
   check` reports (a vLLM or llama.cpp rollout recomputed on transformers): tokens bitwise equal, mean
   abs(delta logp) and the k3 estimate of KL per token with intervals over rows, tokens outside the ratio
   bounds, rows with a token past the abs(delta logp) threshold (README, "Rollouts").
+- `conversations`: the conversation family per model, runtime, cell and turn index (outputs/conversation_report.py):
+  the assistant turns, answers and correctness labels that differ for session~replay (a server's cached turn
+  against the same turn sent again) and session~rerendered (what a client sending text gets), the re-rendered
+  histories whose ids differ from the generated ones with why, and the first turn against the last, paired
+  (README, "Conversations", once the baselines hold conversation records: `python tools/readme_tables.py
+  conversations [RUN_DIR ...]` prints it for any runs).
 - `behaviour`: the crossing's behavioural rows (answers and correctness labels differ, accuracy per arm,
   the paired accuracy difference with McNemar) for the tiny model, SmolLM2 and SmolLM2 with the protocol
   adapter, beside the paper's Table 4 (README, "A checkpoint that answers").
@@ -339,8 +345,66 @@ def rollouts_table() -> str:
     return _markdown(rows)
 
 
+# label: committed run directories holding conversation records (a run without them adds no line)
+CONVERSATION_RUNS = {"tiny": ("cpu-tiny-cells",), "SmolLM2-135M-Instruct": ("cpu-smollm2",)}
+CONVERSATION_HEADER = ["model", "runtime", "cell", "turn", "conversations",
+                       *(f"{pair}: {label}" for pair in ("session~replay", "session~rerendered")
+                         for label in ("assistant turns differ", "answers differ", "correctness flips")),
+                       "re-rendered ids differ (why)"]
+
+
+def _accumulated(found: dict) -> str:
+    """The accumulation test of one pair (outputs/conversation_report.accumulation) in a cell."""
+    if not found["rows"]:
+        return "-"
+    m = found["mcnemar"]
+    return f"last only {m['b']}, first only {m['c']}, p = {m['p']:.3g}" + (" (too few)" if found["note"] else "")
+
+
+def _conversation_rows(model: str, runtime: str, cell: str, found: dict) -> list[list[str]]:
+    """Per turn index, the headline pairs' divergences and the re-rendered mismatches; then the first turn against
+    the last, paired by conversation (the divergence of the assistant turns)."""
+    from replaytests.outputs.conversation_report import HEADLINE
+
+    rows = []
+    for t in found["turns"]:
+        measured = [_proportion(t["pairs"].get(pair, {}).get(name)) for pair in HEADLINE for name in DIVERGENCE_LABELS]
+        reasons = "; ".join(f"{why} {n}" for why, n in t["rerendered"]["reasons"].items())
+        rows.append([model, runtime, cell, str(t["turn"]), str(t["rows"]), *measured,
+                     _proportion(t["rerendered"]["differ"]) + (f" ({reasons})" if reasons else "")])
+    accumulation = found["accumulation"]
+    rows.append([model, runtime, cell, "first vs last, paired", str(max((a["rows"] for a in accumulation.values()),
+                                                                         default=0)),
+                 *(cell_ for pair in HEADLINE for cell_ in (_accumulated(accumulation[pair]) if pair in accumulation
+                                                            else "-", "", "")), ""])
+    return rows
+
+
+def conversations_table(runs: dict[str, tuple[Path, ...]] | None = None) -> str:
+    """The conversation family per model, runtime, cell and turn index from run directories (default: the
+    committed CONVERSATION_RUNS); a run without conversation records adds no line."""
+    from replaytests.outputs import conversation_report
+    from replaytests.outputs.report import cell_order, runtime
+
+    rows = [CONVERSATION_HEADER]
+    for model, paths in (runs or {label: tuple(LEDGERS / name for name in names)
+                                  for label, names in CONVERSATION_RUNS.items()}).items():
+        meta = report_meta(list(paths))
+        records = collate(list(paths))
+        for cell, found in conversation_report.build(records, runtime(meta), cell_order(meta)).items():
+            rows += _conversation_rows(model, found["runtime"], cell, found)
+    return _markdown(rows)
+
+
 TABLES = {"vllm": vllm_table, "llamacpp": llamacpp_table, "flips": flips_table, "behaviour": behaviour_table,
           "cells": cells_table, "rollouts": rollouts_table}
+# Tables README does not show yet (tests/unit/test_readme_tables.py checks TABLES only): print them with
+# `python tools/readme_tables.py conversations [RUN_DIR ...]`.
+PENDING = {"conversations": conversations_table}
 
 if __name__ == "__main__":
-    print("\n\n".join(make() for make in TABLES.values()))
+    if len(sys.argv) > 1 and sys.argv[1] in PENDING:
+        given = {Path(arg).resolve().name: (Path(arg),) for arg in sys.argv[2:]}
+        print(PENDING[sys.argv[1]](given or None))
+    else:
+        print("\n\n".join(make() for make in TABLES.values()))

@@ -87,11 +87,66 @@ def test_a_bad_conversation_bank_is_one_line_naming_file_line_and_field(tmp_path
         read_conversations(path, 320, 12)
 
 
-def test_the_committed_bank_holds_48_conversations_of_three_turns_within_the_cap():
-    conversations = read_conversations(path_for(BANK), 320, 12, min_turns=3)
-    manifest = json.loads(path_for(BANK).with_name("tiny.conversations.manifest.json").read_text(encoding="utf-8"))
+TEMPLATE = (REPO / "fixtures" / "chat_templates" / "tiny-qwen2.jinja").read_text(encoding="utf-8")
+BAD_TEMPLATES = [
+    pytest.param("{% for m in messages %}{{ m['content'] }", "not a Jinja template", id="syntax-error"),
+]
+
+
+@pytest.mark.parametrize(("template", "message"), BAD_TEMPLATES)
+def test_a_template_that_does_not_parse_is_one_line_naming_bank_line_and_field(tmp_path, template, message):
+    from replaytests.inputs.conversations import read_template
+
+    (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
+    conversation = read_conversations(_bank(tmp_path, [GOOD]), 320, 12)[0]
+    with pytest.raises(BankError, match=f"bad.conversations.jsonl:1 \\(conversation c0\\): field 'template' .*"
+                                        f"t.jinja:1: {message}"):
+        read_template(tmp_path / "bad.conversations.jsonl", conversation)
+
+
+RENDER_FAILURES = [
+    pytest.param("{{ raise_exception('no system role') }}", "fails to render: .*no system role", id="raises"),
+    pytest.param("{% for m in messages %}{{ m['content'] }}{% endfor %}", "does not begin with one token",
+                 id="no-end-of-turn"),
+    pytest.param("{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}",
+                 "drops the assistant turn's content", id="drops-assistant"),
+]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(("template", "message"), RENDER_FAILURES)
+def test_a_template_that_fails_to_render_or_close_a_turn_is_one_line(fp32_runtime, template, message):
+    from replaytests.families.conversation import chat
+
+    with pytest.raises(BankError, match=f"^bank.jsonl:3 \\(conversation c\\): field 'template': .*{message}"):
+        chat(fp32_runtime, template, ["What is 1 + 2?", "Now add 7 to that."], "bank.jsonl:3 (conversation c): "
+                                                                                "field 'template'")
+
+
+@pytest.mark.model
+def test_the_tiny_template_closes_a_turn_with_the_answer_closer_and_segments_each_user_turn(fp32_runtime):
+    from replaytests.families.conversation import chat
+
+    closer, segments = chat(fp32_runtime, TEMPLATE, ["Hi", "No"], "tiny")
+    assert closer == SLASH_A, f"closer {closer}, expected <|/answer|> ({SLASH_A})"
+    assert segments == [[P, *fp32_runtime.encode("Hi"), SLASH_P, A], [P, *fp32_runtime.encode("No"), SLASH_P, A]], \
+        f"segments {segments}"
+
+
+@pytest.mark.parametrize(("bank", "cap"), [pytest.param("tiny", 12, id="tiny"),
+                                          pytest.param("smollm2", 24, id="smollm2")])
+def test_a_committed_bank_holds_48_three_turn_conversations_within_its_cap_reaching_512_tokens(bank, cap):
+    path = path_for(REPO / "fixtures" / "banks" / f"{bank}.jsonl")
+    conversations = read_conversations(path, 50_000, cap, min_turns=3)
+    manifest = json.loads(path.with_name(f"{bank}.conversations.manifest.json").read_text(encoding="utf-8"))
     assert len(conversations) == manifest["conversations"] == 48, f"{len(conversations)} conversations"
-    assert manifest["cap"] == 12 and manifest["correct_per_turn"] == [0, 0, 0], manifest
+    assert manifest["cap"] == cap, f"the manifest's cap {manifest['cap']}, the contract's {cap}"
+    assert manifest["history_len_last_turn"]["max"] >= 512, manifest["history_len_last_turn"]
+    from replaytests.engine.conversation import graded
+
+    correct = [sum(bool(graded(c.turns[k].assistant, c.turns[k].expected_answer)) for c in conversations)
+               for k in range(3)]
+    assert correct == manifest["correct_per_turn"], f"graded {correct}, manifest {manifest['correct_per_turn']}"
 
 
 def test_one_row_end_to_end_on_the_tiny_model(fp32_runtime, bank_rows):
@@ -108,3 +163,22 @@ def test_one_row_end_to_end_on_the_tiny_model(fp32_runtime, bank_rows):
     assert all(t.session_matches_bank for t in record.turns[:1]), "turn 1 of the session differs from the bank"
     lossy = [t.rerendered for t in record.turns[1:] if not t.rerendered.ids_equal]
     assert lossy and all(r.reason.startswith("lossy decode") for r in lossy), [r.reason for r in lossy]
+
+
+GRADED = [
+    pytest.param("The capital of France is Paris.", "Paris", True, id="sentence-last-word"),
+    pytest.param("The capital of France is Paris.", "France", False, id="key-inside-not-last"),
+    pytest.param("7 + 6 = 13", "13", True, id="equation-last-number"),
+    pytest.param("A dog has four legs.", "4", True, id="number-word"),
+    pytest.param("A spider has 18 legs.", "8", False, id="wrong-number"),
+    pytest.param("It is -1.", "-1", True, id="negative"),
+    pytest.param("", "3", False, id="empty"),
+    pytest.param("3", None, None, id="no-key"),
+]
+
+
+@pytest.mark.parametrize(("answer", "expected", "correct"), GRADED)
+def test_a_chat_answer_is_graded_by_its_last_number_or_word(answer, expected, correct):
+    from replaytests.engine.conversation import graded
+
+    assert graded(answer, expected) is correct, f"graded({answer!r}, {expected!r}) is not {correct}"

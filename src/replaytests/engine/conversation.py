@@ -11,6 +11,7 @@ No torch here: the registry and the outputs read the names.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -84,3 +85,24 @@ def user_segments(render: Render, closer_text: str, users: list[str], where: str
                             f"turn, not its end-of-turn token {closer_text!r} first")
         out.append(after[len(closer_text):])
     return out
+
+
+NUMBER_WORDS = {word: str(n) for n, word in enumerate((
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"))}
+_WORDS = re.compile(r"-?\d+|[^\W\d_]+")
+
+
+def graded(answer: str, expected: str | None) -> bool | None:
+    """Whether a chat's assistant turn answers `expected` (None: no key). A chat model answers in a sentence
+    ("The capital of France is Paris.", "7 + 6 = 13", "A dog has four legs."), so the turn's final answer is
+    read as an evaluation harness reads it: for a numeric key its last number (digits or a number word up to
+    twenty), else its last word, compared case-insensitively."""
+    if expected is None:
+        return None
+    words = _WORDS.findall(answer)
+    if re.fullmatch(r"-?\d+", expected.strip()):
+        numbers = [w if w[-1].isdigit() else NUMBER_WORDS.get(w.casefold()) for w in words]
+        numbers = [n for n in numbers if n is not None]
+        return bool(numbers) and int(numbers[-1]) == int(expected)
+    return bool(words) and words[-1].casefold() == expected.strip().casefold()

@@ -23,7 +23,7 @@ from pathlib import Path
 from replaytests.engine.backend import Backend
 from replaytests.engine.boundary import Boundary, check_same_state, check_storage_isolated
 from replaytests.engine.comparisons import first_divergence
-from replaytests.engine.conversation import TurnState, end_of_turn, user_segments
+from replaytests.engine.conversation import TurnState, end_of_turn, graded, user_segments
 from replaytests.errors import BankError, FailClosed
 from replaytests.families.registry import FAMILIES
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
@@ -161,7 +161,8 @@ def _turn_record(k: int, states: dict[str, TurnState], conversation: Conversatio
         shared = rerendered["shared"]
         boundaries = {arm: _shared(b, shared) for arm, b in boundaries.items()}
     suffixes = {arm: s.answer for arm, s in states.items()}
-    arms = {arm: arm_record(states[arm].boundary, s, expected) for arm, s in suffixes.items()}
+    arms = {arm: arm_record(states[arm].boundary, s, expected) | {"correct": graded(s.answer, expected)}
+            for arm, s in suffixes.items()}
     return {"turn": k, "history_len": len(states["session"].boundary.tokens), "expected_answer": expected,
             "session_matches_bank": tuple(states["session"].answer.tokens) == conversation.turns[k - 1].assistant_ids,
             "arms": arms, "comparisons": compare_arms(FAMILY.pairs, boundaries, suffixes, arms),

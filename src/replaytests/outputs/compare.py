@@ -5,15 +5,16 @@ A change between the runs is judged at one of three levels (LEVELS, `--gate`), s
 - `bits`: a record present in both runs changed in any leaf (a digest, a drift, a trajectory);
 - `trajectories`: a suffix, answer or correctness label (or a live z, a transplant outcome: any leaf
   that is not a numeric fingerprint, records.BITS) changed on a paired row;
-- `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id); for the
-  rollout families, the trainer's recompute's per-row mismatch (k3, mean |delta logp|) moved beyond chance (a
-  paired sign-flip permutation test on the rows paired by id).
+- `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id; for the
+  conversation family, at each turn index); for the rollout families, the trainer's recompute's per-row mismatch
+  (k3, mean |delta logp|) moved beyond chance (a paired sign-flip permutation test on the rows paired by id).
 
 A gate at a level fails on findings at that level and every coarser one; finer findings are notes.
 Whatever the level, the new run fails when a replica pair is not exact (or an ok record lacks one its
 family compares), the bridge or a rollout's control (live~incremental) is not bit-exact, a rollout's recompute
-passes the contract's rollout bounds, a headline pair diverges in a cell where the contract
-forbids it, donor recovery fell below its gate (or more transplant controls than allowed took a third
+passes the contract's rollout bounds, a conversation fails its gates at some turn (its replicas, the turn-1
+control, assistant turns in a cell the contract requires exact), a headline pair diverges in a cell where the
+contract forbids it, donor recovery fell below its gate (or more transplant controls than allowed took a third
 trajectory), a whole family/precision of the baseline is missing, rows the baseline judged were excluded
 in the new run (or a family/precision has no testable row), or a cell's definition changed. A cell whose
 gates are unknown is refused (check_cells): never taken for one allowed to diverge. An expected-state
@@ -37,6 +38,8 @@ from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import (
     BRIDGE_PAIR,
+    CONVERSATION,
+    CONVERSATION_CONTROL,
     LEVELS,
     ROLLOUT_CONTROL,
     ROLLOUT_FAMILIES,
@@ -46,7 +49,7 @@ from replaytests.inputs.gates import (
     replica_pairs,
 )
 from replaytests.inputs.platforms import platform_differences
-from replaytests.outputs import localization, rollout_families
+from replaytests.outputs import conversation_report, localization, rollout_families
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
 from replaytests.outputs.findings import Findings, Group, Measure
@@ -269,6 +272,59 @@ def _rollout_rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: fl
                          f"{min_rows(alpha)} rows are needed")
 
 
+def _conversation_judgements(record: Record, gates: Gates) -> list:
+    """A conversation's gates at every turn (gates.conversation_*): each replica pair and the turn-1 control
+    bit-exact, and each headline pair's assistant turns where the contract requires the cell exact."""
+    family, turns = FAMILIES[CONVERSATION], record.turns or ()
+    held = [pair for pair in (*family.replicas, *family.headline) if turns and all(pair in t.comparisons
+                                                                                   for t in turns)]
+    control = [gates.conversation_control(record)] if turns and CONVERSATION_CONTROL in turns[0].comparisons else []
+    return [*(gates.conversation_replicas(record, pair) for pair in held if pair in family.replicas), *control,
+            *(gates.conversation_turns(record, pair) for pair in held if pair in family.headline)]
+
+
+def _conversation_gates(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
+    """The conversation gates on the new run, at every level (the baseline's count informs): a failure is a
+    reason; a record of the family without its turns was never checked, which fails too."""
+    def passing(rows: Rows) -> tuple[int, int]:
+        ok = _ok(rows)
+        return sum(bool(r.turns) and not any(j.failed for j in _conversation_judgements(r, gates)) for r in ok), len(ok)
+
+    counts = passing(new)
+    if counts[1]:
+        before = passing(base)
+        out.lines.append(Measure(group, "every turn: replicas, the turn-1 control, exact-cell turns", counts[1],
+                                 before if before[1] else None, counts, None, counts[0] == counts[1]))
+    for record in _ok(new):
+        if not record.turns:
+            out.reasons.append(f"conversation: {record.label} holds no turns: nothing of it was checked")
+        out.reasons += [f"conversation gate: {j.message}" for j in _conversation_judgements(record, gates) if j.failed]
+
+
+def _conversation_rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
+    """Each headline pair's divergences at each turn index, paired by row between the runs: exact McNemar, p <
+    alpha a finding at the rates level, as the headline families' (_rates)."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
+    depth = max((min(len(b.turns or ()), len(n.turns or ())) for b, n in both), default=0)
+    cell = "/".join(group)
+    for k, pair, name in ((k, pair, name) for k in range(1, depth + 1) for pair in FAMILIES[CONVERSATION].headline
+                          for name in DIVERGENCES):
+        paired = [(b.turns[k - 1].comparisons[pair], n.turns[k - 1].comparisons[pair]) for b, n in both
+                  if min(len(b.turns or ()), len(n.turns or ())) >= k and pair in b.turns[k - 1].comparisons
+                  and pair in n.turns[k - 1].comparisons]
+        if not paired:
+            continue
+        x, y = ([conversation_report.diverges(c[i], name) for c in paired] for i in (0, 1))
+        test = mcnemar_paired(x, y)
+        measure = f"turn {k} {pair} {name.replace('_', ' ')}"
+        out.lines.append(Measure(group, measure, len(paired), (sum(x), len(paired)), (sum(y), len(paired)), test.p,
+                                 test.p >= alpha))
+        if test.p < alpha:
+            out.finding("rates", group, f"{RATES_REASON}: {cell} {measure}: baseline {sum(x)}/{len(paired)}, new "
+                                        f"{sum(y)}/{len(paired)} (baseline only {test.b}, new only {test.c}), McNemar "
+                                        f"p = {test.p:.3g} < {alpha:g}")
+
+
 def min_rows(alpha: float) -> int:
     """The fewest paired rows whose sign-flip test can give a p below alpha."""
     return next(n for n in range(1, 64) if smallest_p(n) < alpha)
@@ -390,6 +446,9 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
         if group[0] in ROLLOUT_FAMILIES:
             _rollout_gates(out, group, current, gates)
             _rollout_rates(out, group, base, current, alpha)
+        if group[0] == CONVERSATION:
+            _conversation_gates(out, group, base, current, gates)
+            _conversation_rates(out, group, base, current, alpha)
         if group[0] == TRANSPLANT:
             _transplant(out, group, base, current, gates)
         if runtimes and group[0] in FAMILIES:

@@ -17,9 +17,10 @@ from replaytests.outputs.stats import INTERVAL
 WIDTH = 640
 FONT = 13  # px in the viewBox; the page's stylesheet gives the family
 CHAR = 0.6 * FONT  # the width of an average character, for laying out labels
-# (colour, marker, dash): dark blue, orange, green, purple: four lightness levels, four shapes, four dashes
+# (colour, marker, dash): dark blue, orange, green, purple: four lightness levels, four shapes, four dashes; then
+# dark red with a triangle pointing down (a contract's fifth cell)
 SERIES = (("#1d4f91", "circle", "none"), ("#e0822a", "square", "7 3"), ("#3a9a5b", "triangle", "2 3"),
-          ("#6c3d91", "diamond", "9 3 2 3"))
+          ("#6c3d91", "diamond", "9 3 2 3"), ("#9b2226", "down", "12 4"))
 AXIS, GRID, INK = "#777", "#e6e6e6", "#333"
 
 
@@ -56,7 +57,8 @@ def marker(shape: str, x: float, y: float, colour: str, size: float = 4.5, tip: 
         s = size * 0.9
         return f'<rect x="{x - s:.1f}" y="{y - s:.1f}" width="{2 * s:.1f}" height="{2 * s:.1f}" fill="{colour}">' \
                f"{title}</rect>"
-    points = ({"triangle": ((0, -1.2), (1.1, 0.8), (-1.1, 0.8))}.get(shape)
+    points = ({"triangle": ((0, -1.2), (1.1, 0.8), (-1.1, 0.8)), "down": ((0, 1.2), (1.1, -0.8), (-1.1, -0.8))}
+              .get(shape)
               or ((0, -1.25), (1.1, 0), (0, 1.25), (-1.1, 0)))
     d = "M" + "L".join(f"{x + dx * size:.1f} {y + dy * size:.1f}" for dx, dy in points) + "Z"
     return f'<path d="{d}" fill="{colour}">{title}</path>'
@@ -206,10 +208,10 @@ def interval_plot(caption: str, rows: list[tuple[tuple[str, ...], list[tuple[int
 
 
 def time_plot(caption: str, runs: list[str], series: dict[str, list[dict | None]],
-              names: list[str] | None = None) -> str:
-    """Proportions over runs in order: a line and markers per measure, its Wilson interval as a band;
-    x ticks name the runs by `runs` (as many as fit without overlapping), tooltips by `names` (default:
-    the same)."""
+              names: list[str] | None = None, x_title: str = "run", y_title: str = "rows") -> str:
+    """Proportions over runs in order (or any ordered steps, named by `x_title`): a line and markers per measure,
+    its Wilson interval as a band, on a y axis of `y_title`; x ticks name the runs by `runs` (as many as fit without
+    overlapping), tooltips by `names` (default: the same)."""
     names_ = names or runs
     frame = Frame(left=54, top=12, plot_height=170)
     measures = list(series)
@@ -233,8 +235,8 @@ def time_plot(caption: str, runs: list[str], series: dict[str, list[dict | None]
                  for i, p in points]
     room = max(1, int((frame.right - frame.left) / (CHAR * max(map(len, runs)) + 16)) - 1)
     shown = ticks(0, len(runs) - 1, room) if len(runs) > 1 else [0]
-    axes = frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)], [(x(i), runs[i]) for i in shown], "run",
-                      "rows")
+    axes = frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)], [(x(i), runs[i]) for i in shown], x_title,
+                      y_title)
     return figure(svg(caption, WIDTH, frame.height + key_height + 4, axes + "".join(body) + key), caption)
 
 

@@ -19,13 +19,25 @@ from replaytests.inputs import cells
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import (
     BRIDGE_PAIR,
+    CONVERSATION,
+    CONVERSATION_CONTROL,
     ROLLOUT_CONTROL,
     ROLLOUT_FAMILIES,
     Gates,
     bit_exact,
     replica_pairs,
 )
-from replaytests.outputs import causal, flips, ledger, report_html, rollout_families, sections, serving, summary
+from replaytests.outputs import (
+    causal,
+    conversation_report,
+    flips,
+    ledger,
+    report_html,
+    rollout_families,
+    sections,
+    serving,
+    summary,
+)
 from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
 from replaytests.outputs.shapes import (
     DIVERGENCES,
@@ -158,9 +170,10 @@ def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str
 
 
 def _shape(family: str) -> Shape:
-    """How the report reads a family: its headline-table shape; for a rollout family (no headline table: its own
-    section, outputs/rollout_families.py) its replicas alone, so that their count is kept (history tracks it)."""
-    if family in ROLLOUT_FAMILIES:
+    """How the report reads a family: its headline-table shape; for a rollout family or the conversation family
+    (no headline table: a section of its own, outputs/rollout_families.py, outputs/conversation_report.py) its
+    replicas alone, so that their count is kept (history tracks it)."""
+    if family in ROLLOUT_FAMILIES or family == CONVERSATION:
         return Shape(replicas=FAMILIES[family].replicas)
     return SHAPES.get(family, Shape())
 
@@ -214,6 +227,8 @@ def build_report(records: list[Record], meta: dict) -> dict:
         **({"rollouts": rollouts} if (rollouts := rollout_families.build(records, runtime(meta), cell_order(meta)))
            else {}),
         **({"rollout_cell_pairs": paired} if (paired := rollout_families.cell_pairs(records, pairs)) else {}),
+        **({"conversations": found} if (found := conversation_report.build(records, runtime(meta), cell_order(meta)))
+           else {}),
     }
 
 
@@ -247,8 +262,26 @@ def _failing(record: Record, gates: Gates) -> list[str]:
     exact = gates.suffix_divergence_allowed.get(record.family, {}).get(record.precision) is False
     headline = SHAPES.get(record.family, Shape()).headline
     diverged = exact and any(gates.divergence(record, pair).failed for pair in headline if pair in record.comparisons)
-    return [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
-                                      ("the rollout control", control), ("exact-cell suffixes", diverged)) if failed]
+    failed = [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
+                                        ("the rollout control", control), ("exact-cell suffixes", diverged)) if failed]
+    return failed + (_conversation_failing(record, gates) if record.family == CONVERSATION and record.turns else [])
+
+
+def _conversation_failing(record: Record, gates: Gates) -> list[str]:
+    """A conversation's checks at every turn (gates.conversation_*): its replicas, the turn-1 control, and its
+    headline pairs where the contract requires the cell exact."""
+    family = FAMILIES[CONVERSATION]
+    turns = record.turns
+    replicas = any(gates.conversation_replicas(record, pair).failed for pair in family.replicas
+                   if all(pair in t.comparisons for t in turns))
+    control = CONVERSATION_CONTROL in turns[0].comparisons and gates.conversation_control(record).failed
+    # the turns are judged by the crossing's gate of the cell (a cell the gates do not name is not judged here)
+    judged = record.precision in gates.suffix_divergence_allowed["crossing"]
+    diverged = judged and any(gates.conversation_turns(record, pair).failed for pair in family.headline
+                              if all(pair in t.comparisons for t in turns))
+    return [name for name, failed in (("conversation replicas (every turn)", replicas),
+                                      ("the conversation control (turn 1)", control),
+                                      ("exact-cell assistant turns", diverged)) if failed]
 
 
 def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) -> dict | None:

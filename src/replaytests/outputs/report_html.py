@@ -3,8 +3,9 @@ the verdict, the headline table, one section per fidelity layer, the plots, the 
 input folded away. Every string that comes from a ledger or the run metadata is HTML-escaped.
 
 Plots (outputs/plots.py): the divergence rates of every headline pair with their Wilson intervals,
-per-layer K and V drift of each headline pair, first-divergence positions, and for the rollout families the
-distribution of |delta logp| of every pair per cell.
+per-layer K and V drift of each headline pair, first-divergence positions, for the rollout families the
+distribution of |delta logp| of every pair per cell, and for the conversation family each headline pair's
+divergence by turn index, one line per cell.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from html import escape
 
 from replaytests.families.registry import FAMILIES
-from replaytests.outputs import plots, sections
+from replaytests.files import lookup
+from replaytests.outputs import conversation_report, plots, sections
 from replaytests.outputs.shapes import DIVERGENCES
 from replaytests.outputs.stats import INTERVAL
 from replaytests.outputs.tables import html as html_table
@@ -85,8 +87,29 @@ def report_plots(report: dict) -> tuple[list[str], list[str]]:
     figures += [figure for figure in drawn.values() if figure]
     figures += [plots.histogram(f"{family} {pair} {precision}", s["first_divergence"]["positions"])
                 for family, pair, precision, s in headline if (s.get("first_divergence") or {}).get("n")]
-    figures += rollout_plots(report)
+    figures += rollout_plots(report) + conversation_plots(report)
     return figures, [title for title, figure in drawn.items() if figure is None]
+
+
+def conversation_plots(report: dict) -> list[str]:
+    """Per headline pair of the conversation family, the share of conversations whose assistant turn differs at
+    each turn index: one line per cell (outputs/conversation_report.py), its Wilson interval as a band."""
+    found = report.get("conversations") or {}
+    depth = max((len(cell["turns"]) for cell in found.values()), default=0)
+    if not depth:
+        return []
+    runtimes = ", ".join(sorted({cell["runtime"] for cell in found.values()}))
+    turns = [str(k) for k in range(1, depth + 1)]
+    figures = []
+    for pair in conversation_report.HEADLINE:
+        series = {name: [lookup(t, "pairs", pair, "suffix_divergence") for t in cell["turns"]]
+                  + [None] * (depth - len(cell["turns"])) for name, cell in found.items()}
+        if any(series.values()):
+            figures.append(plots.time_plot(
+                f"Conversations ({runtimes}), {pair}: conversations whose assistant turn differs at each turn index, "
+                f"one line per cell, with {INTERVAL} intervals as bands.", turns, series,
+                [f"turn {k}" for k in turns], "turn", "conversations"))
+    return figures
 
 
 def rollout_plots(report: dict) -> list[str]:

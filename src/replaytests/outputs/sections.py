@@ -15,11 +15,12 @@ from typing import NamedTuple
 
 from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.files import lookup
-from replaytests.inputs.gates import ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
-from replaytests.outputs import causal, rollout_families, rollout_report, verdict
+from replaytests.inputs.gates import CONVERSATION_CONTROL, ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, verdict
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES
 from replaytests.outputs.stats import INTERVAL, LEVEL
+from replaytests.outputs.summary import HEADLINE_PAIRS
 from replaytests.outputs.tables import Table, first, fmt_number, fmt_proportion, md_cell
 from replaytests.outputs.tables import markdown as md_table
 
@@ -64,8 +65,7 @@ def sections(report: dict) -> list[Section]:
 # ---- the headline ----
 
 HEADLINE_NOTE = ("k/n over the rows that passed every fail-closed check; cache and divergence columns compare each "
-                 "family's headline pair (" + "; ".join(f"{name}: {' and '.join(f.headline)}"
-                                                         for name, f in FAMILIES.items()) + ").")
+                 f"family's headline pair ({HEADLINE_PAIRS}).")
 
 
 def _headline(report: dict) -> Section:
@@ -95,6 +95,9 @@ def _replica(report: dict) -> Section:
         for precision, s in summary["precisions"].items():
             rows += [(family, precision, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
                      for pair in replicas if pair in s["pairs"]]
+    rows += [("conversation", cell, f"{pair} (every turn)", fmt_proportion(exact))
+             for cell, found in (report.get("conversations") or {}).items()
+             for pair, exact in found["replicas"].items()]
     for cell, summaries in (report.get("causal_cells") or {}).items():
         if replication := summaries.get("replication"):
             rows.append(("replication", cell, "both constructions", fmt_proportion(replication["replicas_exact"])))
@@ -235,6 +238,11 @@ def _fidelity(report: dict) -> Section:
             folded += hidden
         if paired := (report.get("rollout_cell_pairs") or {}).get(family):
             tables.append(_rollout_cell_pairs(family, paired))
+    for cell, found in (report.get("conversations") or {}).items():
+        tables.append(_conversation_table(cell, found, conversation_report.HEADLINE))
+        folded.append(_conversation_table(cell, found))
+    if report.get("conversations"):
+        tables.append(_accumulation_table(report["conversations"]))
     return Section(*LAYERS["fidelity"], tuple(tables), folded=tuple(folded))
 
 
@@ -335,6 +343,55 @@ def _rollout_cell_pairs(family: str, paired: dict) -> Table:
                  ("cells", "rows", "k3 per token, row means", "mean abs(delta logp), row means"), rows,
                  "Per row, live~prefill in each cell of the contract's cell_pairs; difference = first - second; p: "
                  "two-sided paired sign-flip permutation test over rows (exact up to 2^n <= 10,000 assignments).")
+
+
+CONVERSATION_MEASURES = {"suffix_divergence": "assistant turns differ", "answer_divergence": "answers differ",
+                         "correctness_divergence": "correctness flips", "cache_differs": "cache not exact",
+                         "logits_differ": "next-token logits not exact"}
+
+
+def _tally(counts: dict) -> str:
+    return "; ".join(f"{name} {n}" for name, n in counts.items()) or "-"
+
+
+def _conversation_table(cell: str, found: dict, pairs: tuple[str, ...] | None = None) -> Table:
+    """A cell of the conversation family (outputs/conversation_report.py), one column per turn index: per pair the
+    rates of each measure, the re-rendered histories that differ and why, the session's answers; `pairs` the
+    headline pairs alone, else every pair."""
+    turns = found["turns"]
+    shown = pairs or conversation_report.pair_order({p for t in turns for p in t["pairs"]})
+    rows = [("conversations (ok / excluded)", *(f"{t['rows']} / {found['excluded']}" for t in turns)),
+            *((f"{pair}: {label}", *(fmt_proportion(lookup(t, "pairs", pair, name)) for t in turns))
+              for pair in shown for name, label in CONVERSATION_MEASURES.items()),
+            ("re-rendered ids differ from the generated", *(fmt_proportion(t["rerendered"]["differ"]) for t in turns)),
+            ("why (the first difference's reason)", *(_tally(t["rerendered"]["reasons"]) for t in turns)),
+            ("where (the turn and part holding it)", *(_tally(t["rerendered"]["segments"]) for t in turns)),
+            ("session answer correct", *(fmt_proportion(t["session_correct"]) for t in turns)),
+            ("session assistant turn is the bank's", *(fmt_proportion(t["session_matches_bank"]) for t in turns))]
+    name = f"{FAMILIES['conversation'].title}, {cell}, runtime {found['runtime']}" + ("" if pairs else ": every pair")
+    return Table(name, ("", *(f"turn {t['turn']}" for t in turns)),
+                 tuple(r for r in rows if any(c not in ("-", "") for c in r[1:])),
+                 f"Per turn index k, over the ok conversations that reached it: k/n = rate [{INTERVAL} CI]. "
+                 f"{CONVERSATION_CONTROL} at turn 1 is the control (one call each: bit-exact). A re-rendered history "
+                 "whose ids differ gives the model other input from that token on; its pairs count what a client "
+                 "sending text gets. Caches of two histories that differ are compared over the tokens they share.")
+
+
+def _accumulation_table(conversations: dict) -> Table:
+    """Does divergence accumulate? Per cell and pair, each conversation's first turn against its last, paired."""
+    rows = []
+    for cell, found in conversations.items():
+        for pair, a in found["accumulation"].items():
+            m = a["mcnemar"]
+            test = "-" if not a["rows"] else f"{m['b']} / {m['c']}, p = {m['p']:.3g}"
+            rows.append((cell, pair, str(a["rows"]), fmt_proportion(a["first"]), fmt_proportion(a["last"]), test,
+                         a["reading"] + (f" ({a['note']})" if a["note"] else "")))
+    return Table("Conversations: does divergence accumulate? (first turn against last, paired by conversation)",
+                 ("cell", "pair", "conversations", "turn 1: assistant turns differ", "last turn: differ",
+                  "last only / first only, exact McNemar p", "reading"), tuple(rows),
+                 "Per conversation with two turns or more, whether its assistant turn differs at turn 1 and at its "
+                 f"last turn; p: two-sided exact McNemar (the exact sign test on the discordant conversations), read "
+                 f"at alpha {conversation_report.ALPHA:g}.")
 
 
 # ---- layer 4: causal state sufficiency ----

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from replaytests.families.registry import FAMILIES
-from replaytests.inputs.gates import replicas_exact
+from replaytests.inputs.gates import bit_exact, replicas_exact
 
 if TYPE_CHECKING:
     from replaytests.outputs.records import Record
@@ -58,6 +58,10 @@ def missing_replicas(record: Record) -> list[str]:
 
 
 def replicas_hold(record: Record) -> bool:
-    """The record carries every replica pair its family compares, and each is bit-exact (gates.replicas_exact):
-    a record without its replica comparisons was never checked, which is no pass."""
-    return not missing_replicas(record) and replicas_exact(record)
+    """The record carries every replica pair its family compares, and each is bit-exact (gates.replicas_exact);
+    a record of turns (a conversation), at every turn: a record without its replica comparisons was never
+    checked, which is no pass."""
+    pairs = FAMILIES[record.family].replicas if record.family in FAMILIES else ()
+    turns = record.turns or ()
+    return not missing_replicas(record) and replicas_exact(record) and all(
+        pair in t.comparisons and bit_exact(t.comparisons[pair]) for t in turns for pair in pairs)

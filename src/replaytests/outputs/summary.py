@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import (
+    CONVERSATION,
     ROLLOUT_CONTROL,
     ROLLOUT_FAMILIES,
     ROLLOUT_RECOMPUTE,
@@ -13,12 +14,17 @@ from replaytests.inputs.gates import (
     replica_pairs,
     unmeasured,
 )
-from replaytests.outputs import causal, rollout_families, rollout_report, verdict
+from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, verdict
 from replaytests.outputs.records import Record
-from replaytests.outputs.shapes import NO_REPLICAS, replicas_hold
+from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
 from replaytests.outputs.tables import markdown as md_table
 
+# each family's headline pairs, as the notes under the table name them (a conversation's: at every turn)
+HEADLINE_PAIRS = "; ".join(f"{name}: {' and '.join(f.headline)}" + (", at every turn" if name == CONVERSATION else "")
+                           for name, f in FAMILIES.items())
+HEADLINE_NOTE = (f"Cache and divergence columns compare each family's headline arms ({HEADLINE_PAIRS}); each count "
+                 "is k/n over the rows that passed every fail-closed check.")
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
            "suffix div.", "answer div.", "correct. flips")
 METRICS = ("cache_exact", "logits_exact", "k_rel_l2", "v_rel_l2", "logits_max_abs", "suffix_equal",
@@ -36,14 +42,14 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     if known is None:  # a family this version does not know: counts only
         return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
-    def every(field: str, pairs: tuple[str, ...]):
-        return lambda r: all(getattr(r.comparisons[p], field) for p in pairs)
+    def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn
+        return lambda r: all(getattr(c, field) for p in pairs for c in conversation_report.comparisons(r, p))
 
     def some_not(field: str):
         return lambda r: not every(field, known.headline)(r)
 
     replicas = "-" if not known.replicas else _count(ok, replicas_hold) if replicas_recorded(ok) else NO_REPLICAS
-    measured = not any(unmeasured(r.comparisons[p]) for r in ok for p in known.headline)
+    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in conversation_report.comparisons(r, p))
     # a rollout's replays are given the live tokens: no suffix of theirs can diverge (the rollout table says
     # what does, their log-probabilities)
     divergences = (["-"] * 3 if family in ROLLOUT_FAMILIES else
@@ -69,7 +75,10 @@ def table_rows(records: list[Record]) -> list[list[str]]:
 
 
 def text_table(records: list[Record]) -> str:
-    return plain(Table("summary", COLUMNS, tuple(map(tuple, table_rows(records)))))
+    """The headline table for a terminal, then the conversation family's turns where it ran."""
+    text = plain(Table("summary", COLUMNS, tuple(map(tuple, table_rows(records)))))
+    turns = conversation_table(records)
+    return text + (f"\n\n{turns.title} ({turns.note})\n{plain(turns)}" if turns else "")
 
 
 def audit_line(audits: list[dict]) -> str:
@@ -144,6 +153,42 @@ def rollout_lines(records: list[Record]) -> list[str]:
     return md_table(table, 2)
 
 
+def _per_turn(turns: list[dict], read) -> str:
+    return ", ".join("-" if (p := read(t)) is None else f"{p['k']}/{p['n']}" for t in turns)
+
+
+def conversation_table(records: list[Record]) -> Table | None:
+    """The conversation family's headline pairs per cell (outputs/conversation_report.py): at turns 1, 2, ...
+    the conversations whose assistant turns, answers and correctness labels differ, the re-rendered histories whose
+    ids differ from the generated ones, and whether divergence accumulates (first turn against last); None where
+    the family did not run."""
+    found = conversation_report.build(records, "")
+    rows = []
+    for cell, c in found.items():
+        turns = c["turns"]
+        rerendered = _per_turn(turns, lambda t: t["rerendered"]["differ"])
+        for pair in conversation_report.HEADLINE:
+            a = c["accumulation"].get(pair)
+            rows.append((cell, pair, *(_per_turn(turns, lambda t, n=name, p=pair: t["pairs"].get(p, {}).get(n))
+                                       for name in DIVERGENCES),
+                         rerendered, "-" if not a or not a["rows"] else
+                         f"{a['reading']}, p = {a['mcnemar']['p']:.3g}" + (" (too few conversations)" if a["note"]
+                                                                            else "")))
+    if not rows:
+        return None
+    return Table("Conversations, turn by turn", ("precision", "pair", "assistant turns differ", "answers differ",
+                                                 "correctness flips", "re-rendered ids differ", "first vs last turn"),
+                 tuple(rows), "Counts k/n at turns 1, 2, ... (the ok conversations that reached each turn); first vs "
+                              "last turn: exact McNemar over the conversations, paired. report.md has every pair, "
+                              "the intervals and why re-rendered ids differ.")
+
+
+def conversation_lines(records: list[Record]) -> list[str]:
+    """conversation_table as Markdown (summary.md)."""
+    table = conversation_table(records)
+    return md_table(table, 2) if table else []
+
+
 def metrics(record: Record) -> dict:
     """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
     return {
@@ -159,10 +204,8 @@ def markdown(records: list[Record], header: dict[str, str], audits: list[dict] =
     lines += [f"- **{name}**: {md_cell(str(value))}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in table_rows(records)]
-    headline = "; ".join(f"{name}: {' and '.join(f.headline)}" for name, f in FAMILIES.items())
-    lines += ["", f"Cache and divergence columns compare each family's headline arms ({headline}); "
-              "each count is k/n over the rows that passed every fail-closed check.", ""]
-    lines += rollout_lines(records)
+    lines += ["", HEADLINE_NOTE, ""]
+    lines += rollout_lines(records) + conversation_lines(records)
     if audits:
         lines += [audit_line(audits), ""]
     if causal:
