@@ -77,10 +77,13 @@ def records(runtime, rows, settings):
     return [family.run(runtime, row, settings) for row in rows]
 
 
-def test_the_causal_banks_conversations_are_the_tiny_banks():
-    """tiny-causal.jsonl holds tiny.jsonl's problems under the same ids, and a conversation's tokens all take the
-    prompt's role: the conversations beside it are the same file, which drifts from the other only by mistake."""
-    assert path_for(BANK).read_bytes() == path_for(BANK.with_name("tiny.jsonl")).read_bytes()
+@pytest.mark.parametrize("model", ["tiny", "smollm2"])
+def test_a_causal_banks_conversations_are_its_models(model):
+    """<model>-causal.jsonl holds <model>.jsonl's problems under the same ids, and a conversation's tokens all take
+    the prompt's role: the conversations beside it are the same file (make_conversations.py writes both), which
+    drifts from the other only by mistake."""
+    banks = BANK.parent
+    assert path_for(banks / f"{model}-causal.jsonl").read_bytes() == path_for(banks / f"{model}.jsonl").read_bytes()
 
 
 def test_the_chat_template_renders_as_transformers_renders_it(runtime, rows, settings):
