@@ -76,6 +76,7 @@ READERS = {
     "runtime.vllm.attention_backend": vllm_runtime.Runtime._check_pins,
     "runtime.vllm.block_size": vllm_runtime.Runtime.load,
     "runtime.vllm.enforce_eager": vllm_runtime.Runtime._engine,
+    "runtime.vllm.prefix_caching": vllm_runtime.Runtime._engine,
     "runtime.vllm.max_num_seqs": vllm_runtime.Runtime._engine,
     "runtime.vllm.logprobs": vllm_runtime.Runtime._engine,
     "runtime.vllm.chunk_budget": vllm_runtime.Runtime.chunked_engine.fget,

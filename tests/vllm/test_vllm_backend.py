@@ -22,7 +22,7 @@ def test_the_run_passes_and_skips_what_needs_k_v_with_the_capability(vllm_run):
     assert proc.returncode == 0, f"the vLLM run failed:\n{proc.stdout[-4000:]}"
     assert "backend vllm lacks kv_tensors" in proc.stdout, "no skip names the missing capability"
     families = {json.loads(line)["family"] for line in (run / "ledger.jsonl").read_text().splitlines()}
-    assert families == {"live", "crossing", "serving", "rollout", "rollout_sampled"}, families
+    assert families == {"live", "crossing", "serving", "rollout", "rollout_sampled", "conversation"}, families
 
 
 def test_the_platform_records_the_gemm_each_cell_ran(vllm_run):

@@ -23,6 +23,10 @@ def audit_against_baseline(audit_record, replay, baseline_record: Record) -> Non
     if family == "transplant" and replay.transplant_role(replay.row(row), precision) not in ROLES:
         pytest.skip(f"not in this run's transplant panel (drawn from the selected rows' {precision} crossing, "
                     "whose records are audited)")
+    if family == "conversation_transplant" and replay.conversation_transplant_role(replay.row(row),
+                                                                                    precision) not in ROLES:
+        pytest.skip(f"not in this run's conversation transplant panel (drawn from the {precision} conversation "
+                    "records, which are audited)")
     result = audit_record(baseline_record)
     moved = result.trajectory_changes
     problem = None if result.reproduced else (

@@ -7,7 +7,10 @@ on each divergent row whose first suffix tokens agree, the prefill recipient giv
 donor's K/V must follow the donor's suffix, and the other way round; on exact controls a transplant
 must never produce a third trajectory (gates.transplant, per row and over the family). Replication
 asks the same of a later checkpoint on an outcome-blind panel. K-only, V-only and layer-range
-transplants are recorded in the ledger and report; they are findings, not gates.
+transplants are recorded in the ledger and report; they are findings, not gates. The conversation transplant
+asks it across turns, on rows drawn from the conversation records: at a turn where session and replay diverge, each
+given the other's K/V over turns 1..j (by position), under the transplant's gates; the earliest carrying turn is a
+finding, and a panel with nothing to transplant is recorded, never passed.
 """
 
 import pytest
@@ -64,6 +67,51 @@ def test_replication_on_later_checkpoint(record, replay, causal_cell, replicatio
     if not cross.suffix_equal and (reason := causal.not_testable_reason(cross)):
         pytest.skip(f"divergent, not testable: {reason}")
     judge(replay.contract.gates.transplant_row(result, "control" if cross.suffix_equal else "divergent"))
+
+
+def _conversation_role(replay, row, cell) -> str:
+    if not replay.contract.cell(cell).kv_cache.native:
+        pytest.skip(f"{cell}: a position splice of a quantized K/V cache is not defined (its stored codes quantize "
+                    "positions together)")
+    role = replay.conversation_transplant_role(row, cell)
+    if role is None:
+        pytest.skip(f"not in the conversation transplant panel (chosen from the {cell} conversations' outcomes)")
+    if role == "not_testable":
+        pytest.skip(f"divergent, not testable: {dict(replay.conversation_transplant_panel(cell).not_testable)[row.id]}")
+    return role
+
+
+def test_conversation_transplant_validity_control(record, replay, causal_cell, conversation_transplant_row):
+    """At the row's turn, session's and replay's whole K/V spliced into their replicas reproduce their own
+    assistant turns bit for bit; the family excludes a row where not (TransplantInvalid, with the evidence)."""
+    _conversation_role(replay, conversation_transplant_row, causal_cell)
+    ok(record("conversation_transplant", conversation_transplant_row, causal_cell))
+
+
+def test_conversation_transplant_recipient_follows_donor(record, replay, causal_cell, conversation_transplant_row):
+    """Given the donor's K/V over the whole turn-k history the recipient writes the donor's assistant turn
+    (divergent rows); no splice between agreeing constructions takes a third trajectory (controls). The curve
+    over turns and the earliest turn whose K/V carries the divergence are in the record."""
+    role = _conversation_role(replay, conversation_transplant_row, causal_cell)
+    result = ok(record("conversation_transplant", conversation_transplant_row, causal_cell))
+    judge(replay.contract.gates.conversation_transplant_row(result, role))
+
+
+def test_conversation_transplant_has_something_to_transplant(record, replay, causal_cell):
+    """A panel without a testable divergent row checked nothing: "nothing to transplant", recorded, never a pass;
+    with one, its divergent rows in this shard are transplanted (their validity controls held)."""
+    if reason := replay.unavailable("conversation_transplant"):
+        pytest.skip(reason)
+    if not replay.contract.cell(causal_cell).kv_cache.native:
+        pytest.skip(f"{causal_cell}: a position splice of a quantized K/V cache is not defined")
+    panel = replay.conversation_transplant_panel(causal_cell)
+    divergent = {row for row, role in panel.rows if role == "divergent"}
+    for row in replay.plan.family_rows("conversation_transplant"):
+        if row.id in divergent:
+            ok(record("conversation_transplant", row, causal_cell))
+    candidates = min(replay.plan.panel_size("conversation"), len(replay.rows))
+    judge(replay.contract.gates.conversation_transplant_panel(causal_cell, len(divergent), panel.not_testable,
+                                                              candidates))
 
 
 def test_causal_baseline_record_reproduces(audit_record, replay, causal_baseline_record):

@@ -40,6 +40,8 @@ CAPABILITIES = {
                         "and replays that score the same tokens",
     "conversation": "a conversation's turns: one session cache carried across turns, its token history replayed "
                     "(one call, one token per call) and its messages rendered by a chat template",
+    "position_splice": "a conversation turn's K/V over its first positions replaced, storage-isolated, by another "
+                       "construction's, and the assistant turn decoded from the result (the conversation transplant)",
 }
 SERVING = frozenset({"prefix_cache", "chunked_prefill"})  # what a serving engine has and one forward call has not
 
@@ -103,6 +105,14 @@ class Backend(Protocol):
                    parts: Sequence[str] = ("k", "v")) -> Boundary:
         """The recipient's boundary with the selected layers' K and/or V copied from the donor; Unsupported
         where the backend has no `state_copy`."""
+
+    def splice(self, recipient: Boundary, donor: Boundary, end: int) -> Boundary:
+        """A conversation turn's state (engine/turn_splice.py) with every layer's K and V over positions [0, end)
+        copied from the donor's, nothing recomputed (its boundary logits its own); Unsupported where the backend
+        has no `position_splice`."""
+
+    def answer(self, boundary: Boundary, cap: int, closer: int) -> Suffix:
+        """The assistant turn decoded from a turn state (a spliced one), as `session` decodes it (`position_splice`)."""
 
     def encode(self, text: str) -> list[int]:
         """`text` in the model's own tokenizer, without added special tokens (a problem's prompt)."""

@@ -11,8 +11,9 @@ generation prompt. At each turn k, four constructions (engine/conversation.py) a
   position and why, and its cache is compared over the tokens both histories share;
 - incremental: the token history one token per call.
 From each state the same greedy decoder writes the assistant turn k (an arm's suffix), compared pair by pair.
-Where the runtime counts the tokens its cache supplied (llama.cpp), each session turn records them
-(`session_reuse`): a later turn whose cache supplied none of the tokens the session decoded is a vacuous session.
+On a serving engine (vLLM) each arm also records the engine's counters for its request (`served`), and each turn
+k >= 2 the session's prefix-cache hit (`prefix_hit`): a session's only where it reached into a block written
+while turn k-1 decoded (`covers_decode`), else vacuous (docs/vllm.md, "Conversations").
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.conversation import TurnState, end_of_turn, graded, user_segments
 from replaytests.errors import BankError, FailClosed
 from replaytests.families.registry import FAMILIES
+from replaytests.families.serving import SERVED, prefix_hit
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.conversations import Conversation, read_conversations, read_template
@@ -134,27 +136,7 @@ class _Layer:
         self.keys, self.values = keys, values
 
 
-def session_reuse(turns: list[TurnState]) -> list[dict] | None:
-    """Per turn, what the runtime's own counters say a session read from its cache (None where the backend counts
-    nothing: its session boundaries carry no `cached_tokens`). At turn k > 1 the tokens the session decoded in the
-    latest earlier assistant turn that has any lie in [decoded_from, decoded_end); `covers_decode`: the cache
-    supplied at least one of them (a block cache rounds its hit down). A turn where it did not evaluated the
-    history again: a vacuous session, reported and not counted (None at turn 1: nothing decoded yet)."""
-    out, decoded = [], (None, None)
-    for state in turns:
-        cached = getattr(state.boundary.state, "cached_tokens", None)
-        if cached is None:
-            return None
-        start, end = decoded
-        out.append({"cached_tokens": cached, "decoded_from": start, "decoded_end": end,
-                    "covers_decode": None if start is None else cached > start})
-        if len(state.answer.tokens) > 1:  # content decoded and fed (the closer is chosen, not fed)
-            decoded = (len(state.boundary.tokens), len(state.boundary.tokens) + len(state.answer.tokens) - 1)
-    return out
-
-
-def _turn_record(k: int, states: dict[str, TurnState], conversation: Conversation, rerendered: dict,
-                 reuse: dict[str, list[dict]]) -> dict:
+def _turn_record(k: int, states: dict[str, TurnState], conversation: Conversation, rerendered: dict) -> dict:
     expected = conversation.turns[k - 1].expected_answer
     boundaries = {arm: s.boundary for arm, s in states.items()}
     if not rerendered["ids_equal"]:
@@ -162,12 +144,20 @@ def _turn_record(k: int, states: dict[str, TurnState], conversation: Conversatio
         boundaries = {arm: _shared(b, shared) for arm, b in boundaries.items()}
     suffixes = {arm: s.answer for arm, s in states.items()}
     arms = {arm: arm_record(states[arm].boundary, s, expected) | {"correct": graded(s.answer, expected)}
-            for arm, s in suffixes.items()}
+            | _served(states[arm]) for arm, s in suffixes.items()}
     return {"turn": k, "history_len": len(states["session"].boundary.tokens), "expected_answer": expected,
             "session_matches_bank": tuple(states["session"].answer.tokens) == conversation.turns[k - 1].assistant_ids,
             "arms": arms, "comparisons": compare_arms(FAMILY.pairs, boundaries, suffixes, arms),
-            "rerendered": rerendered, **({"session_reuse": {arm: turns[k - 1] for arm, turns in reuse.items()}}
-                                         if reuse else {})}
+            "rerendered": rerendered,
+            **({"prefix_hit": prefix_hit(arms["session"]["served"])} if k > 1 and "served" in arms["session"] else {})}
+
+
+def _served(state: TurnState) -> dict:
+    """A serving engine's own counters for the turn's request (vLLM's, as families/serving.py records them);
+    nothing for a backend that keeps none."""
+    served = state.boundary.state
+    return {"served": {name: getattr(served, name) for name in SERVED}} if all(
+        hasattr(served, name) for name in SERVED) else {}
 
 
 def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
@@ -200,10 +190,8 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
     except FailClosed as exc:
         return excluded(base, exc)
     encode, decode = runtime.encode, runtime.decode
-    reuse = {arm: counted for arm, turns in sessions.items() if (counted := session_reuse(turns)) is not None}
     turns = [_turn_record(k, {arm: states[arm][k - 1] for arm in FAMILY.arms}, conversation,
-                          rerender_difference(histories[k - 1], rendered[k - 1], users, answers, k, encode, decode),
-                          reuse)
+                          rerender_difference(histories[k - 1], rendered[k - 1], users, answers, k, encode, decode))
              for k in range(1, len(users) + 1)]
     return Record.of(base | {"status": "ok", "prefix_len": len(histories[-1]), "arms": turns[-1]["arms"],
                              "comparisons": turns[-1]["comparisons"], "turns": turns})

@@ -57,7 +57,9 @@ class Family:
     arms: tuple[str, ...]
     pairs: tuple[tuple[str, str], ...]  # the arm pairs its records compare
     headline: tuple[str, ...]  # the pairs ("A~B") its divergence counts read
-    panel: str  # the rows it runs on: "all", or its contract panel: "bridge", "live", "replication", "transplant"
+    # the rows it runs on: "all", or its contract panel: "bridge", "live", "replication", "transplant", ...; a family
+    # that `reads` another's records runs on the rows that family's outcomes put in its panel (its module's `panel`)
+    panel: str
     layers: tuple[str, ...]  # the fidelity layers (pytest markers) whose conformance tests read its records
     # runs only on the cells whose crossing may diverge (its panel is drawn from their divergent rows):
     # in the paper's contract, bf16
@@ -109,6 +111,16 @@ _CONVERSATION_PAIRS = (*((c, f"{c}_replica") for c in ("session", "replay", "rer
                        ("session", "replay"), ("session", "incremental"), ("session", "rerendered"),
                        ("replay", "rerendered"))
 
+# The conversation transplant (families/conversation_transplant.py): at a turn where session and replay diverge,
+# each recipient given the other's K/V over the positions of turns 1..j; the self-transplant into each
+# construction's replica (the whole history) is the validity control.
+CONVERSATION_SPLICE = ("session", "replay")
+SPLICE_DIRECTIONS = (("replay", "session"), ("session", "replay"))
+SPLICES = tuple(direction(recipient, donor) for recipient, donor in SPLICE_DIRECTIONS)
+SELF_SPLICES = tuple((direction(f"{c}_replica", c), c) for c in CONVERSATION_SPLICE)  # (self-splice, own)
+_SPLICE_PAIRS = (("session", "replay"), *((c, f"{c}_replica") for c in CONVERSATION_SPLICE),
+                 *((direction(r, d), d) for r, d in SPLICE_DIRECTIONS), *SELF_SPLICES)
+
 FAMILIES = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
                                                       ("live", "prefill")), ("live~prefill",), "live",
@@ -144,4 +156,9 @@ FAMILIES = {family.name: family for family in (
            "conversation", ("replica", "fidelity"), headline_table=False,
            title="Conversations: turn k of a cached chat, replayed and re-rendered",
            requires=("conversation",), settings="conversation"),
+    Family("conversation_transplant", (*_with_replicas(*CONVERSATION_SPLICE), *SPLICES, *(n for n, _ in SELF_SPLICES)),
+           _SPLICE_PAIRS, ("session~replay",), "conversation_transplant", ("causal",), divergent_cells_only=True,
+           headline_table=False, title="Conversation transplant: the earliest turn whose K/V carries the divergence",
+           requires=("conversation", "kv_tensors", "position_splice"), reads=("conversation",),
+           settings="conversation"),
 )}

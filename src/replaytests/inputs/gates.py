@@ -115,6 +115,16 @@ def _mismatch(metrics: Comparison) -> str:
             f"bounds, {'none' if first is None else f'first at position {first}'} past the |delta logp| threshold")
 
 
+def _stale_turns(turns, pair: str) -> str | None:
+    """A conversation pair's requests that read the prefix cache where it had been emptied (every construction
+    but the session, and the session at turn 1), from the engine's own counters; None where none did (or the
+    backend keeps no counters)."""
+    stale = [f"turn {t.turn} {arm} read {t.arms[arm].served.cached_tokens} tokens" for t in turns
+             for arm in pair.split("~") if t.arms[arm].served is not None and t.arms[arm].served.cached_tokens
+             and (t.turn == 1 or not arm.startswith("session"))]
+    return f"{pair}: requests on an emptied prefix cache read from it: {', '.join(stale)}" if stale else None
+
+
 def _required(required: bool, message: str, gate: str) -> Judgement:
     if required:
         return Judgement("fail", f"{message} (gate {gate}: required)")
@@ -218,6 +228,8 @@ class Gates:
     def conversation_control(self, record: Record) -> Judgement:
         """At turn 1 the session and the replay are the same one call over the first user turn: bit-exact, or
         the constructions themselves are broken (gate conversation.control_exact)."""
+        if stale := _stale_turns(record.turns[:1], CONVERSATION_CONTROL):
+            return Judgement("fail", f"{record.title}: {stale}")
         problems = differences(record.turns[0].comparisons[CONVERSATION_CONTROL], CONVERSATION_CONTROL)
         if not problems:
             return PASS
@@ -228,25 +240,29 @@ class Gates:
         """A headline pair at every turn after the first: divergent assistant turns are recorded where the
         contract allows the crossing to diverge at this cell, a failure where it does not. A re-rendered history
         that shares no token past the first user turn's with the generated one has nothing to compare: vacuous,
-        recorded as such, never a pass. So is a session turn whose cache, by the runtime's own count, supplied none
-        of the tokens the session decoded (`session_reuse`): its history was evaluated again."""
+        recorded as such, never a pass. On a serving engine, a turn whose session read no block written while the
+        turn before it decoded (prefix_hit.covers_decode false) was no session: vacuous, recorded, never judged; and
+        a request on an emptied prefix cache that read from it is a failure."""
         later = record.turns[1:]
         if not later:
             return Judgement("recorded", f"{record.title}: one turn only: nothing after the first turn to compare")
+        if stale := _stale_turns(record.turns, pair):
+            return Judgement("fail", f"{record.title}: {stale}")
+        hits = [t for t in later if "session" in pair.split("~") and t.prefix_hit is not None
+                and not t.prefix_hit.covers_decode]
+        later = [t for t in later if t not in hits]
         other_ids = [t for t in later if "rerendered" in pair and not t.rerendered.ids_equal]
         vacuous = [t.turn for t in other_ids if t.rerendered.turn == 1]
-        evaluated = {t.turn: reuse for t in later for arm, reuse in (t.session_reuse or {}).items()
-                     if arm in pair.split("~") and reuse.covers_decode is False}
         diverged = [f"turn {t.turn} at token {t.comparisons[pair].first_divergence}" for t in later
-                    if not t.comparisons[pair].suffix_equal and t not in other_ids and t.turn not in evaluated]
+                    if not t.comparisons[pair].suffix_equal and t not in other_ids]
         notes = [f"{pair} at turn {t.turn} reads other ids from token {t.rerendered.first_difference} on (turn "
                  f"{t.rerendered.turn} {t.rerendered.segment}: {t.rerendered.reason}): its assistant turn "
                  f"{'equal' if t.comparisons[pair].suffix_equal else 'differs'}, not judged" for t in other_ids]
         if vacuous:
             notes.append(f"{pair} vacuous at turns {vacuous}: the histories share no assistant token")
-        notes += [f"{pair} at turn {turn}: a vacuous session: its cache supplied {reuse.cached_tokens} tokens of its "
-                  f"history by the runtime's count, none it decoded (from token {reuse.decoded_from}): the history "
-                  "was evaluated again, not judged" for turn, reuse in evaluated.items()]
+        notes += [f"{pair} at turn {t.turn}: vacuous session hit: the engine reused {t.prefix_hit.cached_tokens} "
+                  f"tokens, none past the {t.prefix_hit.prompt_block_tokens} of the full blocks turn {t.turn - 1} "
+                  f"computed by prefill (no block written while it decoded: no session), not judged" for t in hits]
         if diverged:
             detail = f"{record.title}: {pair} assistant turns diverge ({', '.join(diverged)})"
             if not self.suffix_divergence_allowed["crossing"][record.precision]:
@@ -330,6 +346,42 @@ class Gates:
                                                                  f"arms produced a third trajectory: {third}",
                              "transplant.controls_third_trajectory")
         return PASS
+
+    def conversation_transplant_row(self, record: Record, role: str) -> Judgement:
+        """One conversation transplant row (layer 4), under the transplant's gates: a divergent row's recipient
+        given the donor's whole turn-k K/V follows the donor in each direction (transplant.donor_recovery); a
+        control's splices, at every turn j, never take a third trajectory (transplant.controls_third_trajectory).
+        The earliest turn whose K/V carries the divergence is a finding, in the record."""
+        splice = record.turn_splice
+        if role == "divergent":
+            missed = {name: t.outcome for name, t in record.transplants.items() if t.outcome != FOLLOWS}
+            if missed:
+                return _required(self.donor_recovery >= 1, f"{record.title}: turn {splice.turn}: given the donor's "
+                                                            f"whole turn-{splice.turn} K/V the recipient did not "
+                                                            f"follow it: {missed}", "transplant.donor_recovery")
+            return PASS
+        third = [f"{name} over turns 1..{step.turn}" for name, curve in splice.curves.items() for step in curve
+                 if step.outcome == THIRD]
+        if third:
+            return _required(self.controls_third_trajectory == 0, f"{record.title}: turn {splice.turn}: a splice "
+                                                                 f"between agreeing constructions produced a third "
+                                                                 f"trajectory: {', '.join(third)}",
+                             "transplant.controls_third_trajectory")
+        return PASS
+
+    @staticmethod
+    def conversation_transplant_panel(cell: str, divergent: int, not_testable: list[tuple[str, str]],
+                                      candidates: int) -> Judgement:
+        """The premise of the conversation transplant: a divergent row to transplant. A panel with none (no
+        session~replay divergence among the candidate conversations, or none whose first tokens agree) checked
+        nothing: recorded as "nothing to transplant", never a pass."""
+        if divergent:
+            return PASS
+        why = (f"{len(not_testable)} divergent, none testable: " + "; ".join(f"{row}: {reason}"
+                                                                            for row, reason in not_testable)
+               if not_testable else "no session~replay divergence at any turn")
+        return Judgement("recorded", f"conversation transplant ({cell}): nothing to transplant: {why} among the "
+                                     f"{candidates} conversation(s) of the panel")
 
     def transplant_family(self, follows: dict[str, tuple[int, int]],
                           thirds: dict[str, tuple[int, int]]) -> list[Judgement]:

@@ -330,18 +330,6 @@ class Rerendered(Part):
 
 
 @dataclass(frozen=True)
-class SessionReuse(Part):
-    """A conversation session's turn as the runtime counted it (families/conversation.py `session_reuse`): the
-    history's tokens its cache supplied, not evaluated, and where the tokens the session decoded in the latest
-    earlier assistant turn lie; `covers_decode` false: the history was evaluated again (a vacuous session)."""
-
-    cached_tokens: int
-    decoded_from: int | None  # None at turn 1 (nothing decoded yet)
-    decoded_end: int | None
-    covers_decode: bool | None
-
-
-@dataclass(frozen=True)
 class ConversationTurn(Part):
     """One turn k of a conversation: every construction's state before the assistant's first token, the
     assistant turn decoded from it (an arm's suffix), and the pairs compared."""
@@ -353,8 +341,9 @@ class ConversationTurn(Part):
     arms: Mapping[str, Arm]
     comparisons: Mapping[str, Comparison]
     rerendered: Rerendered
-    # per session arm, where the runtime counts what its cache supplied (llama.cpp's perf counters)
-    session_reuse: Mapping[str, SessionReuse] | None = field(default=None, metadata=OPTIONAL)
+    # a serving engine's (vLLM): the session's prefix-cache hit at turn k >= 2, and whether it read a block written
+    # while turn k-1 decoded (families/conversation.py)
+    prefix_hit: PrefixHit | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -372,6 +361,41 @@ class PartOutcome(Outcome):
 
     cache_digest: str = field(metadata=BITS)
     suffix: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SpliceStep(Outcome):
+    """One position splice of the conversation transplant: the recipient given the donor's K/V over turns 1 to
+    `turn` (positions [0, end)), and the assistant turn decoded from it (families/conversation_transplant.py)."""
+
+    turn: int
+    end: int
+    cache_digest: str = field(metadata=BITS)
+    suffix: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TurnSplice(Part):
+    """The conversation transplant at turn k: per direction, the splice of every turn j = 1..k (the curve) and the
+    earliest j whose K/V carries the donor's assistant turn."""
+
+    turn: int  # k: the turn whose assistant turn is decoded (a divergent row's first session~replay divergence)
+    history_len: int  # tokens of the turn-k history (the spliced state's positions)
+    turn_ends: tuple[int, ...]  # the end of turn j's positions (its assistant turn's closer; turn k: the history)
+    # the first position whose K or V (any layer) differs between session and replay, and its turn (None: equal)
+    first_kv_difference: int | None = field(metadata=BITS)
+    first_kv_difference_turn: int | None = field(metadata=BITS)
+    curves: Mapping[str, tuple[SpliceStep, ...]]  # direction -> the splice of turns 1..j, for j = 1..k
+    carrier_turn: Mapping[str, int | None]  # direction -> the earliest j whose splice follows the donor (None: none)
+
+    def check(self, where: str) -> None:
+        if len(self.turn_ends) != self.turn:
+            raise RecordError(_join(where, "turn_ends"), f"{len(self.turn_ends)} ends for turn {self.turn}: expected "
+                                                         "one per turn 1..k")
+        for name, curve in self.curves.items():
+            if [step.turn for step in curve] != list(range(1, self.turn + 1)):
+                raise RecordError(_join(where, f"curves.{name}"), f"turns {[step.turn for step in curve]}: expected "
+                                                                  f"1..{self.turn}")
 
 
 @dataclass(frozen=True)
@@ -435,6 +459,9 @@ class Record(Part):
     # a conversation record: every turn (its `arms` and `comparisons` are the last turn's, for the readers
     # of every family)
     turns: tuple[ConversationTurn, ...] | None = field(default=None, metadata=OPTIONAL)
+    # a conversation transplant record: the position splices at its turn (its `role` and `transplants` are read as
+    # the transplant family's: the whole-history splice per direction)
+    turn_splice: TurnSplice | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def from_json(cls, value: object, where: str = "", version: int | None = None) -> Record:

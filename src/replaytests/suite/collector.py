@@ -194,12 +194,12 @@ def exit_status(outcome: dict, status: int) -> int:
 
 
 def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
-    """(family, precision) -> the rows the plan gives it (None: the transplant panel, read from outcomes)."""
+    """(family, precision) -> the rows the plan gives it (None: a panel read from another family's outcomes)."""
     planned = {}
     for name, family in FAMILIES.items():
         if name in replay.plan.unsupported:
             continue
-        rows = None if family.panel == "transplant" else len(replay.plan.family_rows(name))
+        rows = None if family.reads else len(replay.plan.family_rows(name))
         for cell in replay.family_cells(name):
             if rows != 0:
                 planned[(name, cell)] = rows

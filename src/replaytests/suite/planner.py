@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 # The conformance tests' row fixtures, and the family whose rows each takes.
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
                 "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving",
-                "rollout_row": "rollout", "conversation_row": "conversation"}
+                "rollout_row": "rollout", "conversation_row": "conversation",
+                "conversation_transplant_row": "conversation_transplant"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ class Plan:
         kind = FAMILIES[family].panel
         return {"bridge": self.panels["bridge"], "live": self.panels["live"],
                 "replication": self.panels["replication"]["rows"], "rollout": self.panels["rollout"],
-                "conversation": self.panels["conversation"]}.get(kind)
+                "conversation": self.panels["conversation"],
+                # its candidates: the conversation family's rows (the panel itself is read from their outcomes)
+                "conversation_transplant": self.panels["conversation"]}.get(kind)
 
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share

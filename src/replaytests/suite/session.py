@@ -17,7 +17,8 @@ import torch
 from replaytests.engine import backend
 from replaytests.engine.hf import environment
 from replaytests.errors import ConfigError, RecordNotKept, short
-from replaytests.families import transplant
+from replaytests.families import conversation_transplant, transplant
+from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.files import lookup
 from replaytests.inputs import cells, conversations, cpu_isa, platforms
@@ -123,6 +124,8 @@ class ReplaySession:
     claims: Claims | None = None  # under pytest-xdist: the records this worker computes, or waits for
     _computed_here: set[tuple[str, str, str]] = field(default_factory=set)  # the keys of the records computed here
     panels: dict[str, transplant.Panel] = field(default_factory=dict)  # cell -> its transplant panel
+    # cell -> its conversation transplant panel
+    conversation_panels: dict[str, conversation_transplant.Panel] = field(default_factory=dict)
 
     @classmethod
     def open(cls, options: Options, pinned: cpu_isa.Pin | None = None) -> ReplaySession:
@@ -311,14 +314,15 @@ class ReplaySession:
     def unavailable(self, family: str) -> str | None:
         """Why the backend cannot serve a family (the capabilities it lacks, or its input missing), or None
         where it can."""
-        if family == "conversation" and not conversations.path_for(self.options.bank).is_file():
+        if FAMILIES[family].settings == "conversation" and not conversations.path_for(self.options.bank).is_file():
             return f"no conversation bank beside the bank ({conversations.path_for(self.options.bank).name})"
         return backend.missing(self.backend.capabilities, FAMILIES[family].requires, self.backend.name)
 
     def family_settings(self, family: str) -> dict:
         """The contract section a family's `run` takes; the conversation family's with its bank's path."""
         section = self.contract.settings[FAMILIES[family].settings]
-        return section | {"bank": conversations.path_for(self.options.bank)} if family == "conversation" else section
+        conversation = FAMILIES[family].settings == "conversation"
+        return section | {"bank": conversations.path_for(self.options.bank)} if conversation else section
 
     def row(self, row_id: str) -> BankRow:
         for row in self.rows:
@@ -347,6 +351,23 @@ class ReplaySession:
         """"divergent" or "control" for a panel row, "not_testable" for a divergent row whose first
         suffix tokens differ (transplant.panel gives the reason), None for a row outside the panel."""
         panel = self.transplant_panel(cell)
+        roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
+        return roles.get(row.id)
+
+    def conversation_transplant_panel(self, cell: str) -> conversation_transplant.Panel:
+        """The conversation transplant's panel of a cell, from the finished conversation records of its candidate
+        rows (the conversation family's panel), computing those not computed yet; its sizes are the transplant's."""
+        if cell not in self.conversation_panels:
+            (source,) = FAMILIES["conversation_transplant"].reads
+            records = self.read(source, spaced(self.rows, self.plan.panel_size(source)), cell)  # every shard's
+            sizes = self.contract.panels["transplant"]
+            self.conversation_panels[cell] = conversation_transplant.panel(records, cell, sizes["divergent"],
+                                                                           sizes["exact_controls"])
+        return self.conversation_panels[cell]
+
+    def conversation_transplant_role(self, row: BankRow, cell: str) -> str | None:
+        """As transplant_role, for the conversation transplant's panel."""
+        panel = self.conversation_transplant_panel(cell)
         roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
         return roles.get(row.id)
 
@@ -388,7 +409,9 @@ class ReplaySession:
 
     def has_record(self, family: str, row: BankRow, precision: str) -> bool:
         """Whether the family has a record of the row at all: a transplant row only in the cell's panel."""
-        return family != "transplant" or bool(self.unavailable(family)) or self.transplant_role(row, precision) in ROLES
+        role = {"transplant": self.transplant_role,
+                "conversation_transplant": self.conversation_transplant_role}.get(family)
+        return role is None or bool(self.unavailable(family)) or role(row, precision) in ROLES
 
     def _compute_and_append(self, family: str, row: BankRow, precision: str) -> Record:
         result = self._run_family(family, row, precision)
@@ -416,6 +439,11 @@ class ReplaySession:
         if family == "transplant":
             (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
             return transplant.run(self.runtime(precision), row, read, self.transplant_role(row, precision))
+        if family == "conversation_transplant":
+            (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
+            return conversation_transplant.run(self.runtime(precision), row, read,
+                                               self.conversation_transplant_role(row, precision),
+                                               self.family_settings(family))
         model = self.options.later_model if spec.panel == "replication" else None
         settings = (self.family_settings(family),) if spec.settings else ()
         return spec.run(self.runtime(precision, model), row, *settings)

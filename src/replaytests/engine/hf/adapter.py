@@ -16,7 +16,7 @@ import torch
 
 from replaytests.engine.backend import library_problem
 from replaytests.engine.boundary import KV, cache_layers
-from replaytests.errors import ConfigError
+from replaytests.errors import ConfigError, TransplantRefused
 from replaytests.files import MAX_INPUT, regular_file
 from replaytests.inputs.cells import KVCache
 from replaytests.inputs.models import TOKENIZER_FILES
@@ -388,6 +388,18 @@ def transplanted_cache(model, recipient, donor, layers: list[int], parts: tuple[
     own, theirs = cache_layers(recipient), cache_layers(donor)
     mixed = [tuple((theirs if index in layers and part in parts else own)[index][p]
                    for p, part in enumerate(_STORED)) for index in range(len(own))]
+    return cache_from_layers(model, mixed, like=recipient)
+
+
+def spliced_cache(model, recipient, donor, end: int):
+    """The recipient's cache with every layer's K and V over positions [0, end) copied from the donor, every tensor
+    storage-isolated. A quantized cache is refused: its stored codes quantize positions together (and only the
+    residual's are its own), so no position range of it can be moved alone."""
+    if isinstance(recipient, QuantizedKV) or isinstance(donor, QuantizedKV):
+        raise TransplantRefused("a position splice of a quantized K/V cache is not defined (its stored codes "
+                                "quantize positions together); run the conversation transplant on a native cache")
+    mixed = [tuple(torch.cat([theirs[p][:, :, :end], own[p][:, :, end:]], dim=2) for p in range(2))
+             for own, theirs in zip(cache_layers(recipient), cache_layers(donor), strict=True)]
     return cache_from_layers(model, mixed, like=recipient)
 
 

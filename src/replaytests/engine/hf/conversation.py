@@ -71,6 +71,12 @@ def _decoded_from(runtime: Step, boundary: Boundary, cap: int, closer: int, capa
     return _decode(runtime, state, cap, closer, boundary.construction)
 
 
+def answer(runtime: Step, boundary: Boundary, cap: int, closer: int) -> Suffix:
+    """The assistant turn decoded from any turn state (a spliced one: the conversation transplant), on a copy of
+    its cache, from its own boundary logits."""
+    return _decoded_from(runtime, boundary, cap, closer, len(boundary.tokens) + cap + 1)
+
+
 def session(runtime: Step, users: list[list[int]], cap: int, closer: int,
             construction: str = "session") -> list[TurnState]:
     """The session: each user turn (with the generation prompt) appended in one call, the assistant turn

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from replaytests.engine import backend
+from replaytests.engine import backend, turn_splice
 from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.conversation import TurnState
@@ -106,6 +106,13 @@ class Runtime(Step):
             return hf_adapter.transplanted_cache(self.model, recipient.cache, donor.cache, chosen, selected), None
 
         return transplanted(recipient, donor, layers, parts, splice)
+
+    def splice(self, recipient: Boundary, donor: Boundary, end: int) -> Boundary:
+        return turn_splice.splice(recipient, donor, end,
+                                  lambda n: hf_adapter.spliced_cache(self.model, recipient.cache, donor.cache, n))
+
+    def answer(self, boundary: Boundary, cap: int, closer: int) -> Suffix:
+        return conversation.answer(self, boundary, cap, closer)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -3,7 +3,9 @@ over each request's tokens, and forces the tokens of a teacher-forced (increment
 
 vLLM instantiates the class itself, in this process (the backend turns its multiprocessing off), so
 the grammar reaches it through GRAMMARS, keyed by the request's `extra_args`. A request that names no grammar
-(a rollout's teacher forcing: the model's own distribution, no structural mask) is only forced.
+(a rollout's teacher forcing: the model's own distribution, no structural mask) is only forced. A request that
+names a conversation `turn` (engine/vllm/conversation.py) decodes an assistant turn: its forced tokens first, then
+greedy over the grammar's content tokens and the turn's closer, only the closer at the cap.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class StructuralMask(AdapterLogitsProcessor):
         if args is None:
             return None
         grammar = args.get("grammar")
+        if (turn := args.get("turn")) is not None:
+            return _Turn(GRAMMARS[grammar], tuple(args.get("forced", ())), turn["closer"], turn["cap"])
         return _Request(None if grammar is None else GRAMMARS[grammar], tuple(args.get("forced", ())))
 
 
@@ -60,4 +64,27 @@ class _Request:
             keep[self.forced[self.seen]] = True
         else:
             keep = self.grammar.eligible(self.cursor)[: logits.shape[0]]
+        return logits.masked_fill(~keep, float("-inf"))
+
+
+class _Turn:
+    """An assistant turn of a conversation (engine/conversation.py), as the Hugging Face backend decodes it: the
+    forced tokens first (an incremental construction's history, one decode step each), then any content token or
+    the closer, only the closer once the turn holds `cap` content tokens (every earlier choice past the forced
+    ones was content: the closer ends the turn)."""
+
+    def __init__(self, grammar: Grammar, forced: tuple[int, ...], closer: int, cap: int) -> None:
+        self.forced, self.cap = forced, cap
+        self.closer_only = torch.zeros_like(grammar.content)
+        self.closer_only[closer] = True
+        self.either = grammar.content | self.closer_only
+
+    def __call__(self, prompt_ids: list[int], output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        step = len(output_ids)
+        if step < len(self.forced):
+            keep = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+            keep[self.forced[step]] = True
+        else:
+            keep = (self.either if step - len(self.forced) < self.cap else self.closer_only)[: logits.shape[0]]
+            keep = keep.to(logits.device)
         return logits.masked_fill(~keep, float("-inf"))

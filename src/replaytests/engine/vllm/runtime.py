@@ -18,6 +18,9 @@ boundary carries those in place of K/V and the full logit row.
 - `batched`: z as one prompt beside two other requests of the same problem in one engine step.
 Each `X_replica` is the same request again on an empty cache.
 
+The conversation family's constructions (engine/vllm/conversation.py) are requests on the main engine: the session
+in sequence on the prefix cache the turns before it left, every other one on an emptied cache.
+
 The rollout families' arms (engine/vllm/rollout.py) run on an engine of their own, whose logprobs mode is
 raw_logprobs (the suite's definition of a log-probability), with no structural mask.
 """
@@ -37,10 +40,12 @@ from replaytests.engine import backend, stop
 from replaytests.engine.backend import CellProblem, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.comparisons import first_divergence
+from replaytests.engine.conversation import TurnState
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import inspection
 from replaytests.engine.protocol import ANSWER, MERGE, Delimiters, Grammar, answer_ids, companions, prompt_of
 from replaytests.engine.rollout import Rollout
+from replaytests.engine.vllm import conversation
 from replaytests.engine.vllm import rollout as rollouts
 from replaytests.engine.vllm.rollout import LogprobsUnchecked
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
@@ -145,7 +150,9 @@ class Served:
     """What one request gave besides its boundary and suffix: the engine's counters for it."""
 
     cached_tokens: int  # RequestOutput.num_cached_tokens: prompt tokens read from the prefix cache
-    prompt_block_tokens: int  # the tokens of full blocks inside z's prompt block (prefill-computed in live)
+    # the tokens of full blocks inside z's prompt block (prefill-computed in live); in a conversation's session
+    # turn k >= 2, inside turn k-1's prompt (prefill-computed in that turn); 0 elsewhere
+    prompt_block_tokens: int
     prefill_steps: int | None  # scheduler steps that computed the prompt (None: not observable here)
     steps_digest: str  # sha256 of every suffix step's top-k (id, logit), in rank order
     suffix: Suffix
@@ -165,7 +172,7 @@ class Runtime:
     name: ClassVar[str] = "vllm"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill",
-                                                        "rollout_logprobs"})
+                                                        "rollout_logprobs", "conversation"})
     rollout_logprobs_mode: ClassVar[str] = rollouts.LOGPROBS_MODE  # the rollout engine's (a test may set another)
     inspect = staticmethod(inspection.inspect)  # vLLM serves Hugging Face directories
     check_loadable = staticmethod(hf_adapter.check_tensors)
@@ -241,7 +248,7 @@ class Runtime:
                 str(self.model_dir), tokenizer=str(self.model_dir), dtype=self.dtype, seed=0,
                 kv_cache_dtype="auto" if self.cell.kv_cache.native else self.cell.kv_cache.format,
                 enforce_eager=settings["enforce_eager"], block_size=settings["block_size"],
-                enable_prefix_caching=True, enable_chunked_prefill=True, max_model_len=length,
+                enable_prefix_caching=settings["prefix_caching"], enable_chunked_prefill=True, max_model_len=length,
                 max_num_batched_tokens=budget or length, max_num_seqs=settings["max_num_seqs"],
                 logits_processors=[StructuralMask], logprobs_mode=logprobs_mode,
                 max_logprobs=settings["logprobs"], trust_remote_code=False)
@@ -495,11 +502,24 @@ class Runtime:
                        f"{where} (the step after the response)")
         return rollouts.rollout(construction, z, steps[len(z) - 1:], sampled[0][0], self.grammar, mode, where)
 
+    def session(self, users: list[list[int]], cap: int, closer: int,
+                construction: str = "session") -> list[TurnState]:
+        return conversation.session(self, users, cap, closer, construction)
+
+    def replayed(self, construction: str, histories: list[list[int]], cap: int, closer: int) -> list[TurnState]:
+        return conversation.replayed(self, construction, histories, cap, closer)
+
+    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> str:
+        return conversation.render(self, template, messages, generation_prompt)
+
     def transplant(self, recipient, donor, layers=None, parts=("k", "v")) -> Boundary:
         raise Unsupported(f"backend {self.name} exposes no K/V tensors to transplant")
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
 
     def probe(self, tokens: list[int]):
         raise Unsupported("backend vllm shows top-k logprobs only, not a whole logit row (full_logits)")
