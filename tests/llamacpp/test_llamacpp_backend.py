@@ -132,13 +132,14 @@ def test_roles_visibility_is_refused(gguf):
 
 @pytest.fixture(scope="module")
 def conformance_run(gguf, tmp_path_factory):
-    """Two rows at fp32, every family the backend serves, as a user runs it."""
+    """Two rows at fp32, every family the backend serves but the conversations (their incremental construction costs
+    minutes here: test_conversation.py runs SmolLM2's first two on their own), as a user runs it."""
     root = tmp_path_factory.mktemp("llamacpp")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
          "no:xdist", "-rA", "--backend", "llamacpp", "--model", str(gguf), "--bank", str(BANK), "--contract",
          str(CONTRACT), "--precision", "fp32", "--rows", "2", *ACCEPT, "--report-dir", str(root), "--run-name",
-         "smollm2"], cwd=root, capture_output=True, text=True, check=False)
+         "smollm2", "-k", "not conversation"], cwd=root, capture_output=True, text=True, check=False)
     return proc, root / "smollm2"
 
 
@@ -147,29 +148,9 @@ def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run):
     assert proc.returncode == 0, f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
     assert "backend llamacpp lacks batch_size" in proc.stdout, "no skip names the missing capability"
     records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
-    assert {r["family"] for r in records} == {"live", "crossing", "bridge", "serving", "rollout", "rollout_sampled",
-                                              "conversation"}, {r["family"] for r in records}
+    assert {r["family"] for r in records} == {"live", "crossing", "bridge", "serving", "rollout", "rollout_sampled"}, \
+        {r["family"] for r in records}
     assert all(r["status"] == "ok" and r["precision"] == "fp32" for r in records), records
-
-
-def test_every_later_conversation_turn_read_the_session_from_its_context(conformance_run):
-    """The conversation family on SmolLM2 (its ChatML conversations, rows 0 and 1): at every turn after the first,
-    both sessions read the whole earlier history from the context they kept, the tokens they decoded included,
-    by llama.cpp's own count (docs/llamacpp.md, "Conversations")."""
-    _, run = conformance_run
-    records = [r for r in map(json.loads, (run / "ledger.jsonl").read_text().splitlines())
-               if r["family"] == "conversation"]
-    assert [r["row"] for r in records] == ["smollm2-000", "smollm2-001"], [r["row"] for r in records]
-    for record in records:
-        for turn in record["turns"][1:]:
-            for arm, reuse in turn["session_reuse"].items():
-                assert reuse["covers_decode"] and reuse["cached_tokens"] == reuse["decoded_end"], \
-                    (record["row"], turn["turn"], arm, reuse)
-        exact = [all(c["cache_exact"] and c["logits_exact"] and c["suffix_equal"] for c in t["comparisons"].values())
-                 for t in record["turns"]]
-        print(f"{record['row']}: turns bit-exact across constructions {exact}, session is the bank's "
-              f"{[t['session_matches_bank'] for t in record['turns']]}, re-rendered ids equal "
-              f"{[t['rerendered']['ids_equal'] for t in record['turns']]}")
 
 
 def test_every_prompt_cache_hit_in_the_run_is_proven_by_llamacpps_count(conformance_run):

@@ -7,8 +7,9 @@ of a llama.cpp context (the runtime's own, or a fresh one for a `*_replica`):
   remains in one llama_decode call (at turn k > 1, the previous closer and user turn k); the assistant turn is
   then decoded one token per call on the same context. llama.cpp's own count of the tokens the request evaluated
   (llama_perf_context) is the turn's `Saved.evaluated`, so its `cached_tokens` are the history's tokens read
-  from the cache, not evaluated: what proves the reuse (families/conversation.py reports a turn whose history
-  was evaluated again as a vacuous session);
+  from the cache, not evaluated, and its `prompt_block_tokens` the previous turn's history (what it computed by
+  prefill): a hit is a session's only where it reaches past them, into the tokens turn k-1 decoded (the family's
+  `prefix_hit`, as on vLLM); else the turn evaluated its history again and is vacuous (the gates say so);
 - replay and rerendered: each turn's history in one call in a cleared context (n_batch = n_ctx, so one
   llama_decode of one ubatch; the calls are counted);
 - incremental: the last history one token per call, each turn's state saved where its history ends.
@@ -51,13 +52,14 @@ def _check_room(runtime: Runtime, length: int, cap: int, where: str) -> None:
 
 
 def _boundary(runtime: Runtime, context: Context, construction: str, tokens: list[int], logits: torch.Tensor,
-              evaluated: int, calls: int) -> Boundary:
-    """The state the context holds after `tokens` (saved), and what llama.cpp counted building it."""
+              evaluated: int, calls: int, prefilled: int = 0) -> Boundary:
+    """The state the context holds after `tokens` (saved), and what llama.cpp counted building it (`prefilled`:
+    the tokens a hit may read without reaching a decoded one)."""
     from replaytests.engine.llamacpp.runtime import Saved  # runtime.py imports this module
 
 
     where = f"llamacpp {construction} ({runtime.precision})"
-    saved = Saved(context.save(), context.length, evaluated, 0, calls)
+    saved = Saved(context.save(), context.length, evaluated, prefilled, calls)
     cache = runtime._cache(saved.state, where)
     # llama.cpp's count of what it did not evaluate is a claim about its cache: the cells must be there
     if not saved.length == cache.get_seq_length() == len(tokens):
@@ -125,7 +127,8 @@ def session(runtime: Runtime, users: list[list[int]], cap: int, closer: int,
             history = history + (turns[-1].answer.tokens if turns else []) + user
             _check_room(runtime, len(history), cap, where)
             logits, evaluated, calls = _request(runtime, context, cached, history, where)
-            boundary = _boundary(runtime, context, construction, history, logits, evaluated, calls)
+            prefilled = len(turns[-1].boundary.tokens) if turns else 0  # turn k-1's history: its prompt
+            boundary = _boundary(runtime, context, construction, history, logits, evaluated, calls, prefilled)
             answer = _decode(runtime, context, logits, cap, closer, where)
             cached = history + answer.tokens[:-1]  # what the slot holds: the closer is chosen, not fed
             turns.append(TurnState(construction, turn, boundary, answer))
