@@ -99,6 +99,7 @@ class Model:
                               f"tensor type this build does not know: llama-cpp-python {version()})")
         self.vocab = lib.llama_model_get_vocab(self.ptr)
         self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+        self._formatters: dict[tuple[str, bool], object] = {}  # chat templates parsed once each
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text (None where the file has no such key)."""
@@ -131,6 +132,22 @@ class Model:
             n = self.llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
             pieces += buf.raw[:max(n, 0)]
         return pieces.decode("utf-8", "replace")
+
+    def render_chat(self, template: str, messages: list[dict], generation_prompt: bool) -> str:
+        """The messages through a chat template as llama-cpp-python's own chat handler renders them for a
+        GGUF's `tokenizer.chat_template` (its Jinja2ChatFormatter: jinja2 in a sandbox, transformers' trim and
+        lstrip settings and extensions, this vocabulary's BOS and EOS text), which its server tokenizes with
+        special tokens parsed and no BOS added (`added_special`)."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        key = (template, generation_prompt)
+        if key not in self._formatters:
+            lib = self.llama_cpp
+            eos, bos = lib.llama_vocab_eos(self.vocab), lib.llama_vocab_bos(self.vocab)
+            text = {token: lib.llama_vocab_get_text(self.vocab, token).decode("utf-8") if token != -1 else ""
+                    for token in (eos, bos)}
+            self._formatters[key] = Jinja2ChatFormatter(template, text[eos], text[bos], generation_prompt)
+        return self._formatters[key](messages=messages).prompt
 
     def __len__(self) -> int:
         return self.n_vocab

@@ -8,7 +8,8 @@ Its constructions, each on seq 0 of a llama.cpp context:
 - prefix_hit: the live request, then the same prefix on the cache it left, as llama.cpp's server reuses a
   prompt (`cache_prompt`): every position but the last kept, the last re-evaluated for its logits. The
   reuse is proven by llama.cpp's own count of the tokens it evaluated (`Served.evaluated`);
-- `*_replica`: the same construction in a fresh context.
+- `*_replica`: the same construction in a fresh context;
+- a conversation's session, replays and rendering (engine/llamacpp/conversation.py).
 
 A boundary keeps the sequence state llama.cpp serializes (its K/V cells and positions), read as K/V
 tensors (engine/llamacpp/state.py); the shared suffix decoder loads it into a context and continues
@@ -30,7 +31,8 @@ import torch
 from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
-from replaytests.engine.llamacpp import rollout
+from replaytests.engine.conversation import TurnState
+from replaytests.engine.llamacpp import conversation, rollout
 from replaytests.engine.llamacpp.context import (
     INSTALL,
     Context,
@@ -98,7 +100,8 @@ class Runtime:
     name: ClassVar[str] = "llamacpp"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy",
-                                                        "prefix_cache", "chunked_prefill", "rollout_logprobs"})
+                                                        "prefix_cache", "chunked_prefill", "rollout_logprobs",
+                                                        "conversation"})
 
     def __init__(self, model: Model, contract: Contract, precision: str) -> None:
         self.model, self.contract, self.precision = model, contract, precision
@@ -272,6 +275,16 @@ class Runtime:
     def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
         return rollout.replay(self, construction, z, response)
 
+    def session(self, users: list[list[int]], cap: int, closer: int,
+                construction: str = "session") -> list[TurnState]:
+        return conversation.session(self, users, cap, closer, construction)
+
+    def replayed(self, construction: str, histories: list[list[int]], cap: int, closer: int) -> list[TurnState]:
+        return conversation.replayed(self, construction, histories, cap, closer)
+
+    def render(self, template: str, messages: list[dict], generation_prompt: bool) -> str:
+        return conversation.render(self, template, messages, generation_prompt)
+
     def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
         with self.arm_context(construction) as context:
             before = context.evaluated()
@@ -318,6 +331,9 @@ class Runtime:
 
     def encode(self, text: str) -> list[int]:
         return self.model.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.model.decode(ids)
 
     def probe(self, tokens: list[int]) -> torch.Tensor:
         """The last position's logits of one call over `tokens`, in the runtime's own context."""
