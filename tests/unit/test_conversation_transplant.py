@@ -190,12 +190,11 @@ def test_a_splice_of_the_wrong_range_on_the_model_is_caught(bf16_runtime, diverg
     """The must-fail control on real states: the adapter splicing one position more than asked, at the first
     position whose K/V differ between session and replay, is refused by the seam's check."""
     from replaytests.engine.hf import adapter
-    from replaytests.families.conversation import chat
-    from replaytests.families.conversation_transplant import _bank, _rebuild, turn_of
+    from replaytests.families.conversation import conversation_of
+    from replaytests.families.conversation_transplant import _rebuild, turn_of
 
     row, record, settings = divergent
-    conversation, template = _bank(settings["bank"], len(bf16_runtime.grammar.content), 12)[row.id]
-    closer, users = chat(bf16_runtime, template, [t.user for t in conversation.turns], "test")
+    _, _, closer, users = conversation_of(bf16_runtime, row, settings)
     trial = _rebuild(bf16_runtime, users, 12, closer, turn_of(record, "divergent"), "test")
     end = first_kv_difference(trial.boundaries["session"], trial.boundaries["replay"])
     assert end is not None, "the premise: session's and replay's K/V differ somewhere"

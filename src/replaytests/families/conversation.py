@@ -42,6 +42,19 @@ def _bank(path: Path, vocab_size: int, cap: int) -> dict[str, tuple[Conversation
     return {c.id: (c, read_template(path, c)) for c in read_conversations(path, vocab_size, cap)}
 
 
+def conversation_of(runtime: Backend, row: BankRow,
+                    settings: dict) -> tuple[Conversation, str, int, list[list[int]]] | None:
+    """The row's conversation (None: the bank has none of its id), its template, the template's end-of-turn
+    token and each user turn's segment, tokenized."""
+    found = _bank(settings["bank"], len(runtime.grammar.content), settings["cap"]).get(row.id)
+    if found is None:
+        return None
+    conversation, template = found
+    closer, users = chat(runtime, template, [t.user for t in conversation.turns],
+                         f"{settings['bank']}:{conversation.line} (conversation {conversation.id}): field 'template'")
+    return conversation, template, closer, users
+
+
 def chat(runtime: Backend, template: str, users: list[str], where: str) -> tuple[int, list[list[int]]]:
     """The template's end-of-turn token (each assistant turn's closer) and each user turn's segment as a
     token-in session appends it, tokenized (engine/conversation.py). A template that fails to render, or
@@ -167,12 +180,9 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
     where = title(FAMILY.name, row.id, runtime.precision)
     cap = settings["cap"]
     runtime.activate()
-    try:
-        conversation, template = _bank(settings["bank"], len(runtime.grammar.content), cap)[row.id]
-    except KeyError:
+    if (found := conversation_of(runtime, row, settings)) is None:
         return excluded(base, BankError(f"{settings['bank']}: no conversation {row.id!r}"))
-    closer, users = chat(runtime, template, [t.user for t in conversation.turns],
-                         f"{settings['bank']}:{conversation.line} (conversation {conversation.id}): field 'template'")
+    conversation, template, closer, users = found
     try:
         sessions = {arm: runtime.session(users, cap, closer, arm) for arm in ("session", "session_replica")}
         answers = [s.answer.tokens for s in sessions["session"]]

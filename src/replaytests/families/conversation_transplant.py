@@ -22,15 +22,13 @@ the recipient's boundary logits, which choose that token (`not_testable_reason`)
 from __future__ import annotations
 
 import dataclasses
-import functools
-from pathlib import Path
 from typing import NamedTuple
 
 from replaytests.engine.backend import Backend
 from replaytests.engine.boundary import Boundary, Suffix, check_same_state, check_storage_isolated
 from replaytests.engine.turn_splice import first_kv_difference
 from replaytests.errors import BankError, FailClosed, NotContemporaneous, TransplantInvalid
-from replaytests.families.conversation import chat, spans
+from replaytests.families.conversation import conversation_of, spans
 from replaytests.families.panels import spaced
 from replaytests.families.registry import (
     CONVERSATION_SPLICE,
@@ -43,7 +41,6 @@ from replaytests.families.skeleton import arm_record, compare_arms, excluded, re
 from replaytests.families.transplant import outcome
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import direction
-from replaytests.inputs.conversations import Conversation, read_conversations, read_template
 from replaytests.outputs.records import ConversationTurn, Record, as_written, title
 
 FAMILY = FAMILIES["conversation_transplant"]
@@ -111,11 +108,6 @@ def turn_ends(users: list[list[int]], answers: list[list[int]], turn: int) -> li
     return [end for _, segment, _, end in parts if segment == "assistant"] + [parts[-1][3]]
 
 
-@functools.cache
-def _bank(path: Path, vocab_size: int, cap: int) -> dict[str, tuple[Conversation, str]]:
-    return {c.id: (c, read_template(path, c)) for c in read_conversations(path, vocab_size, cap)}
-
-
 def check_contemporaneous(rebuilt: dict[str, dict], turn: ConversationTurn, where: str) -> None:
     """The rebuilt arms (as the ledger holds them) reproduce the conversation record's at the turn."""
     for arm, fields in rebuilt.items():
@@ -175,12 +167,9 @@ def run(runtime: Backend, row: BankRow, conversation_record: Record, role: str, 
     where = title(FAMILY.name, row.id, runtime.precision)
     cap, k = settings["cap"], turn_of(conversation_record, role)
     runtime.activate()
-    try:
-        conversation, template = _bank(settings["bank"], len(runtime.grammar.content), cap)[row.id]
-    except KeyError:
+    if (found := conversation_of(runtime, row, settings)) is None:
         return excluded(base, BankError(f"{settings['bank']}: no conversation {row.id!r}"))
-    closer, users = chat(runtime, template, [t.user for t in conversation.turns],
-                         f"{settings['bank']}:{conversation.line} (conversation {conversation.id}): field 'template'")
+    conversation, _, closer, users = found
     expected = conversation.turns[k - 1].expected_answer
     try:
         trial = _rebuild(runtime, users, cap, closer, k, where)
