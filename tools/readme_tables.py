@@ -399,14 +399,14 @@ def conversations_table(runs: dict[str, tuple[Path, ...]] | None = None) -> str:
 
 
 TABLES = {"vllm": vllm_table, "llamacpp": llamacpp_table, "flips": flips_table, "behaviour": behaviour_table,
-          "cells": cells_table, "rollouts": rollouts_table}
-# Tables README does not show yet (tests/unit/test_readme_tables.py checks TABLES only): print them with
-# `python tools/readme_tables.py conversations [RUN_DIR ...]`.
-PENDING = {"conversations": conversations_table}
+          "cells": cells_table, "rollouts": rollouts_table, "conversations": conversations_table}
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] in PENDING:
-        given = {Path(arg).resolve().name: (Path(arg),) for arg in sys.argv[2:]}
-        print(PENDING[sys.argv[1]](given or None))
+    # `python tools/readme_tables.py [NAME]`: every table README shows, or one; `conversations RUN_DIR ...`: the
+    # conversation table of any run directories.
+    if len(sys.argv) > 2 and sys.argv[1] == "conversations":
+        print(conversations_table({Path(arg).resolve().name: (Path(arg),) for arg in sys.argv[2:]}))
+    elif len(sys.argv) > 1:
+        print(TABLES[sys.argv[1]]())
     else:
         print("\n\n".join(make() for make in TABLES.values()))
