@@ -59,6 +59,8 @@ READERS = {
     "panels.bridge": planner.Plan.panel_size,
     "panels.transplant.divergent": session.ReplaySession.transplant_panel,
     "panels.transplant.exact_controls": session.ReplaySession.transplant_panel,
+    "panels.conversation_transplant.divergent": session.ReplaySession.conversation_transplant_panel,
+    "panels.conversation_transplant.exact_controls": session.ReplaySession.conversation_transplant_panel,
     "panels.replication.rows": planner.Plan.panel_size,
     "panels.replication.min_exact_controls": artifacts.causal_lines,
     **{f"gates.{path}": gates.Gates.from_settings for path in (

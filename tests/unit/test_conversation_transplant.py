@@ -202,3 +202,29 @@ def test_a_splice_of_the_wrong_range_on_the_model_is_caught(bf16_runtime, diverg
     monkeypatch.setattr(adapter, "spliced_cache", lambda model, r, d, n: right(model, r, d, n + 1))
     with pytest.raises(TransplantRefused, match=f"position {end} is not a bit-exact copy of the replay recipient"):
         bf16_runtime.splice(trial.boundaries["replay"], trial.boundaries["session"], end)
+
+
+def _control(first_difference, outcomes):
+    """A control row's record as the gate reads it: one direction's curve, its steps ending at 10, 20, 30."""
+    from types import SimpleNamespace
+
+    steps = tuple(SimpleNamespace(turn=j, end=10 * j, outcome=o) for j, o in enumerate(outcomes, start=1))
+    splice_ = SimpleNamespace(turn=len(steps), first_kv_difference=first_difference, curves={"replay<-session": steps})
+    return SimpleNamespace(title="conversation_transplant row c (bf16)", turn_splice=splice_, transplants={})
+
+
+CONTROLS = [
+    pytest.param(15, ("keeps_own", "keeps_own", "keeps_own"), "pass", id="agrees-everywhere"),
+    # turns 1..2 end at 20, past the first differing position (15): the splice mixed two caches that differ
+    pytest.param(15, ("keeps_own", "third", "keeps_own"), "recorded", id="third-past-the-difference"),
+    # the must-fail case: turn 1 ends at 10, before any differing position: a copy of the recipient's own values
+    pytest.param(15, ("third", "keeps_own", "keeps_own"), "fail", id="third-on-a-no-op-splice"),
+    pytest.param(None, ("keeps_own", "third", "keeps_own"), "fail", id="third-with-equal-caches"),
+]
+
+
+@pytest.mark.parametrize(("first_difference", "outcomes", "expected"), CONTROLS)
+def test_a_controls_third_trajectory_fails_only_where_the_splice_moved_no_differing_kv(tiny_contract, first_difference,
+                                                                                       outcomes, expected):
+    judged = tiny_contract.gates.conversation_transplant_row(_control(first_difference, outcomes), "control")
+    assert judged.outcome == expected, f"{judged.outcome} ({judged.message}), expected {expected}"

@@ -150,6 +150,12 @@ SCHEMA = Section({
         }, default={}),
         "rollout": _pin(int, low=1, high=MAX_COUNT),  # null: every selected row
         "conversation": Value(int, default=12, low=1, high=MAX_COUNT),  # conversations run (each a bank row's)
+        # The cross-turn transplant's rows, from the conversation family's: divergent conversations, and controls
+        # (conversations whose constructions agree at every turn: each costs a splice per turn and direction).
+        "conversation_transplant": Section({
+            "divergent": Value(int, default=12, low=1, high=MAX_COUNT),
+            "exact_controls": Value(int, default=2, low=1, high=MAX_COUNT),
+        }, default={}),
     }, default={}),
     # The rollout families (docs/protocol.md §15): how long a rollout is, the sampler's seed, and the
     # thresholds a token's log-probability ratio r = p_replay / p_live and |delta logp| are measured against.

@@ -350,8 +350,11 @@ class Gates:
     def conversation_transplant_row(self, record: Record, role: str) -> Judgement:
         """One conversation transplant row (layer 4), under the transplant's gates: a divergent row's recipient
         given the donor's whole turn-k K/V follows the donor in each direction (transplant.donor_recovery); a
-        control's splices, at every turn j, never take a third trajectory (transplant.controls_third_trajectory).
-        The earliest turn whose K/V carries the divergence is a finding, in the record."""
+        control's splices that moved no differing position (turns ending at or before the first position whose
+        K/V differ between session and replay: the recipient's own values, copied) never take a third trajectory
+        (transplant.controls_third_trajectory). Past that position a control's splice mixes two caches that
+        differ bitwise, though their assistant turns agree: a third trajectory there is a finding, recorded. The
+        earliest turn whose K/V carries the divergence is a finding, in the record."""
         splice = record.turn_splice
         if role == "divergent":
             missed = {name: t.outcome for name, t in record.transplants.items() if t.outcome != FOLLOWS}
@@ -360,13 +363,18 @@ class Gates:
                                                             f"whole turn-{splice.turn} K/V the recipient did not "
                                                             f"follow it: {missed}", "transplant.donor_recovery")
             return PASS
-        third = [f"{name} over turns 1..{step.turn}" for name, curve in splice.curves.items() for step in curve
-                 if step.outcome == THIRD]
-        if third:
+        differ = splice.first_kv_difference
+        third = [(f"{name} over turns 1..{step.turn}", differ is None or step.end <= differ)
+                 for name, curve in splice.curves.items() for step in curve if step.outcome == THIRD]
+        if no_op := [name for name, copied in third if copied]:
             return _required(self.controls_third_trajectory == 0, f"{record.title}: turn {splice.turn}: a splice "
-                                                                 f"between agreeing constructions produced a third "
-                                                                 f"trajectory: {', '.join(third)}",
+                                                                 f"that moved no differing K/V produced a third "
+                                                                 f"trajectory: {', '.join(no_op)}",
                              "transplant.controls_third_trajectory")
+        if third:
+            return Judgement("recorded", f"{record.title}: turn {splice.turn}: the K/V of agreeing constructions, "
+                                         f"which differ bitwise from position {differ}, mixed by a splice, take a "
+                                         f"third trajectory: {', '.join(name for name, _ in third)}")
         return PASS
 
     @staticmethod

@@ -343,7 +343,7 @@ class ReplaySession:
         if cell not in self.panels:
             (source,) = FAMILIES["transplant"].reads
             crossing = self.read(source, self.rows, cell)
-            sizes = self.contract.panels["transplant"]
+            sizes = self.contract.panels["conversation_transplant"]
             self.panels[cell] = transplant.panel(crossing, cell, sizes["divergent"], sizes["exact_controls"])
         return self.panels[cell]
 
@@ -356,11 +356,11 @@ class ReplaySession:
 
     def conversation_transplant_panel(self, cell: str) -> conversation_transplant.Panel:
         """The conversation transplant's panel of a cell, from the finished conversation records of its candidate
-        rows (the conversation family's panel), computing those not computed yet; its sizes are the transplant's."""
+        rows (the conversation family's panel), computing those not computed yet (panels.conversation_transplant)."""
         if cell not in self.conversation_panels:
             (source,) = FAMILIES["conversation_transplant"].reads
             records = self.read(source, spaced(self.rows, self.plan.panel_size(source)), cell)  # every shard's
-            sizes = self.contract.panels["transplant"]
+            sizes = self.contract.panels["conversation_transplant"]
             self.conversation_panels[cell] = conversation_transplant.panel(records, cell, sizes["divergent"],
                                                                            sizes["exact_controls"])
         return self.conversation_panels[cell]
