@@ -17,16 +17,14 @@ if os.environ.get("REPLAYTESTS_REQUIRE_LLAMACPP") != "1":
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed here (bash tools/install-llamacpp.sh)")
 
 from replaytests.engine.llamacpp import conversation as llamacpp_conversation
-from replaytests.engine.llamacpp import conversion
 from replaytests.engine.llamacpp.runtime import Runtime
 from replaytests.families import conversation as family
-from replaytests.inputs.bank import model_digest, read_bank
+from replaytests.inputs.bank import read_bank
 from replaytests.inputs.contract import load_contract
 from replaytests.inputs.conversations import path_for
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "fixtures" / "models" / "tiny-qwen2"
-CONTRACT = REPO / "contracts" / "cpu-tiny-llamacpp.yaml"
 BANK = REPO / "fixtures" / "banks" / "tiny-causal.jsonl"
 SMOLLM2_CONTRACT = REPO / "contracts" / "cpu-smollm2-llamacpp.yaml"
 SMOLLM2_BANK = REPO / "fixtures" / "banks" / "smollm2-causal.jsonl"
@@ -36,23 +34,9 @@ EXACT_PAIRS = ("session~session_replica", "replay~replay_replica", "rerendered~r
 
 
 @pytest.fixture(scope="module")
-def gguf(tmp_path_factory) -> Path:
-    return conversion.to_gguf(TINY, model_digest(TINY)["sha256"], "bf16", "tiny-qwen2", tmp_path_factory.mktemp("gguf"))
-
-
-@pytest.fixture(scope="module")
-def contract():
-    return load_contract(CONTRACT)
-
-
-@pytest.fixture(scope="module")
-def runtime(gguf, contract) -> Runtime:
-    return Runtime.load(gguf, contract, "fp32")
-
-
-@pytest.fixture(scope="module")
-def rows(runtime, contract):
-    return read_bank(BANK, runtime.grammar, 8192, contract.caps.suffix_room())[:ROWS]
+def rows(rows):
+    """The first ROWS rows of the tiny causal bank (tests/llamacpp/conftest.py)."""
+    return rows[:ROWS]
 
 
 @pytest.fixture(scope="module")

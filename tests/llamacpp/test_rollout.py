@@ -21,12 +21,9 @@ if os.environ.get("REPLAYTESTS_REQUIRE_LLAMACPP") != "1":
 
 from llamacpp_premise import vocab_mismatches, weight_mismatches
 
-from replaytests.engine.llamacpp import conversion
 from replaytests.engine.llamacpp.runtime import Runtime
 from replaytests.engine.rollout import SUITE_LOGPROBS, row_seed
 from replaytests.families import rollout as rollout_family
-from replaytests.inputs.bank import model_digest, read_bank
-from replaytests.inputs.contract import load_contract
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "fixtures" / "models" / "tiny-qwen2"
@@ -34,26 +31,6 @@ CONTRACT = REPO / "contracts" / "cpu-tiny-llamacpp.yaml"
 BANK = REPO / "fixtures" / "banks" / "tiny-causal.jsonl"
 LENGTH = 32  # the contract's rollout.length (its default)
 ACCEPT = ("--accept-changed", "model", "--accept-changed", "tokenizer")  # the bank was frozen on the checkpoint
-
-
-@pytest.fixture(scope="module")
-def gguf(tmp_path_factory) -> Path:
-    return conversion.to_gguf(TINY, model_digest(TINY)["sha256"], "bf16", "tiny-qwen2", tmp_path_factory.mktemp("gguf"))
-
-
-@pytest.fixture(scope="module")
-def contract():
-    return load_contract(CONTRACT)
-
-
-@pytest.fixture(scope="module")
-def runtime(gguf, contract) -> Runtime:
-    return Runtime.load(gguf, contract, "fp32")
-
-
-@pytest.fixture(scope="module")
-def rows(runtime, contract):
-    return read_bank(BANK, runtime.grammar, 8192, contract.caps.suffix_room())
 
 
 def test_a_live_step_is_the_suites_log_softmax_of_llamacpps_logits(runtime, rows):
