@@ -17,10 +17,11 @@ import pytest
 from test_contract import schema_paths
 
 from replaytests.engine.hf import adapter, environment, forward, inspection, runtime, weights
+from replaytests.engine.hf import sweep as hf_sweep
 from replaytests.engine.llamacpp import runtime as llamacpp_runtime
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
-from replaytests.families import conversation, rollout
+from replaytests.families import conversation, rollout, sweep
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
 from replaytests.inputs.cells import PAPER
@@ -69,7 +70,12 @@ READERS = {
         "transplant.donor_recovery", "transplant.controls_third_trajectory", "audit.reproduce",
         "serving.replicas_exact", "serving.suffix_divergence_allowed", "rollout.replicas_exact",
         "rollout.live_incremental_exact", "rollout.k3_max", "rollout.outside_bounds_max",
-        "conversation.replicas_exact", "conversation.control_exact", "conversation.rerendered_ids_equal")},
+        "conversation.replicas_exact", "conversation.control_exact", "conversation.rerendered_ids_equal",
+        "sweep.replicas_exact", "sweep.suffix_divergence_allowed")},
+    "panels.sweep": planner.Plan.panel_size,
+    "sweep.multiples": sweep.points,
+    "sweep.stride": hf_sweep.axes,
+    "sweep.continuation": sweep.run,
     "panels.conversation": planner.Plan.panel_size,
     "conversation.cap": conversation.run,
     "panels.rollout": planner.Plan.panel_size,

@@ -14,7 +14,7 @@ judged against the contract's rollout bounds, and recorded where it sets none.
 import pytest
 
 from replaytests.conformance.helpers import judge, ok
-from replaytests.families.registry import FAMILIES
+from replaytests.families.registry import FAMILIES, SWEEP_HEADLINE
 
 pytestmark = pytest.mark.fidelity
 
@@ -74,3 +74,10 @@ def test_conversation_turns(record, replay, conversation_row, precision, pair):
 
 def test_conversation_rerendered_ids(record, replay, conversation_row, precision):
     judge(replay.contract.gates.conversation_rerendered(ok(record("conversation", conversation_row, precision))))
+
+
+def test_sweep_reference_vs_edge(record, replay, sweep_row, precision):
+    """At every point of the edge sweep, the continuation from the edge construction against the reference's:
+    a divergence is recorded where the contract allows the cell to diverge (gate sweep.suffix_divergence_allowed),
+    a failure where it does not."""
+    judge(replay.contract.gates.sweep_divergence(ok(record("sweep", sweep_row, precision)), SWEEP_HEADLINE))

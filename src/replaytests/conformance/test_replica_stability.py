@@ -61,3 +61,10 @@ def test_conversation_replica_exact(record, replay, conversation_row, precision,
     """Each construction of every turn of a conversation built twice (the session decoding its assistant turns
     live both times): the same cache, next-token logits and assistant turn, bit for bit."""
     judge(replay.contract.gates.conversation_replicas(ok(record("conversation", conversation_row, precision)), pair))
+
+
+@pytest.mark.parametrize("pair", _arms("sweep"))
+def test_sweep_replica_exact(record, replay, sweep_row, precision, pair):
+    """At every point of every axis the backend sweeps, each construction built twice: the same cache, logits and
+    continuation, bit for bit."""
+    judge(replay.contract.gates.sweep_replicas(ok(record("sweep", sweep_row, precision)), pair))

@@ -5,6 +5,7 @@ the platform the bank was frozen on; elsewhere its finding is platform drift).""
 import pytest
 
 from replaytests.conformance.helpers import judge, ok
+from replaytests.families import sweep
 from replaytests.families.skeleton import other_z
 from replaytests.inputs.gates import same_platform
 from replaytests.outputs.records import Record
@@ -44,3 +45,9 @@ def test_live_generation_refreezes_bank_row(record, replay, live_row, precision)
         f"first difference at token index {difference.index}: live {difference.live}, bank "
         f"{difference.bank} ({result.prefix_len} and {live_row.prefix_len} tokens)")
     judge(replay.judge_against_bank(problem))
+
+
+def test_sweep_arms_consume_row_prefix(record, sweep_row, precision):
+    """At every point of the edge sweep, every arm consumed the row's first tokens, as many as the point names."""
+    problem = sweep.other_tokens(ok(record("sweep", sweep_row, precision)), sweep_row)
+    assert problem is None, problem

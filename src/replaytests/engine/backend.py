@@ -42,6 +42,8 @@ CAPABILITIES = {
                     "(one call, one token per call) and its messages rendered by a chat template",
     "position_splice": "a conversation turn's K/V over its first positions replaced, storage-isolated, by another "
                        "construction's, and the assistant turn decoded from the result (the conversation transplant)",
+    "edge_sweep": "the axes along which the engine's edges lie (block, chunk and batch sizes, a quantized cache's "
+                  "residual), and a reference and an edge construction at each point of one (the edge sweep)",
 }
 SERVING = frozenset({"prefix_cache", "chunked_prefill"})  # what a serving engine has and one forward call has not
 
@@ -124,11 +126,33 @@ class Backend(Protocol):
         """The last position's logits (a [vocab] tensor) of one call over `tokens`, any prefix the grammar
         accepts (check-model's mask probe); Unsupported where the runtime shows no whole logit row."""
 
+    def sweep_axes(self, settings: dict) -> tuple[Axis, ...]:
+        """The axes this backend sweeps at this cell (`edge_sweep`), their edges read from the contract, the cell and
+        the contract's `sweep` section (`settings`)."""
+
+    def sweep(self, axis: Axis, z: list[int], values: Sequence[int], continuation: int):
+        """Each point of `axis` at `values`: (value, {arm: (Boundary, Suffix)}) for the sweep's arms (reference, edge
+        and a replica of each) over the point's prefix of z, each continued greedily for `continuation` tokens under
+        the structural mask; a backend with engine counters puts them in each boundary's `state.served`."""
+
     def with_batch(self, batch: int) -> Backend:
         """The same model and precision with another physical batch; Unsupported without `batch_size`."""
 
     def first_copy(self, boundary: Boundary) -> Boundary:
         """The first copy of a physical batch as a storage-isolated singleton boundary (`batch_size`)."""
+
+
+class Axis(NamedTuple):
+    """An axis the edge sweep moves along (families/sweep.py), as a backend declares it (`sweep_axes`)."""
+
+    name: str  # "position": the prefix's length; "batch": the requests beside the row; "start": cold and warm ...
+    reference: str  # the reference construction at a point, in words
+    edge: str  # the construction whose edge the axis crosses, in words
+    # the engine's edge sizes on a position axis, by the contract field that sets each: the sweep's points sit at their
+    # multiples, one before and one after
+    edges: tuple[tuple[str, int], ...] = ()
+    values: tuple[int, ...] = ()  # an axis of counts: its points as the contract lists them (the field in `field`)
+    field: str | None = None  # the contract field that lists `values`
 
 
 class ModelFacts(NamedTuple):

@@ -121,6 +121,13 @@ SELF_SPLICES = tuple((direction(f"{c}_replica", c), c) for c in CONVERSATION_SPL
 _SPLICE_PAIRS = (("session", "replay"), *((c, f"{c}_replica") for c in CONVERSATION_SPLICE),
                  *((direction(r, d), d) for r, d in SPLICE_DIRECTIONS), *SELF_SPLICES)
 
+# The edge sweep (families/sweep.py): at each point of an axis the backend sweeps (engine.backend.Axis), its reference
+# construction and the construction whose edge the axis moves across, each with a replica, and a short continuation
+# decoded from each; reference~edge is the headline, at every point.
+SWEEP_ARMS = _with_replicas("reference", "edge")
+SWEEP_HEADLINE = "reference~edge"
+_SWEEP_PAIRS = (("reference", "reference_replica"), ("edge", "edge_replica"), ("reference", "edge"))
+
 FAMILIES = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
                                                       ("live", "prefill")), ("live~prefill",), "live",
@@ -161,4 +168,7 @@ FAMILIES = {family.name: family for family in (
            headline_table=False, title="Conversation transplant: the earliest turn whose K/V carries the divergence",
            requires=("conversation", "kv_tensors", "position_splice"), reads=("conversation",),
            settings="conversation"),
+    Family("sweep", SWEEP_ARMS, _SWEEP_PAIRS, (SWEEP_HEADLINE,), "sweep", ("replica", "token_identity", "fidelity"),
+           headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
+           requires=("edge_sweep",), settings="sweep"),
 )}

@@ -156,6 +156,7 @@ SCHEMA = Section({
             "divergent": Value(int, default=12, low=1, high=MAX_COUNT),
             "exact_controls": Value(int, default=2, low=1, high=MAX_COUNT),
         }, default={}),
+        "sweep": Value(int, default=4, low=1, high=MAX_COUNT),  # the edge sweep's rows (each a sweep of every axis)
     }, default={}),
     # The rollout families (docs/protocol.md §15): how long a rollout is, the sampler's seed, and the
     # thresholds a token's log-probability ratio r = p_replay / p_live and |delta logp| are measured against.
@@ -170,6 +171,15 @@ SCHEMA = Section({
     "conversation": Section({
         "cap": Value(int, default=12, low=1, high=MAX_COUNT),
     }, default={}),
+    # The edge sweep (docs/protocol.md §17): on a position axis, the points at the first and the last `multiples`
+    # multiples of each engine edge, one before and one after each, and the row's whole prefix; `stride` is the edge
+    # of a position axis where the engine names none; `continuation`, the tokens decoded greedily from each arm's
+    # state.
+    "sweep": Section({
+        "multiples": Value(int, default=2, low=1, high=MAX_COUNT),
+        "stride": Value(int, default=64, low=2, high=MAX_COUNT),
+        "continuation": Value(int, default=8, low=1, high=MAX_COUNT),
+    }, default={}),
     "gates": Section({
         "crossing": Section({"replicas_exact": Value(bool, default=True),
                              "suffix_divergence_allowed": _divergence()}, default={}),
@@ -183,6 +193,10 @@ SCHEMA = Section({
                                "controls_third_trajectory": Value(int, default=0, low=0, high=MAX_COUNT)},
                               default={}),
         "audit": Section({"reproduce": Value(bool, default=True)}, default={}),
+        # The edge sweep: every point's replicas bit-exact; reference~edge continuations that diverge at a point are
+        # recorded where the cell may diverge, a failure where it may not.
+        "sweep": Section({"replicas_exact": Value(bool, default=True),
+                          "suffix_divergence_allowed": _divergence()}, default={}),
         # Both rollout families: replicas bit-exact; the teacher-forced replay on the live schedule bit-exact
         # with the live log-probabilities (the control); per row, bounds on the trainer's recompute (live~prefill):
         # the k3 estimate of KL(live || replay) per token and the share of tokens with r outside ratio_bounds
@@ -308,7 +322,7 @@ def _cells(s: dict, fields: Checker) -> dict[str, dict]:
     return declared
 
 
-_DIVERGENCE_FAMILIES = ("crossing", "live", "batch", "serving")
+_DIVERGENCE_FAMILIES = ("crossing", "live", "batch", "serving", "sweep")
 
 
 def _fill_divergence(gates: dict, declared: list[str], fields: Checker) -> None:

@@ -15,6 +15,7 @@ suffix all are.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -125,6 +126,19 @@ def _stale_turns(turns, pair: str) -> str | None:
     return f"{pair}: requests on an emptied prefix cache read from it: {', '.join(stale)}" if stale else None
 
 
+def _at_points(record: Record, judge) -> Judgement:
+    """A check judged at every point of a sweep record (its comparisons there), as one judgement: the worst outcome,
+    its message naming each point that has it. A record without points is no pass: nothing of it was checked."""
+    if not record.sweep:
+        return Judgement("fail", f"{record.title}: no sweep point: nothing of it was checked")
+    found = [(point, judge(dataclasses.replace(record, comparisons=point.comparisons))) for point in record.sweep]
+    for outcome in ("fail", "recorded"):
+        if hit := [f"at {p.axis} {p.value} ({p.edge or 'the whole prefix'}): {j.message}" for p, j in found
+                   if j.outcome == outcome]:
+            return Judgement(outcome, f"{len(hit)} of {len(found)} points: {'; '.join(hit)}")
+    return PASS
+
+
 def _required(required: bool, message: str, gate: str) -> Judgement:
     if required:
         return Judgement("fail", f"{message} (gate {gate}: required)")
@@ -152,11 +166,12 @@ class Gates:
     def from_settings(cls, gates: dict) -> Gates:
         """From a validated `gates:` mapping with every default filled in."""
         return cls(
-            replicas_exact={family: gates[family]["replicas_exact"] for family in ("crossing", "live", "serving")}
+            replicas_exact={family: gates[family]["replicas_exact"]
+                            for family in ("crossing", "live", "serving", "sweep")}
             | dict.fromkeys(ROLLOUT_FAMILIES, gates["rollout"]["replicas_exact"])
             | {CONVERSATION: gates["conversation"]["replicas_exact"]},
             suffix_divergence_allowed={family: dict(gates[family]["suffix_divergence_allowed"])
-                                       for family in ("crossing", "live", "batch", "serving")},
+                                       for family in ("crossing", "live", "batch", "serving", "sweep")},
             bridge_exact=gates["bridge"]["exact"],
             donor_recovery=gates["transplant"]["donor_recovery"],
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
@@ -290,9 +305,9 @@ class Gates:
         if metrics.suffix_equal:
             return PASS
         a, b = pair.split("~")
-        margins = metrics.margins_at_divergence
+        margins = ["forced" if m is None else format(m, ".3g") for m in metrics.margins_at_divergence or (None, None)]
         detail = (f"{record.title}: {a} and {b} suffixes diverge at suffix index {metrics.first_divergence} "
-                  f"(top-1 minus top-2 margins {margins[0]:.3g} / {margins[1]:.3g}); answers "
+                  f"(top-1 minus top-2 margins {margins[0]} / {margins[1]}); answers "
                   f"{'equal' if metrics.answer_equal else 'differ'}; boundary K rel L2 "
                   f"{'not measured' if unmeasured(metrics) else format(metrics.k_rel_l2, '.3g')}")
         family, precision = record.family, record.precision
@@ -324,6 +339,15 @@ class Gates:
             return Judgement("recorded", f"{record.title}: vacuous chunked prefill: the prompt took "
                                          f"{'an unobserved number of' if steps is None else steps} scheduler step(s)")
         return PASS
+
+    def sweep_replicas(self, record: Record, pair: str) -> Judgement:
+        """A sweep's replica pair at every point: bit-exact (gate sweep.replicas_exact)."""
+        return _at_points(record, lambda view: self.replicas(view, pair))
+
+    def sweep_divergence(self, record: Record, pair: str) -> Judgement:
+        """A sweep's headline pair at every point: continuations that diverge are recorded where the contract
+        allows the cell to diverge, a failure where it does not (gate sweep.suffix_divergence_allowed)."""
+        return _at_points(record, lambda view: self.divergence(view, pair))
 
     def audit(self, message: str | None) -> Judgement:
         """A baseline record against its recomputation (`message`: what changed, None if it reproduced)."""

@@ -399,6 +399,22 @@ class TurnSplice(Part):
 
 
 @dataclass(frozen=True)
+class SweepPoint(Part):
+    """One point of an edge sweep (families/sweep.py): the swept axis and its value, the engine edge the point sits
+    beside, every arm's state there and the continuation decoded from it, and the pairs compared."""
+
+    axis: str  # the axis swept: "position" (the prefix's length), "batch" (other requests beside it), ...
+    value: int
+    # the edge the point sits beside, by the contract field that sets it: "runtime.vllm.block_size 32 x2 - 1"; None
+    # where the point is the row's own (its whole prefix)
+    edge: str | None
+    tokens: int  # the prefix the arms consumed (the row's first `tokens`)
+    arms: Mapping[str, Arm]
+    comparisons: Mapping[str, Comparison]
+    served: JSON = field(default=None, metadata=OPTIONAL)  # what the engine counted at this point, per arm
+
+
+@dataclass(frozen=True)
 class ZDifference(Part):
     """Where a live z first differs from the bank row's (None past an end)."""
 
@@ -462,6 +478,9 @@ class Record(Part):
     # a conversation transplant record: the position splices at its turn (its `role` and `transplants` are read as
     # the transplant family's: the whole-history splice per direction)
     turn_splice: TurnSplice | None = field(default=None, metadata=OPTIONAL)
+    # an edge sweep's record: every point, axis by axis (its `arms` and `comparisons` are the last point's, for the
+    # readers of every family)
+    sweep: tuple[SweepPoint, ...] | None = field(default=None, metadata=OPTIONAL)
 
     @classmethod
     def from_json(cls, value: object, where: str = "", version: int | None = None) -> Record:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
                 "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving",
                 "rollout_row": "rollout", "conversation_row": "conversation",
-                "conversation_transplant_row": "conversation_transplant"}
+                "conversation_transplant_row": "conversation_transplant", "sweep_row": "sweep"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Plan:
                 "replication": self.panels["replication"]["rows"], "rollout": self.panels["rollout"],
                 "conversation": self.panels["conversation"],
                 # its candidates: the conversation family's rows (the panel itself is read from their outcomes)
-                "conversation_transplant": self.panels["conversation"]}.get(kind)
+                "conversation_transplant": self.panels["conversation"], "sweep": self.panels["sweep"]}.get(kind)
 
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share

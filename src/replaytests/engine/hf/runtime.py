@@ -15,7 +15,7 @@ from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.conversation import TurnState
 from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import constructions, conversation, inspection, rollout, weights
+from replaytests.engine.hf import constructions, conversation, inspection, rollout, sweep, weights
 from replaytests.engine.hf.decoder import DecodeState, suffix_of
 from replaytests.engine.hf.forward import Step
 from replaytests.engine.rollout import Rollout
@@ -113,6 +113,12 @@ class Runtime(Step):
 
     def answer(self, boundary: Boundary, cap: int, closer: int) -> Suffix:
         return conversation.answer(self, boundary, cap, closer)
+
+    def sweep_axes(self, settings: dict) -> tuple[backend.Axis, ...]:
+        return sweep.axes(self, settings)
+
+    def sweep(self, axis: backend.Axis, z: list[int], values: Sequence[int], continuation: int):
+        return sweep.sweep(self, axis, z, values, continuation)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
