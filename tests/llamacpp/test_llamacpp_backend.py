@@ -139,7 +139,7 @@ def conformance_run(gguf, tmp_path_factory):
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
          "no:xdist", "-rA", "--backend", "llamacpp", "--model", str(gguf), "--bank", str(BANK), "--contract",
          str(CONTRACT), "--precision", "fp32", "--rows", "2", *ACCEPT, "--report-dir", str(root), "--run-name",
-         "smollm2", "-k", "not conversation"], cwd=root, capture_output=True, text=True, check=False)
+         "smollm2", "-k", "not conversation and not sweep"], cwd=root, capture_output=True, text=True, check=False)
     return proc, root / "smollm2"
 
 
