@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -247,6 +248,16 @@ def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*crossing row {divergent_row.id} (bf16): incremental and prefill suffixes diverge "
                                  "at suffix index*the contract requires bf16 crossing suffixes to be exact*"])
+    # the failure carries the command that reruns it alone; copied as printed, it fails the same way
+    lines = result.stdout.lines
+    start = next(n for n, line in enumerate(lines) if "rerun it alone" in line)
+    rerun = lines[start + 1]
+    assert f"--replay-rows {index}:{index + 1}" in rerun and "--replay-precision bf16" in rerun, rerun
+    test = f"test_incremental_vs_prefill_suffix[bf16-{divergent_row.id}]"
+    assert f"--replay-contract {strict}" in rerun and f"-k '{test}'" in rerun, rerun
+    again = subprocess.run([sys.executable, "-m", *shlex.split(rerun)], cwd=tmp_path, capture_output=True, text=True,
+                           check=False)
+    assert again.returncode == 1 and "1 failed" in again.stdout.splitlines()[-1], again.stdout[-2000:]
 
 
 def pinned_torch_contract(tmp_path):
@@ -404,3 +415,20 @@ def test_the_plugin_loaded_by_its_module_name_runs_the_families(tmp_path):
                                 "--precision", "fp32", "-k", "bridge")
     assert proc.returncode == 0, f"the run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
     assert {r.family for r in ledger.read_ledger(run / "ledger.jsonl")} == {"bridge"}, proc.stdout[-2000:]
+
+
+def test_the_rerun_command_names_every_input_but_the_defaults_and_the_row_by_its_place_in_the_bank(tmp_path):
+    from replaytests.inputs.bank import BankRow
+    from replaytests.inputs.options import Options
+    from replaytests.suite import rerun
+
+    rows = [BankRow(f"r-{n}", [1], [0], None) for n in range(10)]
+    options = Options(rows="4:8", contract=tmp_path / "my contract.yaml", accept_changed=frozenset({"model"}),
+                      report_dir=tmp_path / "elsewhere")
+    index = rerun.bank_index(options, rows[4:8], rows[6])
+    assert index == 6
+    line = rerun.command(options, index, "bf16", "test_x[bf16-r-6]")
+    assert line == (f"pytest --pyargs replaytests.conformance -p no:cacheprovider --replay-contract "
+                    f"'{tmp_path}/my contract.yaml' --replay-accept-changed model --replay-rows 6:7 "
+                    "--replay-precision bf16 -k 'test_x[bf16-r-6]'"), line
+    assert rerun.bank_index(Options(rows="3"), rows[:3], rows[2]) == 2

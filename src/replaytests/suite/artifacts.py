@@ -200,6 +200,7 @@ def header_fields(replay: ReplaySession) -> dict[str, str]:
                 + ("frozen on this platform)" if not replay.bank_platform else
                    "frozen on another platform: " + "; ".join(replay.bank_platform) + ")"),
         "contract": f"{replay.contract.name} ({replay.options.contract})",
+        "backend": f"{replay.backend.name} ({replay.options.backend})",
         "device": replay.device,
         "platform": describe_platform(replay.platform),
         "cpu_isa": pin_line(replay),

@@ -22,7 +22,7 @@ from replaytests.errors import RecordNotKept, ReplaytestsError
 from replaytests.families.registry import MARKERS
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
-from replaytests.suite import collector, command_line, fixtures, lifecycle, parameters, scheduling
+from replaytests.suite import collector, command_line, fixtures, lifecycle, parameters, rerun, scheduling
 from replaytests.suite.command_line import selects_conformance, user_gave_options
 from replaytests.suite.state import replay_session, run_state
 
@@ -138,6 +138,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         slots = [n for n, item in enumerate(items) if item in chosen]  # the targets still selected
         for n, item in zip(slots, sorted((items[n] for n in slots), key=lambda i: str(i.path)), strict=True):
             items[n] = item
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failing conformance test's report carries the command that reruns it alone (suite.rerun)."""
+    report = yield
+    if report.failed and call.when == "call" and "replay" in getattr(item, "fixturenames", ()):
+        replay = replay_session(item.config)
+        report.sections.append(("rerun it alone", rerun.for_item(item, replay.options, replay.rows)))
+    return report
 
 
 @pytest.hookimpl(optionalhook=True)
