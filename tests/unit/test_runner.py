@@ -17,9 +17,10 @@ from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
 
 # The families whose records the runner's machinery moves between shards, phases and workers (the transplant reads
-# the crossing's): the rollout and conversation families are left out, for the test command's time (a test's own
+# the crossing's): the rollout, conversation and sweep families are left out, for the test command's time (a test's own
 # -k, given after, replaces this one).
-ROWS = ("--rows", "6", "--precision", "bf16", "-p", "no:cacheprovider", "-k", "not rollout and not conversation and not sweep")
+ROWS = ("--rows", "6", "--precision", "bf16", "-p", "no:cacheprovider",
+        "-k", "not rollout and not conversation and not sweep")
 
 
 def run(root: Path, name: str, *args: str, workers: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
