@@ -267,19 +267,47 @@ KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_cau
          "test_cli.py::test_audit_prints_the_header_first_and_the_verdict_last": "e2e",
          "test_history.py::test_appends_from_several_processes_keep_every_line": "e2e",
          "test_plugin.py::test_json_report_carries_metrics": "e2e",
-         "test_plugin.py::test_junit_xml_carries_row_precision_and_divergence": "e2e"}
+         "test_plugin.py::test_junit_xml_carries_row_precision_and_divergence": "e2e",
+         # found by _model_loads_are_marked: they load the tiny model's weights themselves
+         "test_bad_input.py::test_bad_command_input_is_one_line_and_loses_nothing[check-model-deleted-tensor]": "model",
+         "test_cells.py::test_int8_weights_are_quantized_at_load": "model",
+         "test_cells.py::test_int4_weights_run_on_this_cpu_in_groups": "model",
+         "test_cli.py::test_freeze_over_a_bank_is_refused_and_force_replaces_it": "model",
+         "test_session.py::test_weights_swapped_after_the_run_opened_are_refused_at_load": "model",
+         "test_session.py::test_a_loaded_model_does_not_change_when_its_file_does": "model"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its kind: from the fixtures it needs, or as KINDS names its module or itself."""
+    """Mark each test with its kind: from the fixtures it needs, or as KINDS names its module, its function or
+    itself (one parameter set)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         where = item.nodeid.rsplit("/", 1)[-1]
-        kinds = {KINDS.get(where.split("::")[0]), KINDS.get(where.split("[")[0])}
+        kinds = {KINDS.get(where.split("::")[0]), KINDS.get(where.split("[")[0]), KINDS.get(where)}
         if names & MODEL_FIXTURES or "model" in kinds:
             item.add_marker(pytest.mark.model)
         if names & E2E_FIXTURES or "e2e" in kinds:
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _model_loads_are_marked(request, monkeypatch):
+    """The unit-test kinds are one fixture's: a test that loads a model's weights without the `model` or `e2e`
+    mark fails, naming itself, so the quick loop (`-m "not model and not e2e"`) never loads one. Reading a
+    config on the meta device (inspection) is no load."""
+    if request.node.get_closest_marker("model") or request.node.get_closest_marker("e2e"):
+        return
+    from replaytests.engine.hf import adapter
+
+    real = adapter._from_pretrained
+
+    def guarded(path, **how):
+        if how.get("device_map") != "meta":
+            raise AssertionError(f"{request.node.nodeid} loads the model {path}: mark it `model` (KINDS in "
+                                 "tests/unit/conftest.py), or take a runtime from the model fixtures")
+        return real(path, **how)
+
+    monkeypatch.setattr(adapter, "_from_pretrained", guarded)
 
 
 def within(seconds: float, call):
