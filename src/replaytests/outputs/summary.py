@@ -14,7 +14,7 @@ from replaytests.inputs.gates import (
     replica_pairs,
     unmeasured,
 )
-from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, verdict
+from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, sweep_report, verdict
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
@@ -77,8 +77,9 @@ def table_rows(records: list[Record]) -> list[list[str]]:
 def text_table(records: list[Record]) -> str:
     """The headline table for a terminal, then the conversation family's turns where it ran."""
     text = plain(Table("summary", COLUMNS, tuple(map(tuple, table_rows(records)))))
-    turns = conversation_table(records)
-    return text + (f"\n\n{turns.title} ({turns.note})\n{plain(turns)}" if turns else "")
+    for table in (conversation_table(records), sweep_table(records)):
+        text += f"\n\n{table.title} ({table.note})\n{plain(table)}" if table else ""
+    return text
 
 
 def audit_line(audits: list[dict]) -> str:
@@ -189,6 +190,31 @@ def conversation_lines(records: list[Record]) -> list[str]:
     return md_table(table, 2) if table else []
 
 
+SWEEP_COLUMNS = ("precision", "axis", "rows", "points", "logits differ at", "continuation differs at",
+                 "first difference", "not counted")
+
+
+def sweep_table(records: list[Record]) -> Table | None:
+    """The edge sweep per cell and axis (outputs/sweep_report.py): the values swept, at how many of them some row's
+    reference~edge logits and continuation differ, the first value where anything differs, and the row-points not
+    counted (their premise did not hold); None where the family did not run."""
+    rows = tuple((cell, axis, str(swept["rows"]), *sweep_report.compact(swept))
+                 for cell, found in sweep_report.build(records, "").items() for axis, swept in found["axes"].items())
+    if not rows:
+        return None
+    return Table("Edge sweep, value by value", SWEEP_COLUMNS, rows,
+                 f"Points: the values swept; logits / continuation differs at: the values where some row's "
+                 f"{sweep_report.HEADLINE} boundary logits / greedy continuation differ; first difference: the first "
+                 "value where its logits, cache, next token or continuation differ; not counted: row-points whose "
+                 "premise did not hold. report.md has every value with its rates and intervals.")
+
+
+def sweep_lines(records: list[Record]) -> list[str]:
+    """sweep_table as Markdown (summary.md)."""
+    table = sweep_table(records)
+    return md_table(table, 2) if table else []
+
+
 def metrics(record: Record) -> dict:
     """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
     return {
@@ -205,7 +231,7 @@ def markdown(records: list[Record], header: dict[str, str], audits: list[dict] =
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in table_rows(records)]
     lines += ["", HEADLINE_NOTE, ""]
-    lines += rollout_lines(records) + conversation_lines(records)
+    lines += rollout_lines(records) + conversation_lines(records) + sweep_lines(records)
     if audits:
         lines += [audit_line(audits), ""]
     if causal:
