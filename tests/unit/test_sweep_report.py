@@ -6,12 +6,14 @@ the last; and compare's sweep gates and per-value rates."""
 
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 import pytest
 from test_report import comparison, record, typed
 
 from replaytests.families.registry import FAMILIES
+from replaytests.outputs import compare as comparing
 from replaytests.outputs import report_html, sections, summary, sweep_report
 from replaytests.outputs.report import build_report, checked_verdict
 from replaytests.outputs.stats import wilson
@@ -265,3 +267,59 @@ def test_summary_and_terminal_show_the_sweep_per_cell_and_axis():
     assert "| bf16 | position | 4 | 3 | 0 | 2 | 8 (continuation) | 0 |" in md, md
     assert "| fp32 | position | 2 | 3 | 0 | 0 | none | 0 |" in md, md
     assert "Edge sweep, value by value" in summary.text_table(records)
+
+
+# ---- compare ----
+
+def judged(baseline: list[dict], new: list[dict], gate: str):
+    return comparing.compare(typed(baseline), typed(new), gate=gate)
+
+
+@pytest.mark.parametrize("gate", ["bits", "trajectories", "rates"])
+def test_the_same_sweep_run_passes_at_every_gate(gate):
+    records = panel(8, {8: 2, 9: 3})
+    found = judged(records, copy.deepcopy(records), gate)
+    assert found.passed and found.found == {"bits": 0, "trajectories": 0, "rates": 0}, found.text()
+    assert any(m.measure == "every point: replicas, exact-cell continuations" and m.ok for m in found.lines)
+
+
+def test_a_value_whose_continuation_rate_moved_fails_at_gate_rates():
+    found = judged(panel(10, {}), panel(10, {8: 8}), "rates")
+    reasons = [r for r in found.reasons if r.startswith(comparing.RATES_REASONS)]
+    assert len(reasons) == 1 and "sweep/bf16 position 8 reference~edge continuation divergence" in reasons[0], reasons
+    assert "baseline 0/10, new 8/10" in reasons[0] and "p = 0.00781" in reasons[0], reasons[0]
+
+
+def test_a_value_whose_continuation_moved_within_chance_passes_at_gate_rates():
+    found = judged(panel(10, {}), panel(10, {8: 2}), "rates")
+    assert not [r for r in found.reasons if r.startswith(comparing.RATES_REASONS)], found.reasons
+    assert any(m.measure == "position 8 reference~edge continuation divergence" and m.p == 0.5 for m in found.lines)
+
+
+def test_vacuous_points_are_not_paired_for_the_rates():
+    vacuous = {"edge": {"premise_held": False}}
+    new = panel(10, {8: 8})
+    for r in new:
+        r["sweep"][1]["served"] = vacuous
+    found = judged(panel(10, {}), new, "rates")
+    assert not [r for r in found.reasons if r.startswith(comparing.RATES_REASONS)], found.reasons
+    assert any("10 sweep points both runs hold not paired" in n for n in found.notes), found.notes
+
+
+@pytest.mark.parametrize("gate", ["bits", "trajectories", "rates"])
+def test_a_replica_that_differs_at_an_earlier_point_fails_at_every_gate(gate):
+    baseline = panel(3, {})
+    new = copy.deepcopy(baseline)
+    new[0]["sweep"][0] = point(7, replica=False)
+    found = judged(baseline, new, gate)
+    assert any(r.startswith("sweep gate: 1 of 3 points: at position 7") and "sweep row r00 (bf16): edge~edge_replica"
+               in r for r in found.reasons), found.reasons
+
+
+def test_an_exact_cell_s_sweep_that_diverges_at_a_point_fails():
+    baseline = panel(3, {}, precision="fp32")
+    found = judged(baseline, panel(3, {8: 1}, precision="fp32"), "rates")
+    assert any(r.startswith("sweep gate:") and "at position 8" in r and "sweep.suffix_divergence_allowed.fp32" in r
+               for r in found.reasons), found.reasons
+    allowed = judged(panel(3, {}), panel(3, {8: 1}), "rates")  # bf16: the contract defaults allow it
+    assert not [r for r in allowed.reasons if r.startswith("sweep gate:")], allowed.reasons
