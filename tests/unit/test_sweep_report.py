@@ -225,6 +225,17 @@ def test_a_replica_that_differs_at_an_earlier_point_contradicts_a_pass():
 
 # ---- what a reader sees ----
 
+def test_the_headline_row_counts_every_point_whose_premise_held_not_only_the_last():
+    records = panel(4, {8: 2}, values=(7, 8, 9))  # the last point, 9, agrees in every row
+    records[3]["sweep"][0] = point(7, served={"edge": {"premise_held": False}}, suffix=False)  # vacuous: not counted
+    records[2]["sweep"][1] = point(8, replica=False)
+    columns = dict(zip(summary.COLUMNS, summary.table_rows(typed(records))[0], strict=True))
+    assert (columns["suffix div."], columns["replicas exact"]) == ("2/4", "3/4"), columns
+    report = built(records)
+    assert report["families"]["sweep"]["precisions"]["bf16"]["replicas_exact"]["k"] == 3
+
+
+
 def test_report_md_has_a_table_per_cell_and_axis():
     records = [sweep("r00", [point(8, suffix=False), point(2, "sweep.batch 2", "batch")]),
                sweep("r00", [point(8), point(2, "sweep.batch 2", "batch")], "fp32")]

@@ -171,10 +171,10 @@ def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str
 
 
 def _shape(family: str) -> Shape:
-    """How the report reads a family: its headline-table shape; for a rollout family or the conversation family
-    (no headline table: a section of its own, outputs/rollout_families.py, outputs/conversation_report.py) its
-    replicas alone, so that their count is kept (history tracks it)."""
-    if family in ROLLOUT_FAMILIES or family == CONVERSATION:
+    """How the report reads a family: its headline-table shape; for a rollout family, the conversation family or the
+    edge sweep (no headline table: a section of its own, outputs/rollout_families.py, outputs/conversation_report.py,
+    outputs/sweep_report.py) its replicas alone, so that their count is kept (history tracks it)."""
+    if family in ROLLOUT_FAMILIES or family in (CONVERSATION, sweep_report.SWEEP):
         return Shape(replicas=FAMILIES[family].replicas)
     return SHAPES.get(family, Shape())
 

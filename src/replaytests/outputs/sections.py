@@ -423,7 +423,9 @@ def _sweep_table(cell: str, axis: str, found: dict) -> Table:
                  "counters say its premise did not hold is not counted: vacuous, never agreement. First value where "
                  "anything differs: " + ("none" if first is None else f"{first['value']} ({first['edge']}: "
                                                                       f"{', '.join(first['what'])})")
-                 + "; first continuation difference: " + ("none" if suffix is None else str(suffix)) + ".")
+                 + "; first continuation difference: " + ("none" if suffix is None else str(suffix)) + ". The "
+                 "headline table's sweep row counts a row whose pair differs at any point whose premise held "
+                 "(replicas: exact at every point).")
 
 
 def _not_counted(point: dict) -> str:

@@ -22,7 +22,7 @@ from replaytests.outputs.tables import markdown as md_table
 
 # each family's headline pairs, as the notes under the table name them (a conversation's: at every turn)
 HEADLINE_PAIRS = "; ".join(f"{name}: {' and '.join(f.headline)}" + (", at every turn" if name == CONVERSATION else "")
-                           for name, f in FAMILIES.items())
+                           for name, f in FAMILIES.items())  # a sweep's, at every point: the sweep table's note says so
 HEADLINE_NOTE = (f"Cache and divergence columns compare each family's headline arms ({HEADLINE_PAIRS}); each count "
                  "is k/n over the rows that passed every fail-closed check.")
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
@@ -42,14 +42,14 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     if known is None:  # a family this version does not know: counts only
         return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
-    def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn
-        return lambda r: all(getattr(c, field) for p in pairs for c in conversation_report.comparisons(r, p))
+    def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn, a sweep's at every point
+        return lambda r: all(getattr(c, field) for p in pairs for c in _comparisons(r, p))
 
     def some_not(field: str):
         return lambda r: not every(field, known.headline)(r)
 
     replicas = "-" if not known.replicas else _count(ok, replicas_hold) if replicas_recorded(ok) else NO_REPLICAS
-    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in conversation_report.comparisons(r, p))
+    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in _comparisons(r, p))
     # a rollout's replays are given the live tokens: no suffix of theirs can diverge (the rollout table says
     # what does, their log-probabilities)
     divergences = (["-"] * 3 if family in ROLLOUT_FAMILIES else
@@ -57,6 +57,15 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     return [
         family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
         _count(ok, every("cache_exact", known.headline)) if measured else "not measured", *divergences]
+
+
+def _comparisons(record: Record, pair: str) -> list:
+    """Every comparison of `pair` a record holds that the headline row reads: a conversation's at each turn, an edge
+    sweep's at each point whose premise held (sweep_report.premise), else the record's one."""
+    if record.family == sweep_report.SWEEP and record.sweep:
+        return [p.comparisons[pair] for p in record.sweep
+                if pair in p.comparisons and sweep_report.premise(p)[0] == sweep_report.HELD]
+    return conversation_report.comparisons(record, pair)
 
 
 def replicas_recorded(ok: list[Record]) -> bool:
@@ -206,7 +215,8 @@ def sweep_table(records: list[Record]) -> Table | None:
                  f"Points: the values swept; logits / continuation differs at: the values where some row's "
                  f"{sweep_report.HEADLINE} boundary logits / greedy continuation differ; first difference: the first "
                  "value where its logits, cache, next token or continuation differ; not counted: row-points whose "
-                 "premise did not hold. report.md has every value with its rates and intervals.")
+                 "premise did not hold. The headline row of the sweep counts its rows at every point whose premise "
+                 "held (replicas: at every point). report.md has every value with its rates and intervals.")
 
 
 def sweep_lines(records: list[Record]) -> list[str]:
