@@ -6,14 +6,16 @@ A change between the runs is judged at one of three levels (LEVELS, `--gate`), s
 - `trajectories`: a suffix, answer or correctness label (or a live z, a transplant outcome: any leaf
   that is not a numeric fingerprint, records.BITS) changed on a paired row;
 - `rates`: a headline divergence rate changed beyond chance (exact McNemar on the rows paired by id; for the
-  conversation family, at each turn index); for the rollout families, the trainer's recompute's per-row mismatch
-  (k3, mean |delta logp|) moved beyond chance (a paired sign-flip permutation test on the rows paired by id).
+  conversation family, at each turn index; for the edge sweep, the continuations at each swept value, on the rows
+  where both runs hold the point and its premise held); for the rollout families, the trainer's recompute's per-row
+  mismatch (k3, mean |delta logp|) moved beyond chance (a paired sign-flip permutation test on the rows paired by id).
 
 A gate at a level fails on findings at that level and every coarser one; finer findings are notes.
 Whatever the level, the new run fails when a replica pair is not exact (or an ok record lacks one its
 family compares), the bridge or a rollout's control (live~incremental) is not bit-exact, a rollout's recompute
 passes the contract's rollout bounds, a conversation fails its gates at some turn (its replicas, the turn-1
-control, assistant turns in a cell the contract requires exact), a headline pair diverges in a cell where the
+control, assistant turns in a cell the contract requires exact), an edge sweep fails its gates at some point (its
+replicas, continuations in a cell the contract requires exact), a headline pair diverges in a cell where the
 contract forbids it, donor recovery fell below its gate (or more transplant controls than allowed took a third
 trajectory), a whole family/precision of the baseline is missing, rows the baseline judged were excluded
 in the new run (or a family/precision has no testable row), or a cell's definition changed. A cell whose
@@ -49,7 +51,7 @@ from replaytests.inputs.gates import (
     replica_pairs,
 )
 from replaytests.inputs.platforms import platform_differences
-from replaytests.outputs import conversation_report, localization, rollout_families
+from replaytests.outputs import conversation_report, localization, rollout_families, sweep_report
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
 from replaytests.outputs.findings import Findings, Group, Measure
@@ -325,6 +327,77 @@ def _conversation_rates(out: Findings, group: Group, base: Rows, new: Rows, alph
                                         f"p = {test.p:.3g} < {alpha:g}")
 
 
+def _sweep_judgements(record: Record, gates: Gates) -> list:
+    """A sweep's gates at every point (gates.sweep_*): each replica pair bit-exact, and the headline pair's
+    continuations where the contract requires the cell exact (a cell its sweep gates do not name: not judged here)."""
+    family = FAMILIES[sweep_report.SWEEP]
+    judged = [gates.sweep_replicas(record, pair) for pair in family.replicas]
+    if record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {}):
+        judged += [gates.sweep_divergence(record, pair) for pair in family.headline]
+    return judged
+
+
+def _sweep_gates(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
+    """The sweep gates on the new run at every point, at every level (the baseline's count informs): a failure is a
+    reason; a record of the family without points was never checked, which fails too (gates._at_points)."""
+    def passing(rows: Rows) -> tuple[int, int]:
+        ok = _ok(rows)
+        return sum(not any(j.failed for j in _sweep_judgements(r, gates)) for r in ok), len(ok)
+
+    counts = passing(new)
+    if counts[1]:
+        before = passing(base)
+        out.lines.append(Measure(group, "every point: replicas, exact-cell continuations", counts[1],
+                                 before if before[1] else None, counts, None, counts[0] == counts[1]))
+    out.reasons += [f"sweep gate: {j.message}" for record in _ok(new) for j in _sweep_judgements(record, gates)
+                    if j.failed]
+
+
+def _counted_points(record: Record) -> dict[tuple[str, int], object]:
+    """(axis, value) -> the record's headline comparison there, at each point whose premise held."""
+    return {(p.axis, p.value): p.comparisons[sweep_report.HEADLINE] for p in sweep_report.points_of(record)
+            if sweep_report.HEADLINE in p.comparisons and sweep_report.premise(p)[0] == sweep_report.HELD}
+
+
+def _sweep_rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
+    """The headline pair's continuation divergence at each (axis, value), paired by row where both runs hold the
+    point and its premise held in both: exact McNemar, p < alpha a finding at the rates level, as the conversation's
+    per-turn rates. One line per axis over every paired point, and one per value whose rows moved."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
+    paired: dict[tuple[str, int], list[tuple[bool, bool]]] = defaultdict(list)
+    apart = 0
+    for b, n in both:
+        before, after = _counted_points(b), _counted_points(n)
+        common = {(p.axis, p.value) for p in sweep_report.points_of(b)} & {(p.axis, p.value)
+                                                                           for p in sweep_report.points_of(n)}
+        apart += len(common - (before.keys() & after.keys()))
+        for point in sorted(before.keys() & after.keys()):
+            paired[point].append((sweep_report.diverges(before[point], "suffix_divergence"),
+                                  sweep_report.diverges(after[point], "suffix_divergence")))
+    cell, name = "/".join(group), f"{sweep_report.HEADLINE} continuation divergence"
+    failed: dict[str, int] = defaultdict(int)
+    for (axis, value), pairs in sorted(paired.items()):
+        x, y = [a for a, _ in pairs], [b for _, b in pairs]
+        test = mcnemar_paired(x, y)
+        if test.b + test.c:  # a value whose rows moved: its own line
+            out.lines.append(Measure(group, f"{axis} {value} {name}", len(pairs), (sum(x), len(pairs)),
+                                     (sum(y), len(pairs)), test.p, test.p >= alpha))
+        if test.p < alpha:
+            failed[axis] += 1
+            out.finding("rates", group, f"{RATES_REASON}: {cell} {axis} {value} {name}: baseline "
+                                        f"{sum(x)}/{len(pairs)}, new {sum(y)}/{len(pairs)} (baseline only {test.b}, "
+                                        f"new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
+    for axis in dict.fromkeys(axis for axis, _ in paired):
+        pairs = [pair for (a, _), values in paired.items() if a == axis for pair in values]
+        points = sum(a == axis for a, _ in paired)
+        out.lines.append(Measure(group, f"{axis}: {name}, {points} values", len(pairs),
+                                 (sum(x for x, _ in pairs), len(pairs)), (sum(y for _, y in pairs), len(pairs)), None,
+                                 not failed[axis]))
+    if apart:
+        out.notes.append(f"{cell}: {apart} sweep points both runs hold not paired for the rates: their premise did not "
+                         "hold in one run or both (vacuous), or lacks the headline pair")
+
+
 def min_rows(alpha: float) -> int:
     """The fewest paired rows whose sign-flip test can give a p below alpha."""
     return next(n for n in range(1, 64) if smallest_p(n) < alpha)
@@ -449,6 +522,9 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
         if group[0] == CONVERSATION:
             _conversation_gates(out, group, base, current, gates)
             _conversation_rates(out, group, base, current, alpha)
+        if group[0] == sweep_report.SWEEP:
+            _sweep_gates(out, group, base, current, gates)
+            _sweep_rates(out, group, base, current, alpha)
         if group[0] == TRANSPLANT:
             _transplant(out, group, base, current, gates)
         if runtimes and group[0] in FAMILIES:

@@ -276,3 +276,47 @@ def cdf_plot(title: str, series: dict[str, dict], exact: list[str]) -> str:
                "exactly 0 in its own column at the left)." + (f" Bitwise equal at every token: {', '.join(exact)}."
                                                                if exact else ""))
     return figure(svg(caption, WIDTH, frame.height + key_height + 4, axes + "".join(body) + key), caption)
+
+
+def sweep_plot(caption: str, panels: list[tuple[str, dict[str, list[tuple[int, dict | None, str]]]]],
+               edges: dict[int, str], x_title: str, y_title: str = "rows") -> str:
+    """Proportions against a swept value on a linear axis, one panel per measure stacked over one x range: a line
+    and markers per series (a cell), its Wilson interval as a band, `edges` (value -> the edge sitting there, in
+    words) as dashed verticals in every panel. Each panel is (its heading, series -> (value, proportion, tooltip) per
+    point); a point without a proportion (nothing counted there) is not drawn."""
+    values = [v for _, series in panels for points in series.values() for v, _, _ in points]
+    lo, hi = min(values), max(values)
+    names = list(dict.fromkeys(name for _, series in panels for name in series))
+    frames, top = [], 0
+    for _ in panels:
+        frames.append(Frame(left=54, top=top + FONT + 10, plot_height=130, bottom=50))
+        top = frames[-1].height + 6
+    key, key_height = legend([(name, i, SERIES[i % len(SERIES)][2]) for i, name in enumerate(names)], frames[0].left,
+                             top + 4, WIDTH - frames[0].left)
+    x = scale(lo, hi, frames[0].left + 16, frames[0].right - 16) if hi > lo else (
+        lambda _: (frames[0].left + frames[0].right) / 2)
+    room = max(1, int((frames[0].right - frames[0].left) / (CHAR * len(str(hi)) + 16)) - 1)
+    body = []
+    for frame, (heading, series) in zip(frames, panels, strict=True):
+        y = scale(0, 1, frame.bottom_y, frame.top)
+        body.append(text(frame.left, frame.top - 8, heading, "start"))
+        body += [f'<line x1="{x(v):.1f}" x2="{x(v):.1f}" y1="{frame.top}" y2="{frame.bottom_y}" stroke="{AXIS}" '
+                 f'stroke-dasharray="2 3"><title>{escape(f"{v}: {label}")}</title></line>'
+                 for v, label in sorted(edges.items()) if lo <= v <= hi]
+        for name, points in series.items():
+            index = names.index(name)
+            colour, shape, dash = SERIES[index % len(SERIES)]
+            drawn = sorted((v, p, tip) for v, p, tip in points if p and p["n"])
+            if not drawn:
+                continue
+            band = [f"{x(v):.1f},{y(p['ci_high']):.1f}" for v, p, _ in drawn] + [
+                f"{x(v):.1f},{y(p['ci_low']):.1f}" for v, p, _ in reversed(drawn)]
+            body.append(f'<polygon points="{" ".join(band)}" fill="{colour}" fill-opacity="0.1" stroke="none"/>')
+            body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}" points="'
+                        + " ".join(f"{x(v):.1f},{y(p['rate']):.1f}" for v, p, _ in drawn) + '"/>')
+            body += [marker(shape, x(v), y(p["rate"]), colour, 3.5, f"{tip} {name}: {p['k']}/{p['n']}")
+                     for v, p, tip in drawn]
+        shown = ticks(lo, hi, room) if hi > lo else [lo]
+        body.append(frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)], [(x(v), str(v)) for v in shown],
+                               x_title, y_title))
+    return figure(svg(caption, WIDTH, top + key_height + 8, "".join(body) + key), caption)

@@ -37,6 +37,7 @@ from replaytests.outputs import (
     sections,
     serving,
     summary,
+    sweep_report,
 )
 from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
 from replaytests.outputs.shapes import (
@@ -170,10 +171,10 @@ def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str
 
 
 def _shape(family: str) -> Shape:
-    """How the report reads a family: its headline-table shape; for a rollout family or the conversation family
-    (no headline table: a section of its own, outputs/rollout_families.py, outputs/conversation_report.py) its
-    replicas alone, so that their count is kept (history tracks it)."""
-    if family in ROLLOUT_FAMILIES or family == CONVERSATION:
+    """How the report reads a family: its headline-table shape; for a rollout family, the conversation family or the
+    edge sweep (no headline table: a section of its own, outputs/rollout_families.py, outputs/conversation_report.py,
+    outputs/sweep_report.py) its replicas alone, so that their count is kept (history tracks it)."""
+    if family in ROLLOUT_FAMILIES or family in (CONVERSATION, sweep_report.SWEEP):
         return Shape(replicas=FAMILIES[family].replicas)
     return SHAPES.get(family, Shape())
 
@@ -229,6 +230,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
         **({"rollout_cell_pairs": paired} if (paired := rollout_families.cell_pairs(records, pairs)) else {}),
         **({"conversations": found} if (found := conversation_report.build(records, runtime(meta), cell_order(meta)))
            else {}),
+        **({"sweeps": swept} if (swept := sweep_report.build(records, runtime(meta), cell_order(meta))) else {}),
     }
 
 
@@ -264,7 +266,20 @@ def _failing(record: Record, gates: Gates) -> list[str]:
     diverged = exact and any(gates.divergence(record, pair).failed for pair in headline if pair in record.comparisons)
     failed = [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
                                         ("the rollout control", control), ("exact-cell suffixes", diverged)) if failed]
-    return failed + (_conversation_failing(record, gates) if record.family == CONVERSATION and record.turns else [])
+    return (failed + (_conversation_failing(record, gates) if record.family == CONVERSATION and record.turns else [])
+            + (_sweep_failing(record, gates) if record.family == sweep_report.SWEEP else []))
+
+
+def _sweep_failing(record: Record, gates: Gates) -> list[str]:
+    """A sweep's checks at every point (gates.sweep_*): its replicas, and its headline pair where the contract
+    requires the cell exact (a cell its sweep gates do not name is not judged here); a record without points fails
+    both (nothing of it was checked)."""
+    family = FAMILIES[sweep_report.SWEEP]
+    replicas = any(gates.sweep_replicas(record, pair).failed for pair in family.replicas)
+    judged = record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {})
+    diverged = judged and any(gates.sweep_divergence(record, pair).failed for pair in family.headline)
+    return [name for name, failed in (("sweep replicas (every point)", replicas),
+                                      ("exact-cell continuations (every sweep point)", diverged)) if failed]
 
 
 def _conversation_failing(record: Record, gates: Gates) -> list[str]:

@@ -10,11 +10,12 @@ divergence by turn index, one line per cell.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from html import escape
 
 from replaytests.families.registry import FAMILIES
 from replaytests.files import lookup
-from replaytests.outputs import conversation_report, plots, sections
+from replaytests.outputs import conversation_report, plots, sections, sweep_report
 from replaytests.outputs.shapes import DIVERGENCES
 from replaytests.outputs.stats import INTERVAL
 from replaytests.outputs.tables import html as html_table
@@ -87,7 +88,7 @@ def report_plots(report: dict) -> tuple[list[str], list[str]]:
     figures += [figure for figure in drawn.values() if figure]
     figures += [plots.histogram(f"{family} {pair} {precision}", s["first_divergence"]["positions"])
                 for family, pair, precision, s in headline if (s.get("first_divergence") or {}).get("n")]
-    figures += rollout_plots(report) + conversation_plots(report)
+    figures += rollout_plots(report) + conversation_plots(report) + sweep_plots(report)
     return figures, [title for title, figure in drawn.items() if figure is None]
 
 
@@ -109,6 +110,39 @@ def conversation_plots(report: dict) -> list[str]:
                 f"Conversations ({runtimes}), {pair}: conversations whose assistant turn differs at each turn index, "
                 f"one line per cell, with {INTERVAL} intervals as bands.", turns, series,
                 [f"turn {k}" for k in turns], "turn", "conversations"))
+    return figures
+
+
+SWEEP_PANELS = {"logits_differ": "boundary logits differ", "suffix_divergence": "continuation differs"}
+
+
+def sweep_plots(report: dict) -> list[str]:
+    """Per axis of the edge sweep, the share of rows whose reference~edge boundary logits differ and whose continuation
+    differs against the swept value (outputs/sweep_report.py): one panel each, one line per cell with its Wilson
+    interval as a band, the engine's edges as dashed verticals."""
+    found = report.get("sweeps") or {}
+    axes = list(dict.fromkeys(axis for cell in found.values() for axis in cell["axes"]))
+    runtimes = ", ".join(sorted({cell["runtime"] for cell in found.values()}))
+    figures = []
+    for axis in axes:
+        swept = {name: cell["axes"][axis]["points"] for name, cell in found.items() if axis in cell["axes"]}
+        panels = [(f"{sweep_report.HEADLINE}: {title}",
+                   {name: [(p["value"], p[measure], f"{axis} {p['value']} ({p['edge']})") for p in points]
+                    for name, points in swept.items()}) for measure, title in SWEEP_PANELS.items()]
+        if not any(p[measure] for points in swept.values() for p in points for measure in SWEEP_PANELS):
+            continue
+        edges: dict[int, set[str]] = defaultdict(set)
+        for name, points in swept.items():
+            for p in points:
+                if p["on_edge"]:
+                    edges[p["value"]].add(f"{name} {p['edge']}")
+        apart = sum(p["vacuous"] + p["unreadable"] for points in swept.values() for p in points)
+        figures.append(plots.sweep_plot(
+            f"Edge sweep ({runtimes}), axis {axis}: rows whose {sweep_report.HEADLINE} boundary logits differ (top) "
+            f"and whose continuation differs (bottom) at each swept value, one line per cell, with {INTERVAL} "
+            "intervals as bands; dashed verticals: the engine's edges."
+            + (f" {apart} row-points not counted (their premise did not hold)." if apart else ""),
+            panels, {value: "; ".join(sorted(names)) for value, names in edges.items()}, axis))
     return figures
 
 

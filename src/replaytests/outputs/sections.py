@@ -16,7 +16,7 @@ from typing import NamedTuple
 from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.files import lookup
 from replaytests.inputs.gates import CONVERSATION_CONTROL, ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
-from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, verdict
+from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, sweep_report, verdict
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES
 from replaytests.outputs.stats import INTERVAL, LEVEL
@@ -98,6 +98,8 @@ def _replica(report: dict) -> Section:
     rows += [("conversation", cell, f"{pair} (every turn)", fmt_proportion(exact))
              for cell, found in (report.get("conversations") or {}).items()
              for pair, exact in found["replicas"].items()]
+    rows += [("sweep", cell, f"{pair} (every point)", fmt_proportion(exact))
+             for cell, found in (report.get("sweeps") or {}).items() for pair, exact in found["replicas"].items()]
     for cell, summaries in (report.get("causal_cells") or {}).items():
         if replication := summaries.get("replication"):
             rows.append(("replication", cell, "both constructions", fmt_proportion(replication["replicas_exact"])))
@@ -243,7 +245,11 @@ def _fidelity(report: dict) -> Section:
         folded.append(_conversation_table(cell, found))
     if report.get("conversations"):
         tables.append(_accumulation_table(report["conversations"]))
-    return Section(*LAYERS["fidelity"], tuple(tables), folded=tuple(folded))
+    lines = []
+    for cell, found in (report.get("sweeps") or {}).items():
+        tables += [_sweep_table(cell, axis, found) for axis in found["axes"]]
+        lines += _sweep_lines(cell, found)
+    return Section(*LAYERS["fidelity"], tuple(tables), tuple(lines), folded=tuple(folded))
 
 
 FLIP_COLUMNS = ("family", "precision", "pair", "suffixes diverge", "exact tie", "within one BF16 step",
@@ -392,6 +398,49 @@ def _accumulation_table(conversations: dict) -> Table:
                  "Per conversation with two turns or more, whether its assistant turn differs at turn 1 and at its "
                  f"last turn; p: two-sided exact McNemar (the exact sign test on the discordant conversations), read "
                  f"at alpha {conversation_report.ALPHA:g}.")
+
+
+SWEEP_COLUMNS = ("value", "edge", "rows ok", "not counted", "replicas exact", "logits differ", "cache differs",
+                 "next token differs", "continuation differs")  # the last four: sweep_report.MEASURES, in order
+
+
+def _sweep_measure(point: dict, name: str) -> str:
+    return "not measured" if point[name] is None else fmt_proportion(point[name])
+
+
+def _sweep_table(cell: str, axis: str, found: dict) -> Table:
+    """One axis of a cell of the edge sweep (outputs/sweep_report.py): per swept value, the rows whose reference~edge
+    boundary logits, caches, next tokens and continuations differ, over the rows whose premise held."""
+    swept = found["axes"][axis]
+    rows = tuple((str(p["value"]), p["edge"], str(p["rows"]), _not_counted(p), fmt_proportion(p["replicas_exact"]),
+                  *(_sweep_measure(p, name) for name in sweep_report.MEASURES)) for p in swept["points"])
+    first, suffix = swept["first_difference"], swept["first_suffix_divergence"]
+    return Table(f"{FAMILIES['sweep'].title}, {cell}, axis {axis}, runtime {found['runtime']}", SWEEP_COLUMNS, rows,
+                 f"Per swept value, over the ok rows holding the point whose premise held: k/n = rate [{INTERVAL} CI] "
+                 f"of the rows whose {sweep_report.HEADLINE} boundary logits, caches, next token (the boundary logits' "
+                 "argmax) and greedy continuation differ (a cache not measured: the runtime exposes no K/V); replicas "
+                 "exact: both constructions built twice bit-exact (cache, logits, continuation). A point whose engine "
+                 "counters say its premise did not hold is not counted: vacuous, never agreement. First value where "
+                 "anything differs: " + ("none" if first is None else f"{first['value']} ({first['edge']}: "
+                                                                      f"{', '.join(first['what'])})")
+                 + "; first continuation difference: " + ("none" if suffix is None else str(suffix)) + ". The "
+                 "headline table's sweep row counts a row whose pair differs at any point whose premise held "
+                 "(replicas: exact at every point).")
+
+
+def _not_counted(point: dict) -> str:
+    parts = [f"{name} {point[name]}" for name in ("vacuous", "unreadable") if point[name]]
+    return f"{point['vacuous'] + point['unreadable']} ({', '.join(parts)})" if parts else "0"
+
+
+def _sweep_lines(cell: str, found: dict) -> list[str]:
+    """The sweep points not counted, with why; the ok records holding no point."""
+    lines = [f"Edge sweep {cell}, {axis} {p['value']}: {n} row{'s' * (n > 1)} not counted: {why}"
+             for axis, swept in found["axes"].items() for p in swept["points"] for why, n in p["why"].items()]
+    if found["without_points"]:
+        lines.append(f"Edge sweep {cell}: ok records holding no point (nothing of them checked): "
+                     f"{first(found['without_points'])}")
+    return lines
 
 
 # ---- layer 4: causal state sufficiency ----

@@ -59,9 +59,9 @@ def missing_replicas(record: Record) -> list[str]:
 
 def replicas_hold(record: Record) -> bool:
     """The record carries every replica pair its family compares, and each is bit-exact (gates.replicas_exact);
-    a record of turns (a conversation), at every turn: a record without its replica comparisons was never
-    checked, which is no pass."""
+    a record of turns (a conversation), at every turn, and a record of points (an edge sweep), at every point: a
+    record without its replica comparisons was never checked, which is no pass."""
     pairs = FAMILIES[record.family].replicas if record.family in FAMILIES else ()
-    turns = record.turns or ()
+    steps = (*(record.turns or ()), *(record.sweep or ()))
     return not missing_replicas(record) and replicas_exact(record) and all(
-        pair in t.comparisons and bit_exact(t.comparisons[pair]) for t in turns for pair in pairs)
+        pair in t.comparisons and bit_exact(t.comparisons[pair]) for t in steps for pair in pairs)

@@ -14,7 +14,7 @@ from replaytests.inputs.gates import (
     replica_pairs,
     unmeasured,
 )
-from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, verdict
+from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, sweep_report, verdict
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
@@ -22,7 +22,7 @@ from replaytests.outputs.tables import markdown as md_table
 
 # each family's headline pairs, as the notes under the table name them (a conversation's: at every turn)
 HEADLINE_PAIRS = "; ".join(f"{name}: {' and '.join(f.headline)}" + (", at every turn" if name == CONVERSATION else "")
-                           for name, f in FAMILIES.items())
+                           for name, f in FAMILIES.items())  # a sweep's, at every point: the sweep table's note says so
 HEADLINE_NOTE = (f"Cache and divergence columns compare each family's headline arms ({HEADLINE_PAIRS}); each count "
                  "is k/n over the rows that passed every fail-closed check.")
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
@@ -42,14 +42,14 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     if known is None:  # a family this version does not know: counts only
         return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
-    def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn
-        return lambda r: all(getattr(c, field) for p in pairs for c in conversation_report.comparisons(r, p))
+    def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn, a sweep's at every point
+        return lambda r: all(getattr(c, field) for p in pairs for c in _comparisons(r, p))
 
     def some_not(field: str):
         return lambda r: not every(field, known.headline)(r)
 
     replicas = "-" if not known.replicas else _count(ok, replicas_hold) if replicas_recorded(ok) else NO_REPLICAS
-    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in conversation_report.comparisons(r, p))
+    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in _comparisons(r, p))
     # a rollout's replays are given the live tokens: no suffix of theirs can diverge (the rollout table says
     # what does, their log-probabilities)
     divergences = (["-"] * 3 if family in ROLLOUT_FAMILIES else
@@ -57,6 +57,15 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     return [
         family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
         _count(ok, every("cache_exact", known.headline)) if measured else "not measured", *divergences]
+
+
+def _comparisons(record: Record, pair: str) -> list:
+    """Every comparison of `pair` a record holds that the headline row reads: a conversation's at each turn, an edge
+    sweep's at each point whose premise held (sweep_report.premise), else the record's one."""
+    if record.family == sweep_report.SWEEP and record.sweep:
+        return [p.comparisons[pair] for p in record.sweep
+                if pair in p.comparisons and sweep_report.premise(p)[0] == sweep_report.HELD]
+    return conversation_report.comparisons(record, pair)
 
 
 def replicas_recorded(ok: list[Record]) -> bool:
@@ -77,8 +86,9 @@ def table_rows(records: list[Record]) -> list[list[str]]:
 def text_table(records: list[Record]) -> str:
     """The headline table for a terminal, then the conversation family's turns where it ran."""
     text = plain(Table("summary", COLUMNS, tuple(map(tuple, table_rows(records)))))
-    turns = conversation_table(records)
-    return text + (f"\n\n{turns.title} ({turns.note})\n{plain(turns)}" if turns else "")
+    for table in (conversation_table(records), sweep_table(records)):
+        text += f"\n\n{table.title} ({table.note})\n{plain(table)}" if table else ""
+    return text
 
 
 def audit_line(audits: list[dict]) -> str:
@@ -189,6 +199,32 @@ def conversation_lines(records: list[Record]) -> list[str]:
     return md_table(table, 2) if table else []
 
 
+SWEEP_COLUMNS = ("precision", "axis", "rows", "points", "logits differ at", "continuation differs at",
+                 "first difference", "not counted")
+
+
+def sweep_table(records: list[Record]) -> Table | None:
+    """The edge sweep per cell and axis (outputs/sweep_report.py): the values swept, at how many of them some row's
+    reference~edge logits and continuation differ, the first value where anything differs, and the row-points not
+    counted (their premise did not hold); None where the family did not run."""
+    rows = tuple((cell, axis, str(swept["rows"]), *sweep_report.compact(swept))
+                 for cell, found in sweep_report.build(records, "").items() for axis, swept in found["axes"].items())
+    if not rows:
+        return None
+    return Table("Edge sweep, value by value", SWEEP_COLUMNS, rows,
+                 f"Points: the values swept; logits / continuation differs at: the values where some row's "
+                 f"{sweep_report.HEADLINE} boundary logits / greedy continuation differ; first difference: the first "
+                 "value where its logits, cache, next token or continuation differ; not counted: row-points whose "
+                 "premise did not hold. The headline row of the sweep counts its rows at every point whose premise "
+                 "held (replicas: at every point). report.md has every value with its rates and intervals.")
+
+
+def sweep_lines(records: list[Record]) -> list[str]:
+    """sweep_table as Markdown (summary.md)."""
+    table = sweep_table(records)
+    return md_table(table, 2) if table else []
+
+
 def metrics(record: Record) -> dict:
     """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
     return {
@@ -205,7 +241,7 @@ def markdown(records: list[Record], header: dict[str, str], audits: list[dict] =
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in table_rows(records)]
     lines += ["", HEADLINE_NOTE, ""]
-    lines += rollout_lines(records) + conversation_lines(records)
+    lines += rollout_lines(records) + conversation_lines(records) + sweep_lines(records)
     if audits:
         lines += [audit_line(audits), ""]
     if causal:
