@@ -196,8 +196,10 @@ def test_the_whole_prefix_is_labelled_and_axes_are_kept_apart():
     records = [sweep("r00", [point(8), point(37, None), point(2, "sweep.batch 2", "batch", suffix=False)])]
     report = built(records)
     assert list(report["sweeps"]["bf16"]["axes"]) == ["position", "batch"]
-    whole = axis_of(report)["points"][1]
-    assert (whole["edge"], whole["on_edge"]) == (sweep_report.WHOLE, False), whole
+    assert [p["value"] for p in axis_of(report)["points"]] == [8], "each row's whole prefix is no swept value"
+    whole = axis_of(report)["whole_prefix"]
+    assert (whole["value"], whole["edge"], whole["on_edge"], whole["rows"]) == (None, sweep_report.WHOLE, False, 1), \
+        whole
     assert axis_of(report)["first_suffix_divergence"] is None
     assert axis_of(report, axis="batch")["first_suffix_divergence"] == 2
 

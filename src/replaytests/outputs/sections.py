@@ -412,8 +412,10 @@ def _sweep_table(cell: str, axis: str, found: dict) -> Table:
     """One axis of a cell of the edge sweep (outputs/sweep_report.py): per swept value, the rows whose reference~edge
     boundary logits, caches, next tokens and continuations differ, over the rows whose premise held."""
     swept = found["axes"][axis]
-    rows = tuple((str(p["value"]), p["edge"], str(p["rows"]), _not_counted(p), fmt_proportion(p["replicas_exact"]),
-                  *(_sweep_measure(p, name) for name in sweep_report.MEASURES)) for p in swept["points"])
+    whole = [swept["whole_prefix"]] if swept.get("whole_prefix") else []
+    rows = tuple((str(p["value"]) if p["value"] is not None else "each row's length", p["edge"], str(p["rows"]),
+                  _not_counted(p), fmt_proportion(p["replicas_exact"]),
+                  *(_sweep_measure(p, name) for name in sweep_report.MEASURES)) for p in [*swept["points"], *whole])
     first, suffix = swept["first_difference"], swept["first_suffix_divergence"]
     return Table(f"{FAMILIES['sweep'].title}, {cell}, axis {axis}, runtime {found['runtime']}", SWEEP_COLUMNS, rows,
                  f"Per swept value, over the ok rows holding the point whose premise held: k/n = rate [{INTERVAL} CI] "

@@ -94,7 +94,7 @@ def _measured(comps: list[Comparison], name: str) -> bool:
     return all(getattr(c, MEASURES[name][0]) is not None for c in comps)
 
 
-def _point(axis: str, value: int, held: list[tuple[Record, SweepPoint]]) -> dict:
+def _point(axis: str, value: int | None, held: list[tuple[Record, SweepPoint]]) -> dict:
     """One (axis, value) over the ok records holding it: the headline measures and the replicas over the rows whose
     premise held, the others counted apart with why."""
     judged = [(record, point, premise(point)) for record, point in held]
@@ -125,16 +125,19 @@ def differs(point: dict) -> list[str]:
 
 
 def _axis(axis: str, ok: list[Record]) -> dict:
+    """An axis over the ok records: its points by swept value; each row's whole prefix (a length of its own, beside
+    no edge) gathered in one entry, `whole_prefix`, rather than one single-row point per length."""
     by_value: dict[int, list[tuple[Record, SweepPoint]]] = defaultdict(list)
+    whole: list[tuple[Record, SweepPoint]] = []
     for record in ok:
         for point in points_of(record):
             if point.axis == axis:
-                by_value[point.value].append((record, point))
+                (whole if point.edge is None else by_value[point.value]).append((record, point))
     found = [_point(axis, value, by_value[value]) for value in sorted(by_value)]
     first = next((p for p in found if differs(p)), None)
     first_suffix = next((p for p in found if (p["suffix_divergence"] or {}).get("k")), None)
-    return {"rows": len({record.row for held in by_value.values() for record, _ in held}),
-            "points": found,
+    return {"rows": len({record.row for held in [*by_value.values(), whole] for record, _ in held}),
+            "points": found, **({"whole_prefix": _point(axis, None, whole)} if whole else {}),
             "first_difference": None if first is None else {"value": first["value"], "edge": first["edge"],
                                                             "what": differs(first)},
             "first_suffix_divergence": None if first_suffix is None else first_suffix["value"]}
