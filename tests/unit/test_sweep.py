@@ -92,3 +92,31 @@ def test_a_divergent_continuation_is_judged_by_the_cells_gate(precision, outcome
 def test_a_record_without_points_is_no_pass():
     judged = default_gates().sweep_replicas(_record("bf16"), "reference~reference_replica")
     assert judged.outcome == "fail" and "no sweep point" in judged.message, judged
+
+
+@dataclasses.dataclass(frozen=True)
+class _Served:
+    axis: str
+    value: int
+    edge: str | None
+    served: dict | None
+
+
+@pytest.mark.parametrize(("served", "outcome", "says"), [
+    pytest.param(None, "pass", "", id="no-counters"),
+    pytest.param({"edge": {"cached_tokens": 96, "premise": {"cached_tokens": [65, None]}}}, "pass", "", id="hit"),
+    pytest.param({"edge": {"cached_tokens": 32, "premise": {"cached_tokens": [65, None]}}}, "recorded",
+                 "edge counted cached_tokens 32, the point needs at least 65", id="vacuous-hit"),
+    pytest.param({"edge": {"calls": 1, "premise": {"calls": [3, 3]}}}, "recorded",
+                 "edge counted calls 1, the point needs 3", id="one-call-past-the-chunk"),
+    pytest.param({"reference": {"cached_tokens": 8, "requires": {"cached_tokens": [0, 0]}},
+                  "edge": {"calls": 1, "premise": {"calls": [3, 3]}}}, "fail",
+                 "reference counted cached_tokens 8, its construction requires 0", id="stale-read-fails-first"),
+])
+def test_the_premise_gate_reads_the_engines_counters_at_every_point(served, outcome, says):
+    record = _Record("sweep", "bf16", (_Served("block_position", 97, "runtime.vllm.block_size 32 x3 + 1", served),))
+    judged = default_gates().sweep_premise(record)
+    assert judged.outcome == outcome and says in judged.message, judged
+    if says:
+        assert "at block_position 97 (runtime.vllm.block_size 32 x3 + 1)" in judged.message, judged
+    assert default_gates().sweep_premise(_record("bf16")).outcome == "fail", "a record without points is no pass"

@@ -120,21 +120,27 @@ class Premise(NamedTuple):
     why: str | None
 
 
+AT_8 = "at position 8 (runtime.x.block_size 8 x1)"
 PREMISES = [
-    Premise("premise-false", {"edge": {"premise_held": False, "premise": "the prompt took 1 scheduler step"},
-                              "reference": {"premise_held": True}},
-            sweep_report.VACUOUS, "edge: the prompt took 1 scheduler step"),
-    Premise("vacuous-true", {"reference": {"vacuous": True}}, sweep_report.VACUOUS,
-            "reference: the premise did not hold"),
-    Premise("arm-not-a-mapping", {"edge": [3, 1]}, sweep_report.UNREADABLE, "counters unreadable: edge: [3, 1]"),
-    Premise("flag-not-a-bool", {"edge": {"premise_held": 1}}, sweep_report.UNREADABLE,
-            "counters unreadable: edge: premise_held 1, vacuous None"),
+    Premise("short-of-the-premise", {"edge": {"prefill_steps": 1, "premise": {"prefill_steps": [2, None]}},
+                                     "reference": {"cached_tokens": 0, "requires": {"cached_tokens": [0, 0]}}},
+            sweep_report.VACUOUS, f"{AT_8}: edge counted prefill_steps 1, the point needs at least 2"),
+    Premise("construction-broken", {"reference": {"cached_tokens": 32, "requires": {"cached_tokens": [0, 0]}}},
+            sweep_report.VACUOUS, f"{AT_8}: reference counted cached_tokens 32, its construction requires 0"),
+    Premise("counter-missing", {"edge": {"premise": {"calls": [3, 3]}}}, sweep_report.VACUOUS,
+            f"{AT_8}: edge counted calls None, the point needs 3"),
+    Premise("arm-not-a-mapping", {"edge": [3, 1]}, sweep_report.UNREADABLE,
+            "counters unreadable: served is {'edge': [3, 1]}, not a mapping of arms to counters"),
+    Premise("bounds-not-a-pair", {"edge": {"calls": 1, "premise": {"calls": 2}}}, sweep_report.UNREADABLE,
+            "counters unreadable: {'edge': {'calls': 1, 'premise': {'calls': 2}}}"),
     Premise("served-not-a-mapping", "warm", sweep_report.UNREADABLE,
-            "counters unreadable: served is 'warm', not a mapping of arms"),
+            "counters unreadable: served is 'warm', not a mapping of arms to counters"),
     # counters that say nothing of the premise: the point is counted, as one without counters
     Premise("counters-without-verdict", {"edge": {"prefill_steps": 3, "cached_tokens": 0}}, sweep_report.HELD, None),
-    Premise("premise-true", {"edge": {"premise_held": True}}, sweep_report.HELD, None),
+    Premise("premise-held", {"edge": {"prefill_steps": 3, "premise": {"prefill_steps": [2, None]}}},
+            sweep_report.HELD, None),
 ]
+VACUOUS = {"edge": {"prefill_steps": 1, "premise": {"prefill_steps": [2, None]}}}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in PREMISES])
@@ -153,14 +159,15 @@ def test_a_point_whose_premise_did_not_hold_is_counted_apart_never_as_agreement(
 
 
 def test_a_point_every_row_of_which_is_vacuous_shows_nothing_counted():
-    records = panel(2, {}, values=(7, 8), served={"edge": {"premise_held": False, "why": "no chunk boundary"}})
+    records = panel(2, {}, values=(7, 8), served=VACUOUS)
     report = built(records)
     found = axis_of(report)["points"]
     assert all(p["counted"] == 0 and p["suffix_divergence"]["n"] == 0 for p in found), found
     assert axis_of(report)["first_difference"] is None
     text = sections.markdown(report)
     assert "| 7 | runtime.x.block_size 8 x1 | 2 | 2 (vacuous 2) |" in text, text
-    assert "Edge sweep bf16, position 7: 2 rows not counted: edge: no chunk boundary" in text
+    assert ("Edge sweep bf16, position 7: 2 rows not counted: at position 7 (runtime.x.block_size 8 x1): edge counted "
+            "prefill_steps 1, the point needs at least 2") in text, text[-3000:]
     assert summary.sweep_table(typed(records)).rows[0][-1] == "4", "4 row-points not counted"
 
 
@@ -229,7 +236,7 @@ def test_a_replica_that_differs_at_an_earlier_point_contradicts_a_pass():
 
 def test_the_headline_row_counts_every_point_whose_premise_held_not_only_the_last():
     records = panel(4, {8: 2}, values=(7, 8, 9))  # the last point, 9, agrees in every row
-    records[3]["sweep"][0] = point(7, served={"edge": {"premise_held": False}}, suffix=False)  # vacuous: not counted
+    records[3]["sweep"][0] = point(7, served=VACUOUS, suffix=False)  # vacuous: not counted
     records[2]["sweep"][1] = point(8, replica=False)
     columns = dict(zip(summary.COLUMNS, summary.table_rows(typed(records))[0], strict=True))
     assert (columns["suffix div."], columns["replicas exact"]) == ("2/4", "3/4"), columns
@@ -310,7 +317,7 @@ def test_a_value_whose_continuation_moved_within_chance_passes_at_gate_rates():
 
 
 def test_vacuous_points_are_not_paired_for_the_rates():
-    vacuous = {"edge": {"premise_held": False}}
+    vacuous = VACUOUS
     new = panel(10, {8: 8})
     for r in new:
         r["sweep"][1]["served"] = vacuous

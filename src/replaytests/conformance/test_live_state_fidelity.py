@@ -81,3 +81,10 @@ def test_sweep_reference_vs_edge(record, replay, sweep_row, precision):
     a divergence is recorded where the contract allows the cell to diverge (gate sweep.suffix_divergence_allowed),
     a failure where it does not."""
     judge(replay.contract.gates.sweep_divergence(ok(record("sweep", sweep_row, precision)), SWEEP_HEADLINE))
+
+
+def test_sweep_premise(record, replay, sweep_row, precision):
+    """At every point of the edge sweep, the engine's own counters: each arm counted what the construction it names
+    requires (else the measurement is broken: a failure), and the point crossed its edge (a hit that read the blocks,
+    a prefill in more than one chunk: else vacuous, recorded with the engine's numbers, never a pass)."""
+    judge(replay.contract.gates.sweep_premise(ok(record("sweep", sweep_row, precision))))

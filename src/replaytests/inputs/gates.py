@@ -139,6 +139,32 @@ def _at_points(record: Record, judge) -> Judgement:
     return PASS
 
 
+def _within(value, bounds) -> bool:
+    low, high = bounds
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value \
+        and (high is None or value <= high)
+
+
+def point_premise(point) -> tuple[list[str], list[str]]:
+    """What an edge sweep point's engine counters say (its `served`: arm -> counters, docs/ledger.md): each arm's
+    `requires` (counter -> [low, high]: what the construction it names must count; outside it, a broken measurement:
+    a request on an emptied cache that read from it) and `premise` (counter -> [low, high]: what the point needs to
+    cross its edge at all; outside it, the point is vacuous: a hit that read no block, a prefill in one chunk). A high
+    of None is unbounded. Returns (broken, vacuous), each a phrase per counter, naming the point and the arm; a point
+    without counters (a backend that calls its constructions itself) has nothing to prove."""
+    where = f"at {point.axis} {point.value} ({point.edge or 'the whole prefix'})"
+    found: dict[str, list[str]] = {"requires": [], "premise": []}
+    for arm, served in sorted((point.served or {}).items()):
+        for kind, out in found.items():
+            for counter, bounds in (served.get(kind) or {}).items():
+                if not _within(served.get(counter), bounds):
+                    low, high = bounds
+                    wanted = f"{low}" if low == high else f"at least {low}" if high is None else f"{low} to {high}"
+                    out.append(f"{where}: {arm} counted {counter} {served.get(counter)}, "
+                               f"{'its construction requires' if kind == 'requires' else 'the point needs'} {wanted}")
+    return found["requires"], found["premise"]
+
+
 def _required(required: bool, message: str, gate: str) -> Judgement:
     if required:
         return Judgement("fail", f"{message} (gate {gate}: required)")
@@ -343,6 +369,23 @@ class Gates:
     def sweep_replicas(self, record: Record, pair: str) -> Judgement:
         """A sweep's replica pair at every point: bit-exact (gate sweep.replicas_exact)."""
         return _at_points(record, lambda view: self.replicas(view, pair))
+
+    @staticmethod
+    def sweep_premise(record: Record) -> Judgement:
+        """The premise of every point of a sweep, from the engine's own counters (point_premise): a count outside what
+        an arm's construction requires fails; one outside what the point needs makes it vacuous, recorded with the
+        engine's numbers, never a pass. A record without points is no pass."""
+        if not record.sweep:
+            return Judgement("fail", f"{record.title}: no sweep point: nothing of it was checked")
+        found = [point_premise(point) for point in record.sweep]
+        if broken := [phrase for wrong, _ in found for phrase in wrong]:
+            return Judgement("fail", f"{record.title}: {len(broken)} count(s) outside what the construction "
+                                     f"requires: {'; '.join(broken)}")
+        if vacuous := [phrase for _, short_of in found for phrase in short_of]:
+            points = sum(bool(short_of) for _, short_of in found)
+            return Judgement("recorded", f"{record.title}: {points} of {len(found)} points vacuous, not judged: "
+                                         f"{'; '.join(vacuous)}")
+        return PASS
 
     def sweep_divergence(self, record: Record, pair: str) -> Judgement:
         """A sweep's headline pair at every point: continuations that diverge are recorded where the contract

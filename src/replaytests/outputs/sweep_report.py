@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from replaytests.errors import short
 from replaytests.families.registry import FAMILIES, SWEEP_HEADLINE
-from replaytests.inputs.gates import bit_exact
+from replaytests.inputs.gates import bit_exact, point_premise
 from replaytests.outputs.records import Comparison, Record, SweepPoint
 from replaytests.outputs.stats import wilson
 
@@ -37,24 +37,19 @@ HELD, VACUOUS, UNREADABLE = "held", "vacuous", "unreadable"
 
 
 def premise(point: SweepPoint) -> tuple[str, str | None]:
-    """Whether a point's premise held, from the engine's counters in its `served` (arm -> counters): HELD (no
-    counters, or none saying otherwise), VACUOUS (an arm's counters say `premise_held: false` or `vacuous: true`),
-    or UNREADABLE (counters of another shape); with why, in words, where it did not hold."""
+    """Whether a point's premise held, from the engine's counters (inputs.gates.point_premise): HELD (no counters, or
+    counters within what each arm requires and the point needs), VACUOUS (outside: a broken construction or a point that
+    did not cross its edge; the first reason, in words), or UNREADABLE (counters of another shape)."""
     served = point.served
-    if served is None:
-        return HELD, None
-    if not isinstance(served, Mapping):
-        return UNREADABLE, f"counters unreadable: served is {_shown(served)}, not a mapping of arms"
-    for arm, counters in sorted(served.items()):
-        if not isinstance(counters, Mapping):
-            return UNREADABLE, f"counters unreadable: {arm}: {_shown(counters)}"
-        held, vacuous = counters.get("premise_held"), counters.get("vacuous")
-        if any(flag is not None and not isinstance(flag, bool) for flag in (held, vacuous)):
-            return UNREADABLE, f"counters unreadable: {arm}: premise_held {_shown(held)}, vacuous {_shown(vacuous)}"
-        if held is False or vacuous is True:
-            why = next((counters[key] for key in ("premise", "why", "reason") if isinstance(counters.get(key), str)),
-                       "the premise did not hold")
-            return VACUOUS, f"{arm}: {why}"
+    arms = served.values() if isinstance(served, Mapping) else ()
+    if served is not None and not (isinstance(served, Mapping) and all(isinstance(c, Mapping) for c in arms)):
+        return UNREADABLE, f"counters unreadable: served is {_shown(served)}, not a mapping of arms to counters"
+    try:
+        broken, vacuous = point_premise(point)
+    except (TypeError, ValueError, AttributeError):
+        return UNREADABLE, f"counters unreadable: {_shown(served)}"
+    if broken or vacuous:
+        return VACUOUS, (broken + vacuous)[0]
     return HELD, None
 
 
