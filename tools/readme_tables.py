@@ -23,6 +23,9 @@
   histories whose ids differ from the generated ones with why, and the first turn against the last, paired
   (README, "Conversations", once the baselines hold conversation records: `python tools/readme_tables.py
   conversations [RUN_DIR ...]` prints it for any runs).
+- `sweeps`: the edge sweep per model, runtime, cell and axis (outputs/sweep_report.py): the row-points whose
+  reference~edge logits, caches, next token and continuation differ, over those whose premise held (README, "Edge
+  sweeps"; `python tools/readme_tables.py sweeps RUN_DIR ...` prints it for any runs).
 - `behaviour`: the crossing's behavioural rows (answers and correctness labels differ, accuracy per arm,
   the paired accuracy difference with McNemar) for the tiny model, SmolLM2 and SmolLM2 with the protocol
   adapter, beside the paper's Table 4 (README, "A checkpoint that answers").
@@ -398,14 +401,57 @@ def conversations_table(runs: dict[str, tuple[Path, ...]] | None = None) -> str:
     return _markdown(rows)
 
 
+SWEEP_RUNS = {"tiny": ("cpu-tiny-cells",)}
+SWEEP_HEADER = ["model", "runtime", "cell", "axis", "rows", "row-points", "not counted", "logits differ",
+                "caches differ", "next token differs", "continuation differs",
+                "rows whose continuation differs somewhere", "first swept value where it differs"]
+
+
+def _sweep_rows(model: str, runtime: str, cell: str, axis: str, found: dict) -> list[str]:
+    """One axis of a cell, over every point of every row (the swept values and each row's whole prefix)."""
+    from replaytests.outputs.sweep_report import MEASURES
+
+    points = [*found["points"], *([found["whole_prefix"]] if found.get("whole_prefix") else [])]
+    counted = sum(p["counted"] for p in points)
+
+    def total(name: str) -> str:
+        if any(p[name] is None for p in points if p["counted"]):
+            return "not measured"
+        return _cell(sum(p[name]["k"] for p in points if p[name]), counted)
+
+    rows_diverging = {row for p in points for row in p["diverging_rows"]}
+    first = found["first_suffix_divergence"]
+    return [model, runtime, cell, axis, str(found["rows"]), str(sum(p["rows"] for p in points)),
+            str(sum(p["vacuous"] + p["unreadable"] for p in points)),
+            *(total(name) for name in MEASURES),
+            _cell(len(rows_diverging), found["rows"]), "none" if first is None else str(first)]
+
+
+def sweeps_table(runs: dict[str, tuple[Path, ...]] | None = None) -> str:
+    """The edge sweep per model, runtime, cell and axis from run directories (default: the committed SWEEP_RUNS): the
+    row-points (a row at a swept value, or at its whole prefix) whose reference~edge logits, next token and
+    continuation differ, over those whose premise held; a run without sweep records adds no line."""
+    from replaytests.outputs import sweep_report
+    from replaytests.outputs.report import cell_order, runtime
+
+    rows = [SWEEP_HEADER]
+    for model, paths in (runs or {label: tuple(LEDGERS / name for name in names)
+                                  for label, names in SWEEP_RUNS.items()}).items():
+        meta = report_meta(list(paths))
+        for cell, found in sweep_report.build(collate(list(paths)), runtime(meta), cell_order(meta)).items():
+            rows += [_sweep_rows(model, found["runtime"], cell, axis, swept) for axis, swept in found["axes"].items()]
+    return _markdown(rows)
+
+
 TABLES = {"vllm": vllm_table, "llamacpp": llamacpp_table, "flips": flips_table, "behaviour": behaviour_table,
-          "cells": cells_table, "rollouts": rollouts_table, "conversations": conversations_table}
+          "cells": cells_table, "rollouts": rollouts_table, "conversations": conversations_table,
+          "sweeps": sweeps_table}
 
 if __name__ == "__main__":
-    # `python tools/readme_tables.py [NAME]`: every table README shows, or one; `conversations RUN_DIR ...`: the
-    # conversation table of any run directories.
-    if len(sys.argv) > 2 and sys.argv[1] == "conversations":
-        print(conversations_table({Path(arg).resolve().name: (Path(arg),) for arg in sys.argv[2:]}))
+    # `python tools/readme_tables.py [NAME]`: every table README shows, or one; `conversations RUN_DIR ...` and
+    # `sweeps RUN_DIR ...`: that table of any run directories.
+    if len(sys.argv) > 2 and sys.argv[1] in ("conversations", "sweeps"):
+        print(TABLES[sys.argv[1]]({Path(arg).resolve().name: (Path(arg),) for arg in sys.argv[2:]}))
     elif len(sys.argv) > 1:
         print(TABLES[sys.argv[1]]())
     else:
