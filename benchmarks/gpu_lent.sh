@@ -32,25 +32,8 @@ BEGAN=$SECONDS
 STATUS=()
 declare -A RC=()
 
-# step NAME LIMIT_S COMMAND...: as in gpu_check.sh: a time box clipped to what is left of the budget, the
-# output in logs/NAME.log, the outcome recorded; never stops the script.
-step() {
-  local name=$1 limit=$2; shift 2
-  local left=$((BUDGET - (SECONDS - BEGAN)))
-  ((limit > left)) && limit=$left
-  if ((limit < 15)); then
-    RC[$name]=skipped; STATUS+=("$(printf '%-12s skipped (budget of %ss spent)' "$name" "$BUDGET")"); return 1
-  fi
-  local start=$SECONDS rc
-  echo "== $name (time box ${limit}s)"
-  timeout --kill-after=15 "$limit" "$@" >"$OUT_DIR/logs/$name.log" 2>&1
-  rc=$?
-  tail -n 3 "$OUT_DIR/logs/$name.log" | sed 's/^/   /'
-  RC[$name]=$rc
-  local note=""; ((rc == 124 || rc == 137)) && note=" (timed out)"
-  STATUS+=("$(printf '%-12s rc %-3s %4ss%s' "$name" "$rc" "$((SECONDS - start))" "$note")")
-  return "$rc"
-}
+# step (and skip): benchmarks/steps.sh, as gpu_check.sh runs them
+source benchmarks/steps.sh
 
 # The matrix and the recorder import replaytests from src/ (gpu_check.sh installs the package itself).
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
