@@ -79,5 +79,7 @@ def test_conversation_rerendered_ids(record, replay, conversation_row, precision
 def test_sweep_reference_vs_edge(record, replay, sweep_row, precision):
     """At every point of the edge sweep, the continuation from the edge construction against the reference's:
     a divergence is recorded where the contract allows the cell to diverge (gate sweep.suffix_divergence_allowed),
-    a failure where it does not."""
-    judge(replay.contract.gates.sweep_divergence(ok(record("sweep", sweep_row, precision)), SWEEP_HEADLINE))
+    a failure where it does not; judged only where the engine's counters show each arm is the construction it
+    names (gates.sweep_premise)."""
+    result, gates = ok(record("sweep", sweep_row, precision)), replay.contract.gates
+    judge(gates.sweep_premise(result), gates.sweep_divergence(result, SWEEP_HEADLINE))

@@ -344,6 +344,28 @@ class Gates:
         """A sweep's replica pair at every point: bit-exact (gate sweep.replicas_exact)."""
         return _at_points(record, lambda view: self.replicas(view, pair))
 
+    def sweep_premise(self, record: Record) -> Judgement:
+        """The premise of every point of a sweep, from the engine's own counters: an arm that records them (its
+        `served`) beside what the construction it names implies (`served[arm]["expected"]`: calls, tokens
+        evaluated, tokens read from a cache) must have counted exactly that. Else it is not that construction (a
+        chunked arm that made one call past the chunk, a hit that read nothing from the cache): the point's
+        comparisons are vacuous, recorded as such, never passed. Arms without counters (transformers' own calls)
+        have none to prove; a record without points is no pass (nothing of it was checked)."""
+        if not record.sweep:
+            return Judgement("fail", f"{record.title}: no sweep point: nothing of it was checked")
+        vacuous = []
+        for point in record.sweep:
+            for arm, served in (point.served or {}).items():
+                if wrong := [f"{name} {served.get(name)} where its construction implies {value}"
+                             for name, value in (served.get("expected") or {}).items() if served.get(name) != value]:
+                    vacuous.append(f"at {point.axis} {point.value} ({point.edge or 'the whole prefix'}): {arm} "
+                                   f"counted {', '.join(wrong)}")
+        if vacuous:
+            return Judgement("recorded", f"{record.title}: vacuous, the engine counted another construction than "
+                                         f"the arm names ({len(vacuous)} arms of {len(record.sweep)} points): "
+                                         f"{'; '.join(vacuous)}")
+        return PASS
+
     def sweep_divergence(self, record: Record, pair: str) -> Judgement:
         """A sweep's headline pair at every point: continuations that diverge are recorded where the contract
         allows the cell to diverge, a failure where it does not (gate sweep.suffix_divergence_allowed)."""
