@@ -179,6 +179,9 @@ class Runtime:
         if cell.kv_cache.format == "q8_0" and not contract.llamacpp["flash_attention"]:
             raise ConfigError(f"{contract.path}: runtime.llamacpp.flash_attention: expected true for the q8_0 K/V "
                               f"cache of cell {precision} (llama.cpp quantizes a V cache only with flash attention)")
+        # the suite's own tensor work (masks, finiteness checks, comparisons) on the contract's threads, as the other
+        # backends run it: torch's default (every core) spins against a loaded machine and sums in another order
+        torch.set_num_threads(contract.cpu_threads)
         return cls(Model(model_path), contract, precision)
 
     def _context(self, n_batch: int, sequences: int = 1) -> Context:
