@@ -381,7 +381,8 @@ TOGETHER = [
                  id="empty-section"),
     pytest.param(put({"llamacpp": {"n_ctx": 512, "chunk": 1024}}, "runtime"),
                  r": runtime\.llamacpp\.chunk: expected at most n_ctx \(512\): llama\.cpp clamps a context's n_batch "
-                 r"to its n_ctx, so calls of the chunk would be calls of n_ctx, got 1024$", id="llamacpp-chunk-above-n_ctx"),
+                 r"to its n_ctx, so calls of the chunk would be calls of n_ctx, got 1024$",
+                 id="llamacpp-chunk-above-n_ctx"),
 ]
 
 

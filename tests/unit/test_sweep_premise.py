@@ -21,7 +21,8 @@ def _served(value: int, edge_steps: int | None = None, hit_evaluated: int = 1) -
     return {"reference": {"prefill_steps": 1, "evaluated": value, "cached_tokens": 0,
                           "expected": {"prefill_steps": 1, "evaluated": value, "cached_tokens": 0}},
             "edge": {"prefill_steps": implied if edge_steps is None else edge_steps, "evaluated": value,
-                     "cached_tokens": 0, "expected": {"prefill_steps": implied, "evaluated": value, "cached_tokens": 0}},
+                     "cached_tokens": 0,
+                     "expected": {"prefill_steps": implied, "evaluated": value, "cached_tokens": 0}},
             "edge_replica": {"prefill_steps": 1, "evaluated": hit_evaluated, "cached_tokens": value - hit_evaluated,
                              "expected": {"prefill_steps": 1, "evaluated": 1, "cached_tokens": value - 1}}}
 
