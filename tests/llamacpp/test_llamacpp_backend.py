@@ -133,7 +133,8 @@ def test_roles_visibility_is_refused(gguf):
 @pytest.fixture(scope="module")
 def conformance_run(gguf, tmp_path_factory):
     """Two rows at fp32, every family the backend serves but the conversations (their incremental construction costs
-    minutes here: test_conversation.py runs SmolLM2's first two on their own), as a user runs it."""
+    minutes here: test_conversation.py runs SmolLM2's first two on their own) and the edge sweep (two passes and a
+    continuation per arm at every point: test_sweep.py runs SmolLM2's row 0 on its own), as a user runs it."""
     root = tmp_path_factory.mktemp("llamacpp")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",

@@ -379,6 +379,10 @@ TOGETHER = [
                  id="cpu_threads-bound"),
     pytest.param(put(None, "environment"), r"contract\.yaml: environment: expected dict, got null$",
                  id="empty-section"),
+    pytest.param(put({"llamacpp": {"n_ctx": 512, "chunk": 1024}}, "runtime"),
+                 r": runtime\.llamacpp\.chunk: expected at most n_ctx \(512\): llama\.cpp clamps a context's n_batch "
+                 r"to its n_ctx, so calls of the chunk would be calls of n_ctx, got 1024$",
+                 id="llamacpp-chunk-above-n_ctx"),
 ]
 
 

@@ -56,6 +56,7 @@ class _Point:
     value: int
     edge: str | None
     comparisons: dict
+    served: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,3 +121,13 @@ def test_the_premise_gate_reads_the_engines_counters_at_every_point(served, outc
     if says:
         assert "at block_position 97 (runtime.vllm.block_size 32 x3 + 1)" in judged.message, judged
     assert default_gates().sweep_premise(_record("bf16")).outcome == "fail", "a record without points is no pass"
+
+
+def test_a_vacuous_point_is_not_judged_for_divergence():
+    gates = dataclasses.replace(default_gates(), suffix_divergence_allowed={"sweep": {"fp32": False}})
+    vacuous = {"edge": {"calls": 1, "premise": {"calls": [3, 3]}}}
+    record = _record("fp32", False)
+    only_vacuous = dataclasses.replace(record, sweep=(dataclasses.replace(record.sweep[0], served=vacuous),))
+    judged = gates.sweep_divergence(only_vacuous, "reference~edge")
+    assert judged.outcome == "recorded" and "no point's premise held" in judged.message, judged
+    assert gates.sweep_divergence(record, "reference~edge").outcome == "fail", "the same point with its premise held"

@@ -301,6 +301,11 @@ def _check_together(s: dict, fields: Checker) -> None:
         raise fields.error("runtime.vllm.chunk_budget",
                            f"expected at least max_num_seqs ({vllm['max_num_seqs']}): vLLM refuses a smaller token "
                            f"budget, got {vllm['chunk_budget']}")
+    llamacpp = s["runtime"]["llamacpp"]
+    if llamacpp["chunk"] > llamacpp["n_ctx"]:
+        raise fields.error("runtime.llamacpp.chunk",
+                           f"expected at most n_ctx ({llamacpp['n_ctx']}): llama.cpp clamps a context's n_batch to "
+                           f"its n_ctx, so calls of the chunk would be calls of n_ctx, got {llamacpp['chunk']}")
     bounds = s["rollout"]["ratio_bounds"]
     if len(bounds) != 2 or not 0 < bounds[0] <= 1 <= bounds[1]:
         raise fields.error("rollout.ratio_bounds", f"expected [low, high] with 0 < low <= 1 <= high (bounds on "

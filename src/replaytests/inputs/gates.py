@@ -389,8 +389,12 @@ class Gates:
 
     def sweep_divergence(self, record: Record, pair: str) -> Judgement:
         """A sweep's headline pair at every point: continuations that diverge are recorded where the contract
-        allows the cell to diverge, a failure where it does not (gate sweep.suffix_divergence_allowed)."""
-        return _at_points(record, lambda view: self.divergence(view, pair))
+        allows the cell to diverge, a failure where it does not (gate sweep.suffix_divergence_allowed). Only the points
+        whose premise held are judged (point_premise: a vacuous point measured nothing, sweep_premise says so)."""
+        held = tuple(point for point in record.sweep or () if point_premise(point) == ([], []))
+        if record.sweep and not held:
+            return Judgement("recorded", f"{record.title}: no point's premise held: nothing to judge (sweep_premise)")
+        return _at_points(dataclasses.replace(record, sweep=held), lambda view: self.divergence(view, pair))
 
     def audit(self, message: str | None) -> Judgement:
         """A baseline record against its recomputation (`message`: what changed, None if it reproduced)."""

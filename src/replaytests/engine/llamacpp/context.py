@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -205,17 +206,19 @@ class Context:
             self.length += len(chunk)
         return self.last_logits()
 
-    def feed_every(self, tokens: list[int], step: str) -> np.ndarray:
+    def feed_every(self, tokens: list[int], step: str, rows: Sequence[int] | None = None) -> np.ndarray:
         """Evaluate `tokens` of seq 0 at its next positions in one llama_decode call with every token an
-        output: their logits [len(tokens), n_vocab] float32 (a trainer's recompute reads them all). More
-        tokens than n_batch would be several calls: refused. n_ubatch = n_batch, so it is one ubatch too, and
-        the outputs reserved per ubatch (n_outputs_max, 0 = n_batch) hold every row."""
+        output, or those at the offsets `rows` (ascending): their logits [n, n_vocab] float32 (a trainer's
+        recompute reads them all; the edge sweep, its points'). More tokens than n_batch would be several calls:
+        refused. n_ubatch = n_batch, so it is one ubatch too, and the outputs reserved per ubatch
+        (n_outputs_max, 0 = n_batch) hold every row."""
         if len(tokens) > self.n_batch:
             raise DecodeFailed(f"{step}: {len(tokens)} tokens do not fit one call of {self.n_batch}")
-        self._decode([(0, self.length, tokens)], step, every=True)
+        outputs = range(len(tokens)) if rows is None else rows
+        self._decode([(0, self.length, tokens)], step, outputs=frozenset(outputs))
         self.length += len(tokens)
-        rows = self.llama_cpp.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(rows, shape=(len(tokens), self.model.n_vocab)).copy()
+        logits = self.llama_cpp.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(logits, shape=(len(outputs), self.model.n_vocab)).copy()
 
     def feed_together(self, sequences: list[list[int]], step: str) -> np.ndarray:
         """Evaluate each sequence from position 0 as seq 0, 1, ... of one llama_decode call (a batch of
@@ -226,15 +229,16 @@ class Context:
         self.length = len(sequences[0])
         return self.last_logits()
 
-    def _decode(self, parts: list[tuple[int, int, list[int]]], step: str, every: bool = False) -> None:
+    def _decode(self, parts: list[tuple[int, int, list[int]]], step: str,
+                outputs: frozenset[int] | None = None) -> None:
         """One llama_decode call of (seq, first position, tokens) parts; logits of seq 0's last token only, or
-        of every token (`every`)."""
+        of seq 0's tokens at the offsets `outputs`."""
         batch, i = self.batch, 0
         for seq, first, tokens in parts:
             for offset, token in enumerate(tokens):
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, first + offset, 1
                 batch.seq_id[i][0] = seq
-                batch.logits[i] = every or (seq == 0 and offset == len(tokens) - 1)
+                batch.logits[i] = seq == 0 and (offset == len(tokens) - 1 if outputs is None else offset in outputs)
                 i += 1
         batch.n_tokens = i
         stop.check()
@@ -247,6 +251,10 @@ class Context:
     def last_logits(self) -> np.ndarray:
         row = self.llama_cpp.llama_get_logits_ith(self.ptr, -1)
         return np.ctypeslib.as_array(row, shape=(self.model.n_vocab,)).copy()
+
+    def n_ubatch(self) -> int:
+        """The physical batch size llama.cpp took for this context (it clamps n_batch to n_ctx)."""
+        return int(self.llama_cpp.llama_n_ubatch(self.ptr))
 
     def evaluated(self) -> int:
         """Tokens llama.cpp has evaluated in this context so far (its own perf counters). llama.cpp reports

@@ -9,7 +9,8 @@ Its constructions, each on seq 0 of a llama.cpp context:
   prompt (`cache_prompt`): every position but the last kept, the last re-evaluated for its logits. The
   reuse is proven by llama.cpp's own count of the tokens it evaluated (`Served.evaluated`);
 - `*_replica`: the same construction in a fresh context;
-- a conversation's session, replays and rendering (engine/llamacpp/conversation.py).
+- a conversation's session, replays and rendering (engine/llamacpp/conversation.py);
+- the edge sweep's points around the chunk's multiples (engine/llamacpp/sweep.py).
 
 A boundary keeps the sequence state llama.cpp serializes (its K/V cells and positions), read as K/V
 tensors (engine/llamacpp/state.py); the shared suffix decoder loads it into a context and continues
@@ -32,7 +33,7 @@ from replaytests.engine import backend
 from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.conversation import TurnState
-from replaytests.engine.llamacpp import conversation, rollout
+from replaytests.engine.llamacpp import conversation, rollout, sweep
 from replaytests.engine.llamacpp.context import (
     INSTALL,
     Context,
@@ -71,6 +72,7 @@ class Saved:
     digest: str = ""  # sha256 of the state (K/V cells, positions)
     suffix: Suffix | None = field(default=None, repr=False)  # decoded once per boundary
     steps: tuple = field(default=(), repr=False)  # every suffix step's top-k (id, logit), in rank order
+    served: dict | None = None  # an edge sweep point's counters, with what its construction implies (sweep.py)
 
     def __post_init__(self) -> None:
         self.digest = hashlib.sha256(self.state).hexdigest()
@@ -101,7 +103,7 @@ class Runtime:
     visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy",
                                                         "prefix_cache", "chunked_prefill", "rollout_logprobs",
-                                                        "conversation"})
+                                                        "conversation", "edge_sweep"})
 
     def __init__(self, model: Model, contract: Contract, precision: str) -> None:
         self.model, self.contract, self.precision = model, contract, precision
@@ -109,6 +111,8 @@ class Runtime:
         self.settings = contract.llamacpp
         self.grammar = grammar_of(model, contract, str(model.path))
         self.context = self._context(self.settings["n_ctx"])
+        # the row and the chunked boundaries the edge sweep's position axis made, which its prefix_hit axis reads
+        self.swept_chunked: tuple[list[int], dict] | None = None
 
     # --- the model before its weights ------------------------------------------------------------
 
@@ -175,6 +179,9 @@ class Runtime:
         if cell.kv_cache.format == "q8_0" and not contract.llamacpp["flash_attention"]:
             raise ConfigError(f"{contract.path}: runtime.llamacpp.flash_attention: expected true for the q8_0 K/V "
                               f"cache of cell {precision} (llama.cpp quantizes a V cache only with flash attention)")
+        # the suite's own tensor work (masks, finiteness checks, comparisons) on the contract's threads, as the other
+        # backends run it: torch's default (every core) spins against a loaded machine and sums in another order
+        torch.set_num_threads(contract.cpu_threads)
         return cls(Model(model_path), contract, precision)
 
     def _context(self, n_batch: int, sequences: int = 1) -> Context:
@@ -214,10 +221,12 @@ class Runtime:
                               key=lambda item: (-item[1], item[0])))
         return int(masked.argmax()), ranked[0][1], ranked[0][1] - ranked[1][1], ranked
 
-    def feed_every(self, context: Context, tokens: list[int], step: str) -> torch.Tensor:
-        """Every token's logits [n, vocab] of one call over `tokens` (a rollout's recompute)."""
+    def feed_every(self, context: Context, tokens: list[int], step: str,
+                   rows: Sequence[int] | None = None) -> torch.Tensor:
+        """Every token's logits [n, vocab] of one call over `tokens` (a rollout's recompute), or those at the offsets
+        `rows` (the edge sweep's points)."""
         try:
-            return self._logits(context.feed_every(tokens, step), step)
+            return self._logits(context.feed_every(tokens, step, rows), step)
         except DecodeFailed as exc:
             raise BoundaryMismatch(f"llamacpp ({self.precision}): {exc}") from None
 
@@ -284,6 +293,12 @@ class Runtime:
 
     def render(self, template: str, messages: list[dict], generation_prompt: bool) -> str:
         return conversation.render(self, template, messages, generation_prompt)
+
+    def sweep_axes(self, settings: dict) -> tuple[backend.Axis, ...]:
+        return sweep.axes(self)
+
+    def sweep(self, axis: backend.Axis, z: list[int], values: Sequence[int], continuation: int):
+        return sweep.sweep(self, axis, z, values, continuation)
 
     def live(self, prompt_block: list[int], construction: str = "live") -> Boundary:
         with self.arm_context(construction) as context:
