@@ -30,6 +30,10 @@ from replaytests.inputs.models import shipped_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 CONTRACT = REPO / "contracts" / "cpu-smollm2-llamacpp.yaml"
+# The committed baseline of each build tools/install-llamacpp.sh makes (docs/llamacpp.md "Two builds"): a run is
+# audited against its own build's, never another build's passed off as the drift of another CPU.
+BASELINES = {"avx2": REPO / "fixtures" / "ledgers" / "llamacpp-smollm2",
+             "user": REPO / "fixtures" / "ledgers" / "llamacpp-smollm2-user"}
 BANK = REPO / "fixtures" / "banks" / "smollm2-causal.jsonl"
 # The bank was frozen by the transformers backend on this GGUF dequantized (models prepare smollm2): the
 # same token bank, another model file, so a llama.cpp run accepts the model and tokenizer digests it records.
@@ -144,9 +148,34 @@ def conformance_run(gguf, tmp_path_factory):
     return proc, root / "smollm2"
 
 
-def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run):
+@pytest.fixture(scope="module")
+def build_baseline() -> tuple[str | None, Path | None]:
+    """This venv's build (its record's isa) and the committed baseline of that build (None where none is)."""
+    from replaytests.engine.llamacpp.context import build_record
+
+    isa = (build_record() or {}).get("isa")
+    return isa, BASELINES.get(isa)
+
+
+def _failures(run_dir: Path) -> dict[str, str]:
+    """The checks a run failed (its run.json's verdict), each with its message."""
+    verdict = json.loads((run_dir / "run.json").read_text())["verdict"]
+    return {failure["check"]: failure["message"] for failure in verdict.get("failures", [])}
+
+
+def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run, build_baseline):
+    """It passes, or fails only the checks the committed baseline of its build failed (the user build fails the
+    bridge's bit-exact gate where its baseline does: the finding, reproduced); a check that fails here and passed
+    there is a failure."""
     proc, run = conformance_run
-    assert proc.returncode == 0, f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
+    isa, baseline = build_baseline
+    failures = _failures(run)
+    # what that baseline's run failed, but never an audit (its own audit ran against another ledger, or none)
+    known = {check: message for check, message in (_failures(baseline) if baseline is not None else {}).items()
+             if "baseline" not in check}
+    new = {check: message for check, message in failures.items() if check not in known}
+    assert not new, f"the llama.cpp run ({isa} build) failed where {baseline or 'no committed baseline'} did not: {new}"
+    assert proc.returncode == (1 if failures else 0), f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
     assert "backend llamacpp lacks batch_size" in proc.stdout, "no skip names the missing capability"
     records = [json.loads(line) for line in (run / "ledger.jsonl").read_text().splitlines()]
     assert {r["family"] for r in records} == {"live", "crossing", "bridge", "serving", "rollout", "rollout_sampled"}, \
@@ -169,11 +198,18 @@ def test_every_prompt_cache_hit_in_the_run_is_proven_by_llamacpps_count(conforma
 
 
 def test_the_run_records_the_build_it_ran_on(conformance_run):
+    """The platform names the build (its ISA, and for a native build the CPU it was built for) and what llama.cpp
+    says it runs with: llamafile's sgemm exactly where the build record says it was built in."""
+    from replaytests.engine.llamacpp.context import build_record
+
     _, run = conformance_run
     meta = json.loads((run / "run.json").read_text())
-    settings = meta["platform"]["runtime.llamacpp"]
-    assert settings["build_isa"] and "AVX2 = 1" in settings["system_info"], settings
-    assert meta["environment"]["llamacpp_build"]["cmake_args"], meta["environment"].get("llamacpp_build")
+    settings, build = meta["platform"]["runtime.llamacpp"], meta["environment"]["llamacpp_build"]
+    assert build == build_record(), (build, build_record())
+    assert settings["build_isa"] == build["isa"] and "AVX2 = 1" in settings["system_info"], settings
+    assert ("LLAMAFILE = 1" in settings["system_info"]) == bool(build.get("llamafile")), (settings, build)
+    assert ("build_cpu" in settings) == bool(build.get("native")), (settings, build)
+    assert build["cmake_args"] or build["isa"] == "user", build  # the user build passes none: the package's defaults
 
 
 def test_k_and_v_are_read_from_llamacpps_state(runtime, z):
@@ -234,20 +270,28 @@ def test_a_q8_0_cache_without_flash_attention_is_refused(gguf, tmp_path):
         Runtime.load(gguf, load_contract(contract), "kv-q8")
 
 
-def test_the_run_is_audited_against_the_committed_llamacpp_baseline(conformance_run):
-    """The committed baseline (fixtures/ledgers/llamacpp-smollm2/) is this bank's, contract's and backend's:
-    every record of the two rows reproduces it, or differs only as the platform drift of another CPU."""
+def test_the_run_is_audited_against_the_committed_baseline_of_its_build(conformance_run, build_baseline):
+    """The committed baseline of this venv's build (BASELINES: llamacpp-smollm2/ for the avx2 build,
+    llamacpp-smollm2-user/ for pip's defaults) is this bank's, contract's and backend's: every record of the two
+    rows reproduces it, or differs only as the platform drift of another CPU, never of another build."""
+    isa, baseline = build_baseline
+    if baseline is None:
+        pytest.skip(f"no committed llama.cpp baseline of the {isa!r} build (tools/install-llamacpp.sh; committed: "
+                    f"{', '.join(BASELINES)})")
     proc, run = conformance_run
-    assert "llamacpp-smollm2/ledger.jsonl" in proc.stdout, proc.stdout[:3000]
+    assert f"{baseline.name}/ledger.jsonl" in proc.stdout, (baseline, proc.stdout[:3000])
+    recorded = json.loads((baseline / "run.json").read_text())["platform"]["runtime.llamacpp"]["build_isa"]
+    assert recorded == isa, f"{baseline}/run.json: platform runtime.llamacpp.build_isa {recorded!r}, this build {isa!r}"
     outcomes = [line for line in proc.stdout.splitlines() if "record_reproduces" in line
                 and line.startswith(("PASSED", "XFAIL", "FAILED", "ERROR"))]
-    baseline = {(r["family"], r["row"], r["precision"]) for r in
-                map(json.loads, (REPO / "fixtures" / "ledgers" / "llamacpp-smollm2" / "ledger.jsonl").open())}
-    audited = sum((r["family"], r["row"], r["precision"]) in baseline
+    keys = {(r["family"], r["row"], r["precision"]) for r in map(json.loads, (baseline / "ledger.jsonl").open())}
+    audited = sum((r["family"], r["row"], r["precision"]) in keys
                   for r in map(json.loads, (run / "ledger.jsonl").open()))
     assert outcomes and len(outcomes) == audited, (outcomes, audited)
     bad = [line for line in outcomes if not (line.startswith("PASSED") or "platform drift" in line)]
     assert not bad, bad
+    other_build = [line for line in outcomes if "build_isa" in line]
+    assert not other_build, f"audited as another build's drift: {other_build}"
 
 
 @pytest.mark.parametrize("fault", ["stale", "foreign"])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from replaytests.errors import ConfigError, short
 from replaytests.files import read_json
-from replaytests.inputs import cpu_isa, models
+from replaytests.inputs import cpu_isa, llamacpp_build, models
 from replaytests.inputs.gates import LEVELS as GATE_LEVELS
 from replaytests.outputs.rundir import ledger_of
 
@@ -64,9 +64,17 @@ class Committed:
     def baseline(self, device: str = "cpu") -> Path:
         """The baseline made on this machine (the same GPU model and compute capability on a GPU, the same CPU
         model on a CPU; its run.json's platform), else the reference one (a check against it here is then
-        platform drift, reported as such)."""
+        platform drift, reported as such). On llama.cpp, first the baselines of this venv's build (its
+        build_isa; for a native build, the CPU it was built for): one build's baseline is another build's only
+        where no baseline of this build is committed, and then the audit's drift line names build_isa."""
         here = machine(device)
-        return next((path for path in self.baselines if _made_on(path) == here), self.baselines[0])
+        candidates = self.baselines
+        if self.backend == "llamacpp":
+            isa, cpu = llamacpp_build.here()
+            made = {path: llamacpp_build.of_platform(_platform_of(path)) for path in self.baselines}
+            candidates = (tuple(path for path in self.baselines if made[path] == (isa, cpu))
+                          or tuple(path for path in self.baselines if made[path][0] == isa) or self.baselines)
+        return next((path for path in candidates if _made_on(path) == here), candidates[0])
 
 
 def machine(device: str) -> tuple[str | None, ...]:
@@ -88,12 +96,19 @@ def platform_machine(platform: dict) -> tuple[str | None, ...]:
     return ("cpu", platform.get("hardware.cpu"))
 
 
+def _platform_of(baseline: Path) -> dict | None:
+    """The platform a committed baseline's run.json records (None where it records none)."""
+    try:
+        platform = read_json(baseline.parent / "run.json", "run metadata", ConfigError)["platform"]
+    except (ConfigError, KeyError, TypeError):
+        return None
+    return platform if isinstance(platform, dict) else None
+
+
 def _made_on(baseline: Path) -> tuple[str | None, ...] | None:
     """The machine a committed baseline was made on, as its run.json's platform records it."""
-    try:
-        return platform_machine(read_json(baseline.parent / "run.json", "run metadata", ConfigError)["platform"])
-    except (ConfigError, KeyError, TypeError, AttributeError):
-        return None
+    platform = _platform_of(baseline)
+    return None if platform is None else platform_machine(platform)
 
 
 LEDGERS = REPO / "fixtures" / "ledgers"
@@ -116,8 +131,10 @@ COMMITTED = (
               "smollm2-later", "vllm"),
     Committed(DEFAULT_BANK, REPO / "contracts" / "cpu-tiny-cells.yaml", (LEDGERS / "cpu-tiny-cells" / "ledger.jsonl",),
               DEFAULT_LATER_MODEL),
-    Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_LLAMACPP_CONTRACT, (LEDGERS / "llamacpp-smollm2" / "ledger.jsonl",), None,
-              "llamacpp"),
+    # One baseline per llama.cpp build (tools/install-llamacpp.sh): avx2 (the reference), user (pip's defaults)
+    Committed(SMOLLM2_CAUSAL_BANK, SMOLLM2_LLAMACPP_CONTRACT, (LEDGERS / "llamacpp-smollm2" / "ledger.jsonl",
+                                                               LEDGERS / "llamacpp-smollm2-user" / "ledger.jsonl"),
+              None, "llamacpp"),
 )
 
 

@@ -24,9 +24,10 @@ import numpy as np
 
 from replaytests.engine import stop
 from replaytests.errors import ConfigError, ReplaytestsError
+from replaytests.inputs import llamacpp_build
 
 INSTALL = "bash tools/install-llamacpp.sh (docs/llamacpp.md)"
-BUILD_RECORD = "llamacpp-build.json"  # what tools/install-llamacpp.sh writes into the venv: version, ISA, flags
+BUILD_RECORD = llamacpp_build.BUILD_RECORD  # what tools/install-llamacpp.sh writes into the venv: version, ISA, flags
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type of a K/V cache
 
 
@@ -67,16 +68,7 @@ def version() -> str | None:
 
 def build_record() -> dict | None:
     """The build flags tools/install-llamacpp.sh recorded beside the installed wheel, or None."""
-    import sys
-
-    from replaytests.files import read_json
-
-    path = Path(sys.prefix) / BUILD_RECORD
-    try:
-        record = read_json(path, "llama.cpp build record", ConfigError, 1 << 20)
-    except ConfigError:
-        return None
-    return record if isinstance(record, dict) else None
+    return llamacpp_build.record()
 
 
 def system_info(llama_cpp) -> str:

@@ -50,6 +50,7 @@ from replaytests.engine.rollout import Rollout
 from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
 from replaytests.files import open_regular
+from replaytests.inputs import llamacpp_build
 from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
 
@@ -156,10 +157,11 @@ class Runtime:
     def describe(cls, contract: Contract) -> dict:
         """What the run's environment records of llama.cpp. Its platform part (a change is drift): the
         version, the contract's settings, the ISA the build was pinned to and the CPU features llama.cpp says
-        it runs with (system_info, which names llamafile's kernels where they are built in); beside it, the
-        whole build record of tools/install-llamacpp.sh."""
+        it runs with (system_info, which names llamafile's kernels where they are built in), and for a native
+        build the CPU it was compiled for (build_cpu); beside it, the whole build record of
+        tools/install-llamacpp.sh."""
         build = build_record() or {}
-        settings = {**contract.llamacpp, "version": version(), "build_isa": build.get("isa"),
+        settings = {**contract.llamacpp, "version": version(), **llamacpp_build.platform_settings(build),
                     "system_info": system_info(import_llama_cpp())}
         return {"software": {"llama_cpp": version()}, "runtime": {"llamacpp": settings}, "llamacpp_build": build}
 
