@@ -349,6 +349,39 @@ class Gates:
         allows the cell to diverge, a failure where it does not (gate sweep.suffix_divergence_allowed)."""
         return _at_points(record, lambda view: self.divergence(view, pair))
 
+    @staticmethod
+    def sweep_served(record: Record, pair: str | None = None) -> Judgement:
+        """The premise of every point of a sweep, from the engine's own counters (`served`, per arm: a serving
+        engine's; engine/vllm/sweep.py), for the pair's arms (None: every arm). Each arm names what its
+        construction requires (`requires`: counter -> [low, high]; e.g. a request on an emptied prefix cache read
+        nothing from it) and what the point needs to cross its edge at all (`premise`: counter -> least value; e.g.
+        the blocks a prefix hit owes, two chunks, the whole batch in one step). A count outside what the
+        construction requires fails (a stale read); one short of the premise makes the point vacuous, recorded with
+        the engine's numbers, never a pass. A point without counters (a backend that calls its constructions
+        directly) has nothing to prove here."""
+        if not record.sweep:
+            return Judgement("fail", f"{record.title}: no sweep point: nothing of it was checked")
+        broken, vacuous = [], []
+        for point in record.sweep:
+            where = f"at {point.axis} {point.value} ({point.edge or 'the whole prefix'})"
+            for arm, served in (point.served or {}).items():
+                if pair is not None and arm not in pair.split("~"):
+                    continue
+                for counter, (low, high) in served.get("requires", {}).items():
+                    if not low <= served.get(counter, low - 1) <= high:
+                        broken.append(f"{where}: {arm} counted {counter} {served.get(counter)}, its construction "
+                                      f"requires {low if low == high else f'{low} to {high}'}")
+                for counter, least in served.get("premise", {}).items():
+                    if (served.get(counter) or 0) < least:
+                        vacuous.append(f"{where}: {arm} counted {counter} {served.get(counter)}, the point needs at "
+                                       f"least {least} to cross its edge")
+        if broken:
+            return Judgement("fail", f"{record.title}: {len(broken)} count(s) outside what the construction "
+                                     f"requires: {'; '.join(broken)}")
+        if vacuous:
+            return Judgement("recorded", f"{record.title}: vacuous, not judged: {'; '.join(vacuous)}")
+        return PASS
+
     def audit(self, message: str | None) -> Judgement:
         """A baseline record against its recomputation (`message`: what changed, None if it reproduced)."""
         return PASS if message is None else _required(self.audit_reproduce, message, "audit.reproduce")
