@@ -79,6 +79,7 @@ READERS = {
     "sweep.continuation": sweep.run,
     "sweep.batch_sizes": vllm_sweep.axes,
     "sweep.seed": vllm_sweep._others,
+    "sweep.axes": sweep.run,
     "panels.conversation": planner.Plan.panel_size,
     "conversation.cap": conversation.run,
     "panels.rollout": planner.Plan.panel_size,

@@ -64,6 +64,7 @@ class Arm:
 
     served: dict
     suffix: Suffix
+    steps: tuple  # every continuation step's top-k (id, logit), in rank order (compared bit for bit, not recorded)
 
 
 def axes(runtime, settings: dict) -> tuple[Axis, ...]:
@@ -160,7 +161,7 @@ def _arm(runtime, construction: str, z: list[int], roles: list[int], out, forced
         raise ConfigError(f"{where}: runtime.vllm.logprobs: a margin needs the top 2 logits of each step")
     suffix = Suffix(chosen, [s[0][1] - s[1][1] for s in steps], runtime.tokenizer.decode(chosen),
                     [s[0][1] for s in steps])
-    state = Arm(served | {"steps_digest": steps_digest(steps)}, suffix)
+    state = Arm(served | {"steps_digest": steps_digest(steps)}, suffix, tuple(tuple(step) for step in steps))
     return Boundary(construction, list(z), list(roles), None, runtime._logits(steps[0]), state), suffix
 
 
