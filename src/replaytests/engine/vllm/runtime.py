@@ -198,7 +198,6 @@ class Runtime:
 
         mask.GRAMMARS[self._key] = self.grammar
         self._chunked = None
-        self._batch = None
         self._rollout = None
         self._sweep_settings: dict = {}  # the contract's sweep section and the bank's path (sweep_axes)
         self._sweep_row = None  # the row being swept (engine/vllm/sweep.py)
@@ -289,23 +288,21 @@ class Runtime:
             self._watch(self._chunked)
         return self._chunked
 
-    @property
     def batch_engine(self):
-        """The sweep's batch axis's engine: the main engine's settings, but max_num_seqs the largest batch
+        """A new engine for the sweep's batch axis: the main engine's settings, but max_num_seqs the largest batch
         (sweep.batch_sizes + the row), a token budget that takes every prompt of it in one step, and no prefix
-        cache (the requests of one step never read each other's blocks)."""
-        if self._batch is None:
-            from replaytests.inputs.bank import read_prefixes
+        cache (the requests of one step never read each other's blocks); the caller frees it."""
+        from replaytests.inputs.bank import read_prefixes
 
-            sizes = self._sweep_settings["batch_sizes"]
-            longest = max(len(tokens) for tokens, _ in read_prefixes(Path(self._sweep_settings["bank"])).values())
-            length = int(lookup(read_json(self.model_dir / "config.json", "model config", ConfigError),
-                                "max_position_embeddings"))
-            self._batch = self._engine(budget=max(length, (max(sizes) + 1) * longest), max_num_seqs=max(sizes) + 1,
-                                       prefix_caching=False)
-            self._watch(self._batch)
-            self._check_pins(self._batch)
-        return self._batch
+        sizes = self._sweep_settings["batch_sizes"]
+        longest = max(len(tokens) for tokens, _ in read_prefixes(Path(self._sweep_settings["bank"])).values())
+        length = int(lookup(read_json(self.model_dir / "config.json", "model config", ConfigError),
+                            "max_position_embeddings"))
+        engine = self._engine(budget=max(length, (max(sizes) + 1) * longest), max_num_seqs=max(sizes) + 1,
+                              prefix_caching=False)
+        self._watch(engine)
+        self._check_pins(engine)
+        return engine
 
     def fresh_engine(self):
         """A new engine with the main engine's settings (the sweep's start axis), its scheduler watched and its pins

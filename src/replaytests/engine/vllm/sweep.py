@@ -36,7 +36,6 @@ vacuous). gates.sweep_served judges both.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import json
@@ -238,9 +237,8 @@ class Sweep:
                               requires=COLD | {"prefill_steps": [1, 1]}, premise={"decoded": 1})
         return built
 
-    def batch(self, n: int, continuation: int) -> dict:
+    def batch(self, n: int, continuation: int, engine) -> dict:
         runtime = self.runtime
-        engine = runtime.batch_engine
         built = {arm: _one(runtime, engine, arm, self.z, self.roles, continuation,
                            requires=COLD | {"co_scheduled": [1, 1]}) for arm in ARMS[:2]}
         others, position = _others(runtime._sweep_settings, self.z, n)
@@ -261,35 +259,53 @@ class Sweep:
         each engine's second request the warm repeat of its point 1), the cold starts of point 0 two more."""
         runtime = self.runtime
         built: dict[int, dict] = {value: {} for value in values}
+
+        def first_and_warm(engine, first: str, warm: str) -> None:
+            head = _one(runtime, engine, first, self.z, self.roles, continuation,
+                        requires=COLD | {"request_index": [0, 0]})
+            for value in values:
+                built[value][first] = head
+            if 1 in values:
+                built[1][warm] = _one(runtime, engine, warm, self.z, self.roles, continuation,
+                                      requires=COLD | {"request_index": [1, 1]})
+
+        def only_first(engine, arm: str) -> None:
+            built[0][arm] = _one(runtime, engine, arm, self.z, self.roles, continuation,
+                                 requires=COLD | {"request_index": [0, 0]})
+
         for first, warm in (("reference", "edge"), ("reference_replica", "edge_replica")):
-            engine = runtime.fresh_engine()
-            try:
-                head = _one(runtime, engine, first, self.z, self.roles, continuation,
-                            requires=COLD | {"request_index": [0, 0]})
-                for value in values:
-                    built[value][first] = head
-                if 1 in values:
-                    built[1][warm] = _one(runtime, engine, warm, self.z, self.roles, continuation,
-                                          requires=COLD | {"request_index": [1, 1]})
-            finally:
-                _close(engine)
+            _on(runtime.fresh_engine, lambda engine, first=first, warm=warm: first_and_warm(engine, first, warm))
         if 0 in values:
             for arm in ARMS[2:]:
-                engine = runtime.fresh_engine()
-                try:
-                    built[0][arm] = _one(runtime, engine, arm, self.z, self.roles, continuation,
-                                         requires=COLD | {"request_index": [0, 0]})
-                finally:
-                    _close(engine)
+                _on(runtime.fresh_engine, lambda engine, arm=arm: only_first(engine, arm))
         return built
 
 
 def _close(engine) -> None:
-    """Shut a fresh engine down and free its K/V cache (an in-process engine core holds it until collected)."""
-    with contextlib.suppress(AttributeError):  # another vLLM layout: collected below either way
-        engine.llm_engine.engine_core.shutdown()
-    del engine
-    gc.collect()
+    """Free an engine's model and K/V cache without tearing down what the process's other engines share. vLLM's own
+    shutdown (EngineCore.shutdown, also the client's finalizer when the engine is collected) ends in
+    cleanup_dist_env_and_memory, which destroys the process's distributed state under every other engine ("pipeline
+    model parallel group is not initialized" at their next step): so its finalizer is detached, and its parts are shut
+    down as that shutdown does, but that last step; the engine's startup gc.freeze() is undone so that it is collected.
+    The caller drops its last reference and collects."""
+    client = engine.llm_engine.engine_core
+    core = client.engine_core
+    client._finalizer.detach()
+    core.structured_output_manager.clear_backend()
+    core.model_executor.shutdown()
+    core.scheduler.shutdown()
+    gc.unfreeze()
+
+
+def _on(make, use):
+    """`use(engine)` on an engine `make()` starts, the engine freed once it returns (one alive at a time)."""
+    engine = make()
+    try:
+        return use(engine)
+    finally:
+        _close(engine)
+        del engine
+        gc.collect()
 
 
 def _others(settings: dict, z: list[int], n: int) -> tuple[list[tuple[str, list[int]]], int]:
@@ -321,7 +337,12 @@ def sweep(runtime, axis: Axis, z: list[int], values: Sequence[int],
         for value in values:
             yield value, built[value]
         return
-    build = {BLOCK: row.block, CHUNK: row.chunk, FP8: row.fp8, BATCH: row.batch}.get(axis.name)
+    if axis.name == BATCH:  # every point on one engine of the axis's own, freed after the row's last
+        built = _on(runtime.batch_engine, lambda engine: {n: row.batch(n, continuation, engine) for n in values})
+        for value in values:
+            yield value, built[value]
+        return
+    build = {BLOCK: row.block, CHUNK: row.chunk, FP8: row.fp8}.get(axis.name)
     if build is None:
         raise ConfigError(f"vllm sweep: unknown axis {axis.name!r}")
     for value in values:
