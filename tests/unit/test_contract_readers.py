@@ -21,6 +21,7 @@ from replaytests.engine.hf import sweep as hf_sweep
 from replaytests.engine.llamacpp import runtime as llamacpp_runtime
 from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
+from replaytests.engine.vllm import sweep as vllm_sweep
 from replaytests.families import conversation, rollout, sweep
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
@@ -76,6 +77,9 @@ READERS = {
     "sweep.multiples": sweep.points,
     "sweep.stride": hf_sweep.axes,
     "sweep.continuation": sweep.run,
+    "sweep.batch_sizes": vllm_sweep.axes,
+    "sweep.seed": vllm_sweep._others,
+    "sweep.axes": sweep.run,
     "panels.conversation": planner.Plan.panel_size,
     "conversation.cap": conversation.run,
     "panels.rollout": planner.Plan.panel_size,

@@ -131,8 +131,10 @@ PREMISES = [
             f"{AT_8}: edge counted calls None, the point needs 3"),
     Premise("arm-not-a-mapping", {"edge": [3, 1]}, sweep_report.UNREADABLE,
             "counters unreadable: served is {'edge': [3, 1]}, not a mapping of arms to counters"),
-    Premise("bounds-not-a-pair", {"edge": {"calls": 1, "premise": {"calls": 2}}}, sweep_report.UNREADABLE,
-            "counters unreadable: {'edge': {'calls': 1, 'premise': {'calls': 2}}}"),
+    Premise("bounds-not-a-pair", {"edge": {"calls": 1, "premise": {"calls": "two"}}}, sweep_report.UNREADABLE,
+            "counters unreadable: {'edge': {'calls': 1, 'premise': {'calls': 'two'}}}"),
+    Premise("a-least-value", {"edge": {"calls": 1, "premise": {"calls": 2}}}, sweep_report.VACUOUS,
+            f"{AT_8}: edge counted calls 1, the point needs at least 2"),
     Premise("served-not-a-mapping", "warm", sweep_report.UNREADABLE,
             "counters unreadable: served is 'warm', not a mapping of arms to counters"),
     # counters that say nothing of the premise: the point is counted, as one without counters

@@ -11,7 +11,8 @@ def vllm_run(tmp_path_factory):
     pytest.importorskip("vllm", reason="vllm is not installed here (bash tools/install-vllm.sh; docs/vllm.md)")
     from vllm_runs import _run
 
-    return _run(tmp_path_factory.mktemp("vllm"), "tiny", "--rows", "3")
+    # the edge sweep runs in runs of its own (test_vllm_sweep.py): on three rows at both cells it takes minutes
+    return _run(tmp_path_factory.mktemp("vllm"), "tiny", "--rows", "3", "-k", "not sweep")
 
 
 @pytest.fixture(scope="session")
@@ -31,5 +32,5 @@ def smollm2_run(tmp_path_factory):
     # the conversation family runs in a run of its own, at one precision (test_vllm_conversations.py): its
     # incremental construction forces every history token one decode step each, minutes on SmolLM2 at both
     return _run(tmp_path_factory.mktemp("smollm2"), "smollm2", "--rows", "2", "--model", str(model), "-k",
-                "not conversation", bank=REPO / "fixtures" / "banks" / "smollm2-causal.jsonl",
+                "not conversation and not sweep", bank=REPO / "fixtures" / "banks" / "smollm2-causal.jsonl",
                 contract=REPO / "contracts" / "cpu-smollm2-vllm.yaml")

@@ -15,9 +15,10 @@ one before and one after each, and the row's whole prefix (so every record also 
 from __future__ import annotations
 
 from replaytests.engine.backend import Axis, Backend
-from replaytests.engine.boundary import check_same_state, check_storage_isolated
+from replaytests.engine.boundary import check_same_state, check_storage_isolated, steps_digest
 from replaytests.errors import ConfigError, FailClosed
 from replaytests.families.registry import FAMILIES
+from replaytests.families.serving import compare_steps
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base, z_digest
 from replaytests.inputs.bank import BankRow
 from replaytests.outputs.records import Record, title
@@ -50,9 +51,11 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
     """The ledger record of one row's sweep, every axis the backend declares at the runtime's cell."""
     base = record_base(FAMILY.name, row, runtime)
     axes = runtime.sweep_axes(settings)
+    if settings.get("axes"):  # the contract's choice among them (sweep.axes; empty: every axis)
+        axes = tuple(axis for axis in axes if axis.name in settings["axes"])
     if not axes:
         raise ConfigError(f"backend {runtime.name} declares edge_sweep but no axis to sweep at cell "
-                          f"{runtime.precision}")
+                          f"{runtime.precision}{' among sweep.axes' if settings.get('axes') else ''}")
     runtime.activate()
     swept = []
     try:
@@ -69,12 +72,28 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
                 served = {arm: boundary.state.served for arm, boundary in boundaries.items()
                           if getattr(boundary.state, "served", None) is not None}
                 swept.append({"axis": axis.name, "value": value, "edge": edge, "tokens": tokens, "arms": arms,
-                              "comparisons": compare_arms(FAMILY.pairs, boundaries, suffixes, arms),
+                              "comparisons": _with_steps(compare_arms(FAMILY.pairs, boundaries, suffixes, arms),
+                                                         boundaries),
                               **({"served": served} if served else {})})
     except FailClosed as exc:
         return excluded(base, exc)
     return Record.of(base | {"status": "ok", "arms": swept[-1]["arms"], "comparisons": swept[-1]["comparisons"],
                              "sweep": swept})
+
+
+def _with_steps(comparisons: dict, boundaries: dict) -> dict:
+    """Where every arm's state carries its continuation's steps (a serving engine's top-k rows, which hold more than
+    the boundary's: vLLM shows no K/V), each pair also compares them bit for bit, as the serving family does: a
+    batch changes a decode step's numbers without changing its boundary's."""
+    steps = {arm: getattr(boundary.state, "steps", None) for arm, boundary in boundaries.items()}
+    if any(value is None for value in steps.values()):
+        return comparisons
+    out = {}
+    for pair, metrics in comparisons.items():
+        a, b = pair.split("~")
+        out[pair] = metrics | {"steps_exact": steps_digest(steps[a]) == steps_digest(steps[b])} | compare_steps(
+            steps[a], steps[b], metrics["first_divergence"])
+    return out
 
 
 def other_tokens(record: Record, row: BankRow) -> str | None:

@@ -179,6 +179,12 @@ SCHEMA = Section({
         "multiples": Value(int, default=2, low=1, high=MAX_COUNT),
         "stride": Value(int, default=64, low=2, high=MAX_COUNT),
         "continuation": Value(int, default=8, low=1, high=MAX_COUNT),
+        # a batch axis (vLLM): the row as a needle among this many other requests (other rows' prefixes, with it at
+        # most MAX_BATCH requests), at a position drawn with `seed`
+        "batch_sizes": ListOf(Value(int, low=1, high=MAX_BATCH - 1), default=[1, 2, 3, 4, 7, 8, 9, 15, 16, 17]),
+        "seed": Value(int, default=0, low=0, high=2**63 - 1),
+        # the axes swept, by name, among those the backend declares (empty: every one)
+        "axes": ListOf(Value(str, pattern=r"[a-z0-9_]+", expect="an axis name"), default=[]),
     }, default={}),
     "gates": Section({
         "crossing": Section({"replicas_exact": Value(bool, default=True),

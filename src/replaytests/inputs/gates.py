@@ -139,8 +139,16 @@ def _at_points(record: Record, judge) -> Judgement:
     return PASS
 
 
-def _within(value, bounds) -> bool:
+def _bounds(bounds) -> tuple:
+    """A counter's bounds as written: [low, high] (high None: unbounded), or a number: at least that."""
+    if isinstance(bounds, (int, float)) and not isinstance(bounds, bool):
+        return bounds, None
     low, high = bounds
+    return low, high
+
+
+def _within(value, bounds) -> bool:
+    low, high = _bounds(bounds)
     return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value \
         and (high is None or value <= high)
 
@@ -150,15 +158,16 @@ def point_premise(point) -> tuple[list[str], list[str]]:
     `requires` (counter -> [low, high]: what the construction it names must count; outside it, a broken measurement:
     a request on an emptied cache that read from it) and `premise` (counter -> [low, high]: what the point needs to
     cross its edge at all; outside it, the point is vacuous: a hit that read no block, a prefill in one chunk). A high
-    of None is unbounded. Returns (broken, vacuous), each a phrase per counter, naming the point and the arm; a point
-    without counters (a backend that calls its constructions itself) has nothing to prove."""
+    of None is unbounded; a number alone is a least value. Returns (broken, vacuous), each a phrase per counter,
+    naming the point and the arm; a point without counters (a backend that calls its constructions itself) has
+    nothing to prove."""
     where = f"at {point.axis} {point.value} ({point.edge or 'the whole prefix'})"
     found: dict[str, list[str]] = {"requires": [], "premise": []}
     for arm, served in sorted((point.served or {}).items()):
         for kind, out in found.items():
             for counter, bounds in (served.get(kind) or {}).items():
                 if not _within(served.get(counter), bounds):
-                    low, high = bounds
+                    low, high = _bounds(bounds)
                     wanted = f"{low}" if low == high else f"at least {low}" if high is None else f"{low} to {high}"
                     out.append(f"{where}: {arm} counted {counter} {served.get(counter)}, "
                                f"{'its construction requires' if kind == 'requires' else 'the point needs'} {wanted}")

@@ -319,10 +319,12 @@ class ReplaySession:
         return backend.missing(self.backend.capabilities, FAMILIES[family].requires, self.backend.name)
 
     def family_settings(self, family: str) -> dict:
-        """The contract section a family's `run` takes; the conversation family's with its bank's path."""
+        """The contract section a family's `run` takes; the conversation family's with its bank's path, the edge
+        sweep's with the bank's (a batch axis draws the requests beside a row from the bank's other rows)."""
         section = self.contract.settings[FAMILIES[family].settings]
-        conversation = FAMILIES[family].settings == "conversation"
-        return section | {"bank": conversations.path_for(self.options.bank)} if conversation else section
+        if FAMILIES[family].settings == "conversation":
+            return section | {"bank": conversations.path_for(self.options.bank)}
+        return section | {"bank": self.options.bank} if FAMILIES[family].settings == "sweep" else section
 
     def row(self, row_id: str) -> BankRow:
         for row in self.rows:

@@ -23,6 +23,9 @@ in sequence on the prefix cache the turns before it left, every other one on an 
 
 The rollout families' arms (engine/vllm/rollout.py) run on an engine of their own, whose logprobs mode is
 raw_logprobs (the suite's definition of a log-probability), with no structural mask.
+
+The edge sweep's points (engine/vllm/sweep.py) are requests on the main and the chunked engine, on an engine of the
+batch axis's own (no prefix cache, max_num_seqs for the largest batch) and on fresh engines (the start axis).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from replaytests.engine.protocol import ANSWER, MERGE, Delimiters, Grammar, answ
 from replaytests.engine.rollout import Rollout
 from replaytests.engine.vllm import conversation
 from replaytests.engine.vllm import rollout as rollouts
+from replaytests.engine.vllm import sweep as sweeps
 from replaytests.engine.vllm.rollout import LogprobsUnchecked
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
 from replaytests.files import lookup, read_json
@@ -172,7 +176,7 @@ class Runtime:
     name: ClassVar[str] = "vllm"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
     capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill",
-                                                        "rollout_logprobs", "conversation"})
+                                                        "rollout_logprobs", "conversation", "edge_sweep"})
     rollout_logprobs_mode: ClassVar[str] = rollouts.LOGPROBS_MODE  # the rollout engine's (a test may set another)
     inspect = staticmethod(inspection.inspect)  # vLLM serves Hugging Face directories
     check_loadable = staticmethod(hf_adapter.check_tensors)
@@ -195,6 +199,8 @@ class Runtime:
         mask.GRAMMARS[self._key] = self.grammar
         self._chunked = None
         self._rollout = None
+        self._sweep_settings: dict = {}  # the contract's sweep section and the bank's path (sweep_axes)
+        self._sweep_row = None  # the row being swept (engine/vllm/sweep.py)
         self._steps: list[dict[str, int]] = []
         self._watch(self.engine)
         self._check_pins(self.engine)
@@ -232,12 +238,15 @@ class Runtime:
         if device == "cpu" and block % CPU_BLOCK:
             raise ConfigError(f"{contract.path}: runtime.vllm.block_size: expected a multiple of {CPU_BLOCK} on CPU "
                               f"(vLLM's CPU attention refuses others), got {block}")
+        sweeps.check(contract)
         vllm = import_vllm(contract)
         torch.set_num_threads(contract.cpu_threads)
         return cls(model_dir, contract, precision, device, vllm)
 
-    def _engine(self, budget: int | None, logprobs_mode: str = "processed_logits"):
-        """A vLLM engine; `budget` splits every prefill into chunks of at most that many tokens."""
+    def _engine(self, budget: int | None, logprobs_mode: str = "processed_logits", max_num_seqs: int | None = None,
+                prefix_caching: bool | None = None):
+        """A vLLM engine; `budget` splits every prefill into chunks of at most that many tokens; `max_num_seqs` and
+        `prefix_caching` replace the contract's (the sweep's batch engine)."""
         from replaytests.engine.vllm.mask import StructuralMask
 
         length = int(lookup(read_json(self.model_dir / "config.json", "model config", ConfigError),
@@ -248,8 +257,9 @@ class Runtime:
                 str(self.model_dir), tokenizer=str(self.model_dir), dtype=self.dtype, seed=0,
                 kv_cache_dtype="auto" if self.cell.kv_cache.native else self.cell.kv_cache.format,
                 enforce_eager=settings["enforce_eager"], block_size=settings["block_size"],
-                enable_prefix_caching=settings["prefix_caching"], enable_chunked_prefill=True, max_model_len=length,
-                max_num_batched_tokens=budget or length, max_num_seqs=settings["max_num_seqs"],
+                enable_prefix_caching=settings["prefix_caching"] if prefix_caching is None else prefix_caching,
+                enable_chunked_prefill=True, max_model_len=length, max_num_batched_tokens=budget or length,
+                max_num_seqs=max_num_seqs or settings["max_num_seqs"],
                 logits_processors=[StructuralMask], logprobs_mode=logprobs_mode,
                 max_logprobs=settings["logprobs"], trust_remote_code=False)
         except Exception as exc:
@@ -277,6 +287,30 @@ class Runtime:
             self._chunked = self._engine(budget=self.settings["chunk_budget"])
             self._watch(self._chunked)
         return self._chunked
+
+    def batch_engine(self):
+        """A new engine for the sweep's batch axis: the main engine's settings, but max_num_seqs the largest batch
+        (sweep.batch_sizes + the row), a token budget that takes every prompt of it in one step, and no prefix
+        cache (the requests of one step never read each other's blocks); the caller frees it."""
+        from replaytests.inputs.bank import read_prefixes
+
+        sizes = self._sweep_settings["batch_sizes"]
+        longest = max(len(tokens) for tokens, _ in read_prefixes(Path(self._sweep_settings["bank"])).values())
+        length = int(lookup(read_json(self.model_dir / "config.json", "model config", ConfigError),
+                            "max_position_embeddings"))
+        engine = self._engine(budget=max(length, (max(sizes) + 1) * longest), max_num_seqs=max(sizes) + 1,
+                              prefix_caching=False)
+        self._watch(engine)
+        self._check_pins(engine)
+        return engine
+
+    def fresh_engine(self):
+        """A new engine with the main engine's settings (the sweep's start axis), its scheduler watched and its pins
+        checked; the caller shuts it down."""
+        engine = self._engine(budget=None)
+        self._watch(engine)
+        self._check_pins(engine)
+        return engine
 
     @classmethod
     def describe(cls, contract: Contract) -> dict:
@@ -523,6 +557,12 @@ class Runtime:
 
     def probe(self, tokens: list[int]):
         raise Unsupported("backend vllm shows top-k logprobs only, not a whole logit row (full_logits)")
+
+    def sweep_axes(self, settings: dict):
+        return sweeps.axes(self, settings)
+
+    def sweep(self, axis, z: list[int], values, continuation: int):
+        return sweeps.sweep(self, axis, z, values, continuation)
 
     def with_batch(self, batch: int) -> Runtime:
         raise Unsupported(f"backend {self.name} schedules its own batches")
