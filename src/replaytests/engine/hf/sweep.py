@@ -13,11 +13,13 @@ point. Each arm is then continued greedily for `sweep.continuation` tokens under
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 
 from replaytests.engine.backend import Axis
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.hf import adapter as hf_adapter
+from replaytests.engine.hf import constructions
 from replaytests.engine.hf.constructions import _checked
 from replaytests.engine.hf.decoder import DecodeState
 from replaytests.engine.hf.forward import Step
@@ -50,14 +52,6 @@ def _one_token_per_call(runtime: Step, z: list[int], points: Sequence[int], cons
     return out
 
 
-def _one_call(runtime: Step, z: list[int], construction: str) -> Boundary:
-    state = DecodeState.empty(runtime, len(z))
-    for token in z:
-        state.push(token)
-    state.feed(len(z), f"{construction} call over {len(z)} tokens")
-    return _checked(state.boundary(construction))
-
-
 def continued(runtime: Step, boundary: Boundary, count: int) -> Suffix:
     """Up to `count` greedy tokens under the structural mask from a boundary (on a copy of its cache), fewer where
     the grammar closes the answer first."""
@@ -83,5 +77,6 @@ def sweep(runtime: Step, axis: Axis, z: list[int], values: Sequence[int],
     references = {arm: _one_token_per_call(runtime, z, values, arm) for arm in ("reference", "reference_replica")}
     for value in values:
         built = {arm: references[arm].pop(value) for arm in references}
-        built |= {arm: _one_call(runtime, z[:value], arm) for arm in ("edge", "edge_replica")}
+        built |= {arm: dataclasses.replace(constructions.prefill(runtime, z[:value]), construction=arm)
+                  for arm in ("edge", "edge_replica")}
         yield value, {arm: (boundary, continued(runtime, boundary, continuation)) for arm, boundary in built.items()}
