@@ -191,6 +191,7 @@ STEPS = (((7, 2.0), (3, 1.5)), ((4, 1.0), (9, INF)), ((5, 3.0), (6, 0.0)))
                  {"steps_first_difference": 1, "steps_max_abs": 0.5}, id="only-up-to-the-split"),
     pytest.param((((3, 1.5), (7, 2.0)), *STEPS[1:]), None,
                  {"steps_first_difference": 0, "steps_max_abs": 0.0}, id="same-values-other-order"),
+    pytest.param(STEPS[:2], 2, {"steps_first_difference": None, "steps_max_abs": 0.0}, id="one-stopped-first"),
 ])
 def test_suffix_steps_are_compared_up_to_where_the_tokens_split(b, divergence, expected):
     from replaytests.families.serving import compare_steps
