@@ -151,8 +151,7 @@ def vllm_table() -> str:
 LLAMACPP = {"tiny, GGUF f32": ("llamacpp-tiny-f32", "fp32", "cpu-tiny-causal"),
             "tiny, GGUF bf16": ("llamacpp-tiny", "fp32", "cpu-tiny-causal"),
             "SmolLM2 Q4_1, f32 K/V": ("llamacpp-smollm2", "fp32", "cpu-smollm2-causal"),
-            "SmolLM2 Q4_1, f32 K/V, pip's default build": ("llamacpp-smollm2-user", "fp32",
-                                                                    "cpu-smollm2-causal"),
+            "SmolLM2 Q4_1, f32 K/V, pip's default build": ("llamacpp-smollm2-user", "fp32", "cpu-smollm2-causal"),
             "SmolLM2 + protocol adapter Q4_1, flash attention": ("llamacpp-smollm2-protocol-fa", "fp32", None)}
 # Below the serving rows: what the crossing's answers did on llama.cpp.
 ANSWER_LABELS = ("crossing on llama.cpp: answers differ", "crossing on llama.cpp: correct answers (incremental)",

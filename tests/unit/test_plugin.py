@@ -55,8 +55,7 @@ def test_ledger_has_one_record_per_family_row_precision(two_row_run):
     _, report_dir = two_row_run
     records = ledger.read_ledger(report_dir / "ledger.jsonl")
     keys = [r.key for r in records]
-    # those that run
-    families = ("batch", "bridge", "conversation", "crossing", "live", "rollout", "rollout_sampled", "sweep")
+    families = ("batch", "bridge", "conversation", "crossing", "live", "rollout", "rollout_sampled", "sweep")  # run
     expected = [(f, row, "fp32") for f in families for row in ("tiny-000", "tiny-001")]
     assert keys == expected, f"ledger keys {keys}"
     crossing = next(r for r in records if r.key == ("crossing", "tiny-000", "fp32"))
