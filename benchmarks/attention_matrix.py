@@ -94,11 +94,13 @@ def record_machine(device: str, contract: Path = BASE_CONTRACT) -> dict:
     naming the GPU model and compute capability (the CPU model on a CPU)."""
     import torch
 
-    from replaytests.engine.hf.environment import capture
+    from replaytests.engine.backend import resolve
+    from replaytests.engine.environment import capture_run
     from replaytests.inputs.contract import load_contract
     from replaytests.inputs.platforms import platform_of
 
-    env = capture(load_contract(contract), device)
+    hf = resolve("hf")  # the kernels are torch's SDPA, run through the Hugging Face backend
+    env = capture_run(load_contract(contract), hf, device)
     hardware = env["hardware"]
     if hardware["device_kind"] == "cuda":
         key = f"{hardware['gpu_name']} (compute capability {hardware['compute_capability']})"
@@ -112,7 +114,7 @@ def record_machine(device: str, contract: Path = BASE_CONTRACT) -> dict:
         sdpa["flash_impl"] = current_flash_attention_impl()
     except (ImportError, AttributeError, ValueError) as exc:  # an older or newer torch: say so, keep going
         sdpa["unreadable"] = f"{type(exc).__name__}: {exc}"
-    return {"key": key, "platform": platform_of(env), "environment": env, "sdpa": sdpa,
+    return {"key": key, "platform": platform_of(env, hf), "environment": env, "sdpa": sdpa,
             "recorded": datetime.now(UTC).isoformat(timespec="seconds")}
 
 

@@ -30,7 +30,7 @@ def main() -> None:
     contract, gguf, rows = smollm2(args.rows)
     runtime = Runtime.load(gguf, contract, "fp32")
     llama_cpp = import_llama_cpp()
-    settings = contract.llamacpp
+    settings = contract.runtime("llamacpp")
     own = llama_cpp.Llama(str(gguf), n_ctx=settings["n_ctx"], n_batch=settings["n_ctx"], n_ubatch=settings["n_ctx"],
                           n_threads=contract.cpu_threads, n_threads_batch=contract.cpu_threads, type_k=0, type_v=0,
                           flash_attn=settings["flash_attention"], verbose=False)

@@ -101,7 +101,8 @@ def main() -> None:
     args = parser.parse_args()
     contract = load_contract(args.contract)
     cpu_isa.apply(contract.cpu_isa, f"contract {contract.name}")  # before torch starts, as a run pins it
-    from replaytests.engine.hf.environment import capture
+    from replaytests.engine.backend import resolve
+    from replaytests.engine.environment import capture_run
     from replaytests.files import write_atomic, write_json_atomic
 
     result = {"schema": "replaytests.benchmarks.rollout-family/1",
@@ -111,7 +112,7 @@ def main() -> None:
                            "batch": contract.physical_batch, "model": str(args.model), "bank": str(args.bank),
                            "contract": str(args.contract)},
               "platform": f"{cpu_isa.platform_line()}, {contract.cpu_threads} thread(s)",
-              "environment": capture(contract)}
+              "environment": capture_run(contract, resolve("hf"))}
     write_json_atomic(args.out, result)
     write_atomic(args.out.with_suffix(".md"), markdown(result))
     print(markdown(result), end="")

@@ -117,7 +117,8 @@ def main() -> None:
     args = parser.parse_args()
     contract = load_contract(args.contract)
     cpu_isa.apply(contract.cpu_isa, f"contract {contract.name}")  # before torch starts, as the command pins it
-    from replaytests.engine.hf.environment import capture
+    from replaytests.engine.backend import resolve
+    from replaytests.engine.environment import capture_run
     from replaytests.engine.hf.logprobs import limits
     from replaytests.files import write_atomic, write_json_atomic
 
@@ -128,7 +129,8 @@ def main() -> None:
     result.update(schema="replaytests.benchmarks.rollouts/1", settings={
         "rows": args.rows, "length": args.length, "prompt": args.prompt, "precision": args.precision,
         "repeats": args.repeats, "seed": args.seed, "model": str(args.model), "contract": str(args.contract)},
-        platform=f"{cpu_isa.platform_line()}, {contract.cpu_threads} thread(s)", environment=capture(contract))
+        platform=f"{cpu_isa.platform_line()}, {contract.cpu_threads} thread(s)",
+        environment=capture_run(contract, resolve("hf")))
     write_json_atomic(args.out, result)
     write_atomic(args.out.with_suffix(".md"), markdown(result))
     print(markdown(result), end="")

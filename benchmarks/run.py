@@ -30,10 +30,10 @@ import transformers
 
 from replaytests.engine.arms import Arms
 from replaytests.engine.checks import synthetic_z
+from replaytests.engine.environment import capture_run
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import constructions
 from replaytests.engine.hf.decoder import DecodeState, decode_suffix
-from replaytests.engine.hf.environment import capture
 from replaytests.engine.hf.runtime import Runtime
 from replaytests.engine.protocol import Caps, parse_prefix
 from replaytests.errors import ReplaytestsError
@@ -361,7 +361,8 @@ def run_benchmarks(args: argparse.Namespace) -> dict:
     environment = None
     for precision in args.precision:
         runtime = load_runtime(args.model, contract, precision, args.device, positions)
-        environment = environment or capture(contract, str(runtime.device), runtime.model)
+        environment = environment or capture_run(contract, type(runtime), str(runtime.device),
+                                                 attention=runtime.model.config._attn_implementation)
         results["decode"][precision] = [_progress(decode_benchmark(runtime, synthetic_row(runtime, n, args.seed),
                                                                    args.reps), precision, "decode")
                                         for n in args.lengths]

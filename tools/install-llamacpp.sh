@@ -95,7 +95,7 @@ if ! ls "$cache"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   fi
   converter "$tmp"
   built=$((SECONDS - start))
-  # The record (src/replaytests/inputs/llamacpp_build.py reads it): a native build's names the CPU it is for
+  # The record (src/replaytests/engine/llamacpp/build.py reads it): a native build's names the CPU it is for
   V=$version I=$isa F=$flags N=$native L=$llamafile M=$cpu_model C=$cpu_flags B=$built P=$(nproc) "$venv/bin/python" -c '
 import json, os
 e = os.environ

@@ -20,10 +20,13 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from replaytests.backends import declarations
 from replaytests.errors import ConfigError, Exit, ReplaytestsError
 from replaytests.inputs.cells import BANK_CELL, RECOMPUTE_CELL
 from replaytests.inputs.gates import ROLLOUT_FAMILIES
 from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
+
+BACKENDS = ", ".join(declarations())  # the registered backends (replaytests.backends), as --backend names them
 
 
 def _pin(contract_path: Path):
@@ -43,8 +46,8 @@ def _freeze(args: argparse.Namespace) -> int:
     _check_new([args.out, manifest_path(args.out)], "--out", args.force)
     contract, _ = _pin(args.contract)
     from replaytests.engine import backend
+    from replaytests.engine.environment import capture_run
     from replaytests.engine.freeze import live_boundaries
-    from replaytests.engine.hf.environment import capture_run
     from replaytests.inputs import platforms
     from replaytests.inputs.bank import read_problems, write_bank
 
@@ -55,7 +58,7 @@ def _freeze(args: argparse.Namespace) -> int:
     problems = read_problems(args.problems)
     runtime = runtime_class.load(args.model, contract, args.precision, None)
     rows = live_boundaries(runtime, problems, facts.max_positions, args.problems)
-    platform = platforms.platform_of(capture_run(contract, runtime_class))
+    platform = platforms.platform_of(capture_run(contract, runtime_class), runtime_class)
     try:
         write_bank(args.out, rows, args.model, runtime.grammar, contract, args.precision, platform)
     except OSError as exc:
@@ -397,11 +400,12 @@ _seconds = _non_negative("seconds")
 
 def _env(args: argparse.Namespace) -> int:
     contract, pinned = _pin(args.contract)
-    from replaytests.engine.hf.environment import capture, describe
+    from replaytests.engine import backend
+    from replaytests.engine.environment import capture_run, describe
 
     how = "applied" if pinned.applied else f"not applied: {pinned.note}"
     print(f"cpu_isa: contract pins {pinned.level} ({how})" if pinned.level else f"cpu_isa: {pinned.note}")
-    print("\n".join(describe(contract, capture(contract, args.device))))
+    print("\n".join(describe(contract, capture_run(contract, backend.resolve(args.backend), args.device))))
     return 0
 
 
@@ -463,7 +467,7 @@ def parser() -> argparse.ArgumentParser:
     freeze.add_argument("--out", type=Path, required=True,
                         help="bank JSONL to write (manifest beside it); refused where either exists, unless --force")
     freeze.add_argument("--force", action="store_true", help="replace the bank and manifest that exist already")
-    freeze.add_argument("--backend", default="hf", help="hf, vllm, llamacpp or module:Class. Default: %(default)s")
+    freeze.add_argument("--backend", default="hf", help=f"{BACKENDS} or module:Class. Default: %(default)s")
     freeze.add_argument("--precision", default=BANK_CELL,
                         help="the contract's cell the boundaries are generated in (fp32 on llamacpp). "
                              "Default: %(default)s")
@@ -480,12 +484,15 @@ def parser() -> argparse.ArgumentParser:
                                      "one line per field that differs")
     env.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     env.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+    env.add_argument("--backend", default="hf", help=f"the runtime whose versions and settings to capture beside "
+                                                      f"every run's: {BACKENDS} or module:Class. Default: %(default)s")
 
     check = sub.add_parser("check-model", help="a short check of a checkpoint before a long audit: the replay "
                                                "properties on two synthetic rows per precision, and a row's cost")
     check.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                        help="model directory (a .gguf file for llamacpp). Default: %(default)s")
-    check.add_argument("--backend", default="hf", help="hf, llamacpp or module:Class. Default: %(default)s")
+    check.add_argument("--backend", default="hf", help=f"{BACKENDS} or module:Class (one that shows whole logit rows). "
+                                                        "Default: %(default)s")
     check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
     check.add_argument("--precision", default="all", metavar="CELL[,CELL...]|both|all",

@@ -90,7 +90,7 @@ def test_a_prompt_cache_hit_is_proven_by_llamacpps_count(runtime, z, contract):
 
 
 def test_a_chunked_prefill_runs_in_chunks(runtime, z, contract):
-    chunk = contract.llamacpp["chunk"]
+    chunk = contract.runtime("llamacpp")["chunk"]
     assert len(z) > chunk, f"row of {len(z)} tokens: no chunking at {chunk}"
     chunked = runtime.build("chunked", z)
     assert chunked.state.evaluated == len(z)

@@ -74,7 +74,7 @@ def tiny_records(runtime, rows):
 @pytest.mark.parametrize("index", [0, 1])
 def test_every_arm_is_the_construction_it_names(tiny_records, rows, contract, index):
     """The premise at every point, from llama.cpp's counters (and the gate that reads them), then the gates."""
-    record, settings = tiny_records[index], contract.llamacpp
+    record, settings = tiny_records[index], contract.runtime("llamacpp")
     _check_counters(record, rows[index], settings["chunk"], settings["n_ctx"])
     gates = contract.gates
     assert gates.sweep_premise(record).outcome == "pass", gates.sweep_premise(record)
@@ -87,7 +87,7 @@ def test_every_arm_is_the_construction_it_names(tiny_records, rows, contract, in
 def test_each_pass_leaves_the_state_a_fresh_construction_leaves(runtime, rows, contract):
     """A pass serves every point (a state saved at each, the positions past it dropped): at each point its state and
     logits are, byte for byte, those of the construction built alone in a fresh context."""
-    z, chunk = rows[0].tokens, contract.llamacpp["chunk"]
+    z, chunk = rows[0].tokens, contract.runtime("llamacpp")["chunk"]
     values = [value for value, _ in sweep.positions((("chunk", chunk),), len(z), SETTINGS["multiples"])]
     passes = {"one call": llamacpp_sweep.one_call(runtime, z, values, "reference"),
               "chunked": llamacpp_sweep.chunked(runtime, z, values, "edge"),
@@ -116,7 +116,7 @@ def test_an_arm_that_made_one_call_past_the_chunk_is_vacuous(runtime, rows, cont
     """Must-fail control of the premise: with every context evaluating up to n_ctx tokens per call (the chunk
     ignored), the chunked arms make one call where the point is past the chunk: the gate reports exactly those
     points as vacuous (the position axis's edges and the hit axis's references), never as a pass."""
-    chunk = contract.llamacpp["chunk"]
+    chunk = contract.runtime("llamacpp")["chunk"]
     made = Runtime._context
     monkeypatch.setattr(Runtime, "_context", lambda self, n_batch, sequences=1: made(self, self.settings["n_ctx"],
                                                                                      sequences))
@@ -171,7 +171,7 @@ def test_a_point_past_the_context_is_refused_before_any_call(runtime, rows, cont
         raise AssertionError("llama_decode called")
 
     monkeypatch.setattr(Context, "_decode", refuse)
-    record = sweep.run(runtime, rows[0], SETTINGS | {"continuation": contract.llamacpp["n_ctx"]})
+    record = sweep.run(runtime, rows[0], SETTINGS | {"continuation": contract.runtime("llamacpp")["n_ctx"]})
     assert not record.ok and "runtime.llamacpp.n_ctx" in record.reason and "\n" not in record.reason, record.reason
 
 
@@ -189,7 +189,7 @@ def test_smollm2_row_0(smollm2):
     then the gates (replicas bit-exact, no continuation split: the fp32 cell may not diverge)."""
     contract, runtime, row = smollm2
     record = _swept(runtime, row)
-    _check_counters(record, row, contract.llamacpp["chunk"], contract.llamacpp["n_ctx"])
+    _check_counters(record, row, contract.runtime("llamacpp")["chunk"], contract.runtime("llamacpp")["n_ctx"])
     assert contract.gates.sweep_premise(record).outcome == "pass"
     for pair in PAIRS:
         judgement = (contract.gates.sweep_replicas(record, pair) if "replica" in pair

@@ -22,10 +22,10 @@ import torch
 import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - see below
 
 from replaytests.engine.boundary import Boundary
+from replaytests.engine.environment import Drift
 from replaytests.engine.hf import constructions
 from replaytests.engine.hf.adapter import load_tokenizer
 from replaytests.engine.hf.decoder import decode_suffix
-from replaytests.engine.hf.environment import Drift
 from replaytests.engine.protocol import DELIMITER_NAMES, Caps, Delimiters, Grammar
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow

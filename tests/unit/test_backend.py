@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.engine.backend import BUILT_IN, CAPABILITIES, SERVING, Backend, missing, resolve
+from replaytests.backends import REGISTRY
+from replaytests.engine.backend import CAPABILITIES, SERVING, Backend, missing, resolve
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 
@@ -31,7 +32,7 @@ def test_the_hugging_face_backend_has_every_capability_but_a_serving_engines_and
     cls = resolve("hf")
     assert cls.capabilities == frozenset(CAPABILITIES) - SERVING, sorted(CAPABILITIES.keys() - cls.capabilities)
     assert isinstance(bf16_runtime, Backend), "Runtime does not satisfy engine.backend.Backend"
-    assert list(BUILT_IN) == ["hf", "vllm", "llamacpp"]
+    assert list(REGISTRY) == ["hf", "vllm", "llamacpp"]
 
 
 def test_the_vllm_backend_resolves_without_vllm_and_declares_a_serving_engine():
@@ -66,10 +67,11 @@ def test_missing_names_each_capability_and_what_it_gives():
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    pytest.param("sglang", "expected one of hf, vllm, llamacpp or module:Class", id="unknown-name"),
+    pytest.param("sglang", r"expected one of hf, vllm, llamacpp \(or module:Class\)", id="unknown-name"),
     pytest.param("no_such_module:X", "cannot import no_such_module:X", id="no-module"),
     pytest.param("replaytests.engine.backend:Nothing", "cannot import", id="no-attribute"),
-    pytest.param("replaytests.engine.backend:Unsupported", "is not a backend class", id="not-a-backend"),
+    pytest.param("replaytests.engine.backend:Unsupported", "is not a subclass of replaytests.backends.Declaration",
+                 id="not-a-backend"),
 ])
 def test_a_bad_backend_is_one_line(spec, message):
     with pytest.raises(ConfigError, match=message) as caught:

@@ -97,8 +97,8 @@ def fp8_contract(tmp_path, repo):
 
 
 def test_fp8_cache_on_the_hf_backend_is_refused_before_model_work(fp8_contract):
-    with pytest.raises(ConfigError, match=r"contract\.yaml: cells\.kv-fp8\.kv_cache\.format: fp8_e4m3 is another "
-                                          r"runtime's own K/V format \(vLLM's kv_cache_dtype"):
+    with pytest.raises(ConfigError, match=r"contract\.yaml: cells\.kv-fp8\.kv_cache\.format: fp8_e4m3 is a K/V cache "
+                                          r"format of vLLM; backend hf runs native, quantized$"):
         backend.check_cell(Runtime, fp8_contract, "kv-fp8")
 
 
@@ -116,7 +116,9 @@ def test_vllm_runs_its_fp8_cache_only_with_avx512_or_amx_kernels(fp8_contract, m
 
 
 def test_vllm_refuses_a_library_quantized_cache(cells_contract):
-    with pytest.raises(ConfigError, match=r"cells\.kv-hqq4\.kv_cache\.format: vllm runs native or its own fp8"):
+    with pytest.raises(ConfigError, match=r"cells\.kv-hqq4\.kv_cache\.format: quantized is a K/V cache format of "
+                                          r"Hugging Face transformers; backend vllm runs native, fp8, fp8_e4m3, "
+                                          r"fp8_e5m2$"):
         backend.check_cell(VllmRuntime, cells_contract, "kv-hqq4")
 
 

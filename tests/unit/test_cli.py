@@ -107,11 +107,12 @@ def test_frozen_manifest_records_the_bank_sha256(frozen):
 
 def test_frozen_manifest_records_its_platform(frozen, tiny_contract):
     """The bank's live boundaries hold platform-specific numbers: the manifest says where they were made."""
-    from replaytests.engine.hf.environment import capture
+    from replaytests.engine.backend import resolve
+    from replaytests.engine.environment import capture_run
     from replaytests.inputs.platforms import platform_of
 
     platform = json.loads(manifest_path(frozen[1]).read_text(encoding="utf-8"))["platform"]
-    assert platform == platform_of(capture(tiny_contract)), f"manifest platform {platform}"
+    assert platform == platform_of(capture_run(tiny_contract, resolve("hf")), resolve("hf")), f"manifest {platform}"
     assert set(platform) == {"hardware.device_kind", "hardware.cpu", "environment.cpu_isa", "environment.cpu_threads",
                              "software.torch", "software.transformers"}, sorted(platform)
 

@@ -16,7 +16,8 @@ import textwrap
 import pytest
 from test_contract import schema_paths
 
-from replaytests.engine.hf import adapter, environment, forward, inspection, runtime, weights
+from replaytests.engine import environment
+from replaytests.engine.hf import adapter, forward, inspection, runtime, weights
 from replaytests.engine.hf import sweep as hf_sweep
 from replaytests.engine.llamacpp import runtime as llamacpp_runtime
 from replaytests.engine.protocol import Delimiters

@@ -1,4 +1,4 @@
-"""replaytests.engine.hf.environment and runtime's numeric flags: capture, drift against the contract, the CUDA
+"""replaytests.engine.environment and runtime's numeric flags: capture, drift against the contract, the CUDA
 skip reason, flags read back, and `replaytests env`."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from replaytests.cli import main
-from replaytests.engine.hf import forward
-from replaytests.engine.hf.environment import Drift, _cudnn_version, capture, describe, drift, needs_cuda
+from replaytests.engine import numerics
+from replaytests.engine.backend import resolve
+from replaytests.engine.environment import Drift, _cudnn_version, capture, capture_run, describe, drift, needs_cuda
 from replaytests.errors import ConfigError
 from replaytests.inputs.cells import Cell
 from replaytests.inputs.contract import load_contract
@@ -24,9 +25,9 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks behaviour
 
 @pytest.fixture
 def torch_flags_restored():
-    saved = forward.read_numeric_flags()
+    saved = numerics.read_numeric_flags()
     yield
-    forward.write_numeric_flags(saved)
+    numerics.write_numeric_flags(saved)
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +127,9 @@ def test_capture_records(tiny_contract, torch_flags_restored, path, expected):
 
 
 def test_capture_restores_torch_settings(tiny_contract, torch_flags_restored):
-    before = forward.read_numeric_flags()
+    before = numerics.read_numeric_flags()
     capture(tiny_contract)
-    assert forward.read_numeric_flags() == before, "capture left torch's numeric settings changed"
+    assert numerics.read_numeric_flags() == before, "capture left torch's numeric settings changed"
 
 
 def test_capture_reads_back_a_pinned_sdpa_backend(tiny_contract, torch_flags_restored):
@@ -143,7 +144,7 @@ def test_capture_records_the_model_attention_and_the_inputs(tiny_contract, torch
     manifest = {"rows": 48, "prefix_len": {"min": 123, "max": 374}}
     integrity = Integrity(manifest, ["bank: accepted"], {"bank": "b" * 64, "model": "m" * 64, "tokenizer": "t" * 64,
                                                          "delimiter_ids": [1, 2]})
-    env = capture(tiny_contract, "cpu", model=model, integrity=integrity)
+    env = capture(tiny_contract, "cpu", attention=model.config._attn_implementation, integrity=integrity)
     got = (env["environment"]["attention"], env["bank"], env["inputs"])
     expected = ("eager", manifest, {"bank_sha256": "b" * 64, "model_sha256": "m" * 64, "tokenizer_sha256": "t" * 64,
                                     "delimiter_ids": [1, 2], "overridden": ["bank: accepted"]})
@@ -205,11 +206,11 @@ def test_needs_cuda_not_for_a_cpu_run(repo, contract_file, device):
 ])
 def test_a_flag_that_does_not_take_is_a_config_error(torch_flags_restored, monkeypatch, flag, flags, stuck):
     # The flag's setter is ignored and its reader reports `stuck`, as on a build that cannot honour it.
-    monkeypatch.setitem(forward._NUMERIC, flag, (lambda: stuck, lambda value: None))
-    wanted = forward.numeric_settings(Cell("float32", **flags), 1)[flag]
+    monkeypatch.setitem(numerics._NUMERIC, flag, (lambda: stuck, lambda value: None))
+    wanted = numerics.numeric_settings(Cell("float32", **flags), 1)[flag]
     with pytest.raises(ConfigError, match=rf"^numeric flag {flag}: set {re.escape(repr(wanted))} but it reads back "
                                           rf"{re.escape(repr(stuck))}$"):
-        forward.apply_numeric_flags(Cell("float32", **flags), 1)
+        numerics.apply_numeric_flags(Cell("float32", **flags), 1)
 
 
 @pytest.mark.parametrize(("flags", "flag", "value"), [
@@ -219,14 +220,14 @@ def test_a_flag_that_does_not_take_is_a_config_error(torch_flags_restored, monke
     pytest.param({"tf32_matmul": True, "float32_matmul_precision": "high"}, "tf32_matmul", True, id="tf32-on"),
 ])
 def test_pinned_flags_take_and_read_back(torch_flags_restored, flags, flag, value):
-    got = forward.apply_numeric_flags(Cell("float32", **flags), 1)[flag]
+    got = numerics.apply_numeric_flags(Cell("float32", **flags), 1)[flag]
     assert got == value, f"{flag} read back {got!r} after pinning {value!r}"
 
 
 def test_an_unpinned_flag_goes_back_to_the_default(torch_flags_restored):
-    default = forward.read_numeric_flags()["sdpa_backend"]
-    forward.apply_numeric_flags(Cell("float32", sdpa_backend="math"), 1)
-    got = forward.apply_numeric_flags(Cell("float32"), 1)["sdpa_backend"]
+    default = numerics.read_numeric_flags()["sdpa_backend"]
+    numerics.apply_numeric_flags(Cell("float32", sdpa_backend="math"), 1)
+    got = numerics.apply_numeric_flags(Cell("float32"), 1)["sdpa_backend"]
     assert got == default, f"unpinned SDPA backends after a math-pinned precision: {got!r}, default {default!r}"
 
 
@@ -255,7 +256,7 @@ def test_env_without_drift(capsys, repo, torch_flags_restored, forced_cpu_isa):
 @NO_CUDA
 def test_env_lists_each_drift(capsys, paper, torch_flags_restored):
     code, lines, _ = run_env(capsys, "--contract", str(paper.path))
-    expected = [f"  {d}" for d in drift(paper, capture(paper))]
+    expected = [f"  {d}" for d in drift(paper, capture_run(paper, resolve("hf")))]
     header = f"drift: {len(expected)} field(s) differ from contract paper-b200:"
     assert code == 0, f"exit {code} with drift, expected 0"
     assert lines[-len(expected) - 1:] == [header, *expected], f"last lines {lines[-len(expected) - 1:]}"

@@ -1,4 +1,4 @@
-"""Which llama.cpp build a run ran on (inputs/llamacpp_build.py): the record tools/install-llamacpp.sh writes, what
+"""Which llama.cpp build a run ran on (engine/llamacpp/build.py): the record tools/install-llamacpp.sh writes, what
 the run's platform carries of it, and the committed baseline a run of each build is audited against.
 
 Two builds (docs/llamacpp.md "Two builds"): `avx2` (fixed ISA, llamafile off) and `user` (pip's defaults:
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from replaytests.inputs import cpu_isa, llamacpp_build
+from replaytests.engine.llamacpp import build as llamacpp_build
+from replaytests.inputs import cpu_isa
 from replaytests.inputs.gates import same_platform
 from replaytests.inputs.options import COMMITTED, SMOLLM2_CAUSAL_BANK, SMOLLM2_LLAMACPP_CONTRACT, Options
 from replaytests.inputs.platforms import platform_differences

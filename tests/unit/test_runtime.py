@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from replaytests.engine.hf import constructions
-from replaytests.engine.hf.forward import apply_numeric_flags, check_batch_equal, copies_differ
+from replaytests.engine.hf.forward import check_batch_equal, copies_differ
 from replaytests.engine.hf.runtime import Runtime
+from replaytests.engine.numerics import apply_numeric_flags
 from replaytests.engine.protocol import visibility_rows
 from replaytests.errors import ConfigError, NonFinite, PhysicalBatchDesync
 from replaytests.inputs.cells import Cell

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
+from replaytests import backends
 from replaytests.errors import ConfigError, ReplaytestsError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from replaytests.backends import Declaration
     from replaytests.engine.boundary import Boundary, Suffix
     from replaytests.engine.conversation import TurnState
     from replaytests.engine.protocol import Grammar
@@ -185,16 +187,6 @@ def require_causal(contract: Contract, runtime: str, docs: str) -> None:
                           f"protocol: {{visibility: causal}} ({docs})")
 
 
-class CellProblem(NamedTuple):
-    """Why a backend cannot run a cell: the cell's field and what is wrong. `missing_library`: the cell
-    is one the backend runs, with a library that is not installed here (its tests are skipped, saying
-    so); otherwise the backend never runs such a cell (an error before any model work)."""
-
-    field: str
-    message: str
-    missing_library: bool = False
-
-
 def library_problem(module: str, install: str) -> str | None:
     """Why a cell's library cannot run here, in words, or None: not installed (`install` says how), or
     installed but failing to import (a broken build, a missing native dependency), which would otherwise
@@ -212,31 +204,17 @@ def library_problem(module: str, install: str) -> str | None:
     return None
 
 
-def cell_problem(backend: type, contract: Contract, name: str) -> CellProblem | None:
-    """What keeps `backend` from running the contract's cell `name` in the format it names, or None. A
-    backend says so with `cell_problem(cell)`; one that does not runs native cells only."""
-    cell = contract.cell(name)
-    judge = getattr(backend, "cell_problem", None)
-    if judge is not None:
-        return judge(cell)
-    for part in ("kv_cache", "weights"):
-        if not getattr(cell, part).native:
-            return CellProblem(part, f"backend {backend.name} runs native {part} only, got {getattr(cell, part)}")
-    return None
-
-
-def cell_digest(backend: type, cell: Cell) -> str:
+def cell_digest(backend: type[Declaration], cell: Cell) -> str:
     """The digest a backend's records of `cell` carry: its definition and, where the backend runs it through a
-    library (`cell_versions(cell)`), that library's version."""
-    versions = getattr(backend, "cell_versions", None)
-    return cell.digest(versions(cell) if versions else None)
+    library (its `cell_versions`), that library's version."""
+    return cell.digest(backend.cell_versions(cell) or None)
 
 
 def check_cell(backend: type, contract: Contract, name: str) -> str | None:
     """Refuse, in one line naming the contract, the cell and the field, a cell the backend never runs;
     return the reason to skip a cell whose library is not installed here (else None). A cell is never run
     in another format than the one it names."""
-    problem = cell_problem(backend, contract, name)
+    problem = backend.cell_problem(contract.cell(name))
     if problem is None:
         return None
     line = f"{contract.path}: cells.{name}.{problem.field}: {problem.message}"
@@ -245,26 +223,24 @@ def check_cell(backend: type, contract: Contract, name: str) -> str | None:
     raise ConfigError(line)
 
 
-BUILT_IN = {"hf": "replaytests.engine.hf.runtime:Runtime",  # name -> module:class
-            "vllm": "replaytests.engine.vllm.runtime:Runtime",
-            "llamacpp": "replaytests.engine.llamacpp.runtime:Runtime"}
-
-
 def resolve(spec: str) -> type:
-    """The backend class `spec` names: a built-in name (BUILT_IN) or `module:Class` (importable here),
-    a class with `name`, `capabilities` and `load(model_dir, contract, precision, device)`."""
-    import importlib
-
-    target = BUILT_IN.get(spec, spec)
-    module_name, colon, attr = target.partition(":")
-    if not colon or not module_name or not attr:
-        raise ConfigError(f"--backend {spec!r}: expected one of {', '.join(BUILT_IN)} or module:Class")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--backend {spec!r}: cannot import {target}: {exc}") from None
-    absent = [a for a in ("name", "capabilities", "load") if not hasattr(found, a)]
-    if absent or not isinstance(found.capabilities, frozenset) or found.capabilities - CAPABILITIES.keys():
-        raise ConfigError(f"--backend {spec!r}: {target} is not a backend class (expected name, capabilities "
-                          f"from {', '.join(CAPABILITIES)}, and load)")
+    """The runtime class `spec` names: a registered backend's name (replaytests.backends) or `module:Class`
+    (importable here), a subclass of replaytests.backends.Declaration with `load(model_dir, contract, cell,
+    device)` and capabilities from CAPABILITIES."""
+    if ":" in spec:
+        target = spec
+        found = backends.runtime_class(_as_declaration(spec))
+    else:
+        found = backends.runtime_class(backends.declared(spec))
+        target = f"backend {spec}"
+    if not hasattr(found, "load") or found.capabilities - CAPABILITIES.keys():
+        raise ConfigError(f"--backend {spec!r}: {target} is not a backend class (expected capabilities from "
+                          f"{', '.join(CAPABILITIES)}, and load)")
     return found
+
+
+def _as_declaration(spec: str) -> type[Declaration]:
+    try:
+        return backends.load(spec, f"--backend {spec!r}")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (a registered backend: {', '.join(backends.declarations())})") from None

@@ -3,8 +3,10 @@
 A cell names its compute dtype, its numeric flags (TF32 and the like), its K/V cache format (native;
 quantized by a library with bits, group size and a residual of recent tokens kept unquantized; or a
 runtime's own, such as vLLM's fp8 caches) and its weight format (native, or weight-only int8 / int4
-through a library). The paper's two precisions are the two cells `bf16` and `fp32`; this module is the
-only place of the package that spells their names. Every other module iterates the contract's cells.
+through a library). Which formats exist, and which backend runs each, the backends declare
+(replaytests.backends): a cell is never run in another format than the one it names. The paper's two
+precisions are the two cells `bf16` and `fp32`; this module is the only place of the package that
+spells their names. Every other module iterates the contract's cells.
 
 A record names its cell (the ledger's `precision` field holds the cell's name) and carries the digest
 of its definition, so two runs whose cells share a name but not a definition are never compared as one.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from replaytests.backends import NATIVE, declarations
 from replaytests.errors import ConfigError, short
 from replaytests.files import sha256_json
 
@@ -27,15 +30,13 @@ DTYPES = ("bfloat16", "float16", "float32")
 NAME_PATTERN = r"[a-z0-9][a-z0-9._+-]{0,39}"  # a test id and a file name: no comma, no space, no '/'
 SELECTORS = ("both", "all")  # --precision words that are not cell names
 
-# The K/V cache formats. `quantized` is Hugging Face's quantized cache through one of KV_LIBRARIES; the
-# others are a runtime's own: the fp8 formats vLLM's kv_cache_dtype, f16 and q8_0 llama.cpp's type_k/type_v.
-VLLM_KV_FORMATS = ("fp8", "fp8_e4m3", "fp8_e5m2")
-LLAMACPP_KV_FORMATS = ("f16", "q8_0")
-KV_FORMATS = ("native", "quantized", *VLLM_KV_FORMATS, *LLAMACPP_KV_FORMATS)
-RUNTIME_KV_FORMATS = KV_FORMATS[2:]
+# The K/V cache and weight formats a cell may name: native, and each backend's own (its Declaration's kv_formats
+# and weight_formats: transformers' quantized cache through one of KV_LIBRARIES, vLLM's fp8 kv_cache_dtype,
+# llama.cpp's f16 and q8_0 type_k/type_v; weights quantized at load through one of WEIGHT_LIBRARIES).
+KV_FORMATS = (NATIVE, *dict.fromkeys(f for declared in declarations().values() for f in declared.kv_formats))
+WEIGHT_FORMATS = (NATIVE, *dict.fromkeys(f for declared in declarations().values() for f in declared.weight_formats))
 # library -> (the bits it offers, the group sizes it offers) for transformers' QuantizedCache
 KV_LIBRARIES = {"hqq": ((1, 2, 3, 4, 8), (32, 64, 128)), "quanto": ((2, 4), (32, 64, 128))}
-WEIGHT_FORMATS = ("native", "int8", "int4")
 # library -> the weight formats it runs, and for int4 the group sizes it offers
 WEIGHT_LIBRARIES = {"torchao": (("int8", "int4"), (32, 64, 128, 256))}
 

@@ -12,6 +12,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replaytests.backends import declarations
 from replaytests.errors import CONTROLS, ConfigError, short
 from replaytests.files import sha256_json
 from replaytests.inputs import cells
@@ -19,26 +20,32 @@ from replaytests.inputs.blocks import CACHES, DELIMITER_NAMES, Caps
 from replaytests.inputs.cells import Cell
 from replaytests.inputs.cpu_isa import LEVELS
 from replaytests.inputs.gates import Gates
-from replaytests.inputs.schema import Checker, KeyedBy, ListOf, Named, Section, Value, read_yaml, show
+from replaytests.inputs.schema import (
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_DEVICES,
+    Checker,
+    KeyedBy,
+    ListOf,
+    Named,
+    Section,
+    Value,
+    pin,
+    read_yaml,
+    show,
+)
 
 SCHEMA_ID = "replaytests.contract/1"
 BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_positions", "padding",
                    "cache_seq_length", "tensor_metadata")
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 VISIBILITY_MODES = ("roles", "causal")  # engine.protocol.VISIBILITIES
-# Upper bounds: a count past them is a typo, not a setting (threads and GPUs of one machine, the
-# copies of one physical batch, rows, tokens and panel sizes).
-MAX_DEVICES, MAX_BATCH, MAX_COUNT = 1024, 64, 1_000_000
 
 
 # A cell's name: what a contract may call a cell (`--precision` keeps its selectors' names).
 CELL_NAMES = {"pattern": cells.NAME_PATTERN,
               "expect": "lower-case letters, digits and '.', '_', '+', '-' (at most 40, a letter or digit first)",
               "reserved": {name: f"--precision {name} selects cells" for name in cells.SELECTORS}}
-
-
-def _pin(kind: type = str, **kw) -> Value:
-    return Value(kind, default=None, **kw)
 
 
 def _divergence() -> Named:
@@ -51,42 +58,42 @@ _CELL = Section({
     "dtype": Value(str, choices=cells.DTYPES),
     "tf32_matmul": Value(bool, default=False),
     "cudnn_tf32": Value(bool, default=False),
-    "float32_matmul_precision": _pin(choices=("highest", "high", "medium")),
-    "bf16_reduced_precision_reduction": _pin(bool),
-    "sdpa_backend": _pin(choices=SDPA_BACKENDS),
+    "float32_matmul_precision": pin(choices=("highest", "high", "medium")),
+    "bf16_reduced_precision_reduction": pin(bool),
+    "sdpa_backend": pin(choices=SDPA_BACKENDS),
     "kv_cache": Section({
         "format": Value(str, default="native", choices=cells.KV_FORMATS),
-        "library": _pin(),
-        "bits": _pin(int, low=1, high=16),
-        "group_size": _pin(int, low=1, high=MAX_COUNT),
-        "residual_length": _pin(int, low=0, high=MAX_COUNT),
+        "library": pin(),
+        "bits": pin(int, low=1, high=16),
+        "group_size": pin(int, low=1, high=MAX_COUNT),
+        "residual_length": pin(int, low=0, high=MAX_COUNT),
     }, default={}),
     "weights": Section({
         "format": Value(str, default="native", choices=cells.WEIGHT_FORMATS),
-        "library": _pin(),
-        "group_size": _pin(int, low=1, high=MAX_COUNT),
+        "library": pin(),
+        "group_size": pin(int, low=1, high=MAX_COUNT),
     }, default={}),
 })
 _NUMBER = (int, float)
 
 SCHEMA = Section({
     "schema": Value(str, default=SCHEMA_ID, choices=(SCHEMA_ID,)),
-    "extends": _pin(),  # resolved before validation; listed so that a misspelling gets a suggestion
+    "extends": pin(),  # resolved before validation; listed so that a misspelling gets a suggestion
     "name": Value(str, pattern=rf"[^{CONTROLS}]{{1,200}}", expect="1 to 200 characters, none a control character"),
     "description": Value(str, default="", pattern=r"[^\x00-\x08\x0b-\x1f\x7f-\x9f]*",
                          expect="text without control characters (newlines and tabs allowed)"),
-    "software": Section({key: _pin() for key in ("python", "torch", "transformers", "cuda", "cudnn")}, default={}),
+    "software": Section({key: pin() for key in ("python", "torch", "transformers", "cuda", "cudnn")}, default={}),
     "hardware": Section({
-        "device_kind": _pin(choices=("cpu", "cuda")),
-        "gpu_name": _pin(),
-        "compute_capability": _pin(pattern=r"\d+\.\d+", expect='MAJOR.MINOR in quotes, e.g. "9.0"'),
-        "gpus": _pin(int, low=1, high=MAX_DEVICES),
+        "device_kind": pin(choices=("cpu", "cuda")),
+        "gpu_name": pin(),
+        "compute_capability": pin(pattern=r"\d+\.\d+", expect='MAJOR.MINOR in quotes, e.g. "9.0"'),
+        "gpus": pin(int, low=1, high=MAX_DEVICES),
         "tensor_parallel": Value(int, default=1, choices=(1,), expect="1 (the engine runs the model on one device)"),
     }, default={}),
     "environment": Section({
         "device": Value(str, pattern=r"cpu|cuda(:\d+)?|mps", expect="cpu, cuda, cuda:N or mps"),
         "cpu_threads": Value(int, low=1, high=MAX_DEVICES),
-        "cpu_isa": _pin(choices=tuple(LEVELS)),
+        "cpu_isa": pin(choices=tuple(LEVELS)),
         "attention": Value(str, default="sdpa", choices=("sdpa", "eager")),
         "cache": Value(str, default="dynamic", choices=CACHES),
         "inference_mode": Value(str, default="eager", choices=("eager",),
@@ -108,35 +115,20 @@ SCHEMA = Section({
         "physical_batch": Value(int, low=1, high=MAX_BATCH),
     }),
     "protocol": Section({"visibility": Value(str, default="roles", choices=VISIBILITY_MODES)}, default={}),
-    # The settings of a serving engine under test (read by its backend only; docs/vllm.md).
-    "runtime": Section({"vllm": Section({
-        "version": _pin(),
-        "attention_backend": _pin(),
-        "block_size": Value(int, default=32, low=1, high=MAX_COUNT),
-        "enforce_eager": Value(bool, default=True),
-        # false: an engine without a prefix cache, every prefix hit and conversation session hit vacuous (a control)
-        "prefix_caching": Value(bool, default=True),
-        "chunk_budget": Value(int, default=32, low=1, high=MAX_COUNT),
-        "max_num_seqs": Value(int, default=4, low=1, high=MAX_BATCH),
-        "kv_cache_gib": Value(int, default=1, low=1, high=MAX_DEVICES),
-        "logprobs": Value(int, default=8, low=2, high=20),
-    }, default={}), "llamacpp": Section({
-        "version": _pin(),
-        "n_ctx": Value(int, default=1024, low=16, high=MAX_COUNT),
-        "chunk": Value(int, default=64, low=1, high=MAX_COUNT),
-        "flash_attention": Value(bool, default=False),
-    }, default={})}, default={}),
+    # Each backend's own settings, under its name (its Declaration's `settings`; replaytests.backends).
+    "runtime": Section({name: Section(declared.settings, default={})
+                        for name, declared in declarations().items() if declared.settings}, default={}),
     "caps": Section({key: Value(int, low=1, high=MAX_COUNT) for key in ("branch", "merge", "answer")}),
     "delimiters": KeyedBy(DELIMITER_NAMES, "delimiter", Value(str), default={}),
     "banned_tokens": ListOf(Value(int, low=0, high=MAX_COUNT), default=[]),
     "boundary_checks": ListOf(Value(str, choices=BOUNDARY_CHECKS), default=list(BOUNDARY_CHECKS)),
     "bank": Section({
-        "rows": _pin(int, low=1, high=MAX_COUNT),
-        "prefix_len": Section({"min": _pin(int, low=1, high=MAX_COUNT), "max": _pin(int, low=1, high=MAX_COUNT)},
+        "rows": pin(int, low=1, high=MAX_COUNT),
+        "prefix_len": Section({"min": pin(int, low=1, high=MAX_COUNT), "max": pin(int, low=1, high=MAX_COUNT)},
                               default={}),
     }, default={}),
     "panels": Section({
-        "live": _pin(int, low=1, high=MAX_COUNT),
+        "live": pin(int, low=1, high=MAX_COUNT),
         "bridge": Value(int, default=12, low=1, high=MAX_COUNT),
         "transplant": Section({
             "divergent": Value(int, default=24, low=1, high=MAX_COUNT),
@@ -148,7 +140,7 @@ SCHEMA = Section({
             "rows": Value(int, default=48, low=1, high=MAX_COUNT),
             "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT),
         }, default={}),
-        "rollout": _pin(int, low=1, high=MAX_COUNT),  # null: every selected row
+        "rollout": pin(int, low=1, high=MAX_COUNT),  # null: every selected row
         "conversation": Value(int, default=12, low=1, high=MAX_COUNT),  # conversations run (each a bank row's)
         # The cross-turn transplant's rows, from the conversation family's: divergent conversations, and controls
         # (conversations whose constructions agree at every turn: each costs a splice per turn and direction).
@@ -215,8 +207,8 @@ SCHEMA = Section({
                                  "rerendered_ids_equal": Value(bool, default=False)}, default={}),
         "rollout": Section({"replicas_exact": Value(bool, default=True),
                             "live_incremental_exact": Value(bool, default=True),
-                            "k3_max": _pin(_NUMBER, low=0, high=MAX_COUNT),
-                            "outside_bounds_max": _pin(_NUMBER, low=0, high=1)}, default={}),
+                            "k3_max": pin(_NUMBER, low=0, high=MAX_COUNT),
+                            "outside_bounds_max": pin(_NUMBER, low=0, high=1)}, default={}),
     }),
 })
 
@@ -248,6 +240,10 @@ class Contract:
                               f"{', '.join(self.cells)})")
         return self.cells[name]
 
+    def runtime(self, backend: str) -> dict:
+        """The settings of `backend` (runtime.<name>, its Declaration's schema), every default filled in."""
+        return self.settings["runtime"][backend]
+
     def may_diverge(self, name: str) -> bool:
         """Whether the crossing of cell `name` may diverge: where the transplant and the replication run."""
         return self.suffix_divergence_allowed[name]
@@ -262,8 +258,6 @@ class Contract:
     cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
     cache = property(lambda self: self.settings["environment"]["cache"])
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
-    vllm = property(lambda self: self.settings["runtime"]["vllm"])
-    llamacpp = property(lambda self: self.settings["runtime"]["llamacpp"])
     rollout = property(lambda self: self.settings["rollout"])
     cell_pairs = property(lambda self: [tuple(pair) for pair in self.settings["cell_pairs"]])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
@@ -302,16 +296,9 @@ def _check_together(s: dict, fields: Checker) -> None:
     if sorted(s["boundary_checks"]) != sorted(BOUNDARY_CHECKS):
         raise fields.error("boundary_checks", f"expected each of {', '.join(BOUNDARY_CHECKS)} once (the engine "
                                               f"always runs every boundary check), got {s['boundary_checks']}")
-    vllm = s["runtime"]["vllm"]
-    if vllm["chunk_budget"] < vllm["max_num_seqs"]:
-        raise fields.error("runtime.vllm.chunk_budget",
-                           f"expected at least max_num_seqs ({vllm['max_num_seqs']}): vLLM refuses a smaller token "
-                           f"budget, got {vllm['chunk_budget']}")
-    llamacpp = s["runtime"]["llamacpp"]
-    if llamacpp["chunk"] > llamacpp["n_ctx"]:
-        raise fields.error("runtime.llamacpp.chunk",
-                           f"expected at most n_ctx ({llamacpp['n_ctx']}): llama.cpp clamps a context's n_batch to "
-                           f"its n_ctx, so calls of the chunk would be calls of n_ctx, got {llamacpp['chunk']}")
+    for name, settings in s["runtime"].items():
+        declarations()[name].check_settings(settings, lambda where, message, name=name: fields.error(
+            f"runtime.{name}.{where}", message))
     bounds = s["rollout"]["ratio_bounds"]
     if len(bounds) != 2 or not 0 < bounds[0] <= 1 <= bounds[1]:
         raise fields.error("rollout.ratio_bounds", f"expected [low, high] with 0 < low <= 1 <= high (bounds on "

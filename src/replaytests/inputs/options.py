@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from replaytests.backends import declarations
 from replaytests.errors import ConfigError, short
 from replaytests.files import read_json
-from replaytests.inputs import cpu_isa, llamacpp_build, models
+from replaytests.inputs import cpu_isa, models
 from replaytests.inputs.gates import LEVELS as GATE_LEVELS
 from replaytests.outputs.rundir import ledger_of
 
@@ -64,16 +65,17 @@ class Committed:
     def baseline(self, device: str = "cpu") -> Path:
         """The baseline made on this machine (the same GPU model and compute capability on a GPU, the same CPU
         model on a CPU; its run.json's platform), else the reference one (a check against it here is then
-        platform drift, reported as such). On llama.cpp, first the baselines of this venv's build (its
-        build_isa; for a native build, the CPU it was built for): one build's baseline is another build's only
-        where no baseline of this build is committed, and then the audit's drift line names build_isa."""
+        platform drift, reported as such). Where the backend's builds differ in numbers (its Declaration's
+        `build_of`: llama.cpp's build_isa and, for a native build, the CPU it was built for), first the baselines
+        of this venv's build, then those of its first part (the ISA): one build's baseline is another build's
+        only where no baseline of this build is committed, and then the audit's drift line names the build."""
         here = machine(device)
         candidates = self.baselines
-        if self.backend == "llamacpp":
-            isa, cpu = llamacpp_build.here()
-            made = {path: llamacpp_build.of_platform(_platform_of(path)) for path in self.baselines}
-            candidates = (tuple(path for path in self.baselines if made[path] == (isa, cpu))
-                          or tuple(path for path in self.baselines if made[path][0] == isa) or self.baselines)
+        declared = declarations().get(self.backend)
+        if declared is not None and (build := declared.build_here()) is not None:
+            made = {path: declared.build_of(_platform_of(path)) for path in self.baselines}
+            candidates = (tuple(path for path in self.baselines if made[path] == build)
+                          or tuple(path for path in self.baselines if made[path][0] == build[0]) or self.baselines)
         return next((path for path in candidates if _made_on(path) == here), candidates[0])
 
 
@@ -193,8 +195,9 @@ class Options:
                                                "first phase) the transplant panel and each transplant row's crossing "
                                                "record are read from, instead of this run computing the whole BF16 "
                                                "crossing; repeatable (docs/architecture.md)")
-    backend: str = option("hf", help="the runtime under test: hf (Hugging Face transformers), or module:Class for a "
-                                     "backend of your own (docs/architecture.md). Default: %(default)s")
+    backend: str = option("hf", help=f"the runtime under test: a registered backend ({', '.join(declarations())}), or "
+                                     "module:Class for a backend of your own (docs/architecture.md). Default: "
+                                     "%(default)s")
     accept_interrupted: bool = option(False, action="store_true",
                                       help="use an interrupted run as the --baseline or a --panel-from source "
                                            "(refused otherwise: it holds only what it finished)")

@@ -17,6 +17,9 @@ from replaytests.errors import ConfigError, short
 from replaytests.files import read_text
 
 REQUIRED = object()
+# Upper bounds: a count past them is a typo, not a setting (threads and GPUs of one machine, the
+# copies of one physical batch, rows, tokens and panel sizes).
+MAX_DEVICES, MAX_BATCH, MAX_COUNT = 1024, 64, 1_000_000
 @dataclass(frozen=True)
 class Value:
     """A leaf. A default of None means "not pinned": null is then allowed too."""
@@ -28,6 +31,11 @@ class Value:
     high: float | None = None
     pattern: str | None = None
     expect: str = ""  # how an allowed value reads in an error, where choices or range do not say it
+
+
+def pin(kind: type = str, **kw) -> Value:
+    """A leaf that is not pinned unless the file says so (null by default)."""
+    return Value(kind, default=None, **kw)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from replaytests.backends import DEFAULT
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 from replaytests.files import lookup
@@ -50,7 +51,7 @@ from replaytests.inputs.gates import (
     inexact,
     replica_pairs,
 )
-from replaytests.inputs.platforms import platform_differences
+from replaytests.inputs.platforms import platform_differences, retired
 from replaytests.outputs import conversation_report, localization, rollout_families, sweep_report
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
@@ -456,7 +457,8 @@ def causes(base_run: dict | None, new_run: dict | None) -> list[str]:
         return []
     out = []
     if base_run.get("platform") != new_run.get("platform"):
-        differences = platform_differences(base_run.get("platform"), new_run.get("platform") or {}, "baseline", "new")
+        differences = platform_differences(base_run.get("platform"), new_run.get("platform") or {}, "baseline", "new",
+                                           retired(lookup(new_run, "options", "backend") or DEFAULT))
         out.append("the platform: " + "; ".join(differences))
     manifests = [run.get("manifest") or {} for run in (base_run, new_run)]
     same_schema = manifests[0].get("schema") == manifests[1].get("schema")  # model and tokenizer digests are
@@ -547,7 +549,7 @@ def compare_paths(baseline: Path, new: Path, alpha: float = ALPHA, contract: Pat
     base_run, new_run = read_run(baseline), read_run(new)
     check_comparable((baseline, base_records, base_run), (new, new_records, new_run), across_inputs,
                      accept_interrupted)
-    runtimes = tuple(lookup(run or {}, "options", "backend") or "hf" for run in (base_run, new_run))
+    runtimes = tuple(lookup(run or {}, "options", "backend") or DEFAULT for run in (base_run, new_run))
     if runtimes[0] == runtimes[1]:
         runtimes = None
     elif gate == "bits":

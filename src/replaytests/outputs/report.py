@@ -49,6 +49,7 @@ from replaytests.outputs.shapes import (
     Shape,
     missing_replicas,
     replicas_hold,
+    runtime,
 )
 from replaytests.outputs.stats import (
     LEVEL,
@@ -232,13 +233,6 @@ def build_report(records: list[Record], meta: dict) -> dict:
            else {}),
         **({"sweeps": swept} if (swept := sweep_report.build(records, runtime(meta), cell_order(meta))) else {}),
     }
-
-
-def runtime(meta: dict) -> str:
-    """The backend that made the records (run.json `options.backend`; the runs' where several were collated)."""
-    runs = list((meta.get("runs") or {}).values()) or [meta]
-    names = sorted({lookup(run, "options", "backend") or "hf" for run in runs if isinstance(run.get("options"), dict)})
-    return ", ".join(names) if names else "not recorded"
 
 
 def run_gates(meta: dict) -> Gates:

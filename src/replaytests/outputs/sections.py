@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from replaytests.backends import declarations
 from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.files import lookup
 from replaytests.inputs.gates import CONVERSATION_CONTROL, ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
 from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, sweep_report, verdict
 from replaytests.outputs.records import KEY_FIELDS
-from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES
+from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES, runtime
 from replaytests.outputs.stats import INTERVAL, LEVEL
 from replaytests.outputs.summary import HEADLINE_PAIRS
 from replaytests.outputs.tables import Table, first, fmt_number, fmt_proportion, md_cell
@@ -297,15 +298,19 @@ SERVING_LINES = (
 
 
 def _serving_premise(report: dict) -> Table:
-    """The engine's own counters behind the serving family's comparisons, with the runtime's settings."""
+    """The engine's own counters behind the serving family's comparisons, with the runtime's settings (its
+    Declaration's `report_settings` in the run's platform)."""
     premise = report["serving"]
-    settings = lookup(report.get("meta") or {}, "platform", "runtime.vllm")
-    runtime = (", ".join(f"{name} {value}" for name, value in settings.items() if value is not None)
-               if isinstance(settings, dict) else "not recorded")
+    meta = report.get("meta") or {}
+    declared = declarations().get(runtime(meta))
+    title, docs = (declared.title or declared.name, declared.docs) if declared else (runtime(meta), "README.md")
+    settings = lookup(meta, "platform", declared.report_settings) if declared and declared.report_settings else None
+    shown = (", ".join(f"{name} {value}" for name, value in settings.items() if value is not None)
+             if isinstance(settings, dict) else "not recorded")
     return Table("Serving engine: what the engine counted (the premise of each comparison)",
                  ("", *premise), tuple((label, *(cell(s) for s in premise.values())) for label, cell in SERVING_LINES),
-                 f"Runtime: vLLM {runtime}. A hit that reused no live-decoded block, or a chunked prefill in one step, "
-                 "is vacuous: recorded as such, never counted as fidelity (docs/vllm.md).")
+                 f"Runtime: {title} {shown}. A hit that reused no live-decoded block, or a chunked prefill in one "
+                 f"step, is vacuous: recorded as such, never counted as fidelity ({docs}).")
 
 
 def _rollout_tables(family: str, cell: str, found: dict) -> tuple[list[Table], list[Table]]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from replaytests.backends import DEFAULT
 from replaytests.families.registry import FAMILIES
+from replaytests.files import lookup
 from replaytests.inputs.gates import bit_exact, replicas_exact
 
 if TYPE_CHECKING:
@@ -65,3 +67,11 @@ def replicas_hold(record: Record) -> bool:
     steps = (*(record.turns or ()), *(record.sweep or ()))
     return not missing_replicas(record) and replicas_exact(record) and all(
         pair in t.comparisons and bit_exact(t.comparisons[pair]) for t in steps for pair in pairs)
+
+
+def runtime(meta: dict) -> str:
+    """The backend that made the records (run.json `options.backend`; the runs' where several were collated)."""
+    runs = list((meta.get("runs") or {}).values()) or [meta]
+    names = sorted({lookup(run, "options", "backend") or DEFAULT for run in runs
+                    if isinstance(run.get("options"), dict)})
+    return ", ".join(names) if names else "not recorded"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from replaytests.engine.hf.environment import capture
+from replaytests.engine.backend import resolve
+from replaytests.engine.environment import capture_run
 from replaytests.engine.hf.logprobs import Scorer, limits
 from replaytests.errors import Exit
 from replaytests.inputs import cpu_isa
@@ -68,7 +69,8 @@ def _meta(request: Request, dump: Dump, seconds: float) -> dict:
     """What rollouts.json says of the inputs, the platform and the time beside the measures."""
     return {"dump": str(request.dump), "dump_sha256": dump.sha256, "model": str(request.model),
             "contract": f"{request.contract.name} ({request.contract.path})", "precision": request.precision,
-            "platform": cpu_isa.platform_line(), "environment": capture(request.contract, request.device),
+            "platform": cpu_isa.platform_line(),
+            "environment": capture_run(request.contract, resolve("hf"), request.device),
             "gate": request.gate, "recompute_seconds": round(seconds, 3),
             "tokens_per_second": dump.tokens / seconds if seconds > 0 else 0.0}
 

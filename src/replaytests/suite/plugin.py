@@ -119,7 +119,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     targets = [item for item in items if "replay" in getattr(item, "fixturenames", ())]
     if not targets:
         return (yield)
-    from replaytests.engine.hf import environment
+    from replaytests.engine import environment
 
     replay = replay_session(config)
     on_cuda = replay.device.startswith("cuda")

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from replaytests.engine import backend
-from replaytests.engine.hf import environment
+from replaytests.engine import backend, environment
 from replaytests.errors import ConfigError, RecordNotKept, short
 from replaytests.families import conversation_transplant, transplant
 from replaytests.families.panels import spaced
@@ -58,14 +57,6 @@ def check_device(device: str | None) -> None:
         raise ConfigError(f"--device {device}: this machine has {gpus} CUDA device(s), cuda:0 to cuda:{gpus - 1}")
     if parsed.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"--device {device}: this machine has no MPS device (Apple silicon, a torch built for it)")
-
-
-def inspect_model(backend_class: type, path: Path, contract: Contract, option: str) -> backend.ModelFacts:
-    """What the backend reads of a model before loading its weights (engine.backend.ModelFacts); a backend
-    that names no `inspect` serves Hugging Face directories."""
-    from replaytests.engine.hf import inspection
-
-    return getattr(backend_class, "inspect", inspection.inspect)(path, contract, option)
 
 
 def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity, contract: Contract,
@@ -143,18 +134,18 @@ class ReplaySession:
         if len(skipped) == len(selected):  # every test would be skipped: a run that checked nothing
             raise ConfigError(f"--precision {options.precision}: no selected cell can run here: "
                               + "; ".join(skipped.values()))
-        facts = inspect_model(backend_class, options.model, contract, "--model")
+        facts = backend_class.inspect(options.model, contract, "--model")
         rows = read_bank(options.bank, facts.grammar, facts.max_positions, contract.caps.suffix_room())
         rows = select_rows(rows, options.rows)
         longest = max(row.prefix_len for row in rows) + contract.caps.suffix_room()
         backend.check_window(facts, longest)
         integrity = verify_inputs(options.bank, options.model, list(facts.grammar.delims.all_ids),
                                   options.accept_changed)
-        loadable = getattr(backend_class, "check_loadable", None)
-        if loadable and integrity.actual["model"] != lookup(integrity.manifest, "model", "sha256"):
-            loadable(options.model)  # the bank's own model loaded whole when it was frozen
+        if integrity.actual["model"] != lookup(integrity.manifest, "model", "sha256"):
+            backend_class.check_loadable(options.model)  # the bank's own model loaded whole when it was frozen
         if options.later_model is not None:
-            backend.check_window(inspect_model(backend_class, options.later_model, contract, "--replication-model"),
+            backend.check_window(backend_class.inspect(options.later_model, contract,
+                                                       "--replication-model"),
                                  longest)
         baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
         session = cls(options, contract, rows, integrity, baseline, pinned, backend_class,
@@ -198,9 +189,8 @@ class ReplaySession:
 
     def cell_libraries(self, name: str) -> dict[str, str]:
         """The libraries cell `name` runs through, as the backend describes them (run.json), for a selected
-        cell; {} for the others and for a backend that names none."""
-        describe = getattr(self.backend, "cell_libraries", None)
-        return describe(self.contract.cell(name)) if describe and name in self.cells else {}
+        cell; {} for the others."""
+        return self.backend.cell_libraries(self.contract.cell(name)) if name in self.cells else {}
 
     def family_cells(self, family: str) -> tuple[str, ...]:
         """The selected cells a family runs on."""
@@ -230,19 +220,21 @@ class ReplaySession:
 
     @functools.cached_property
     def platform(self) -> dict:
-        """The fields of this run's environment that decide its numbers (environment.PLATFORM)."""
-        return platforms.platform_of(self.environment)
+        """The fields of this run's environment that decide its numbers (inputs/platforms.py)."""
+        return platforms.platform_of(self.environment, self.backend)
 
     @functools.cached_property
     def bank_platform(self) -> list[str]:
         """Where this run's platform differs from the one the bank was frozen on (empty: the same)."""
-        return platforms.platform_differences(self.manifest.get("platform"), self.platform, "bank")
+        return platforms.platform_differences(self.manifest.get("platform"), self.platform, "bank",
+                                              retired_fields=self.backend.retired_platform)
 
     @functools.cached_property
     def baseline_platform(self) -> list[str]:
         """Where this run's platform differs from the one that recorded the baseline (its run.json)."""
         run = read_run(self.options.baseline_ledger) if self.options.baseline_ledger else None
-        return platforms.platform_differences((run or {}).get("platform"), self.platform, "baseline")
+        return platforms.platform_differences((run or {}).get("platform"), self.platform, "baseline",
+                                              retired_fields=self.backend.retired_platform)
 
     def frozen_with(self) -> dict:
         """What decides a live z besides the model: the bank's precision, caps, K/V cache class (a manifest

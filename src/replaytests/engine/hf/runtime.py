@@ -6,41 +6,38 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import ClassVar
 
 import torch
 
+from replaytests.backends import CellProblem
 from replaytests.engine import backend, turn_splice
-from replaytests.engine.backend import CAPABILITIES, SERVING, CellProblem
 from replaytests.engine.boundary import Boundary, Suffix
 from replaytests.engine.conversation import TurnState
 from replaytests.engine.hf import adapter as hf_adapter
 from replaytests.engine.hf import constructions, conversation, inspection, rollout, sweep, weights
+from replaytests.engine.hf.declaration import HF
 from replaytests.engine.hf.decoder import DecodeState, suffix_of
 from replaytests.engine.hf.forward import Step
 from replaytests.engine.rollout import Rollout
 from replaytests.engine.transplant import transplant as transplanted
-from replaytests.inputs.cells import RUNTIME_KV_FORMATS, Cell
+from replaytests.inputs.cells import Cell
 
 
-class Runtime(Step):
+class Runtime(Step, HF):
     """One model at one precision, with the protocol's grammar and the physical-batch forward: the Hugging
     Face backend, which has every capability but a serving engine's (one forward call with an explicit 4D
     mask, K/V in hand)."""
 
-    name: ClassVar[str] = "hf"
-    capabilities: ClassVar[frozenset[str]] = frozenset(CAPABILITIES) - SERVING
     inspect = staticmethod(inspection.inspect)  # a model directory before its weights load (backend.ModelFacts)
     check_loadable = staticmethod(hf_adapter.check_tensors)  # its tensors are the ones its architecture needs
 
     @classmethod
     def cell_problem(cls, cell: Cell) -> CellProblem | None:
-        """What keeps this backend from running `cell` as it names it (engine.backend.cell_problem)."""
+        """What keeps this backend from running `cell` as it names it: a format it does not declare, or a library
+        that is not installed here."""
+        if problem := super().cell_problem(cell):
+            return problem
         kv = cell.kv_cache
-        if kv.format in RUNTIME_KV_FORMATS:
-            return CellProblem("kv_cache.format", f"{kv.format} is another runtime's own K/V format (vLLM's "
-                                                  "kv_cache_dtype, llama.cpp's type_k/type_v); the hf backend runs "
-                                                  "native or quantized caches")
         if kv.format == "quantized" and (problem := hf_adapter.quantized_cache_problem(kv.library)):
             return CellProblem("kv_cache.library", f"{problem}; the cell is skipped, never run with a native cache",
                                missing_library=True)
@@ -58,6 +55,11 @@ class Runtime(Step):
         if not cell.weights.native:
             out[weights.LIBRARY] = weights.version()
         return out
+
+    @classmethod
+    def describe(cls, contract) -> dict:
+        """What a run's environment records of this runtime: transformers' version (part of its platform)."""
+        return {"software": {"transformers": hf_adapter.transformers_version()}}
 
     @classmethod
     def cell_libraries(cls, cell: Cell) -> dict[str, str]:

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from replaytests.engine import stop
+from replaytests.engine.llamacpp import build as llamacpp_build
 from replaytests.errors import ConfigError, ReplaytestsError
-from replaytests.inputs import llamacpp_build
 
 INSTALL = "bash tools/install-llamacpp.sh (docs/llamacpp.md)"
 BUILD_RECORD = llamacpp_build.BUILD_RECORD  # what tools/install-llamacpp.sh writes into the venv: version, ISA, flags

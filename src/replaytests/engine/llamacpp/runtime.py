@@ -29,10 +29,12 @@ from typing import ClassVar
 
 import torch
 
+from replaytests.backends import CellProblem
 from replaytests.engine import backend
-from replaytests.engine.backend import CellProblem, ModelFacts, Unsupported
+from replaytests.engine.backend import ModelFacts, Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.conversation import TurnState
+from replaytests.engine.llamacpp import build as llamacpp_build
 from replaytests.engine.llamacpp import conversation, rollout, sweep
 from replaytests.engine.llamacpp.context import (
     INSTALL,
@@ -44,14 +46,13 @@ from replaytests.engine.llamacpp.context import (
     system_info,
     version,
 )
+from replaytests.engine.llamacpp.declaration import LlamaCpp
 from replaytests.engine.llamacpp.state import StateCache, StateLayout, splice
 from replaytests.engine.protocol import MERGE, Cursor, Delimiters, Grammar, answer_ids, companions, prompt_of
 from replaytests.engine.rollout import Rollout
 from replaytests.engine.transplant import transplant
 from replaytests.errors import BoundaryMismatch, ConfigError, NonFinite
 from replaytests.files import open_regular
-from replaytests.inputs import llamacpp_build
-from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
 
 CONSTRUCTIONS = ("incremental", "prefill", "chunked", "prefix_hit", "batched")
@@ -97,19 +98,15 @@ def check_gguf(path: Path, option: str) -> None:
             raise ConfigError(f"{path} ({option}): not a GGUF file (its first bytes are not {GGUF_MAGIC!r})")
 
 
-class Runtime:
+class Runtime(LlamaCpp):
     """One GGUF model at one cell on llama.cpp."""
 
-    name: ClassVar[str] = "llamacpp"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
-    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy",
-                                                        "prefix_cache", "chunked_prefill", "rollout_logprobs",
-                                                        "conversation", "edge_sweep"})
 
     def __init__(self, model: Model, contract: Contract, precision: str) -> None:
         self.model, self.contract, self.precision = model, contract, precision
         self.cell = contract.cell(precision)
-        self.settings = contract.llamacpp
+        self.settings = contract.runtime(self.name)
         self.grammar = grammar_of(model, contract, str(model.path))
         self.context = self._context(self.settings["n_ctx"])
         # the row and the chunked boundaries the edge sweep's position axis made, which its prefix_hit axis reads
@@ -141,13 +138,7 @@ class Runtime:
         if cell.dtype != COMPUTE_DTYPE:
             return CellProblem("dtype", f"llama.cpp's CPU backend computes activations in {COMPUTE_DTYPE}, got "
                                         f"{cell.dtype} (select a float32 cell: --precision fp32)")
-        if not cell.weights.native:
-            return CellProblem("weights.format", "llamacpp runs the GGUF's weights as stored, not weights "
-                                                 "quantized at load")
-        if not cell.kv_cache.native and cell.kv_cache.format not in LLAMACPP_KV_FORMATS:
-            return CellProblem("kv_cache.format", f"llamacpp runs native (f32), {' or '.join(LLAMACPP_KV_FORMATS)} K/V "
-                                                  f"caches, got {cell.kv_cache}")
-        return None
+        return super().cell_problem(cell)
 
     @property
     def cell_digest(self) -> str:
@@ -161,7 +152,7 @@ class Runtime:
         build the CPU it was compiled for (build_cpu); beside it, the whole build record of
         tools/install-llamacpp.sh."""
         build = build_record() or {}
-        settings = {**contract.llamacpp, "version": version(), **llamacpp_build.platform_settings(build),
+        settings = {**contract.runtime(cls.name), "version": version(), **llamacpp_build.platform_settings(build),
                     "system_info": system_info(import_llama_cpp())}
         return {"software": {"llama_cpp": version()}, "runtime": {"llamacpp": settings}, "llamacpp_build": build}
 
@@ -171,14 +162,15 @@ class Runtime:
         if (device or contract.device) != "cpu":
             raise ConfigError(f"--device {device or contract.device}: the llamacpp backend runs on the CPU only")
         check_gguf(model_path, "--model")
-        wanted = contract.llamacpp["version"]
+        settings = contract.runtime(cls.name)
+        wanted = settings["version"]
         if wanted is not None and wanted != version():
             raise ConfigError(f"{contract.path}: runtime.llamacpp.version: the contract pins {wanted!r}, this venv "
                               f"has llama-cpp-python {version()!r} ({INSTALL})")
         cell = contract.cell(precision)
         if problem := cls.cell_problem(cell):
             raise ConfigError(f"{contract.path}: cells.{precision}.{problem.field}: {problem.message}")
-        if cell.kv_cache.format == "q8_0" and not contract.llamacpp["flash_attention"]:
+        if cell.kv_cache.format == "q8_0" and not settings["flash_attention"]:
             raise ConfigError(f"{contract.path}: runtime.llamacpp.flash_attention: expected true for the q8_0 K/V "
                               f"cache of cell {precision} (llama.cpp quantizes a V cache only with flash attention)")
         # the suite's own tensor work (masks, finiteness checks, comparisons) on the contract's threads, as the other

@@ -39,8 +39,9 @@ from typing import ClassVar
 
 import torch
 
+from replaytests.backends import CellProblem
 from replaytests.engine import backend, stop
-from replaytests.engine.backend import CellProblem, Unsupported
+from replaytests.engine.backend import Unsupported
 from replaytests.engine.boundary import Boundary, Suffix, steps_digest
 from replaytests.engine.comparisons import first_divergence
 from replaytests.engine.conversation import TurnState
@@ -51,10 +52,10 @@ from replaytests.engine.rollout import Rollout
 from replaytests.engine.vllm import conversation
 from replaytests.engine.vllm import rollout as rollouts
 from replaytests.engine.vllm import sweep as sweeps
+from replaytests.engine.vllm.declaration import VLLM
 from replaytests.engine.vllm.rollout import LogprobsUnchecked
 from replaytests.errors import BoundaryMismatch, ConfigError, shorten
 from replaytests.files import lookup, read_json
-from replaytests.inputs.cells import LLAMACPP_KV_FORMATS
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.cpu_isa import ATEN, ONEDNN, cpu_flags
 
@@ -68,7 +69,8 @@ def environment(contract: Contract) -> dict[str, str]:
     """The variables vLLM reads at import and engine start: in-process engine core (the structural mask
     needs this process's grammar), offline, the KV cache size, the contract's thread count."""
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": str(contract.vllm["kv_cache_gib"]), "OMP_NUM_THREADS": str(contract.cpu_threads),
+            "VLLM_CPU_KVCACHE_SPACE": str(contract.runtime(VLLM.name)["kv_cache_gib"]),
+            "OMP_NUM_THREADS": str(contract.cpu_threads),
             "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
@@ -170,20 +172,17 @@ def _fp8_kv_cache_runs() -> bool:
     return torch.cuda.is_available() or cpu_kernels() != "below AVX512"
 
 
-class Runtime:
+class Runtime(VLLM):
     """One model at one precision on vLLM."""
 
-    name: ClassVar[str] = "vllm"
     visibility: ClassVar[str] = "causal"  # load() refuses any other
-    capabilities: ClassVar[frozenset[str]] = frozenset({"structural_mask", "prefix_cache", "chunked_prefill",
-                                                        "rollout_logprobs", "conversation", "edge_sweep"})
     rollout_logprobs_mode: ClassVar[str] = rollouts.LOGPROBS_MODE  # the rollout engine's (a test may set another)
     inspect = staticmethod(inspection.inspect)  # vLLM serves Hugging Face directories
     check_loadable = staticmethod(hf_adapter.check_tensors)
 
     def __init__(self, model_dir: Path, contract: Contract, precision: str, device: str, vllm) -> None:
         self.model_dir, self.contract, self.precision, self._vllm = model_dir, contract, precision, vllm
-        self.settings = contract.vllm
+        self.settings = contract.runtime(self.name)
         self.cell = contract.cell(precision)
         self.dtype = self.cell.dtype
         self.engine = self._engine(budget=None)
@@ -208,16 +207,9 @@ class Runtime:
     @classmethod
     def cell_problem(cls, cell) -> CellProblem | None:
         """vLLM runs a cell's dtype with a native K/V cache or one of its own fp8 caches (kv_cache_dtype), with
-        native weights (engine.backend.cell_problem)."""
-        if cell.kv_cache.format in LLAMACPP_KV_FORMATS:
-            return CellProblem("kv_cache.format", f"{cell.kv_cache.format} is llama.cpp's K/V format; vllm runs "
-                                                  "native or its own fp8 K/V caches (fp8, fp8_e4m3, fp8_e5m2)")
-        if cell.kv_cache.format == "quantized":
-            return CellProblem("kv_cache.format", "vllm runs native or its own fp8 K/V caches (fp8, fp8_e4m3, "
-                                                  "fp8_e5m2), not a library-quantized one")
-        if not cell.weights.native:
-            return CellProblem("weights.format", "vllm runs the checkpoint's own weights here, not weights quantized "
-                                                 "at load")
+        the checkpoint's own weights; its fp8 caches only where its CPU attention has the kernels for them."""
+        if problem := super().cell_problem(cell):
+            return problem
         if not cell.kv_cache.native and not _fp8_kv_cache_runs():
             return CellProblem("kv_cache.format", f"vLLM's CPU attention runs an {cell.kv_cache.format} K/V cache only "
                                                   f"with AVX-512 or AMX kernels, and its kernels here are "
@@ -234,7 +226,7 @@ class Runtime:
         backend.require_causal(contract, "vLLM", "docs/vllm.md")
         contract.cell(precision)
         device = device or contract.device
-        block = contract.vllm["block_size"]
+        block = contract.runtime(cls.name)["block_size"]
         if device == "cpu" and block % CPU_BLOCK:
             raise ConfigError(f"{contract.path}: runtime.vllm.block_size: expected a multiple of {CPU_BLOCK} on CPU "
                               f"(vLLM's CPU attention refuses others), got {block}")
@@ -315,14 +307,15 @@ class Runtime:
     @classmethod
     def describe(cls, contract: Contract) -> dict:
         """What the run's environment records of this runtime (part of its platform: a change is drift)."""
-        settings = {**contract.vllm, "version": version()}
+        settings = {**contract.runtime(cls.name), "version": version()}
         if contract.device == "cpu":
             settings["cpu_kernels"] = cpu_kernels()
             if version() is not None:  # the GEMM of each cell's dense projections (checked against the engine)
                 import_vllm(contract)
                 settings["linear"] = {name: dense_gemm(cell.dtype) for name, cell in contract.cells.items()
                                       if cls.cell_problem(cell) is None}
-        return {"software": {"vllm": version()}, "runtime": {"vllm": settings}}
+        return {"software": {"transformers": hf_adapter.transformers_version(), "vllm": version()},
+                "runtime": {"vllm": settings}}
 
     def attention_backend(self) -> str | None:
         """The attention backend the engine chose (None where this vLLM does not say)."""

@@ -1,5 +1,5 @@
 """Which llama.cpp build this venv holds: the record tools/install-llamacpp.sh writes beside the wheel it
-installed (no llama_cpp import: the inputs read it to pick a committed baseline, the backend to record it).
+installed (no llama_cpp import: its Declaration reads it to pick a committed baseline, its runtime to record it).
 
 Two builds are committed against (docs/llamacpp.md "Two builds"): `avx2`, the instruction set fixed at build
 time and llamafile's sgemm off, and `user`, the package's own defaults (`pip install llama-cpp-python`:

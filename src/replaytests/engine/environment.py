@@ -1,9 +1,12 @@
 """The environment a run really executes in, and where it differs from its contract (drift).
 
-`capture` records versions, the device, thread counts, CUBLAS_WORKSPACE_CONFIG and each precision's
-numeric flags as torch reads them back once that precision's settings are applied; given a loaded
-model, the attention implementation it runs; given the verified inputs, their digests and the bank's
-size. Its sections mirror the contract's (docs/contract.md), so `drift` compares field by field.
+`capture` records what every run shares: python's, torch's and CUDA's versions, the device, thread counts,
+CUBLAS_WORKSPACE_CONFIG and each cell's numeric flags as torch reads them back once that cell's settings are
+applied; given the attention implementation a model runs, that; given the verified inputs, their digests and
+the bank's size. `capture_run` adds what the run's backend describes of its own runtime (its Declaration's
+`describe`: transformers' version for the Hugging Face backend, vLLM's version and settings, llama.cpp's build),
+so a llama.cpp run records no transformers version. Its sections mirror the contract's (docs/contract.md), so
+`drift` compares field by field.
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from replaytests.engine.hf import adapter as hf_adapter
-from replaytests.engine.hf import forward
+from replaytests.engine import numerics
 from replaytests.files import lookup
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.schema import show
 
 if TYPE_CHECKING:
+    from replaytests.backends import Declaration
     from replaytests.inputs.integrity import Integrity
 
 
@@ -49,7 +52,7 @@ def needs_cuda(contract: Contract, device: str | None = None) -> str | None:
             f"(torch {torch.__version__})")
 
 
-def capture(contract: Contract, device: str | None = None, model: object | None = None,
+def capture(contract: Contract, device: str | None = None, attention: str | None = None,
             integrity: Integrity | None = None) -> dict:
     """The real environment (see the module docstring); `device` defaults to the contract's."""
     device = device or contract.device
@@ -62,8 +65,8 @@ def capture(contract: Contract, device: str | None = None, model: object | None 
                         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")},
         "precisions": precisions,
     }
-    if model is not None:
-        env["environment"]["attention"] = hf_adapter.attention_implementation(model)
+    if attention is not None:
+        env["environment"]["attention"] = attention
     if integrity is not None:
         env["bank"] = {"rows": integrity.manifest.get("rows"), "prefix_len": integrity.manifest.get("prefix_len")}
         env["inputs"] = {"bank_sha256": integrity.actual.get("bank"), "model_sha256": integrity.actual.get("model"),
@@ -72,13 +75,11 @@ def capture(contract: Contract, device: str | None = None, model: object | None 
     return env
 
 
-def capture_run(contract: Contract, backend: type, device: str | None = None,
-                integrity: Integrity | None = None) -> dict:
-    """The environment of a run on `backend`: `capture`, and what the backend describes of its own runtime
-    (a serving engine's version and settings)."""
-    env = capture(contract, device, integrity=integrity)
-    describe = getattr(backend, "describe", None)
-    for section, values in (describe(contract) if describe else {}).items():
+def capture_run(contract: Contract, backend: type[Declaration], device: str | None = None,
+                integrity: Integrity | None = None, attention: str | None = None) -> dict:
+    """The environment of a run on `backend`: `capture`, and what the backend describes of its own runtime."""
+    env = capture(contract, device, attention, integrity)
+    for section, values in backend.describe(contract).items():
         env.setdefault(section, {}).update(values)
     return env
 
@@ -129,21 +130,20 @@ def _leaves(tree: dict, path: str):
 def _numeric_flags(contract: Contract) -> tuple[int, dict]:
     """The intra-op threads and each precision's numeric flags as read back after applying its settings;
     torch's state is restored afterwards."""
-    saved = forward.read_numeric_flags()
+    saved = numerics.read_numeric_flags()
     try:
         readback = {}
         for name, flags in contract.cells.items():
-            forward.write_numeric_flags(forward.numeric_settings(flags, contract.cpu_threads))
-            readback[name] = forward.read_numeric_flags()
+            numerics.write_numeric_flags(numerics.numeric_settings(flags, contract.cpu_threads))
+            readback[name] = numerics.read_numeric_flags()
             threads = readback[name].pop("cpu_threads")
         return threads, readback
     finally:
-        forward.write_numeric_flags(saved)
+        numerics.write_numeric_flags(saved)
 
 
 def _software() -> dict:
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": hf_adapter.transformers_version(), "cuda": torch.version.cuda,
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": _cudnn_version(torch.backends.cudnn.version())}
 
 
