@@ -176,7 +176,7 @@ def _check_model(args: argparse.Namespace) -> int:
     selected = cells.select(args.precision, contract.cells, contract.path)
     width = max(map(len, selected))
     for precision in selected:
-        if problem := backend.cell_problem(runtime_class, contract, precision):
+        if problem := runtime_class.cell_problem(contract.cell(precision)):
             print(f"  {precision:{width}s} not run: {problem.message}")
             continue
         runtime = runtime_class.load(args.model, contract, precision, args.device)

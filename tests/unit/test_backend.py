@@ -1,6 +1,7 @@
 """The runtime seam (engine.backend): backends declare capabilities, families declare requirements, and
 a family a backend cannot serve is skipped with the capability it lacks. A second backend
-(tests/unit/backends/logprobs_only.py: top-k logprobs, no K/V) runs the crossing through the plugin."""
+(tests/unit/backends/logprobs_only.py: top-k logprobs, no K/V; registered by its entry point) runs the crossing
+through the plugin."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 
 BACKENDS = Path(__file__).parent / "backends"
-TOY = "logprobs_only:LogprobsOnly"
+TOY = "logprobs-only"  # registered by the entry point beside its module (tests/unit/backends)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES), ids=str)

@@ -97,7 +97,8 @@ def test_a_trial_that_raises_is_a_failing_cell_and_the_others_run(monkeypatch):
     cells = trials.run_all(SimpleNamespace())
     assert [(c.fault, c.outcome, c.detail) for c in cells] == [
         ("broken", matrix.ERROR, "RuntimeError: boom"),
-        ("prefix-cache hit on a stale block", NOT_RUN, "needs a serving backend (tests/llamacpp runs it on llama.cpp)")]
+        ("prefix-cache hit on a stale block", NOT_RUN,
+         "needs a serving backend (one with chunked_prefill, prefix_cache: vllm, llamacpp); its own tests run it")]
     assert matrix.exit_code(cells) == 1
 
 

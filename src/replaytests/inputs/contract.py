@@ -241,7 +241,12 @@ class Contract:
         return self.cells[name]
 
     def runtime(self, backend: str) -> dict:
-        """The settings of `backend` (runtime.<name>, its Declaration's schema), every default filled in."""
+        """The settings of `backend` (runtime.<name>, its Declaration's schema), every default filled in; a backend
+        that is not registered (a module:Class) has none, in one line."""
+        if backend not in self.settings["runtime"]:
+            raise ConfigError(f"{self.path}: runtime.{backend}: no such section: backend {backend} declares no "
+                              "settings, or is not registered (replaytests.backends: a REGISTRY line or an entry "
+                              "point)")
         return self.settings["runtime"][backend]
 
     def may_diverge(self, name: str) -> bool:

@@ -18,7 +18,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from replaytests.engine.backend import Backend
+from replaytests.backends import declarations
+from replaytests.engine.backend import SERVING, Backend
 from replaytests.engine.checks import check_mask
 from replaytests.families import bridge, crossing, transplant
 from replaytests.families.registry import CROSS
@@ -231,7 +232,13 @@ def isa_cells(bench: Bench) -> list[Cell]:
 
 def serving_cells(bench: Bench) -> list[Cell]:
     return [Cell("prefix-cache hit on a stale block", "serving live~prefix_hit (families/serving.py)",
-                 NOT_RUN, "needs a serving backend (tests/llamacpp runs it on llama.cpp)")]
+                 NOT_RUN, f"needs a serving backend (one with {', '.join(sorted(SERVING))}: "
+                          f"{', '.join(serving_backends())}); its own tests run it")]
+
+
+def serving_backends() -> list[str]:
+    """The registered backends with a serving engine's capabilities (replaytests.backends)."""
+    return [name for name, declared in declarations().items() if declared.capabilities >= SERVING]
 
 
 TRIALS = (ulp_cells, mask_cells, position_cells, token_cells, batch_cells, transplant_cells, ledger_cells,

@@ -4,33 +4,59 @@ engine shows it — top-k logprobs at the boundary, no K/V tensors, no state cop
 It runs every family whose requirements it meets (the crossing, the live matrix) and is refused the
 rest with the capability it lacks. Its boundaries carry the top-k logprobs in place of logits (every
 other entry at float32's lowest value) and keep the Hugging Face boundary out of sight, to decode from.
-Selected with `--backend logprobs_only:LogprobsOnly` with this folder on PYTHONPATH.
+
+It is added the way a fourth runtime is: this module, and one registry line, the entry point beside it
+(replaytests_logprobs_only-0.dist-info/entry_points.txt), seen where this folder is on the path. Its
+Declaration gives it a contract section (`runtime.logprobs-only.top_k`), a platform field and a report line;
+tests/unit/test_backend_registry.py proves that no other file of the suite names it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from replaytests.backends import Declaration
 from replaytests.engine.backend import Unsupported
 from replaytests.engine.boundary import Boundary, Suffix
-from replaytests.engine.hf.runtime import Runtime
+from replaytests.inputs.schema import Value
 
-TOP_K = 5
+if TYPE_CHECKING:
+    from replaytests.engine.hf.runtime import Runtime
 
 
-class LogprobsOnly:
+class LogprobsOnly(Declaration):
     name = "logprobs-only"
+    title = "a logprobs-only engine"
+    docs = "tests/unit/backends/logprobs_only.py"
     capabilities = frozenset({"role_visibility", "structural_mask", "physical_batch"})
+    settings: ClassVar[dict] = {"top_k": Value(int, default=5, low=1, high=64)}  # the logprobs shown per boundary
+    platform: ClassVar[dict] = {"cpu": ("runtime.logprobs-only",)}
+    report_settings = "runtime.logprobs-only"
 
-    def __init__(self, inner: Runtime) -> None:
-        self.inner, self.precision, self.grammar = inner, inner.precision, inner.grammar
+    def __init__(self, inner: Runtime, top_k: int) -> None:
+        self.inner, self.precision, self.grammar, self.top_k = inner, inner.precision, inner.grammar, top_k
         self.cell_digest = inner.cell_digest
+
+    # A declaration's module is imported while the contract's schema is built: what loads a model is imported
+    # where it is used (replaytests.backends).
+    @classmethod
+    def inspect(cls, path: Path, contract, option: str):
+        from replaytests.engine.hf import inspection
+
+        return inspection.inspect(path, contract, option)  # it serves a Hugging Face directory
+
+    @classmethod
+    def describe(cls, contract) -> dict:
+        return {"runtime": {cls.name: contract.runtime(cls.name)}}
 
     @classmethod
     def load(cls, model_dir: Path, contract, precision: str, device: str | None = None) -> LogprobsOnly:
-        return cls(Runtime.load(model_dir, contract, precision, device))
+        from replaytests.engine.hf.runtime import Runtime
+
+        return cls(Runtime.load(model_dir, contract, precision, device), contract.runtime(cls.name)["top_k"])
 
     def activate(self) -> None:
         self.inner.activate()
@@ -38,7 +64,7 @@ class LogprobsOnly:
     def _shown(self, boundary: Boundary) -> Boundary:
         """What an engine returns at the boundary: the top-k logprobs, no cache."""
         logprobs = boundary.logits.float().log_softmax(-1)
-        top = logprobs.topk(TOP_K)
+        top = logprobs.topk(self.top_k)
         shown = torch.full_like(logprobs, torch.finfo(torch.float32).min).scatter(0, top.indices, top.values)
         return Boundary(boundary.construction, list(boundary.tokens), list(boundary.roles), None, shown,
                         state=boundary)
