@@ -1,2 +1,3 @@
-"""The replay engine: the protocol, the Hugging Face adapter, the runtime, boundaries, decoding,
-constructions, comparisons and cache transplant."""
+"""The replay engine: the seam every runtime serves (backend, boundaries, the protocol, arms, comparisons,
+transplants), what every run shares (its environment, numeric flags, rollouts, conversations), and one package
+per runtime (hf/, vllm/, llamacpp/)."""

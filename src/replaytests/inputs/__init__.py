@@ -1,2 +1,2 @@
-"""What a run is given: options, the contract and its gates, the CPU instruction set, the
-environment and platform, input integrity, banks and freezing."""
+"""What a run is given: options, the contract and its gates, the cells, the CPU instruction set, the
+platform, input integrity, banks, rollout dumps and conversations."""
