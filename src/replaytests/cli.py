@@ -20,7 +20,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.backends import declarations
+from replaytests.backends import DEFAULT, declarations
 from replaytests.errors import ConfigError, Exit, ReplaytestsError
 from replaytests.inputs.cells import BANK_CELL, RECOMPUTE_CELL
 from replaytests.inputs.gates import ROLLOUT_FAMILIES
@@ -467,7 +467,7 @@ def parser() -> argparse.ArgumentParser:
     freeze.add_argument("--out", type=Path, required=True,
                         help="bank JSONL to write (manifest beside it); refused where either exists, unless --force")
     freeze.add_argument("--force", action="store_true", help="replace the bank and manifest that exist already")
-    freeze.add_argument("--backend", default="hf", help=f"{BACKENDS} or module:Class. Default: %(default)s")
+    freeze.add_argument("--backend", default=DEFAULT, help=f"{BACKENDS} or module:Class. Default: %(default)s")
     freeze.add_argument("--precision", default=BANK_CELL,
                         help="the contract's cell the boundaries are generated in (fp32 on llamacpp). "
                              "Default: %(default)s")
@@ -484,15 +484,15 @@ def parser() -> argparse.ArgumentParser:
                                      "one line per field that differs")
     env.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     env.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
-    env.add_argument("--backend", default="hf", help=f"the runtime whose versions and settings to capture beside "
+    env.add_argument("--backend", default=DEFAULT, help=f"the runtime whose versions and settings to capture beside "
                                                       f"every run's: {BACKENDS} or module:Class. Default: %(default)s")
 
     check = sub.add_parser("check-model", help="a short check of a checkpoint before a long audit: the replay "
                                                "properties on two synthetic rows per precision, and a row's cost")
     check.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                        help="model directory (a .gguf file for llamacpp). Default: %(default)s")
-    check.add_argument("--backend", default="hf", help=f"{BACKENDS} or module:Class (one that shows whole logit rows). "
-                                                        "Default: %(default)s")
+    check.add_argument("--backend", default=DEFAULT,
+                       help=f"{BACKENDS} or module:Class (one that shows whole logit rows). Default: %(default)s")
     check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
     check.add_argument("--precision", default="all", metavar="CELL[,CELL...]|both|all",

@@ -174,7 +174,7 @@ def test_a_declaration_that_names_itself_otherwise_is_refused(monkeypatch):
 
 def test_no_other_file_names_the_fourth_backend():
     listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    own = {"tests/unit/backends/logprobs_only.py", "tests/unit/backends/replaytests_logprobs_only-0.dist-info/"
+    own = {"tests/unit/backends/logprobs_only.py", "tests/unit/backends/replaytests_fourth_backend-0.dist-info/"
            "entry_points.txt", "tests/unit/test_backend.py", "tests/unit/test_backend_registry.py"}
     naming = sorted(path for path in listed if not path.startswith("docs/") and path != "README.md"
                     and (REPO / path).is_file() and path not in own

@@ -201,12 +201,12 @@ class Gates:
     def from_settings(cls, gates: dict) -> Gates:
         """From a validated `gates:` mapping with every default filled in."""
         return cls(
-            replicas_exact={family: gates[family]["replicas_exact"]
-                            for family in ("crossing", "live", "serving", "sweep")}
-            | dict.fromkeys(ROLLOUT_FAMILIES, gates["rollout"]["replicas_exact"])
-            | {CONVERSATION: gates["conversation"]["replicas_exact"]},
-            suffix_divergence_allowed={family: dict(gates[family]["suffix_divergence_allowed"])
-                                       for family in ("crossing", "live", "batch", "serving", "sweep")},
+            # each family's section that has the gate (the contract's schema says which); the rollout families share one
+            replicas_exact={family: section["replicas_exact"] for family, section in gates.items()
+                            if "replicas_exact" in section}
+            | dict.fromkeys(ROLLOUT_FAMILIES, gates["rollout"]["replicas_exact"]),
+            suffix_divergence_allowed={family: dict(section["suffix_divergence_allowed"])
+                                       for family, section in gates.items() if "suffix_divergence_allowed" in section},
             bridge_exact=gates["bridge"]["exact"],
             donor_recovery=gates["transplant"]["donor_recovery"],
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],

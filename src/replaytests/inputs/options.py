@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from replaytests.backends import declarations
+from replaytests.backends import DEFAULT, declarations
 from replaytests.errors import ConfigError, short
 from replaytests.files import read_json
 from replaytests.inputs import cpu_isa, models
@@ -55,7 +55,7 @@ class Committed:
     contract: Path
     baselines: tuple[Path, ...]
     later: Path | str | None
-    backend: str = "hf"
+    backend: str = DEFAULT
 
     def later_model(self) -> Path | None:
         if self.later is None:
@@ -195,9 +195,9 @@ class Options:
                                                "first phase) the transplant panel and each transplant row's crossing "
                                                "record are read from, instead of this run computing the whole BF16 "
                                                "crossing; repeatable (docs/architecture.md)")
-    backend: str = option("hf", help=f"the runtime under test: a registered backend ({', '.join(declarations())}), or "
-                                     "module:Class for a backend of your own (docs/architecture.md). Default: "
-                                     "%(default)s")
+    backend: str = option(DEFAULT, help=f"the runtime under test: a registered backend "
+                                        f"({', '.join(declarations())}), or module:Class for a backend of your own "
+                                        "(docs/architecture.md). Default: %(default)s")
     accept_interrupted: bool = option(False, action="store_true",
                                       help="use an interrupted run as the --baseline or a --panel-from source "
                                            "(refused otherwise: it holds only what it finished)")

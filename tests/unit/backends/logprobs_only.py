@@ -6,7 +6,7 @@ rest with the capability it lacks. Its boundaries carry the top-k logprobs in pl
 other entry at float32's lowest value) and keep the Hugging Face boundary out of sight, to decode from.
 
 It is added the way a fourth runtime is: this module, and one registry line, the entry point beside it
-(replaytests_logprobs_only-0.dist-info/entry_points.txt), seen where this folder is on the path. Its
+(replaytests_fourth_backend-0.dist-info/entry_points.txt), seen where this folder is on the path. Its
 Declaration gives it a contract section (`runtime.logprobs-only.top_k`), a platform field and a report line;
 tests/unit/test_backend_registry.py proves that no other file of the suite names it.
 """
