@@ -12,8 +12,9 @@ from pathlib import Path
 
 from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.outputs import compare, ledger, report, runs, summary, verdict
+from replaytests.outputs import ledger, report, runs, summary, verdict
 from replaytests.outputs.records import Record
+from replaytests.suite.baseline import baseline_rates
 from replaytests.suite.session import ReplaySession
 
 
@@ -66,20 +67,6 @@ def facts(record: Record) -> dict:
     return {"key": list(record.key), "status": record.status,
             "headline": {pair: [c.first_divergence, c.margins_at_divergence]
                          for pair in pairs if (c := record.comparisons.get(pair)) is not None}}
-
-
-def baseline_rates(replay: ReplaySession, records: list[Record]) -> list[dict]:
-    """Under --gate rates, or against a baseline made on another platform (where a cell that may diverge is
-    judged by its rates, not row by row), the failures of the rates level against the baseline
-    (outputs/compare.py: exact McNemar per family, precision and headline pair, on the rows both hold): the
-    one check of a run that needs every row of a family at once, so the controller makes it from the run's
-    records."""
-    across = replay.options.gate is None and bool(replay.baseline_platform)
-    if (replay.options.gate != "rates" and not across) or not replay.baseline:
-        return []
-    found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
-    return [{"check": "baseline rates", "message": reason} for reason in found.reasons
-            if reason.startswith(compare.RATES_REASONS)]
 
 
 def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool, started: datetime) -> dict:

@@ -22,12 +22,13 @@ from replaytests.files import lookup
 from replaytests.inputs import cells, conversations, cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
 from replaytests.inputs.contract import Contract, load_contract
-from replaytests.inputs.gates import PASS, Judgement, artifact, gated
+from replaytests.inputs.gates import PASS, Judgement, artifact
 from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
 from replaytests.outputs.records import Record
 from replaytests.outputs.runs import read_run
+from replaytests.suite.baseline import check_baseline
 from replaytests.suite.claims import Claims
 from replaytests.suite.devices import check_device, pinned_device
 from replaytests.suite.panel_source import read_panel_source
@@ -40,10 +41,6 @@ def inspect_model(backend_class: type, path: Path, contract: Contract, option: s
     from replaytests.engine.hf import inspection
 
     return getattr(backend_class, "inspect", inspection.inspect)(path, contract, option)
-
-
-def _some(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 @dataclass
@@ -108,24 +105,8 @@ class ReplaySession:
             raise ConfigError(f"--shard {options.shard}: this shard holds none of the {len(rows)} selected row(s); "
                               "use fewer shards (an empty shard would pass having checked nothing)")
         if options.baseline_ledger is not None:
-            session.check_baseline()
+            check_baseline(session)
         return session
-
-    def check_baseline(self) -> None:
-        """A baseline is a finished run (unless --accept-interrupted) with at least one record this run
-        recomputes: an audit against nothing would pass having checked nothing. The committed baseline of
-        committed inputs, not asked for, holding none of this run's cells is no error: the audit tests are
-        then skipped, saying so."""
-        path = self.options.baseline_ledger
-        if lookup(read_run(path) or {}, "run", "interrupted") and not self.options.accept_interrupted:
-            raise ConfigError(f"--baseline {path}: an interrupted run (it holds only what it finished); pass "
-                              "--accept-interrupted to audit against it anyway")
-        if not self.plan.audited(self.baseline) and self.options.baseline is not None:
-            theirs = sorted({r.row for r in self.baseline})
-            ours = [r.id for r in self.plan.sharded_rows]
-            raise ConfigError(f"--baseline {path}: none of its {len(self.baseline)} records is one this run computes "
-                              f"(its rows {_some(theirs)}; this run's {_some(ours)}, cells "
-                              f"{', '.join(self.cells)}): nothing would be audited")
 
     @property
     def causal_cells(self) -> tuple[str, ...]:
@@ -206,30 +187,6 @@ class ReplaySession:
         """A token-identity check against the frozen bank (`problem`: what differs, None if nothing)."""
         here = PASS if problem is None else Judgement("fail", problem)
         return artifact(here, self.bank_platform, self.options.strict_contract, "bank")
-
-    def judge_against_baseline(self, problem: str | None, level: str = "bits", cell: str | None = None) -> Judgement:
-        """A ledger-audit check against the baseline, under gates.audit.reproduce; `level` is the coarsest
-        level the change reaches (bits, or trajectories), `cell` the record's. Under --gate, a change finer
-        than the gate is recorded and one at it fails, on any platform. Without it, on the baseline's own
-        platform every bit must reproduce; on another platform (another CPU or GPU) only bits may differ and
-        are recorded as platform drift, while a trajectory (suffix, answer, correctness) must still match in
-        a cell whose crossing may not diverge (FP32), and in one that may (BF16) a changed trajectory is
-        counted and judged by the rates of the whole run (artifacts.baseline_rates)."""
-        gate = self.options.gate
-        if problem is not None and gate is None and level == "trajectories" and self.baseline_platform \
-                and not self.options.strict_contract:
-            drift = f"the baseline was made on another platform: {'; '.join(self.baseline_platform)}"
-            if cell is not None and self.contract.may_diverge(cell):
-                return Judgement("recorded", f"{problem} ({drift}; a cell that may diverge: counted, judged by "
-                                             "its rates)")
-            return self.contract.gates.audit(f"{problem} ({drift}; only bits may differ across platforms, and "
-                                             "this cell's trajectory changed)")
-        if problem is None or gate is None:
-            return artifact(self.contract.gates.audit(problem), self.baseline_platform, self.options.strict_contract,
-                            "baseline")
-        if not gated(level, gate):
-            return Judgement("recorded", f"{problem}: allowed at --gate {gate}")
-        return self.contract.gates.audit(f"{problem} (--gate {gate})")
 
     @property
     def device(self) -> str:
