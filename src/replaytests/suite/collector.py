@@ -18,6 +18,8 @@ from replaytests.families.registry import FAMILIES
 from replaytests.outputs import ledger, rundir, verdict
 from replaytests.suite.command_line import selects_conformance
 from replaytests.suite.fixtures import AUDIT_PROPERTY, RECORD_PROPERTY
+from replaytests.suite.gathered import Gathered
+from replaytests.suite.properties import properties
 from replaytests.suite.state import replay_session, run_state
 
 if TYPE_CHECKING:
@@ -85,8 +87,6 @@ class LedgerCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if run_state(self.config).session is None or hasattr(self.config, "workerinput"):
             return  # not a replay run, or a worker (its controller gathers)
-        from replaytests.suite.artifacts import Gathered, properties
-
         self.gathered = self.gathered or Gathered()
         if report.when == "call":
             before = len(self.gathered.facts)
