@@ -11,15 +11,13 @@ from pathlib import Path
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.outputs import ledger, report, runs, summary, verdict
 from replaytests.outputs.records import Record
-from replaytests.suite.baseline import baseline_rates
 from replaytests.suite.gathered import Gathered
 from replaytests.suite.session import ReplaySession
 
 
-def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool, started: datetime) -> dict:
-    """Write the run's directory; returns its verdict."""
-    failures = gathered.failures + baseline_rates(replay, gathered.records)
-    outcome = verdict.build(gathered.outcomes, failures, verdict_context(replay, gathered), interrupted)
+def write_run(replay: ReplaySession, gathered: Gathered, outcome: dict, run: Path, interrupted: bool,
+              started: datetime) -> None:
+    """Write the run's directory, each file starting with the verdict `outcome` (suite.collector.run_verdict)."""
     finished = datetime.now(UTC)
     times = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
              "seconds": round((finished - started).total_seconds(), 1)}
@@ -31,7 +29,6 @@ def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted:
     write_atomic(run / "summary.md", summary.markdown(gathered.records, header_fields(replay), gathered.audits,
                                                       causal_lines(replay, gathered.records), outcome))
     report.write_report(run, gathered.records, runs.run_meta(meta))
-    return outcome
 
 
 def terminal_lines(replay: ReplaySession, gathered: Gathered, outcome: dict | None, run: Path | None) -> list[str]:
