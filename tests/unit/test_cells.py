@@ -314,7 +314,8 @@ def broken_hqq(monkeypatch, tmp_path):
 
 def test_a_cell_library_that_fails_to_import_is_one_skip_reason_and_named_in_the_verdict(broken_hqq):
     from replaytests.inputs.options import Options
-    from replaytests.suite.artifacts import Gathered, verdict_context
+    from replaytests.suite.artifacts import verdict_context
+    from replaytests.suite.gathered import Gathered
     from replaytests.suite.session import ReplaySession
 
     session = ReplaySession.open(Options(precision="fp32,kv-hqq4", rows="0:1"))

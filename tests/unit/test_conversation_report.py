@@ -276,11 +276,11 @@ def test_an_exact_cell_s_conversation_that_diverges_at_a_turn_fails():
 
 
 def test_the_run_s_rates_check_reads_the_conversation_turns():
-    """suite/artifacts.baseline_rates keeps the rates reasons: a conversation's is one."""
+    """suite/baseline.baseline_rates keeps the rates reasons: a conversation's is one."""
     from types import SimpleNamespace
 
     from replaytests.inputs.contract import default_gates
-    from replaytests.suite.artifacts import baseline_rates
+    from replaytests.suite.baseline import baseline_rates
 
     replay = SimpleNamespace(options=SimpleNamespace(gate="rates"), baseline=typed(diverging_at(10, {})),
                              contract=SimpleNamespace(gates=default_gates()),

@@ -1,9 +1,11 @@
 """The exit status follows the verdict (docs/ci.md): a FAIL is never exit 0, whatever produced it.
 
-The run-level rates check against a baseline is made after the tests, outside any test (every changed
-BF16 record is "recorded", an xfail), so before it set the status a run printed `verdict: FAIL` and
-exited 0. The baseline here is made from the run's own data (no platform's numbers are written into
-the test): a first run's crossing, with every BF16 headline pair marked divergent.
+The rates check against a baseline is a check of the whole run, made by the controller once every test has
+reported (suite.collector.run_verdict; every changed BF16 record is "recorded", an xfail, so no test fails):
+its failures are the verdict's, and the verdict is the exit status. The end-to-end runs here make their
+baseline from the run's own data (no platform's numbers are written into the test): a first run's crossing,
+with every BF16 headline pair marked divergent; the quick test drives the controller's end of the run on
+hand-built records.
 """
 
 from __future__ import annotations
@@ -13,11 +15,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from test_compare import diverging
+from test_report import typed
 
+from replaytests.inputs.contract import default_gates
 from replaytests.outputs import ledger
-from replaytests.suite.collector import exit_status
+from replaytests.suite import artifacts
+from replaytests.suite.baseline import RATES_CHECK
+from replaytests.suite.collector import RECORDS, LedgerCollector, exit_status
+from replaytests.suite.gathered import Gathered
+from replaytests.suite.state import run_state
 
 ROWS = ("--rows", "0:8", "--precision", "bf16", "-p", "no:cacheprovider")
 PAIR = "incremental~prefill"
@@ -121,3 +131,33 @@ def test_a_torn_records_file_is_interrupted_and_exits_2(tmp_path):
 ])
 def test_exit_status_follows_the_verdict(result, status, expected):
     assert exit_status({"result": result}, status) == expected
+
+
+@pytest.mark.parametrize(("divergent", "status", "failures"), [
+    pytest.param(10, pytest.ExitCode.TESTS_FAILED, [RATES_CHECK], id="rates-changed-exits-1"),
+    pytest.param(0, pytest.ExitCode.OK, [], id="rates-held-exits-0"),
+])
+def test_the_rates_check_of_the_whole_run_decides_the_exit_status(tmp_path, monkeypatch, divergent, status, failures):
+    """The controller's end of a run at --gate rates whose every test passed: its BF16 crossing diverges on
+    `divergent` of 20 rows, the baseline's on none. Only the check of the whole run can fail it, and the
+    status pytest exits with is the one the collector leaves on the session. The files are not written here
+    (artifacts.write_run; the end-to-end tests above write them)."""
+    replay = SimpleNamespace(options=SimpleNamespace(gate="rates"), baseline=typed(diverging("crossing", 20, 0)),
+                             contract=SimpleNamespace(gates=default_gates()),
+                             plan=SimpleNamespace(audited=lambda records: records), baseline_platform=[])
+    config = SimpleNamespace(stash=pytest.Stash())
+    state = run_state(config)
+    state.session, state.run_dir = replay, tmp_path
+    state.root = SimpleNamespace(publish=lambda run: None, release=lambda: None)
+    for record in typed(diverging("crossing", 20, divergent)):
+        ledger.append_record(tmp_path / RECORDS, record)
+    monkeypatch.setattr(artifacts, "verdict_context", lambda replay, gathered: {})
+    monkeypatch.setattr(artifacts, "write_run", lambda *args: None)
+    collector = LedgerCollector(config)
+    collector.gathered = Gathered(outcomes={"passed": 20})
+    session = SimpleNamespace(shouldstop=False, shouldfail=False, exitstatus=pytest.ExitCode.OK)
+
+    collector.pytest_sessionfinish(session, pytest.ExitCode.OK)
+
+    assert [f["check"] for f in collector.verdict["failures"]] == failures, collector.verdict["failures"]
+    assert session.exitstatus == status, f"verdict {collector.verdict['result']}, exit {session.exitstatus}"

@@ -234,11 +234,11 @@ def test_cli_gate_levels_and_the_old_spelling(tmp_path, capsys):
 ])
 def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, elsewhere, divergent, failures):
     """The controller's rates check of a run under --gate rates, or against a baseline made on another
-    platform (suite/artifacts.baseline_rates)."""
+    platform (suite/baseline.baseline_rates)."""
     from types import SimpleNamespace
 
     from replaytests.inputs.contract import default_gates
-    from replaytests.suite.artifacts import baseline_rates
+    from replaytests.suite.baseline import baseline_rates
 
     baseline = typed(diverging("crossing", 20, 0))
     replay = SimpleNamespace(options=SimpleNamespace(gate=gate), baseline=baseline, contract=SimpleNamespace(
@@ -272,10 +272,10 @@ def test_a_baseline_of_another_platform_is_judged_by_trajectories(repo, level, c
     from types import SimpleNamespace
 
     from replaytests.inputs.contract import load_contract
-    from replaytests.suite.session import ReplaySession
+    from replaytests.suite.baseline import judge_against_baseline
 
     replay = SimpleNamespace(options=SimpleNamespace(gate=None, strict_contract=False),
                              contract=load_contract(repo / "contracts" / "cpu-tiny.yaml"),
                              baseline_platform=["hardware.cpu Intel (baseline) vs AMD (here)"] if elsewhere else [])
-    judged = ReplaySession.judge_against_baseline(replay, "crossing row r0: suffix changed", level, cell)
+    judged = judge_against_baseline(replay, "crossing row r0: suffix changed", level, cell)
     assert judged.outcome == outcome, judged

@@ -114,7 +114,8 @@ def test_a_panel_source_made_under_another_contract_names_both(whole, tmp_path):
     not contemporaneous, with no word of the contract)."""
     from replaytests.errors import ConfigError
     from replaytests.inputs.options import Options
-    from replaytests.suite.session import ReplaySession, read_panel_source
+    from replaytests.suite.panel_source import read_panel_source
+    from replaytests.suite.session import ReplaySession
 
     source = tmp_path / "source"
     source.mkdir()

@@ -8,7 +8,8 @@ import torch
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.options import Options, parse_shard
-from replaytests.suite.session import ReplaySession, pinned_device
+from replaytests.suite.devices import pinned_device
+from replaytests.suite.session import ReplaySession
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import pytest
 from replaytests.families.registry import ROLES
 from replaytests.inputs.gates import Judgement
 from replaytests.outputs.records import Record
+from replaytests.suite.baseline import judge_against_baseline
 
 
 def ok(record: Record) -> Record:
@@ -33,7 +34,7 @@ def audit_against_baseline(audit_record, replay, baseline_record: Record) -> Non
         f"{baseline_record.title}: {len(result.changes)} of {result.leaves} leaves differ from the "
         f"baseline, {f'{len(moved)} of a trajectory' if moved else 'bits only (no trajectory changed)'}; "
         f"first: {(moved or result.changes)[0]}")
-    judge(replay.judge_against_baseline(problem, "trajectories" if moved else "bits", precision))
+    judge(judge_against_baseline(replay, problem, "trajectories" if moved else "bits", precision))
 
 
 def judge(*judgements: Judgement) -> None:

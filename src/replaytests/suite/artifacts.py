@@ -5,87 +5,19 @@ records and the test outcomes the collector gathered (suite.collector).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.families.registry import FAMILIES
 from replaytests.files import write_atomic, write_json_atomic
-from replaytests.outputs import compare, ledger, report, runs, summary, verdict
+from replaytests.outputs import ledger, report, runs, summary, verdict
 from replaytests.outputs.records import Record
+from replaytests.suite.gathered import Gathered
 from replaytests.suite.session import ReplaySession
 
 
-@dataclass
-class Gathered:
-    """What the test reports brought back (from this process or from xdist workers)."""
-
-    records: list[Record] = field(default_factory=list)  # the run's records (read from its directory at the end)
-    computed: int = 0  # records its processes computed and appended (more than `records`: some computed twice)
-    facts: list[dict] = field(default_factory=list)  # the key facts of each record a test read (facts, below)
-    audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
-    outcomes: dict[str, int] = field(default_factory=dict)  # pytest outcome -> count
-    failures: list[dict] = field(default_factory=list)  # verdict.failure of each failing test
-    skips: set[str] = field(default_factory=set)  # the distinct skip reasons
-
-    def add(self, properties: list[tuple[str, str]], record_property: str, audit_property: str) -> None:
-        self.facts += [json.loads(v) for n, v in properties if n == record_property]
-        self.audits += [json.loads(v) for n, v in properties if n == audit_property]
-
-    def count(self, outcome: str) -> None:
-        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-
-
-def properties(user_properties: list[tuple[str, object]], record_property: str,
-               audit_property: str) -> list[tuple[str, object]]:
-    """A test's properties as a JUnit XML or JSON report carries them: each record it read as its key,
-    status and, per headline pair, the first divergence and the decision margins there (facts); an audit
-    as the leaves that changed. Properties of other plugins are kept as they are."""
-    out = []
-    for name, value in user_properties:
-        if name == record_property:
-            fact = json.loads(value)
-            key = "replaytests." + ".".join(fact["key"])
-            out.append((f"{key}.status", fact["status"]))
-            for pair, (first, margins) in fact["headline"].items():
-                out += [(f"{key}.{pair}.first_divergence", first), (f"{key}.{pair}.margins_at_divergence", margins)]
-        elif name == audit_property:
-            audit = json.loads(value)
-            out.append((f"replaytests.audit.{'.'.join(audit['key'])}", f"{audit['changes']} of {audit['leaves']} "
-                                                                     "leaves changed"))
-        else:
-            out.append((name, value))
-    return out
-
-
-def facts(record: Record) -> dict:
-    """What a test's report says of a record it read: its key and status and, per headline pair, the first
-    divergence and the margins there (the record itself reaches the ledger from the run's records)."""
-    pairs = FAMILIES.get(record.family, FAMILIES["crossing"]).headline
-    return {"key": list(record.key), "status": record.status,
-            "headline": {pair: [c.first_divergence, c.margins_at_divergence]
-                         for pair in pairs if (c := record.comparisons.get(pair)) is not None}}
-
-
-def baseline_rates(replay: ReplaySession, records: list[Record]) -> list[dict]:
-    """Under --gate rates, or against a baseline made on another platform (where a cell that may diverge is
-    judged by its rates, not row by row), the failures of the rates level against the baseline
-    (outputs/compare.py: exact McNemar per family, precision and headline pair, on the rows both hold): the
-    one check of a run that needs every row of a family at once, so the controller makes it from the run's
-    records."""
-    across = replay.options.gate is None and bool(replay.baseline_platform)
-    if (replay.options.gate != "rates" and not across) or not replay.baseline:
-        return []
-    found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
-    return [{"check": "baseline rates", "message": reason} for reason in found.reasons
-            if reason.startswith(compare.RATES_REASONS)]
-
-
-def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted: bool, started: datetime) -> dict:
-    """Write the run's directory; returns its verdict."""
-    failures = gathered.failures + baseline_rates(replay, gathered.records)
-    outcome = verdict.build(gathered.outcomes, failures, verdict_context(replay, gathered), interrupted)
+def write_run(replay: ReplaySession, gathered: Gathered, outcome: dict, run: Path, interrupted: bool,
+              started: datetime) -> None:
+    """Write the run's directory, each file starting with the verdict `outcome` (suite.collector.run_verdict)."""
     finished = datetime.now(UTC)
     times = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
              "seconds": round((finished - started).total_seconds(), 1)}
@@ -97,7 +29,6 @@ def write_run(replay: ReplaySession, gathered: Gathered, run: Path, interrupted:
     write_atomic(run / "summary.md", summary.markdown(gathered.records, header_fields(replay), gathered.audits,
                                                       causal_lines(replay, gathered.records), outcome))
     report.write_report(run, gathered.records, runs.run_meta(meta))
-    return outcome
 
 
 def terminal_lines(replay: ReplaySession, gathered: Gathered, outcome: dict | None, run: Path | None) -> list[str]:

@@ -1,6 +1,7 @@
 """The collector: gathers the records' key facts and the test outcomes from the test reports (this
-process's or the xdist workers'), shows the run's progress, and at the end writes the run's directory
-from the records appended to it (suite.artifacts) and the summary on the terminal. suite.plugin
+process's or the xdist workers'), shows the run's progress, and at the end judges the run (its verdict,
+from the tests' outcomes and the check of the whole run, which the exit status follows), writes the run's
+directory from the records appended to it (suite.artifacts) and the summary on the terminal. suite.plugin
 registers one per pytest process; only the controller (or the one process) gathers and writes.
 """
 
@@ -18,6 +19,8 @@ from replaytests.families.registry import FAMILIES
 from replaytests.outputs import ledger, rundir, verdict
 from replaytests.suite.command_line import selects_conformance
 from replaytests.suite.fixtures import AUDIT_PROPERTY, RECORD_PROPERTY
+from replaytests.suite.gathered import Gathered
+from replaytests.suite.properties import properties
 from replaytests.suite.state import replay_session, run_state
 
 if TYPE_CHECKING:
@@ -85,8 +88,6 @@ class LedgerCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if run_state(self.config).session is None or hasattr(self.config, "workerinput"):
             return  # not a replay run, or a worker (its controller gathers)
-        from replaytests.suite.artifacts import Gathered, properties
-
         self.gathered = self.gathered or Gathered()
         if report.when == "call":
             before = len(self.gathered.facts)
@@ -137,16 +138,18 @@ class LedgerCollector:
             if records and self.gathered:
                 from replaytests.suite.artifacts import write_run
 
+                replay = replay_session(self.config)
                 self.gathered.records, self.gathered.computed = records, len(appended)
                 stopped = bool(session.shouldstop or session.shouldfail)  # -x, --maxfail: it did not finish either
                 interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or stopped or bool(torn)
                 self.run = run
                 try:
-                    self.verdict = write_run(replay_session(self.config), self.gathered, run, interrupted,
-                                             self.started)
+                    outcome = run_verdict(replay, self.gathered, interrupted)
+                    write_run(replay, self.gathered, outcome, run, interrupted, self.started)
                 except (OSError, ReplaytestsError) as exc:  # a full disk, a quota: the records stay appended
                     self.write_failed(session, run, exc)
                     return
+                self.verdict = outcome
                 (run / RECORDS).unlink()  # every one of them is in the ledger now
                 if not interrupted:
                     root.publish(run)
@@ -183,6 +186,18 @@ class LedgerCollector:
         if self.verdict["result"] == "fail" and not outcomes.get("failed") and not outcomes.get("error"):
             terminalreporter.write_line("exit status 1: the verdict is FAIL although no test failed (a check of the "
                                         "whole run, listed above)", red=True)
+
+
+def run_verdict(replay: ReplaySession, gathered: Gathered, interrupted: bool) -> dict:
+    """The run's verdict, which the exit status follows: the tests' outcomes and failures, and the failures of
+    the check of the whole run, made here once every test has reported, on the run's records: the baseline's
+    rates (suite.baseline.baseline_rates), which need every row of a family at once, so no one test (on one
+    xdist worker, under a -k that selects part of the run) can make them."""
+    from replaytests.suite.artifacts import verdict_context
+    from replaytests.suite.baseline import baseline_rates
+
+    failures = gathered.failures + baseline_rates(replay, gathered.records)
+    return verdict.build(gathered.outcomes, failures, verdict_context(replay, gathered), interrupted)
 
 
 def exit_status(outcome: dict, status: int) -> int:

@@ -14,6 +14,7 @@ import pytest
 from replaytests.files import dumps
 from replaytests.outputs import audit
 from replaytests.outputs.records import Record
+from replaytests.suite.properties import facts
 from replaytests.suite.state import replay_session
 
 if TYPE_CHECKING:
@@ -34,7 +35,6 @@ def record(replay: ReplaySession, request: pytest.FixtureRequest):
     """record(family, row, precision) -> the ledger record (the session computes it and appends it to the
     run's records); its key facts ride on this test's report (progress, JUnit XML properties)."""
     from replaytests.outputs import summary
-    from replaytests.suite.artifacts import facts
 
     def get(family: str, row, precision: str) -> Record:
         result = replay.record(family, row, precision)

@@ -1,8 +1,8 @@
 """The pytest plugin's hooks (the `pytest11` entry point); each hands its work to the module of its concept:
 command_line (the options, what the arguments select), state (the run's state in one RunState in
 config.stash, and its session), lifecycle (the run's start and end), parameters (the conformance tests'
-parameters), fixtures (registered as a plugin of its own), collector (outcomes, progress, the run's final
-files) and scheduling (xdist worker groups).
+parameters), fixtures (registered as a plugin of its own), collector (outcomes, progress, the run's verdict
+and final files) and scheduling (xdist worker groups).
 
 The plugin is imported into every pytest run of an environment where replaytests is installed, so
 neither it nor those modules import torch at module level, and a run that is not a replay run is left

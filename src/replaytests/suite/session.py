@@ -12,10 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from replaytests.engine import backend, environment
-from replaytests.errors import ConfigError, RecordNotKept, short
+from replaytests.errors import ConfigError, RecordNotKept
 from replaytests.families import conversation_transplant, transplant
 from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES, ROLES
@@ -23,77 +21,17 @@ from replaytests.files import lookup
 from replaytests.inputs import cells, conversations, cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
 from replaytests.inputs.contract import Contract, load_contract
-from replaytests.inputs.gates import PASS, Judgement, artifact, gated
+from replaytests.inputs.gates import PASS, Judgement, artifact
 from replaytests.inputs.integrity import Integrity, verify_inputs
 from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
-from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
 from replaytests.outputs.runs import read_run
+from replaytests.suite.baseline import check_baseline
 from replaytests.suite.claims import Claims
+from replaytests.suite.devices import check_device, pinned_device
+from replaytests.suite.panel_source import read_panel_source
 from replaytests.suite.planner import Plan
-
-
-def pinned_device(device: str, worker: str | None) -> str:
-    """Under pytest-xdist each worker gets one GPU: worker gwK takes visible device K mod count
-    (a restarted worker takes a fresh K, and still lands on a visible device)."""
-    if device != "cuda" or not worker or not torch.cuda.is_available():
-        return device
-    return f"cuda:{int(worker.removeprefix('gw')) % torch.cuda.device_count()}"
-
-
-def check_device(device: str | None) -> None:
-    """--device names a torch device this machine has (CUDA absent is a skip, not an error)."""
-    if device is None:
-        return
-    try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise ConfigError(f"--device {short(device)}: expected cpu, cuda, cuda:N or mps") from None
-    if parsed.type not in ("cpu", "cuda", "mps") or (parsed.type == "cpu" and parsed.index not in (None, 0)):
-        raise ConfigError(f"--device {device}: expected cpu, cuda, cuda:N or mps")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if parsed.type == "cuda" and gpus and (parsed.index or 0) >= gpus:
-        raise ConfigError(f"--device {device}: this machine has {gpus} CUDA device(s), cuda:0 to cuda:{gpus - 1}")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"--device {device}: this machine has no MPS device (Apple silicon, a torch built for it)")
-
-
-def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: Integrity, contract: Contract,
-                      cell_names: tuple[str, ...], accept_interrupted: bool = False) -> dict[tuple[str, str], Record]:
-    """The finished crossing records of every selected row in each of `cell_names` (the cells the transplant
-    runs on), keyed (cell, row), from the --panel-from ledgers: made from
-    this run's bank, model and contract, by runs that were not interrupted, covering every selected row (a
-    panel drawn from part of the rows would not be this run's panel)."""
-    where = "--panel-from " + " ".join(map(str, paths))
-    for path in paths:
-        run = read_run(path) or {}
-        if lookup(run, "run", "interrupted") and not accept_interrupted:
-            raise ConfigError(f"{where}: {path} is an interrupted run; a panel is drawn from a finished crossing only "
-                              "(--accept-interrupted to use what it finished)")
-        for name, (field_path, actual) in {"bank": (("manifest", "bank_sha256"), integrity.actual.get("bank")),
-                                           "model": (("manifest", "model", "sha256"), integrity.actual.get("model"))
-                                           }.items():
-            recorded = lookup(run, *field_path)
-            if recorded is not None and actual is not None and recorded != actual:
-                raise ConfigError(f"{where}: {path} was run on another {name} (sha256 {recorded[:12]}…, this run's "
-                                  f"{actual[:12]}…)")
-        recorded = lookup(run, "contract", "sha256")
-        if recorded is not None and recorded != contract.digest:
-            raise ConfigError(f"{where}: {path} was run under another contract ({lookup(run, 'contract', 'name')}, "
-                              f"sha256 {recorded[:12]}…; this run's {contract.name}, {contract.digest[:12]}…): its "
-                              "crossing is not this run's")
-    records = {(r.precision, r.row): r for r in collate(list(paths)) if r.family == "crossing"}
-    for cell in cell_names:
-        if missing := [row.id for row in rows if not ((cell, row.id) in records and records[(cell, row.id)].ok)]:
-            raise ConfigError(f"{where}: no finished {cell} crossing record of {len(missing)} selected row(s) "
-                              f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the crossing "
-                              "of every selected row first")
-    return {(cell, row.id): records[(cell, row.id)] for cell in cell_names for row in rows}
-
-
-def _some(names: list[str]) -> str:
-    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 @dataclass
@@ -158,24 +96,8 @@ class ReplaySession:
             raise ConfigError(f"--shard {options.shard}: this shard holds none of the {len(rows)} selected row(s); "
                               "use fewer shards (an empty shard would pass having checked nothing)")
         if options.baseline_ledger is not None:
-            session.check_baseline()
+            check_baseline(session)
         return session
-
-    def check_baseline(self) -> None:
-        """A baseline is a finished run (unless --accept-interrupted) with at least one record this run
-        recomputes: an audit against nothing would pass having checked nothing. The committed baseline of
-        committed inputs, not asked for, holding none of this run's cells is no error: the audit tests are
-        then skipped, saying so."""
-        path = self.options.baseline_ledger
-        if lookup(read_run(path) or {}, "run", "interrupted") and not self.options.accept_interrupted:
-            raise ConfigError(f"--baseline {path}: an interrupted run (it holds only what it finished); pass "
-                              "--accept-interrupted to audit against it anyway")
-        if not self.plan.audited(self.baseline) and self.options.baseline is not None:
-            theirs = sorted({r.row for r in self.baseline})
-            ours = [r.id for r in self.plan.sharded_rows]
-            raise ConfigError(f"--baseline {path}: none of its {len(self.baseline)} records is one this run computes "
-                              f"(its rows {_some(theirs)}; this run's {_some(ours)}, cells "
-                              f"{', '.join(self.cells)}): nothing would be audited")
 
     @property
     def causal_cells(self) -> tuple[str, ...]:
@@ -257,30 +179,6 @@ class ReplaySession:
         """A token-identity check against the frozen bank (`problem`: what differs, None if nothing)."""
         here = PASS if problem is None else Judgement("fail", problem)
         return artifact(here, self.bank_platform, self.options.strict_contract, "bank")
-
-    def judge_against_baseline(self, problem: str | None, level: str = "bits", cell: str | None = None) -> Judgement:
-        """A ledger-audit check against the baseline, under gates.audit.reproduce; `level` is the coarsest
-        level the change reaches (bits, or trajectories), `cell` the record's. Under --gate, a change finer
-        than the gate is recorded and one at it fails, on any platform. Without it, on the baseline's own
-        platform every bit must reproduce; on another platform (another CPU or GPU) only bits may differ and
-        are recorded as platform drift, while a trajectory (suffix, answer, correctness) must still match in
-        a cell whose crossing may not diverge (FP32), and in one that may (BF16) a changed trajectory is
-        counted and judged by the rates of the whole run (artifacts.baseline_rates)."""
-        gate = self.options.gate
-        if problem is not None and gate is None and level == "trajectories" and self.baseline_platform \
-                and not self.options.strict_contract:
-            drift = f"the baseline was made on another platform: {'; '.join(self.baseline_platform)}"
-            if cell is not None and self.contract.may_diverge(cell):
-                return Judgement("recorded", f"{problem} ({drift}; a cell that may diverge: counted, judged by "
-                                             "its rates)")
-            return self.contract.gates.audit(f"{problem} ({drift}; only bits may differ across platforms, and "
-                                             "this cell's trajectory changed)")
-        if problem is None or gate is None:
-            return artifact(self.contract.gates.audit(problem), self.baseline_platform, self.options.strict_contract,
-                            "baseline")
-        if not gated(level, gate):
-            return Judgement("recorded", f"{problem}: allowed at --gate {gate}")
-        return self.contract.gates.audit(f"{problem} (--gate {gate})")
 
     @property
     def device(self) -> str:
