@@ -8,7 +8,7 @@ Not a timed test: everything is measured in one run and written as JSON (with th
 capability) and Markdown under results/. Two parts:
 
 - **Profile** (in this process, one thread, as one worker computes): every record of the audit, family
-  by family and precision by precision in the registry's order, with the time of each, split into
+  by family and cell by cell in the registry's order, with the time of each, split into
   phases (live generation, incremental and prefill constructions, suffix decoding, everything else:
   transplants, comparisons, digests) and the arms built against those shared (engine.arms).
 - **Workers**: `replaytests audit --workers N` in a child process for each N, side by side in this one
@@ -74,7 +74,7 @@ def _holders(name: str, function) -> list:
 
 
 def profile(rows: str | None, inputs: dict[str, Path]) -> dict:
-    """Every record of the audit in this process, timed by family, precision and phase."""
+    """Every record of the audit in this process, timed by family, cell and phase."""
     from replaytests.inputs import cpu_isa
     from replaytests.inputs.contract import load_contract
     from replaytests.inputs.options import Options
@@ -91,17 +91,17 @@ def profile(rows: str | None, inputs: dict[str, Path]) -> dict:
     families = []
     started = time.perf_counter()
     with phase_timers(totals, current):
-        for precision in session.cells:
+        for cell in session.cells:
             for name in FAMILIES:
-                if precision not in session.family_cells(name):
+                if cell not in session.family_cells(name):
                     continue
-                current[0] = f"{name} {precision}"
+                current[0] = f"{name} {cell}"
                 begun = time.perf_counter()
-                records = [session.record(name, row, precision) for row in session.plan.family_rows(name)
-                           if session.has_record(name, row, precision)]  # a transplant row only in its panel
+                records = [session.record(name, row, cell) for row in session.plan.family_rows(name)
+                           if session.has_record(name, row, cell)]  # a transplant row only in its panel
                 seconds = time.perf_counter() - begun
                 phases = {phase: round(totals[(current[0], phase)], 3) for phase in PHASES}
-                families.append({"family": name, "precision": precision, "rows": len(records),
+                families.append({"family": name, "precision": cell, "rows": len(records),
                                  "ok": sum(r.ok for r in records), "seconds": round(seconds, 3),
                                  "phases": phases | {"other": round(seconds - sum(phases.values()), 3)}})
     runtimes = session._runtimes.values()
@@ -144,7 +144,7 @@ def workers_run(count: str, rows: str | None, inputs: dict[str, Path], directory
 
 
 def extrapolate(profiled: dict, path: Path) -> dict:
-    """The profile's seconds per record times the records of a whole run's ledger, per family and precision
+    """The profile's seconds per record times the records of a whole run's ledger, per family and cell
     (those the profile did not time are named and left out): that run's compute, and its floor on two
     workers (half of it: every record computed once, no worker idle)."""
     from replaytests.outputs import ledger

@@ -142,10 +142,10 @@ def synthetic_row(runtime: Runtime, length: int, seed: int) -> BankRow:
     return BankRow(f"synthetic-{length}", z, parse_prefix(z, grammar, f"synthetic prefix {length}"), None)
 
 
-def load_runtime(model: Path, contract, precision: str, device: str | None, positions: int) -> Runtime:
+def load_runtime(model: Path, contract, cell: str, device: str | None, positions: int) -> Runtime:
     """The engine's runtime; a model declaring fewer than `positions` positions is allowed them when its
     RoPE is the default one (no position-indexed weights, so the limit is only a declared number)."""
-    runtime = Runtime.load(model, contract, precision, device)
+    runtime = Runtime.load(model, contract, cell, device)
     runtime.arms = Arms(budget=0)  # every repetition builds its arms (none is held and handed out again)
     config = runtime.model.config
     if hf_adapter.max_positions(runtime.model) < positions:
@@ -320,7 +320,7 @@ def row_benchmark(runtime: Runtime, row: BankRow, reps: int) -> dict:
         with forward_watch(runtime) as forward, memory_probe(runtime) as memory:
             timing, record = measure(runtime.device, lambda: crossing.run(runtime, row), forward)
         if not record.ok:
-            raise RuntimeError(f"crossing row {row.id} ({runtime.precision}): {record.reason}")
+            raise RuntimeError(f"crossing row {row.id} ({runtime.cell}): {record.reason}")
         (forward_s, calls), = timing["watched"]
         runs.append({"wall_s": timing["wall_s"], "forward_s": forward_s, "forward_calls": calls, **memory,
                      "peak_bytes": _peak_bytes(runtime.device, allocated)})
@@ -359,19 +359,19 @@ def run_benchmarks(args: argparse.Namespace) -> dict:
     positions = max(args.lengths + args.row_lengths) + args.caps.suffix_room()
     results: dict = {"decode": {}, "rows": {}}
     environment = None
-    for precision in args.precision:
-        runtime = load_runtime(args.model, contract, precision, args.device, positions)
+    for cell in args.precision:
+        runtime = load_runtime(args.model, contract, cell, args.device, positions)
         environment = environment or capture_run(contract, type(runtime), str(runtime.device),
                                                  attention=runtime.model.config._attn_implementation)
-        results["decode"][precision] = [_progress(decode_benchmark(runtime, synthetic_row(runtime, n, args.seed),
-                                                                   args.reps), precision, "decode")
+        results["decode"][cell] = [_progress(decode_benchmark(runtime, synthetic_row(runtime, n, args.seed),
+                                                                   args.reps), cell, "decode")
                                         for n in args.lengths]
-        results["rows"][precision] = [_progress(row_benchmark(runtime, synthetic_row(runtime, n, args.seed),
-                                                              args.row_reps), precision, "row")
+        results["rows"][cell] = [_progress(row_benchmark(runtime, synthetic_row(runtime, n, args.seed),
+                                                              args.row_reps), cell, "row")
                                       for n in args.row_lengths]
         del runtime
         gc.collect()
-    results["fits"] = {precision: _fits(results, precision) for precision in args.precision}
+    results["fits"] = {cell: _fits(results, cell) for cell in args.precision}
     return {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
             "environment": environment | {"git": _git()},
@@ -383,13 +383,13 @@ def run_benchmarks(args: argparse.Namespace) -> dict:
             **results}
 
 
-def _progress(result: dict, precision: str, what: str) -> dict:
-    print(f"  {what} {precision} prefix {result['prefix_len']}: done", file=sys.stderr, flush=True)
+def _progress(result: dict, cell: str, what: str) -> dict:
+    print(f"  {what} {cell} prefix {result['prefix_len']}: done", file=sys.stderr, flush=True)
     return result
 
 
-def _fits(results: dict, precision: str) -> dict:
-    decode, rows = results["decode"][precision], results["rows"][precision]
+def _fits(results: dict, cell: str) -> dict:
+    decode, rows = results["decode"][cell], results["rows"][cell]
     lengths = [d["prefix_len"] for d in decode]
     outside = [d["summary"]["suite_outside_us_per_step"] for d in decode]
     row_lengths = [r["prefix_len"] for r in rows]
@@ -427,27 +427,27 @@ def markdown(result: dict) -> str:
              "| precision | prefix | steps | suite ms/step | generate() ms/step | speedup (ceiling) | "
              "suite outside forward µs/step | outside % | bare loop outside µs/step | cache copy ms |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for precision, decodes in result["decode"].items():
+    for cell, decodes in result["decode"].items():
         for d in decodes:
             s = d["summary"]
-            lines.append(_cells(precision, d["prefix_len"], d["steps"], f"{s['suite_step_ms']:.3f}",
+            lines.append(_cells(cell, d["prefix_len"], d["steps"], f"{s['suite_step_ms']:.3f}",
                                 f"{s['generate_step_ms']:.3f}", f"{s['speedup']:.2f}x ({s['speedup_ceiling']:.2f}x)",
                                 f"{s['suite_outside_us_per_step']:.0f}", f"{100 * s['suite_outside_fraction']:.1f}",
                                 f"{s['bare_outside_us_per_step']:.0f}", f"{s['suite_cache_copy_ms']:.2f}"))
     lines += ["", "| precision | prefix | crossing row s | forward calls | forward s | cache/boundary MiB | "
                   "held at decode MiB | after row MiB | peak MiB ¹ |", "|---|---|---|---|---|---|---|---|---|"]
-    for precision, rows in result["rows"].items():
+    for cell, rows in result["rows"].items():
         for r in rows:
-            lines.append(_cells(precision, r["prefix_len"], f"{r['wall_s']:.2f}", r["forward_calls"],
+            lines.append(_cells(cell, r["prefix_len"], f"{r['wall_s']:.2f}", r["forward_calls"],
                                 f"{r['forward_s']:.2f}", _mib(r["cache_bytes_per_boundary"]), _mib(r["held_bytes"]),
                                 _mib(r["after_row_bytes"]), _mib(r["peak_bytes"]["bytes"])))
     kinds = sorted({r["peak_bytes"]["kind"] for rows in result["rows"].values() for r in rows})
     lines += ["", f"¹ {', '.join(kinds)}", ""]
-    for precision, fit in result["fits"].items():
-        summaries = [d["summary"] for d in result["decode"][precision]]
+    for cell, fit in result["fits"].items():
+        summaries = [d["summary"] for d in result["decode"][cell]]
         lines.append(
-            f"{precision}: speedup over generate() {_range([s['speedup'] for s in summaries], 'x')} "
-            f"(goal >= {GOAL_SPEEDUP[precision]}x); outside forward "
+            f"{cell}: speedup over generate() {_range([s['speedup'] for s in summaries], 'x')} "
+            f"(goal >= {GOAL_SPEEDUP[cell]}x); outside forward "
             f"{_range([s['suite_outside_us_per_step'] for s in summaries], ' µs')}, "
             f"{_range([100 * s['suite_outside_fraction'] for s in summaries], '%')} of a step "
             f"(goal <= {GOAL_OUTSIDE_US} µs, <= {100 * GOAL_OUTSIDE:.0f}%; a bare loop: "

@@ -2,7 +2,7 @@
 
     python tools/readme_tables.py     # prints each table; tests/unit/test_readme_tables.py keeps README equal
 
-- `vllm`: per model (tiny, SmolLM2) and precision, k/n with its Wilson 95% interval for each serving
+- `vllm`: per model (tiny, SmolLM2) and cell, k/n with its Wilson 95% interval for each serving
   comparison of the vLLM run (fixtures/ledgers/vllm-*), and across runtimes against the Hugging Face run of
   the same causal bank (fixtures/ledgers/cpu-*-causal), over the rows both hold (README, "Serving engines").
 - `llamacpp`: the same for the llama.cpp runs (fixtures/ledgers/llamacpp-*), across runtimes against the
@@ -85,15 +85,15 @@ def _replicas(r: Record) -> bool:
                for p in ("live~live_replica", "prefill~prefill_replica"))
 
 
-def _ok(records: list[Record], family: str, precision: str) -> list[Record]:
-    return [r for r in records if r.family == family and r.precision == precision and r.ok]
+def _ok(records: list[Record], family: str, cell: str) -> list[Record]:
+    return [r for r in records if r.family == family and r.precision == cell and r.ok]
 
 
-def column(vllm: list[Record], hf: list[Record], precision: str) -> list[str]:
-    serving, counted = _ok(vllm, "serving", precision), premise(vllm).get(precision)
-    crossing = _ok(vllm, "crossing", precision)
-    theirs = {family: {r.row: r for r in _ok(hf, family, precision)} for family in ("live", "crossing")}
-    both = {family: [r for r in _ok(vllm, family, precision) if r.row in theirs[family]]
+def column(vllm: list[Record], hf: list[Record], cell: str) -> list[str]:
+    serving, counted = _ok(vllm, "serving", cell), premise(vllm).get(cell)
+    crossing = _ok(vllm, "crossing", cell)
+    theirs = {family: {r.row: r for r in _ok(hf, family, cell)} for family in ("live", "crossing")}
+    both = {family: [r for r in _ok(vllm, family, cell) if r.row in theirs[family]]
             for family in ("live", "crossing")}  # the rows both runtimes ran
     hits = counted["hit_cached_tokens"] if counted else None
     return [
@@ -143,7 +143,7 @@ def vllm_table() -> str:
     columns, header = [], ["", *(f"{model} {p.upper()}" for model in MODELS for p in PRECISIONS)]
     for vllm_name, hf_name in MODELS.values():
         vllm, hf = collate([LEDGERS / vllm_name]), collate([LEDGERS / hf_name]) if hf_name else []
-        columns += [column(vllm, hf, precision) for precision in PRECISIONS]
+        columns += [column(vllm, hf, cell) for cell in PRECISIONS]
     return _markdown([header, *([label, *cells] for label, *cells in zip(LABELS, *columns, strict=True))])
 
 
@@ -230,8 +230,8 @@ def _proportion(p: dict | None) -> str:
     return _cell(p["k"], p["n"]) if p else "-"
 
 
-def _behaviour(summary: dict, precision: str) -> list[str]:
-    at = summary["families"]["crossing"]["precisions"].get(precision)
+def _behaviour(summary: dict, cell: str) -> list[str]:
+    at = summary["families"]["crossing"]["precisions"].get(cell)
     if at is None:
         return ["-"] * (len(DIVERGENCE_LABELS) + 3)
     pair, accuracy = at["pairs"][PAIR], at.get("accuracy") or {}
@@ -241,10 +241,10 @@ def _behaviour(summary: dict, precision: str) -> list[str]:
             fmt_paired(accuracy or None).split(";")[0]]
 
 
-def _paper(precision: str) -> list[str]:
-    known = PAPER[precision]
+def _paper(cell: str) -> list[str]:
+    known = PAPER[cell]
     counts = [*(known.get(name) for name in DIVERGENCE_LABELS), known.get("incremental"), known.get("prefill")]
-    return [*("-" if k is None else _cell(k, 200) for k in counts), PAPER_PAIRED if precision == "bf16" else "-"]
+    return [*("-" if k is None else _cell(k, 200) for k in counts), PAPER_PAIRED if cell == "bf16" else "-"]
 
 
 def behaviour_table() -> str:
@@ -252,11 +252,11 @@ def behaviour_table() -> str:
               "accuracy, prefill - incremental (paired), McNemar"]
     header = ["crossing, incremental vs prefill", *BEHAVIOUR_RUNS, "paper (14B, B200; live for incremental)"]
     rows = []
-    for precision in PRECISIONS:
-        columns = [_behaviour(build_report(collate([LEDGERS / name]), {}), precision)
+    for cell in PRECISIONS:
+        columns = [_behaviour(build_report(collate([LEDGERS / name]), {}), cell)
                    for name in BEHAVIOUR_RUNS.values()]
-        rows += [[f"{precision.upper()}: {label}", *cells]
-                 for label, *cells in zip(labels, *columns, _paper(precision), strict=True)]
+        rows += [[f"{cell.upper()}: {label}", *cells]
+                 for label, *cells in zip(labels, *columns, _paper(cell), strict=True)]
     return _markdown([header, *rows])
 
 

@@ -175,16 +175,16 @@ def _check_model(args: argparse.Namespace) -> int:
     failed = False
     selected = cells.select(args.precision, contract.cells, contract.path)
     width = max(map(len, selected))
-    for precision in selected:
-        if problem := runtime_class.cell_problem(contract.cell(precision)):
-            print(f"  {precision:{width}s} not run: {problem.message}")
+    for cell in selected:
+        if problem := runtime_class.cell_problem(contract.cell(cell)):
+            print(f"  {cell:{width}s} not run: {problem.message}")
             continue
-        runtime = runtime_class.load(args.model, contract, precision, args.device)
+        runtime = runtime_class.load(args.model, contract, cell, args.device)
         found: dict[str, checks.Check] = {}
         cost = None
         for seed in (0, 1):  # two short synthetic rows: a property holds only if it holds on both
             result = checks.check_runtime(runtime, checks.synthetic_z(runtime, seed),
-                                          exact=not contract.may_diverge(precision))
+                                          exact=not contract.may_diverge(cell))
             cost = result.cost
             for check in result.checks:
                 if check.name not in found or found[check.name].outcome == "ok":
@@ -192,10 +192,10 @@ def _check_model(args: argparse.Namespace) -> int:
         for check in found.values():
             failed |= check.outcome == "fail"
             detail = f": {check.detail}" if check.detail else ""
-            print(f"  {precision:{width}s} {check.name:16s} {check.outcome}{detail}")
+            print(f"  {cell:{width}s} {check.name:16s} {check.outcome}{detail}")
         if cost is not None and lengths:
             estimates = [(n, *checks.row_estimate(cost, n, runtime)) for n in lengths]
-            print(f"  {precision:{width}s} a crossing row: " + "; ".join(
+            print(f"  {cell:{width}s} a crossing row: " + "; ".join(
                 f"at {n} tokens about {s:.1f} s, {b / 2**20:.1f} MiB of boundary caches" for n, s, b in estimates))
     print("verdict: FAIL (a property replay rests on does not hold; see above)" if failed else
           "verdict: PASS (every judged property holds)")
@@ -488,13 +488,14 @@ def parser() -> argparse.ArgumentParser:
                                                       f"every run's: {BACKENDS} or module:Class. Default: %(default)s")
 
     check = sub.add_parser("check-model", help="a short check of a checkpoint before a long audit: the replay "
-                                               "properties on two synthetic rows per precision, and a row's cost")
+                                               "properties on two synthetic rows per cell, and a row's cost")
     check.add_argument("--model", type=Path, default=DEFAULT_MODEL,
                        help="model directory (a .gguf file for llamacpp). Default: %(default)s")
     check.add_argument("--backend", default=DEFAULT,
                        help=f"{BACKENDS} or module:Class (one that shows whole logit rows). Default: %(default)s")
     check.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help="contract YAML. Default: %(default)s")
     check.add_argument("--device", default=None, help="torch device. Default: the contract's environment.device")
+    # --precision as under pytest (inputs/options.py: the name CI scripts use, selectors besides cell names)
     check.add_argument("--precision", default="all", metavar="CELL[,CELL...]|both|all",
                        help="the contract's cells to check (a cell whose library is not installed here is named, not "
                             "run). Default: %(default)s")
@@ -531,7 +532,7 @@ def parser() -> argparse.ArgumentParser:
                               "(--level is its old spelling). Default: %(default)s")
     compare.add_argument("--expected", type=Path, default=None, metavar="FILE",
                          help="an expected-state file (replaytests.expected/1): changes it lists per family and "
-                              "precision are accepted, and one that no longer occurs fails as improved")
+                              "cell are accepted, and one that no longer occurs fails as improved")
     compare.add_argument("--contract", type=Path, default=None,
                          help="contract whose gates (transplant, FP32 divergence) apply. Default: the contract "
                               "defaults")

@@ -120,12 +120,12 @@ def test_a_bad_gguf_is_one_line_before_any_test(content, message, gguf, contract
     assert str(bad) in str(caught.value) and "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize(("precision", "field"), [
+@pytest.mark.parametrize(("cell", "field"), [
     pytest.param("bf16", "dtype", id="bf16"),
 ])
-def test_a_cell_llamacpp_would_not_run_in_its_format_is_refused(precision, field, gguf, contract):
-    with pytest.raises(ConfigError, match=rf"cells\.{precision}\.{field}: llama.cpp's CPU backend computes"):
-        Runtime.load(gguf, contract, precision)
+def test_a_cell_llamacpp_would_not_run_in_its_format_is_refused(cell, field, gguf, contract):
+    with pytest.raises(ConfigError, match=rf"cells\.{cell}\.{field}: llama.cpp's CPU backend computes"):
+        Runtime.load(gguf, contract, cell)
 
 
 def test_roles_visibility_is_refused(gguf):

@@ -113,8 +113,8 @@ def judge(record: Record, baseline: Path, here: dict, may_diverge: bool) -> tupl
     return "failed", f"{what}, {len(moved)} of a trajectory where only bits may ({elsewhere}); first: {moved[0]}"
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_crossing_record_matches_every_baseline(checkpoint, crossing, precision):
+@pytest.mark.parametrize("cell", ["bf16", "fp32"])
+def test_crossing_record_matches_every_baseline(checkpoint, crossing, cell):
     """The record against every committed baseline of its bank (one per CPU it was made on): bitwise
     against this platform's, trajectories against the others'. Bits that differ across platforms are a
     PlatformDrift warning in the summary, not an expected failure."""
@@ -123,26 +123,26 @@ def test_crossing_record_matches_every_baseline(checkpoint, crossing, precision)
     row = json.loads(committed.bank.read_text(encoding="utf-8").splitlines()[shortest(committed.bank)])["id"]
     assert (run_dir / "ledger.jsonl").is_file(), f"no ledger written:\n{proc.stdout[-3000:]}"
     here = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["platform"]
-    record = {r.key: r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}[("crossing", row, precision)]
-    may_diverge = load_contract(committed.contract).may_diverge(precision)
+    record = {r.key: r for r in ledger.read_ledger(run_dir / "ledger.jsonl")}[("crossing", row, cell)]
+    may_diverge = load_contract(committed.contract).may_diverge(cell)
     outcomes = [judge(record, baseline, here, may_diverge) for baseline in committed.baselines]
     failed = [why for outcome, why in outcomes if outcome == "failed"]
-    assert not failed, f"crossing {row} {precision}: " + "; ".join(failed)
+    assert not failed, f"crossing {row} {cell}: " + "; ".join(failed)
     for outcome, why in outcomes:
         if outcome == "drift":
-            warnings.warn(PlatformDrift(f"crossing {row} {precision}: {why}"), stacklevel=1)
+            warnings.warn(PlatformDrift(f"crossing {row} {cell}: {why}"), stacklevel=1)
     counted = [why for outcome, why in outcomes if outcome == "counted"]
     if counted:
-        pytest.xfail(f"crossing {row} {precision}: " + "; ".join(counted))
+        pytest.xfail(f"crossing {row} {cell}: " + "; ".join(counted))
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_the_protocol_checkpoint_answers_in_the_baseline(precision):
+@pytest.mark.parametrize("cell", ["bf16", "fp32"])
+def test_the_protocol_checkpoint_answers_in_the_baseline(cell):
     """The premise of the protocol checkpoint's answer and correctness rows: in its committed baseline the
-    model answers at each precision, its incremental accuracy inside the range the issue fixed (20-80%)
+    model answers at each cell, its incremental accuracy inside the range the issue fixed (20-80%)
     on all 48 rows."""
     records = [r for r in ledger.read_ledger(next(c for c in COMMITTED if c.bank == PROTOCOL_BANK).baseline())
-               if r.family == "crossing" and r.precision == precision and r.ok]
+               if r.family == "crossing" and r.precision == cell and r.ok]
     labels = [r.arms["incremental"].correct for r in records]
-    assert len(labels) >= 48 and None not in labels, f"{precision}: {len(labels)} labelled crossing rows, expected 48"
-    assert 0.2 <= sum(labels) / len(labels) <= 0.8, f"{precision}: incremental accuracy {sum(labels)}/{len(labels)}"
+    assert len(labels) >= 48 and None not in labels, f"{cell}: {len(labels)} labelled crossing rows, expected 48"
+    assert 0.2 <= sum(labels) / len(labels) <= 0.8, f"{cell}: incremental accuracy {sum(labels)}/{len(labels)}"

@@ -125,7 +125,7 @@ def bank_rows(bank_rows_json) -> list[BankRow]:
 def find_row(runtime, rows: list[BankRow], divergent: bool) -> BankRow:
     """The first bank row whose incremental and prefill suffixes diverge with equal first suffix tokens
     (testable by transplant), or with `divergent` false the first whose suffixes are equal, at this
-    runtime's precision on this platform. Which rows diverge depends on the CPU kernels (the platform),
+    runtime's cell on this platform. Which rows diverge depends on the CPU kernels (the platform),
     so tests take their rows from this search, never by name; with none found the test is skipped."""
     for row in rows:
         incremental, prefill = (decode_suffix(runtime, constructions.build(runtime, c, row.tokens)).tokens
@@ -133,7 +133,7 @@ def find_row(runtime, rows: list[BankRow], divergent: bool) -> BankRow:
         if (incremental != prefill and incremental[:1] == prefill[:1]) if divergent else incremental == prefill:
             return row
     kind = "diverges with equal first suffix tokens" if divergent else "has equal suffixes"
-    pytest.skip(f"no bank row {kind} at {runtime.precision} on this platform ({len(rows)} rows tried)")
+    pytest.skip(f"no bank row {kind} at {runtime.cell} on this platform ({len(rows)} rows tried)")
 
 
 @pytest.fixture(scope="session")

@@ -174,12 +174,12 @@ def test_check_model_passes_the_embedded_model(capsys, tiny_contract):
     code = main(["check-model"])
     out = capsys.readouterr().out
     assert code == 0 and out.rstrip().endswith("verdict: PASS (every judged property holds)"), out
-    for precision in tiny_contract.cells:  # every cell of the contract by default, not only the paper's two
+    for cell in tiny_contract.cells:  # every cell of the contract by default, not only the paper's two
         for prop in checks.PROPERTIES:
-            outcome = "(ok|recorded: .+)" if tiny_contract.may_diverge(precision) else "ok"
-            assert re.search(rf"^  {precision} +{prop} +{outcome}$", out, re.MULTILINE), \
-                f"{precision} {prop} missing:\n{out}"
-        assert re.search(rf"^  {precision} +a crossing row: at 123 tokens about [0-9.]+ s, [0-9.]+ MiB", out,
+            outcome = "(ok|recorded: .+)" if tiny_contract.may_diverge(cell) else "ok"
+            assert re.search(rf"^  {cell} +{prop} +{outcome}$", out, re.MULTILINE), \
+                f"{cell} {prop} missing:\n{out}"
+        assert re.search(rf"^  {cell} +a crossing row: at 123 tokens about [0-9.]+ s, [0-9.]+ MiB", out,
                          re.MULTILINE), out
 
 

@@ -577,10 +577,10 @@ COMMANDS = {
                                    "compare"),
     "compare-unrelated-across-inputs": Case(
         lambda w: [str(DEFAULT_BASELINE_DIR), str(REPO / "fixtures/ledgers/cpu-smollm2"), "--across-inputs"],
-        r"no \(family, row, precision\) record in common \(baseline rows tiny-000, .*; new rows smollm2-000, .*"
+        r"no \(family, row, cell\) record in common \(baseline rows tiny-000, .*; new rows smollm2-000, .*"
         r"nothing to compare", "compare"),
     "compare-disjoint-rows": Case(lambda w: [str(_rows_only(w, "a", "tiny-000")), str(_rows_only(w, "b", "tiny-001"))],
-                                  r"no \(family, row, precision\) record in common", "compare"),
+                                  r"no \(family, row, cell\) record in common", "compare"),
     "compare-root-latest-a-file": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_root_with(
         w, lambda r: (r / "latest").write_text("x")))], r"root/latest is a file, not the link to a run", "compare"),
     "report-root-latest-a-file": Case(lambda w: [str(_root_with(w, lambda r: (r / "latest").write_text("x")))],

@@ -39,18 +39,18 @@ def records(request, bank_rows):
     """Both families' records of the shortest bank row, at BF16 and FP32 (the runtimes loaded once)."""
     row = min(bank_rows, key=lambda r: (r.prefix_len, r.id))
     out = {}
-    for precision in ("bf16", "fp32"):
-        runtime = request.getfixturevalue(f"{precision}_runtime")
+    for cell in ("bf16", "fp32"):
+        runtime = request.getfixturevalue(f"{cell}_runtime")
         for name in ROLLOUT_FAMILIES:
-            out[name, precision] = FAMILIES[name].run(runtime, row, SETTINGS)
+            out[name, cell] = FAMILIES[name].run(runtime, row, SETTINGS)
     return out
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("cell", ["bf16", "fp32"])
 @pytest.mark.parametrize("name", ROLLOUT_FAMILIES)
-def test_a_record_carries_every_arm_and_the_measures_of_its_numbers(records, name, precision):
-    record = records[name, precision]
+def test_a_record_carries_every_arm_and_the_measures_of_its_numbers(records, name, cell):
+    record = records[name, cell]
     assert record.ok, record.reason
     assert set(record.arms) == set(FAMILIES[name].arms)
     live = record.arms["live"]
@@ -70,11 +70,11 @@ def test_a_record_carries_every_arm_and_the_measures_of_its_numbers(records, nam
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("cell", ["bf16", "fp32"])
 @pytest.mark.parametrize("name", ROLLOUT_FAMILIES)
-def test_teacher_forcing_on_the_live_schedule_and_every_replica_are_bit_exact(records, name, precision,
+def test_teacher_forcing_on_the_live_schedule_and_every_replica_are_bit_exact(records, name, cell,
                                                                               tiny_contract):
-    record = records[name, precision]
+    record = records[name, cell]
     gates = tiny_contract.gates
     assert gates.rollout_control(record).outcome == "pass", gates.rollout_control(record).message
     for pair in FAMILIES[name].replicas:

@@ -296,14 +296,14 @@ def live_dump(tmp_path_factory, tiny_contract) -> Path:
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_a_greedy_live_logprob_is_the_largest_of_its_step(tiny_contract, precision):
+@pytest.mark.parametrize("cell", ["bf16", "fp32"])
+def test_a_greedy_live_logprob_is_the_largest_of_its_step(tiny_contract, cell):
     # The argmax has probability at least 1 / V: its log-probability is at least -log V. Token ids above 256 do
     # not survive a trip through a BF16 tensor (305 becomes 304), so the tiny model's ids 256-319 catch a token
     # gathered through the logits' dtype.
     from replaytests.engine.hf.logprobs import Scorer
 
-    scorer = Scorer.load(MODEL, tiny_contract, precision)
+    scorer = Scorer.load(MODEL, tiny_contract, cell)
     for prompt in ([1, 4, 7, 10, 13, 16], list(range(106, 167, 3))):
         tokens, logprobs = scorer.generate(prompt, 16)
         assert all(lp >= -math.log(320) for lp in logprobs), list(zip(tokens, logprobs, strict=True))

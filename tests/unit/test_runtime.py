@@ -104,10 +104,9 @@ def restore_numeric_flags():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[2], saved[3]
 
 
-# (not named `precision`: the replaytests plugin parametrizes every test that takes that argument)
-@pytest.mark.parametrize("prec", [pytest.param("bf16", id="bf16-flags"), pytest.param("fp32", id="fp32-flags")])
-def test_numeric_flags_read_back(restore_numeric_flags, tiny_contract, prec):
-    flags = tiny_contract.cells[prec]
+@pytest.mark.parametrize("cell", [pytest.param("bf16", id="bf16-flags"), pytest.param("fp32", id="fp32-flags")])
+def test_numeric_flags_read_back(restore_numeric_flags, tiny_contract, cell):
+    flags = tiny_contract.cells[cell]
     apply_numeric_flags(flags, 1)
     readback = {
         "threads": (torch.get_num_threads(), 1),
@@ -116,7 +115,7 @@ def test_numeric_flags_read_back(restore_numeric_flags, tiny_contract, prec):
         "float32_matmul_precision": (torch.get_float32_matmul_precision(), flags.float32_matmul_precision),
     }
     wrong = {name: pair for name, pair in readback.items() if pair[0] != pair[1]}
-    assert not wrong, f"{prec} flags read back (actual, wanted): {wrong}"
+    assert not wrong, f"{cell} flags read back (actual, wanted): {wrong}"
 
 
 def test_numeric_flag_that_does_not_take_is_a_config_error(restore_numeric_flags, monkeypatch):

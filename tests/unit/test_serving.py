@@ -170,7 +170,7 @@ def test_the_engine_runs_the_gemm_the_platform_records(monkeypatch, recorded, en
     it, so a platform never names a GEMM its records did not run on."""
     monkeypatch.setattr(vllm_runtime, "dense_gemm", lambda dtype: recorded)
     runtime = Runtime.__new__(Runtime)
-    runtime.engine, runtime.dtype, runtime.precision = _Engine(engine), "bfloat16", "bf16"
+    runtime.engine, runtime.dtype, runtime.cell = _Engine(engine), "bfloat16", "bf16"
     runtime.contract = load_contract(Path(__file__).parents[2] / "contracts" / "cpu-tiny-vllm.yaml")
     if refused:
         with pytest.raises(ConfigError, match=r"runtime\.vllm\.linear"):

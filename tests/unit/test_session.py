@@ -59,16 +59,16 @@ def test_each_xdist_worker_pins_one_gpu(monkeypatch, device, worker, gpus, expec
     assert pinned_device(device, worker) == expected
 
 
-@pytest.mark.parametrize(("precision", "contract", "refreezes"), [
+@pytest.mark.parametrize(("cell", "contract", "refreezes"), [
     pytest.param("bf16", "cpu-tiny.yaml", True, id="bank-precision-caps-and-cache"),
     pytest.param("fp32", "cpu-tiny.yaml", False, id="other-precision"),
     pytest.param("bf16", "cpu-tiny-static.yaml", False, id="other-cache-class"),
 ])
-def test_live_generation_refreezes_only_the_bank_s_own_setting(precision, contract, refreezes, repo):
+def test_live_generation_refreezes_only_the_bank_s_own_setting(cell, contract, refreezes, repo):
     # The committed manifest predates the cache class: it was frozen with dynamic caches, and a static
     # cache alone changes BF16 live trajectories (README, Architectures), so no re-freeze is expected.
     replay = ReplaySession.open(Options(contract=repo / "contracts" / contract))
-    assert replay.refreezes(precision) is refreezes, f"refreezes({precision}) under {contract}"
+    assert replay.refreezes(cell) is refreezes, f"refreezes({cell}) under {contract}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -356,7 +356,7 @@ def test_control_row_has_no_third_trajectory(bf16_runtime, exact_row, crossing_r
     assert record.minimal_layers is None, "controls are not searched"
 
 
-WRONG_RECORD = "expected the ok crossing record of this row and precision, got "
+WRONG_RECORD = "expected the ok crossing record of this row and cell, got "
 
 
 def _tamper(record: Record, arm: str, field: str, value) -> Record:

@@ -20,13 +20,13 @@ def ok(record: Record) -> Record:
 def audit_against_baseline(audit_record, replay, baseline_record: Record) -> None:
     """Every leaf of a saved record reproduced by this run (gates.audit.reproduce); a transplant record of
     a row outside this run's panel is skipped."""
-    family, row, precision = baseline_record.key
-    if family == "transplant" and replay.transplant_role(replay.row(row), precision) not in ROLES:
-        pytest.skip(f"not in this run's transplant panel (drawn from the selected rows' {precision} crossing, "
+    family, row, cell = baseline_record.key
+    if family == "transplant" and replay.transplant_role(replay.row(row), cell) not in ROLES:
+        pytest.skip(f"not in this run's transplant panel (drawn from the selected rows' {cell} crossing, "
                     "whose records are audited)")
     if family == "conversation_transplant" and replay.conversation_transplant_role(replay.row(row),
-                                                                                    precision) not in ROLES:
-        pytest.skip(f"not in this run's conversation transplant panel (drawn from the {precision} conversation "
+                                                                                    cell) not in ROLES:
+        pytest.skip(f"not in this run's conversation transplant panel (drawn from the {cell} conversation "
                     "records, which are audited)")
     result = audit_record(baseline_record)
     moved = result.trajectory_changes
@@ -34,7 +34,7 @@ def audit_against_baseline(audit_record, replay, baseline_record: Record) -> Non
         f"{baseline_record.title}: {len(result.changes)} of {result.leaves} leaves differ from the "
         f"baseline, {f'{len(moved)} of a trajectory' if moved else 'bits only (no trajectory changed)'}; "
         f"first: {(moved or result.changes)[0]}")
-    judge(judge_against_baseline(replay, problem, "trajectories" if moved else "bits", precision))
+    judge(judge_against_baseline(replay, problem, "trajectories" if moved else "bits", cell))
 
 
 def judge(*judgements: Judgement) -> None:

@@ -15,18 +15,18 @@ def _arms(family: str) -> list:
 
 
 @pytest.mark.parametrize("pair", _arms("crossing"))
-def test_crossing_replica_exact(record, replay, bank_row, precision, pair):
-    judge(replay.contract.gates.replicas(ok(record("crossing", bank_row, precision)), pair))
+def test_crossing_replica_exact(record, replay, bank_row, cell, pair):
+    judge(replay.contract.gates.replicas(ok(record("crossing", bank_row, cell)), pair))
 
 
 @pytest.mark.parametrize("pair", _arms("live"))
-def test_live_replica_exact(record, replay, live_row, precision, pair):
-    judge(replay.contract.gates.replicas(ok(record("live", live_row, precision)), pair))
+def test_live_replica_exact(record, replay, live_row, cell, pair):
+    judge(replay.contract.gates.replicas(ok(record("live", live_row, cell)), pair))
 
 
 @pytest.mark.parametrize("pair", _arms("serving"))
-def test_serving_replica_exact(record, replay, serving_row, precision, pair):
-    judge(replay.contract.gates.replicas(ok(record("serving", serving_row, precision)), pair))
+def test_serving_replica_exact(record, replay, serving_row, cell, pair):
+    judge(replay.contract.gates.replicas(ok(record("serving", serving_row, cell)), pair))
 
 
 def test_baseline_made_on_this_platform(replay):
@@ -44,27 +44,27 @@ def test_baseline_record_reproduces(audit_record, replay, baseline_record):
 
 
 @pytest.mark.parametrize("pair", _arms("rollout"))
-def test_rollout_replica_exact(record, replay, rollout_row, precision, pair):
+def test_rollout_replica_exact(record, replay, rollout_row, cell, pair):
     """A greedy rollout decoded twice, and each replay of it run twice: the same tokens, log-probabilities,
     cache over z + response and next-token logits, bit for bit."""
-    judge(replay.contract.gates.replicas(ok(record("rollout", rollout_row, precision)), pair))
+    judge(replay.contract.gates.replicas(ok(record("rollout", rollout_row, cell)), pair))
 
 
 @pytest.mark.parametrize("pair", _arms("rollout_sampled"))
-def test_rollout_sampled_replica_exact(record, replay, rollout_row, precision, pair):
+def test_rollout_sampled_replica_exact(record, replay, rollout_row, cell, pair):
     """A sampled rollout drawn twice with the row's seed, and each replay of it run twice: bit for bit."""
-    judge(replay.contract.gates.replicas(ok(record("rollout_sampled", rollout_row, precision)), pair))
+    judge(replay.contract.gates.replicas(ok(record("rollout_sampled", rollout_row, cell)), pair))
 
 
 @pytest.mark.parametrize("pair", _arms("conversation"))
-def test_conversation_replica_exact(record, replay, conversation_row, precision, pair):
+def test_conversation_replica_exact(record, replay, conversation_row, cell, pair):
     """Each construction of every turn of a conversation built twice (the session decoding its assistant turns
     live both times): the same cache, next-token logits and assistant turn, bit for bit."""
-    judge(replay.contract.gates.conversation_replicas(ok(record("conversation", conversation_row, precision)), pair))
+    judge(replay.contract.gates.conversation_replicas(ok(record("conversation", conversation_row, cell)), pair))
 
 
 @pytest.mark.parametrize("pair", _arms("sweep"))
-def test_sweep_replica_exact(record, replay, sweep_row, precision, pair):
+def test_sweep_replica_exact(record, replay, sweep_row, cell, pair):
     """At every point of every axis the backend sweeps, each construction built twice: the same cache, logits and
     continuation, bit for bit."""
-    judge(replay.contract.gates.sweep_replicas(ok(record("sweep", sweep_row, precision)), pair))
+    judge(replay.contract.gates.sweep_replicas(ok(record("sweep", sweep_row, cell)), pair))

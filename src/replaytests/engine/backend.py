@@ -63,17 +63,17 @@ def missing(capabilities: frozenset[str], required: Sequence[str], backend: str)
 
 @runtime_checkable
 class Backend(Protocol):
-    """One model at one precision on one runtime."""
+    """One model at one cell on one runtime."""
 
     name: str
-    precision: str  # the cell's name (inputs/cells.py)
+    cell: str  # the cell's name (inputs/cells.py); the cell itself is contract.cell(cell)
     cell_digest: str  # what its records carry: the cell's definition and any library it runs through
     capabilities: frozenset[str]
     grammar: Grammar  # the protocol's delimiters, caps and structural mask, resolved for this model
     visibility: str  # the contract's protocol.visibility it runs under ("causal" for a runtime without masks)
 
     def activate(self) -> None:
-        """Re-apply this precision's numeric settings (another backend may have changed them)."""
+        """Re-apply this cell's numeric settings (another backend may have changed them)."""
 
     def build(self, construction: str, z: list[int]) -> Boundary:
         """`incremental` or `prefill` (or a `*_replica` of one) of the prefix z, ending at <|merge|>."""
@@ -138,7 +138,7 @@ class Backend(Protocol):
         the structural mask; a backend with engine counters puts them in each boundary's `state.served`."""
 
     def with_batch(self, batch: int) -> Backend:
-        """The same model and precision with another physical batch; Unsupported without `batch_size`."""
+        """The same model and cell with another physical batch; Unsupported without `batch_size`."""
 
     def first_copy(self, boundary: Boundary) -> Boundary:
         """The first copy of a physical batch as a storage-isolated singleton boundary (`batch_size`)."""

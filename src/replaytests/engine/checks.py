@@ -2,7 +2,7 @@
 reports before a long audit, and what the architecture matrix holds every decoder family to. Any
 backend: only the seam's methods (engine.backend) and its `probe` are used.
 
-On one runtime (one precision), from a seeded synthetic z (a prompt, three short branches, <|merge|>):
+On one runtime (one cell), from a seeded synthetic z (a prompt, three short branches, <|merge|>):
 
 | mask           | a key the visibility contract hides has no influence on a query; a visible one has   |
 | batch          | the physical-batch copies stay bitwise equal in every construction (`physical_batch`) |
@@ -32,7 +32,7 @@ FAILS = {"PhysicalBatchDesync": "batch", "StorageAliasing": "storage", "Transpla
 @dataclass(frozen=True)
 class Check:
     name: str
-    precision: str
+    cell: str
     outcome: str  # "ok", "fail", "recorded" (a finding the protocol allows), "not run"
     detail: str = ""
 
@@ -77,7 +77,7 @@ def check_mask(runtime: Backend, z: list[int]) -> Check:
     """A branch-2 query sees the prompt, never branch 1: changing the last branch-1 token must leave its
     logits bit for bit, changing a prompt token must not (the negative control: the probe reaches the model).
     Under causal visibility branch 1 is seen, so changing it must change the logits too."""
-    delims, name = runtime.grammar.delims, runtime.precision
+    delims, name = runtime.grammar.delims, runtime.cell
     tokens = z[: z.index(delims.closers[2])]  # ends inside branch 2
     branch_1, seen = tokens.index(delims.closers[1]) - 1, 1
     content = _content_ids(runtime)
@@ -106,7 +106,7 @@ def check_runtime(runtime: Backend, z: list[int], exact: bool) -> Result:
     """Every property on one runtime, what the row cost and the suffixes; a property that could not run
     because an earlier one failed closed is "not run". `exact`: whether incremental and prefill must give
     one suffix in this cell (the contract's crossing gate), else a divergence is recorded."""
-    name = runtime.precision
+    name = runtime.cell
     runtime.activate()
     try:
         started = time.perf_counter()

@@ -56,14 +56,14 @@ def capture(contract: Contract, device: str | None = None, attention: str | None
             integrity: Integrity | None = None) -> dict:
     """The real environment (see the module docstring); `device` defaults to the contract's."""
     device = device or contract.device
-    threads, precisions = _numeric_flags(contract)
+    threads, cell_flags = _numeric_flags(contract)
     env = {
         "software": _software(),
         "hardware": _hardware(device),
         "environment": {"device": device, "cpu_threads": threads, "cpu_isa": cpu_isa.in_force(),
                         "interop_threads": torch.get_num_interop_threads(),
                         "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")},
-        "precisions": precisions,
+        "precisions": cell_flags,  # the environment record's key
     }
     if attention is not None:
         env["environment"]["attention"] = attention
@@ -128,7 +128,7 @@ def _leaves(tree: dict, path: str):
 
 
 def _numeric_flags(contract: Contract) -> tuple[int, dict]:
-    """The intra-op threads and each precision's numeric flags as read back after applying its settings;
+    """The intra-op threads and each cell's numeric flags as read back after applying its settings;
     torch's state is restored afterwards."""
     saved = numerics.read_numeric_flags()
     try:

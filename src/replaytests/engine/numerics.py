@@ -49,12 +49,12 @@ def read_numeric_flags() -> dict:
 
 
 # A setting the contract leaves unpinned (null) goes back to torch's default, so that it does not
-# keep what another precision's runtime pinned.
+# keep what another cell's runtime pinned.
 _TORCH_DEFAULTS = read_numeric_flags()
 
 
 def numeric_settings(flags: Cell, threads: int) -> dict:
-    """Every numeric setting as one precision of the contract asks for it."""
+    """Every numeric setting as one cell of the contract asks for it."""
     wanted = {"cpu_threads": threads, "tf32_matmul": flags.tf32_matmul, "cudnn_tf32": flags.cudnn_tf32,
               "float32_matmul_precision": flags.float32_matmul_precision,
               "bf16_reduced_precision_reduction": flags.bf16_reduced_precision_reduction,

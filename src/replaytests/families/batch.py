@@ -22,7 +22,7 @@ def run(runtime: Backend, row: BankRow) -> Record:
     singleton = runtime.with_batch(1)
     runtimes = {arm: singleton if arm.endswith("_singleton") else runtime for arm in FAMILY.arms}
     base = record_base(FAMILY.name, row, runtime)
-    where = title(FAMILY.name, row.id, runtime.precision)
+    where = title(FAMILY.name, row.id, runtime.cell)
     runtime.activate()
     try:
         built = {arm: runtimes[arm].build(arm.rpartition("_")[0], row.tokens) for arm in FAMILY.arms}

@@ -177,7 +177,7 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
     """The record of the conversation named like the row: every turn's constructions, checked (the same
     history for session, replay and incremental; no shared storage) and compared."""
     base = record_base(FAMILY.name, row, runtime)
-    where = title(FAMILY.name, row.id, runtime.precision)
+    where = title(FAMILY.name, row.id, runtime.cell)
     cap = settings["cap"]
     runtime.activate()
     if (found := conversation_of(runtime, row, settings)) is None:

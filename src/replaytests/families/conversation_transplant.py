@@ -164,7 +164,7 @@ def run(runtime: Backend, row: BankRow, conversation_record: Record, role: str, 
     if role not in ROLES:
         raise ValueError(f"conversation transplant role must be one of {ROLES}, got {role!r}")
     base = record_base(FAMILY.name, row, runtime) | {"role": role}
-    where = title(FAMILY.name, row.id, runtime.precision)
+    where = title(FAMILY.name, row.id, runtime.cell)
     cap, k = settings["cap"], turn_of(conversation_record, role)
     runtime.activate()
     if (found := conversation_of(runtime, row, settings)) is None:

@@ -1,6 +1,6 @@
 """Fixed-prefix crossing: one frozen z per row, incremental x prefill, each with a replica.
 
-Run once per precision; every cell consumes the same integer tokens, roles, positions and padding.
+Run once per cell; every cell consumes the same integer tokens, roles, positions and padding.
 """
 
 from __future__ import annotations
@@ -15,6 +15,6 @@ FAMILY = FAMILIES["crossing"]
 
 
 def run(runtime: Backend, row: BankRow) -> Record:
-    """The ledger record of one row at the runtime's precision."""
+    """The ledger record of one row at the runtime's cell."""
     return evaluate(runtime, row, FAMILY,
                     lambda: (runtime.build(arm, row.tokens) for arm in FAMILY.arms))

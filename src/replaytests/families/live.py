@@ -1,6 +1,6 @@
 """Live matrix: generate each problem live to the boundary, then replay its z by prefill.
 
-Four arms per row and precision: live, a second independent live generation (live replica), prefill
+Four arms per row and cell: live, a second independent live generation (live replica), prefill
 of the live z, and a second prefill. Every arm is continued by the shared suffix decoder.
 """
 

@@ -69,7 +69,7 @@ class Family:
     headline_table: bool = True  # report: the paper's headline table (the causal families have their own)
     title: str = ""  # as a report names it
     requires: tuple[str, ...] = ()  # the backend capabilities it needs (engine.backend.CAPABILITIES)
-    reads: tuple[str, ...] = ()  # the families whose finished records (same row and precision) it reads
+    reads: tuple[str, ...] = ()  # the families whose finished records (same row and cell) it reads
     settings: str | None = None  # the contract section its `run` takes as a third argument
 
     @property

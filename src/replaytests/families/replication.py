@@ -34,7 +34,7 @@ def run(runtime: Backend, row: BankRow) -> Record:
 
     def outcomes(fields: dict) -> dict:
         """The validity control (TransplantInvalid excludes the row), then each direction's outcome."""
-        check_valid(fields["comparisons"], title(FAMILY.name, row.id, runtime.precision))
+        check_valid(fields["comparisons"], title(FAMILY.name, row.id, runtime.cell))
         suffix = {arm: values["suffix"] for arm, values in fields["arms"].items()}
         return fields | {"transplants": {direction(r, d): outcome(suffix[direction(r, d)], suffix[d], suffix[r])
                                          for r, d in DIRECTIONS}}

@@ -63,7 +63,7 @@ def evaluate(runtime: Backend, row: BankRow, family: Family, mode: str, rollout:
     spec = base["rollout"]
     thresholds = Thresholds(spec["ratio_low"], spec["ratio_high"], spec["delta_threshold"])
     runtime.activate()
-    where = title(family.name, row.id, runtime.precision)
+    where = title(family.name, row.id, runtime.cell)
     try:
         arms = {arm: runtime.rollout(row.tokens, spec["length"], spec["seed"], arm)
                 for arm in ("live", "live_replica")}

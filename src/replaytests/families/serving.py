@@ -1,6 +1,6 @@
 """Serving engine: the constructions a serving engine's users meet, each against the live request.
 
-Per row and precision, on a backend with a prefix cache and chunked prefill (vLLM): the live request
+Per row and cell, on a backend with a prefix cache and chunked prefill (vLLM): the live request
 and its replica, a prefix-cache hit (the live z again, right after the live request, on the cache it
 left), a fresh prefill of the live z and its replica, a chunked prefill and the same prefill in a batch
 beside other requests. Beside the usual comparisons each arm records what the engine itself counted

@@ -73,7 +73,7 @@ def compare_arms(pairs, boundaries: dict[str, Boundary], suffixes: dict[str, Suf
 
 
 def record_base(family: str, row: BankRow, runtime: Backend) -> dict:
-    return {"schema": ledger.SCHEMA, "family": family, "row": row.id, "precision": runtime.precision,
+    return {"schema": ledger.SCHEMA, "family": family, "row": row.id, "precision": runtime.cell,
             "cell_digest": runtime.cell_digest, "prefix_len": row.prefix_len, "expected_answer": row.expected_answer}
 
 
@@ -96,7 +96,7 @@ def evaluate(runtime: Backend, row: BankRow, family: Family, build: Callable[[],
     runtime.activate()
     try:
         boundaries = dict(zip(arms, build(), strict=True))
-        where = title(family.name, row.id, runtime.precision)
+        where = title(family.name, row.id, runtime.cell)
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
         suffixes = {arm: runtime.suffix(boundaries[arm]) for arm in arms}

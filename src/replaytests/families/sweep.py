@@ -55,7 +55,7 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
         axes = tuple(axis for axis in axes if axis.name in settings["axes"])
     if not axes:
         raise ConfigError(f"backend {runtime.name} declares edge_sweep but no axis to sweep at cell "
-                          f"{runtime.precision}{' among sweep.axes' if settings.get('axes') else ''}")
+                          f"{runtime.cell}{' among sweep.axes' if settings.get('axes') else ''}")
     runtime.activate()
     swept = []
     try:
@@ -63,7 +63,7 @@ def run(runtime: Backend, row: BankRow, settings: dict) -> Record:
             chosen = {value: (edge, tokens) for value, edge, tokens in points(axis, row.prefix_len, settings)}
             for value, built in runtime.sweep(axis, row.tokens, list(chosen), settings["continuation"]):
                 edge, tokens = chosen[value]
-                where = f"{title(FAMILY.name, row.id, runtime.precision)} at {axis.name} {value}"
+                where = f"{title(FAMILY.name, row.id, runtime.cell)} at {axis.name} {value}"
                 boundaries = {arm: built[arm][0] for arm in FAMILY.arms}
                 check_same_state(list(boundaries.values()), where)
                 check_storage_isolated(list(boundaries.values()), where)

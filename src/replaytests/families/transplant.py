@@ -135,7 +135,7 @@ class _Trial:
 
     @classmethod
     def build(cls, runtime: Backend, row: BankRow) -> _Trial:
-        where = title(FAMILY.name, row.id, runtime.precision)
+        where = title(FAMILY.name, row.id, runtime.cell)
         boundaries = {c: runtime.build(c, row.tokens) for c in BUILT}
         check_same_state(list(boundaries.values()), where)
         check_storage_isolated(list(boundaries.values()), where)
@@ -162,13 +162,13 @@ class _Trial:
         return minimal_range(follows, len(self.boundaries[recipient].layers))[0], tried
 
 
-def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: Record, row: BankRow, precision: str) -> None:
+def check_contemporaneous(rebuilt: dict[str, dict], crossing_record: Record, row: BankRow, cell: str) -> None:
     """The rebuilt arms (as the ledger holds them) must reproduce the crossing record's (digests, suffix,
     answer, z)."""
-    where = f"{title(FAMILY.name, row.id, precision)}: not contemporaneous"
+    where = f"{title(FAMILY.name, row.id, cell)}: not contemporaneous"
     found = (*crossing_record.key, crossing_record.status)
-    if found != ("crossing", row.id, precision, "ok"):
-        raise NotContemporaneous(f"{where}: expected the ok crossing record of this row and precision, got "
+    if found != ("crossing", row.id, cell, "ok"):
+        raise NotContemporaneous(f"{where}: expected the ok crossing record of this row and cell, got "
                                  f"{'/'.join(found)}")
     for arm, fields in rebuilt.items():
         held = crossing_record.arms[arm].to_json() if arm in crossing_record.arms else {}
@@ -191,7 +191,7 @@ def check_valid(comparisons: dict, where: str) -> None:
 
 
 def run(runtime: Backend, row: BankRow, crossing_record: Record, role: str) -> Record:
-    """The ledger record of one panel row (`role` "divergent" or "control") at the runtime's precision."""
+    """The ledger record of one panel row (`role` "divergent" or "control") at the runtime's cell."""
     if role not in ROLES:
         raise ValueError(f"transplant role must be one of {ROLES}, got {role!r}")
     base = record_base(FAMILY.name, row, runtime) | {"role": role}
@@ -199,13 +199,13 @@ def run(runtime: Backend, row: BankRow, crossing_record: Record, role: str) -> R
     try:
         trial = _Trial.build(runtime, row)
         arms = as_written(trial.arm_records())  # as the crossing record holds them
-        check_contemporaneous(arms, crossing_record, row, runtime.precision)
+        check_contemporaneous(arms, crossing_record, row, runtime.cell)
         full = {direction(r, d): trial.attempt(r, d) for r, d in (*DIRECTIONS, *REPLICA_DIRECTIONS)}
         boundaries = trial.boundaries | {name: moved for name, (moved, _, _) in full.items()}
         suffixes = trial.suffixes | {name: suffix for name, (_, suffix, _) in full.items()}
         arms |= {name: arm_record(moved, suffix, row.expected_answer) for name, (moved, suffix, _) in full.items()}
         comparisons = compare_arms(FAMILY.pairs, boundaries, suffixes, arms)
-        check_valid(comparisons, title(FAMILY.name, row.id, runtime.precision))
+        check_valid(comparisons, title(FAMILY.name, row.id, runtime.cell))
         parts = {name: {direction(r, d): _partial(trial.attempt(r, d, parts=selected)) for r, d in DIRECTIONS}
                  for name, selected in PARTIAL.items()}
         layers = _layer_search(trial, full) if role == "divergent" else dict.fromkeys(LAYER_FIELDS)

@@ -179,7 +179,7 @@ def tokenizer_digest(model_dir: Path, delimiter_ids: list[int]) -> dict:
 
 
 def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Grammar, contract: Contract,
-               precision: str, platform: dict) -> None:
+               cell: str, platform: dict) -> None:
     """Write the bank and its manifest (with the platform the rows were generated on) as one pair: neither
     replaces what was there unless both are written."""
     text = "".join(dumps(row.to_json(), sort_keys=True) + "\n" for row in rows)
@@ -194,7 +194,7 @@ def write_bank(path: Path, rows: list[BankRow], model_dir: Path, grammar: Gramma
         "tokenizer": tokenizer_digest(model_dir, list(grammar.delims.all_ids)),
         "contract": {"name": contract.name, "sha256": contract.digest, "caps": vars(contract.caps),
                      "cache": contract.cache, "visibility": contract.visibility},
-        "precision": precision,
+        "precision": cell,
         "platform": platform,
         "replaytests_version": __version__,
     }

@@ -185,7 +185,7 @@ class Gates:
     """The typed `gates:` section (docs/contract.md)."""
 
     replicas_exact: dict[str, bool]  # family (crossing, live, serving) -> replicas must be bit-exact
-    # family (crossing, live, batch, serving) -> precision -> allowed
+    # family (crossing, live, batch, serving) -> cell -> allowed
     suffix_divergence_allowed: dict[str, dict[str, bool]]
     bridge_exact: bool
     donor_recovery: float
@@ -335,7 +335,7 @@ class Gates:
 
     def divergence(self, record: Record, pair: str) -> Judgement:
         """A headline pair's suffixes: a divergence is recorded where the contract allows it at this
-        precision, a failure where it does not."""
+        cell, a failure where it does not."""
         metrics = record.comparisons[pair]
         if metrics.suffix_equal:
             return PASS
@@ -345,11 +345,11 @@ class Gates:
                   f"(top-1 minus top-2 margins {margins[0]} / {margins[1]}); answers "
                   f"{'equal' if metrics.answer_equal else 'differ'}; boundary K rel L2 "
                   f"{'not measured' if unmeasured(metrics) else format(metrics.k_rel_l2, '.3g')}")
-        family, precision = record.family, record.precision
-        if self.suffix_divergence_allowed[family][precision]:
+        family, cell = record.family, record.precision
+        if self.suffix_divergence_allowed[family][cell]:
             return Judgement("recorded", f"divergence recorded, allowed by the contract: {detail}")
-        return Judgement("fail", f"{detail}; the contract requires {precision} {family} suffixes to be exact "
-                                 f"(gate {family}.suffix_divergence_allowed.{precision}: false)")
+        return Judgement("fail", f"{detail}; the contract requires {cell} {family} suffixes to be exact "
+                                 f"(gate {family}.suffix_divergence_allowed.{cell}: false)")
 
     def served(self, record: Record, pair: str) -> Judgement:
         """The premise of a serving pair (families.serving), from the engine's own counters: a fresh

@@ -161,6 +161,8 @@ class Options:
     contract: Path = option(DEFAULT_CONTRACT, cli_default=None, type=Path,
                             help=f"reproducibility contract (YAML). Default: {DEFAULT_CONTRACT}, or under -m gpu "
                                  f"{GPU_CONTRACT}")
+    # Named --precision, not --cell: CI scripts and the docs spell it so, and it takes selectors (both, all)
+    # besides cell names; everywhere else the code says `cell`.
     precision: str = option("both", help="the numeric cells to audit: a cell the contract declares, a comma list of "
                                          "them, both (the paper's two cells) or all (every declared cell). Default: "
                                          "%(default)r")

@@ -17,10 +17,10 @@ passes the contract's rollout bounds, a conversation fails its gates at some tur
 control, assistant turns in a cell the contract requires exact), an edge sweep fails its gates at some point (its
 replicas, continuations in a cell the contract requires exact), a headline pair diverges in a cell where the
 contract forbids it, donor recovery fell below its gate (or more transplant controls than allowed took a third
-trajectory), a whole family/precision of the baseline is missing, rows the baseline judged were excluded
-in the new run (or a family/precision has no testable row), or a cell's definition changed. A cell whose
+trajectory), a whole family/cell of the baseline is missing, rows the baseline judged were excluded
+in the new run (or a family/cell has no testable row), or a cell's definition changed. A cell whose
 gates are unknown is refused (check_cells): never taken for one allowed to diverge. An expected-state
-file (outputs/expected.py) accepts known changes per family and precision, and fails where one no longer
+file (outputs/expected.py) accepts known changes per family and cell, and fails where one no longer
 occurs ("improved"). Rows present in one run only are noted.
 
 What the checks find, and its text, are outputs/findings.py's.
@@ -89,11 +89,11 @@ def check_gate(gate: str) -> str:
     return gate
 
 
-Rows = dict[str, Record]  # row id -> the record of one (family, precision)
+Rows = dict[str, Record]  # row id -> the record of one (family, cell)
 
 
 def _groups(records: list[Record]) -> dict[Group, Rows]:
-    """(family, precision) -> row id -> record."""
+    """(family, cell) -> row id -> record."""
     out: dict[Group, Rows] = defaultdict(dict)
     for record in records:
         out[(record.family, record.precision)][record.row] = record
@@ -431,8 +431,8 @@ def _transplant(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates
 
 
 def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
-    """A (family, precision) of the baseline with no record in the new run fails; rows in one run only
-    are noted, one line per family and side (its precisions and the first few row ids)."""
+    """A (family, cell) of the baseline with no record in the new run fails; rows in one run only
+    are noted, one line per family and side (its cells and the first few row ids)."""
     one_side: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for group in sorted(base.keys() | new.keys()):
         if group not in new:
@@ -445,8 +445,8 @@ def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) ->
                 for row in rows:
                     one_side[(group[0], name)][row].add(group[1])
     for (family, name), rows in sorted(one_side.items()):
-        precisions = sorted({p for ps in rows.values() for p in ps})
-        out.notes.append(f"{family}: {len(rows)} rows only in the {name} ({', '.join(precisions)}: "
+        cells = sorted({p for ps in rows.values() for p in ps})
+        out.notes.append(f"{family}: {len(rows)} rows only in the {name} ({', '.join(cells)}: "
                          f"{first(sorted(rows))})")
 
 
@@ -572,7 +572,7 @@ def check_comparable(baseline: tuple[Path, list[Record], dict | None], new: tupl
                      across_inputs: bool, accept_interrupted: bool) -> None:
     """A ConfigError, one line, where a comparison could only pass vacuously or mislead: a side that is an
     interrupted run (unless accept_interrupted), runs made on other inputs (bank, model or tokenizer
-    digests; unless across_inputs), or no (family, row, precision) record in common. Each side is its
+    digests; unless across_inputs), or no (family, row, cell) record in common. Each side is its
     (path, records, run.json)."""
     for name, (path, _, run) in (("baseline", baseline), ("new", new)):
         if lookup(run or {}, "run", "interrupted") and not accept_interrupted:
@@ -587,7 +587,7 @@ def check_comparable(baseline: tuple[Path, list[Record], dict | None], new: tupl
     if not common:
         rows = [sorted({r.row for r in records}) for records in (base, new_records)]
         shown = [", ".join(r[:2]) + (", ..." if len(r) > 2 else "") for r in rows]
-        raise ConfigError(f"compare {base_path} {new_path}: no (family, row, precision) record in common (baseline "
+        raise ConfigError(f"compare {base_path} {new_path}: no (family, row, cell) record in common (baseline "
                           f"rows {shown[0]}; new rows {shown[1]}): nothing to compare")
     judged = [{r.key for r in records if r.ok} & common for records in (base, new_records)]
     if not judged[0] & judged[1]:

@@ -31,7 +31,7 @@ FIELDS = {"family": str, "precision": str, "level": str, "why": str}
 @dataclass(frozen=True)
 class Entry:
     family: str
-    precision: str
+    precision: str  # the file's field: a cell's name
     level: str
     why: str
 
@@ -42,7 +42,7 @@ class Entry:
 @dataclass(frozen=True)
 class Expected:
     path: Path
-    entries: dict[tuple[str, str], Entry]  # (family, precision) -> its entry
+    entries: dict[tuple[str, str], Entry]  # (family, cell) -> its entry
 
     @classmethod
     def load(cls, path: Path) -> Expected:
@@ -79,15 +79,15 @@ class Expected:
         return entry if entry is not None and LEVELS.index(level) <= LEVELS.index(entry.level) else None
 
     def improved(self, found: set[tuple[str, str, str]], compared: set[tuple[str, str]]) -> list[str]:
-        """A reason for each entry of a (family, precision) both runs hold whose own level had no
-        finding: the change it expects no longer occurs. `found`: (family, precision, level) of every
+        """A reason for each entry of a (family, cell) both runs hold whose own level had no
+        finding: the change it expects no longer occurs. `found`: (family, cell, level) of every
         finding (a changed trajectory is found at bits too)."""
         return [f"improved: {'/'.join(key)} no longer changes at {entry.level} ({self.path}: {entry}); "
                 "narrow or remove the entry" for key, entry in sorted(self.entries.items())
                 if key in compared and (*key, entry.level) not in found]
 
     def unmatched(self, compared: set[tuple[str, str]]) -> list[str]:
-        """A reason for each entry whose (family, precision) the two runs do not both hold: it can accept
+        """A reason for each entry whose (family, cell) the two runs do not both hold: it can accept
         nothing (a typo, or a family or cell these runs did not run), so it would be ignored for ever."""
         held = ", ".join("/".join(key) for key in sorted(compared)) or "none"
         return [f"unmatched: {self.path}: {'/'.join(key)} is not a family and cell both runs hold (they hold "

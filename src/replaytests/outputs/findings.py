@@ -4,7 +4,7 @@ and the text that explains them.
 
 The text explains before it lists: its first line is the result at the gate, which levels changed and
 which held, and the root cause when there is one (the platform, the inputs or the contract differ
-between the two run.json files); then the causes; then where the numbers first moved, per precision
+between the two run.json files); then the causes; then where the numbers first moved, per cell
 and construction (outputs/localization.py); the per-family, per-quantity table with counts; at most a
 few examples of each kind of reason (all of them with `verbose`); and the result again as the last
 line (docs/nightly.md).
@@ -21,7 +21,7 @@ from replaytests.outputs.stats import INTERVAL, wilson
 from replaytests.outputs.tables import Table, plain
 
 HEADER = ("family", "precision", "measure", "rows", f"baseline [{INTERVAL}]", f"new [{INTERVAL}]", "p", "verdict")
-Group = tuple[str, str]  # (family, precision)
+Group = tuple[str, str]  # (family, cell)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Findings:
     causes: list[str] = field(default_factory=list)  # what differs between the runs' run.json (platform, inputs)
     moved: list[str] = field(default_factory=list)  # localization.lines: where the numbers first moved
     found: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # findings per level
-    seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, precision, level) of every finding
+    seen: set[tuple[str, str, str]] = field(default_factory=set)  # (family, cell, level) of every finding
     accepted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))  # per level, by --expected
     across_runtimes: bool = False  # two runtimes' fingerprints never match: changed bits are counted, not listed
     same: bool = False  # both sides are one run (given twice, or a copy of it): nothing could change

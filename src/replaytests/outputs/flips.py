@@ -76,12 +76,12 @@ def pair_flips(records: list[Record], pair: str) -> dict | None:
 
 
 def flips(records: list[Record], headlines: dict[str, tuple[str, ...]]) -> dict:
-    """family -> precision -> pair -> its flips, for every headline pair with a divergence."""
+    """family -> cell -> pair -> its flips, for every headline pair with a divergence."""
     out: dict = {}
     for family, pairs in headlines.items():
-        for precision in sorted({r.precision for r in records if r.family == family}):
-            ok = [r for r in records if r.family == family and r.precision == precision and r.ok]
+        for cell in sorted({r.precision for r in records if r.family == family}):
+            ok = [r for r in records if r.family == family and r.precision == cell and r.ok]
             for pair in pairs:
                 if (found := pair_flips(ok, pair)) is not None:
-                    out.setdefault(family, {}).setdefault(precision, {})[pair] = found
+                    out.setdefault(family, {}).setdefault(cell, {})[pair] = found
     return out

@@ -1,7 +1,7 @@
 """Nightly history: one JSON line per run, `replaytests.history/1`, and its table and plots.
 
 `append` summarises a ledger as report.json does (Wilson objects of the headline divergences and of
-the replicas, per family and precision, and the transplant and replication outcomes), dated and
+the replicas, per family and cell, and the transplant and replication outcomes), dated and
 labelled by the run's own run.json (its start time and name) unless told otherwise, and adds the line
 atomically; a ledger already in the history (same sha256) is refused. `table` and `page` show the
 runs in date order: a compact table, and a plot per family and headline pair with intervals as bands.
@@ -37,16 +37,16 @@ class HistoryError(ReplaytestsError):
 
 
 def summarize(records: list[Record]) -> tuple[dict, dict]:
-    """family -> precision -> rows, excluded, replicas_exact (where the family has replicas) and, per
+    """family -> cell -> rows, excluded, replicas_exact (where the family has replicas) and, per
     headline pair, the Wilson objects of its divergences; and the causal outcomes (transplant, replication):
     the report's numbers (docs/report.md)."""
     built = report.build_report(records, {})
-    families = {family: {precision: {"rows": s["rows"], "excluded": s["excluded"],
+    families = {family: {cell: {"rows": s["rows"], "excluded": s["excluded"],
                                      **({"replicas_exact": s["replicas_exact"]} if "replicas_exact" in s else {}),
                                      "pairs": {pair: {name: s["pairs"][pair][name] for name in DIVERGENCES
                                                       if name in s["pairs"][pair]}
                                                for pair in _headline(family, s)}}
-                         for precision, s in summary["precisions"].items()}
+                         for cell, s in summary["precisions"].items()}
                 for family, summary in built["families"].items()}
     return families, _causal(built["causal"])
 
@@ -117,7 +117,7 @@ def _problem(entry_: dict) -> str | None:
     if entry_.get("label") and (found := control_character(entry_["label"])):  # it is printed to a terminal
         return f"field 'label' holds a {found}"
     return (_objects(entry_["families"], "families", "precisions",
-                     lambda precisions, where: _objects(precisions, where, "precision summaries", _summary))
+                     lambda cells, where: _objects(cells, where, "precision summaries", _summary))
             # absent in lines written before it was tracked
             or _objects(entry_.get("causal", {}), "causal", "causal outcomes", _causal_outcome)
             or _objects(entry_.get("cells", {}), "cells", "cell digests", _digest))
@@ -140,7 +140,7 @@ def _objects(value: object, where: str, what: str, item: Callable[[object, str],
 
 
 def _summary(summary: object, where: str) -> str | None:
-    """A precision's summary: its row counts, its replicas (where the family has some), its headline pairs."""
+    """A cell's summary: its row counts, its replicas (where the family has some), its headline pairs."""
     if not isinstance(summary, dict):
         return f"field {where!r} must be an object with rows, excluded and pairs, got {short(summary)}"
     if problem := next(filter(None, (_count_problem(summary, name, where) for name in ("rows", "excluded"))), None):
@@ -266,13 +266,13 @@ def _same_cells(new: dict, entries: list[dict], into: Path) -> None:
 
 
 def _lines(entries: list[dict]):
-    """(entry, family, precision, pair or None, precision summary) in date order."""
+    """(entry, family, cell, pair or None, cell summary) in date order."""
     for e in entries:
         for family in report.ordered(e["families"], tuple(FAMILIES)):
-            for precision in report.ordered(e["families"][family], cells.PAPER):
-                s = e["families"][family][precision]
+            for cell in report.ordered(e["families"][family], cells.PAPER):
+                s = e["families"][family][cell]
                 for pair in s["pairs"] or [None]:
-                    yield e, family, precision, pair, s
+                    yield e, family, cell, pair, s
 
 
 DIRECTIONS_SHOWN = TRANSPLANTS  # the order of the causal cell's pairs of counts
@@ -310,11 +310,11 @@ def _family_label(family: str, pair: str | None) -> str:
 
 
 def table(entries: list[dict]) -> Table:
-    rows = tuple((_when(e), e["label"] or "", _family_label(family, pair), precision, str(s["rows"]),
+    rows = tuple((_when(e), e["label"] or "", _family_label(family, pair), cell, str(s["rows"]),
                   str(s["excluded"]), _count(s.get("replicas_exact")), *(_count(s["pairs"].get(pair, {}).get(name))
                                                       for name in DIVERGENCES),
                   causal_cell(e, family))
-                 for e, family, precision, pair, s in _lines(entries))
+                 for e, family, cell, pair, s in _lines(entries))
     return Table("history", HEADER, rows, "k/n over the rows that passed every fail-closed check; divergences "
                                           f"compare the family's headline pair; the plots show the {INTERVAL} "
                                           "intervals. causal: divergent rows, donor recovery and third trajectories "
@@ -324,20 +324,20 @@ def table(entries: list[dict]) -> Table:
 
 def family_tables(entries: list[dict]) -> list[Table]:
     """The page's tables: one per family (and headline pair), one row per run, a few short columns per
-    precision; the causal families' outcomes per direction."""
-    rows: dict[str, dict[str, list[str]]] = {}  # table title -> run -> its cells
+    cell; the causal families' outcomes per direction."""
+    rows: dict[str, dict[str, list[str]]] = {}  # table title -> run -> its line
     headers: dict[str, list[str]] = {}
-    for e, family, precision, pair, s in _lines(entries):
+    for e, family, cell, pair, s in _lines(entries):
         title = _family_label(family, pair)
-        cells = rows.setdefault(title, {}).setdefault(e["ledger_sha256"], [_when(e), e["label"] or ""])
+        line = rows.setdefault(title, {}).setdefault(e["ledger_sha256"], [_when(e), e["label"] or ""])
         columns = headers.setdefault(title, ["date", "label"])
         measures = [("rows", str(s["rows"] - s["excluded"])), ("replicas", _count(s.get("replicas_exact"))),
                     *((name.split("_")[0], _count(s["pairs"].get(pair, {}).get(name))) for name in DIVERGENCES)]
-        for name, cell in measures:
-            if f"{precision} {name}" not in columns:
-                columns.append(f"{precision} {name}")
-            cells += [""] * (columns.index(f"{precision} {name}") + 1 - len(cells))
-            cells[columns.index(f"{precision} {name}")] = cell
+        for name, value in measures:
+            if f"{cell} {name}" not in columns:
+                columns.append(f"{cell} {name}")
+            line += [""] * (columns.index(f"{cell} {name}") + 1 - len(line))
+            line[columns.index(f"{cell} {name}")] = value
     out = []
     for title, columns in rows.items():
         full = [c + [""] * (len(headers[title]) - len(c)) for c in columns.values()]
@@ -365,10 +365,10 @@ def _series(entries: list[dict]) -> dict[str, dict[str, list[dict | None]]]:
         def put(plot: str, measure: str, value: dict | None, index: int = i) -> None:
             out.setdefault(plot, {}).setdefault(measure, [None] * len(entries))[index] = value
 
-        for _, family, precision, pair, s in _lines([e]):
+        for _, family, cell, pair, s in _lines([e]):
             for name in ("suffix_divergence", "answer_divergence"):
                 if pair is not None:
-                    put(f"{family} {pair}", f"{precision} {name.split('_')[0]}", s["pairs"][pair].get(name))
+                    put(f"{family} {pair}", f"{cell} {name.split('_')[0]}", s["pairs"][pair].get(name))
         for family, c in (e.get("causal") or {}).items():
             for direction, value in c["follows_donor"].items():
                 put(f"{family}: donor recovery", direction, value)

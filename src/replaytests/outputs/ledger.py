@@ -139,7 +139,7 @@ def headline_problem(record: Record) -> str | None:
 def collate(paths: list[Path]) -> list[Record]:
     """Records of one or more ledgers (files or run directories), de-duplicated, sorted by key.
 
-    The same (family, row, precision) in two inputs must be identical: different results are an error, and
+    The same (family, row, cell) in two inputs must be identical: different results are an error, and
     so are two definitions of one cell (records of one name with another `cell_digest`), which would be
     counted as one cell.
     """

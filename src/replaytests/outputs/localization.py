@@ -1,4 +1,4 @@
-"""Where two runs' numbers first moved: per precision and construction, the first layer
+"""Where two runs' numbers first moved: per cell and construction, the first layer
 whose K or V digest changed, whether the boundary logits changed, whether any suffix changed.
 
 It reads the arms of the records both runs hold (ok in both), matched by arm name; a replica is its
@@ -36,7 +36,7 @@ def first_moved(before: LayerDigests | None, after: LayerDigests | None) -> tupl
 
 @dataclass
 class Moved:
-    """One (precision, construction) over the arms both runs hold."""
+    """One (cell, construction) over the arms both runs hold."""
 
     arms: int = 0
     measured: int = 0  # arms with a K/V cache on both sides
@@ -58,19 +58,19 @@ class Moved:
             return f"layer {layer} ({' and '.join(parts)})"
         return "unknown (a ledger without per-layer digests)" if self.first else None
 
-    def line(self, precision: str, name: str) -> str:
+    def line(self, cell: str, name: str) -> str:
         if not self.moved:
-            return f"{precision} {name}: bit-identical in {self.arms} arms"
+            return f"{cell} {name}: bit-identical in {self.arms} arms"
         where = ", ".join(f"{'unknown' if k == 'unknown' else f'layer {k[0]} ({k[1]})'}: {n}"
                           for k, n in sorted(self.first.items(), key=lambda item: (-item[1], str(item[0])))[:3])
         cache = (f"cache moved in {self.cache}/{self.measured} (first at {where})" if self.cache
                  else f"cache held in {self.measured}" if self.measured else "cache not measured")
-        return (f"{precision} {name}: {cache}; logits moved in {self.logits}/{self.arms}; "
+        return (f"{cell} {name}: {cache}; logits moved in {self.logits}/{self.arms}; "
                 f"suffix moved in {self.suffix}/{self.arms}")
 
 
 def localize(baseline: list[Record], new: list[Record]) -> dict[str, dict[str, Moved]]:
-    """precision -> construction -> Moved, over the arms of the records ok in both runs."""
+    """cell -> construction -> Moved, over the arms of the records ok in both runs."""
     before = {r.key: r for r in baseline if r.ok}
     out: dict[str, dict[str, Moved]] = defaultdict(lambda: defaultdict(Moved))
     for record in new:
@@ -94,12 +94,12 @@ def localize(baseline: list[Record], new: list[Record]) -> dict[str, dict[str, M
     return out
 
 
-def summary(precision: str, constructions: dict[str, Moved]) -> str:
-    """One line for a precision: what moved, from which layer, and whether any behaviour changed."""
+def summary(cell: str, constructions: dict[str, Moved]) -> str:
+    """One line for a cell: what moved, from which layer, and whether any behaviour changed."""
     arms = sum(m.arms for m in constructions.values())
     logits, suffixes = (sum(getattr(m, f) for m in constructions.values()) for f in ("logits", "suffix"))
     if not any(m.moved for m in constructions.values()):
-        return f"{precision}: bit-identical ({arms} arms in {len(constructions)} constructions)"
+        return f"{cell}: bit-identical ({arms} arms in {len(constructions)} constructions)"
     caches = {name: m.earliest() for name, m in constructions.items() if m.cache}
     measured = [name for name, m in constructions.items() if m.measured]
     if caches:
@@ -113,11 +113,11 @@ def summary(precision: str, constructions: dict[str, Moved]) -> str:
         else "the logits held"
     moved_suffixes = f"suffixes moved in {suffixes}/{arms} arms" if suffixes else "no suffix moved"
     kind = "a behavioural change" if suffixes else "a numerical change, no behavioural change"
-    return f"{precision}: {cache}; {moved_logits}; {moved_suffixes}: {kind}"
+    return f"{cell}: {cache}; {moved_logits}; {moved_suffixes}: {kind}"
 
 
 def lines(baseline: list[Record], new: list[Record]) -> list[str]:
-    """The summary line of each precision, then one line per (precision, construction)."""
+    """The summary line of each cell, then one line per (cell, construction)."""
     found = localize(baseline, new)
-    out = [summary(precision, found[precision]) for precision in sorted(found)]
+    out = [summary(cell, found[cell]) for cell in sorted(found)]
     return out + [found[p][c].line(p, c) for p in sorted(found) for c in sorted(found[p])]

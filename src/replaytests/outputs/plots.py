@@ -117,7 +117,7 @@ class Frame:
 
 
 def drift_plot(title: str, series: dict[tuple[str, str], list[float]]) -> str | None:
-    """Per-layer relative L2 drift on a log scale; series keyed (precision, "K" | "V"): precision by
+    """Per-layer relative L2 drift on a log scale; series keyed (cell, "K" | "V"): cell by
     colour and marker, K solid and V dashed. None where every layer of every series is exact."""
     positive = [v for values in series.values() for v in values if v > 0]
     exact = [f"{p} {kv}" for (p, kv), values in series.items() if not any(v > 0 for v in values)]
@@ -129,9 +129,9 @@ def drift_plot(title: str, series: dict[tuple[str, str], list[float]]) -> str | 
     lo, hi = math.floor(math.log10(min(positive))), math.ceil(math.log10(max(positive)))
     hi += hi == lo
     layers = max(len(v) for v in series.values())
-    precisions = sorted({p for p, _ in series})
+    cells = sorted({p for p, _ in series})
     dashes = {"K": "none", "V": "6 4"}
-    entries = [(f"{p} {kv}", precisions.index(p), dashes[kv]) for (p, kv), values in series.items()
+    entries = [(f"{p} {kv}", cells.index(p), dashes[kv]) for (p, kv), values in series.items()
                if any(v > 0 for v in values)]
     frame = Frame(left=58, top=12)
     key, key_height = legend(entries, frame.left, frame.height + 8, WIDTH - frame.left)
@@ -139,13 +139,13 @@ def drift_plot(title: str, series: dict[tuple[str, str], list[float]]) -> str | 
         lambda _: (frame.left + frame.right) / 2)
     y = scale(lo, hi, frame.bottom_y, frame.top)
     body = []
-    for (precision, kv), values in series.items():
-        colour, shape, _ = SERIES[precisions.index(precision) % len(SERIES)]
+    for (cell, kv), values in series.items():
+        colour, shape, _ = SERIES[cells.index(cell) % len(SERIES)]
         dash = dashes[kv]
         drawn = [(x(i), y(math.log10(v)), i, v) for i, v in enumerate(values) if v > 0]
         body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}" points="'
                     + " ".join(f"{px:.1f},{py:.1f}" for px, py, _, _ in drawn) + '"/>')
-        body += [marker(shape, px, py, colour, 3.5, f"{precision} {kv} layer {i}: {v:.3g}") for px, py, i, v in drawn]
+        body += [marker(shape, px, py, colour, 3.5, f"{cell} {kv} layer {i}: {v:.3g}") for px, py, i, v in drawn]
     axes = frame.axes([(y(d), f"1e{d}") for d in ticks(lo, hi, 6)],
                       [(x(i), str(i)) for i in ticks(0, layers - 1, 10)], "layer", "relative L2")
     return figure(svg(caption, WIDTH, frame.height + key_height + 4, axes + "".join(body) + key), caption)

@@ -435,9 +435,9 @@ class PrefixHit(Part):
 STATUSES = ("ok", "excluded")
 
 
-def title(family: str, row: str, precision: str) -> str:
+def title(family: str, row: str, cell: str) -> str:
     """A record as a sentence names it (before it exists, too): `crossing row tiny-001 (bf16)`."""
-    return f"{family} row {row} ({precision})"
+    return f"{family} row {row} ({cell})"
 
 
 KEY_FIELDS = ("family", "row", "precision")  # what names a record: one per (family, row, cell) in a ledger

@@ -141,7 +141,7 @@ def _reduction(by_cell: dict[str, list[Record]], pair: str, cell_pair: tuple[str
     return {"from": cell_pair[0], "to": cell_pair[1], "rows": len(rows), "metrics": metrics}
 
 
-def _precision(records: list[Record], shape: Shape) -> dict:
+def _cell_summary(records: list[Record], shape: Shape) -> dict:
     ok = [r for r in records if r.ok]
     names = sorted({name for r in ok for name in r.comparisons})
     out: dict = {"rows": len(records), "ok": len(ok), "excluded": len(records) - len(ok),
@@ -164,7 +164,7 @@ def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str
     for record in records:
         by_cell[record.precision].append(record)
     out = {"known": shape != Shape(), "headline_pairs": list(shape.headline),
-           "precisions": {c: _precision(by_cell[c], shape) for c in ordered(by_cell, order)}}
+           "precisions": {c: _cell_summary(by_cell[c], shape) for c in ordered(by_cell, order)}}
     ok = {c: [r for r in rs if r.ok] for c, rs in by_cell.items()}
     if shape.reductions and (held := [p for p in cell_pairs if ok.get(p[0]) and ok.get(p[1])]):
         out["reductions"] = {pair: [_reduction(ok, pair, p) for p in held] for pair in shape.headline}

@@ -59,35 +59,35 @@ def folded(summary: str, inner: str) -> str:
 
 
 def _headline(report: dict):
-    """(family, pair, precision, pair summary) for each headline pair (the registry's; every pair of a
+    """(family, pair, cell, pair summary) for each headline pair (the registry's; every pair of a
     family it does not know)."""
     for family, summary in report["families"].items():
         pairs = FAMILIES[family].headline if family in FAMILIES else ()
-        for precision, s in summary["precisions"].items():
+        for cell, s in summary["precisions"].items():
             for pair in pairs or list(s["pairs"]):
                 if pair in s["pairs"]:
-                    yield family, pair, precision, s["pairs"][pair]
+                    yield family, pair, cell, s["pairs"][pair]
 
 
 def report_plots(report: dict) -> tuple[list[str], list[str]]:
     """The figures, and the pairs whose drift plot has nothing to draw (exact at every layer)."""
     headline = list(_headline(report))
     names = [name.split("_")[0] for name in DIVERGENCES]
-    rows = [((f"{family} {precision}",) + ((pair,) if len(FAMILIES.get(family, FAMILIES["crossing"]).headline) > 1
+    rows = [((f"{family} {cell}",) + ((pair,) if len(FAMILIES.get(family, FAMILIES["crossing"]).headline) > 1
                                           else ()),
              [(i, names[i], s.get(name)) for i, name in enumerate(DIVERGENCES)])
-            for family, pair, precision, s in headline]
+            for family, pair, cell, s in headline]
     figures = [plots.interval_plot(f"Divergence of each family's headline pair, per precision, with {INTERVAL} "
                                    "intervals.", rows, names)] if rows else []
     drift: dict[str, dict] = {}
-    for family, pair, precision, s in headline:
+    for family, pair, cell, s in headline:
         for kv in ("K", "V"):
             if (values := s.get(f"{kv.lower()}_rel_l2_per_layer_mean")) is not None:
-                drift.setdefault(f"{family} {pair}", {})[(precision, kv)] = values
+                drift.setdefault(f"{family} {pair}", {})[(cell, kv)] = values
     drawn = {title: plots.drift_plot(title, series) for title, series in drift.items()}
     figures += [figure for figure in drawn.values() if figure]
-    figures += [plots.histogram(f"{family} {pair} {precision}", s["first_divergence"]["positions"])
-                for family, pair, precision, s in headline if (s.get("first_divergence") or {}).get("n")]
+    figures += [plots.histogram(f"{family} {pair} {cell}", s["first_divergence"]["positions"])
+                for family, pair, cell, s in headline if (s.get("first_divergence") or {}).get("n")]
     figures += rollout_plots(report) + conversation_plots(report) + sweep_plots(report)
     return figures, [title for title, figure in drawn.items() if figure is None]
 

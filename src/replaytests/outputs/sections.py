@@ -1,6 +1,6 @@
 """The report in the paper's shape (docs/report.md): what report.md and report.html show, in order.
 
-The verdict; the headline table (one line per family and precision); one section per fidelity layer
+The verdict; the headline table (one line per family and cell); one section per fidelity layer
 with its tables (the live matrix, the 2x2 crossing, the bridge, the ledger audit, the transplant and
 the replication as the paper's Tables 5 and 6); then (report.html) the plots; then the run details as
 a compact table, with every input folded away. Everything is rendered from report.json alone, so the
@@ -93,8 +93,8 @@ def _replica(report: dict) -> Section:
     rows = []
     for family, summary in report["families"].items():
         replicas = FAMILIES[family].replicas if family in SHAPES or family in ROLLOUT_FAMILIES else ()
-        for precision, s in summary["precisions"].items():
-            rows += [(family, precision, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
+        for cell, s in summary["precisions"].items():
+            rows += [(family, cell, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
                      for pair in replicas if pair in s["pairs"]]
     rows += [("conversation", cell, f"{pair} (every turn)", fmt_proportion(exact))
              for cell, found in (report.get("conversations") or {}).items()
@@ -117,8 +117,8 @@ def _replica(report: dict) -> Section:
 # ---- layer 2: token identity ----
 
 def _token_identity(report: dict) -> Section:
-    rows = tuple((family, precision, str(s["rows"]), str(s["excluded"]), fmt_proportion(s.get("z_matches_bank")))
-                 for family, summary in report["families"].items() for precision, s in summary["precisions"].items())
+    rows = tuple((family, cell, str(s["rows"]), str(s["excluded"]), fmt_proportion(s.get("z_matches_bank")))
+                 for family, summary in report["families"].items() for cell, s in summary["precisions"].items())
     table = Table("Records per family and precision", ("family", "precision", "rows", "excluded",
                                                         "live z matches the bank"), rows,
                   "The bank is frozen at one precision: live generation at another need not reach its z.")
@@ -128,7 +128,7 @@ def _token_identity(report: dict) -> Section:
 # ---- layer 3: live-state fidelity ----
 
 class Line(NamedTuple):
-    """One line of a headline table: its label, the cell of one precision's summary, the reduction key."""
+    """One line of a headline table: its label, what it shows of one cell's summary, the reduction key."""
 
     label: str
     cell: Callable[[dict, str], str]
@@ -195,14 +195,14 @@ def _accuracy_lines(first: str, second: str) -> list[Line]:
 
 
 def _headline_table(family: str, pair: str, summary: dict) -> Table:
-    precisions = list(summary["precisions"])
+    cells = list(summary["precisions"])
     reductions = lookup(summary, "reductions", pair) or []
     accuracy = SHAPES[family].accuracy
     lines = [*HEADLINE_LINES, *(_accuracy_lines(*accuracy) if accuracy else ())]
-    rows = [(line.label, *(line.cell(summary["precisions"][p], pair) for p in precisions),
+    rows = [(line.label, *(line.cell(summary["precisions"][p], pair) for p in cells),
              *(fmt_paired(r["metrics"].get(line.reduction)) if line.reduction else "" for r in reductions))
             for line in lines]
-    header = ("", *precisions, *(f"{r['from']} → {r['to']} (paired rows)" for r in reductions))
+    header = ("", *cells, *(f"{r['from']} → {r['to']} (paired rows)" for r in reductions))
     name = FAMILIES[family].title if family in FAMILIES else family
     return Table(f"{name}" + (f": {pair}" if len(SHAPES[family].headline) > 1 else ""), header,
                  tuple(r for r in rows if any(c not in ("-", "") for c in r[1:])), TABLE_NOTE)
@@ -214,10 +214,10 @@ PAIR_COLUMNS = ("precision", "pair", "rows", "cache exact", "logits exact", "suf
 
 def _pairs_table(family: str, summary: dict) -> Table:
     rows = tuple(
-        (precision, pair, str(s["rows"]), *(fmt_proportion(s.get(n)) for n in ("cache_exact", "logits_exact",
+        (cell, pair, str(s["rows"]), *(fmt_proportion(s.get(n)) for n in ("cache_exact", "logits_exact",
                                                                                  *DIVERGENCES)),
          fmt_number(lookup(s, "cache_max_abs", "max")), fmt_positions(s.get("first_divergence")))
-        for precision, p in summary["precisions"].items() for pair, s in p["pairs"].items())
+        for cell, p in summary["precisions"].items() for pair, s in p["pairs"].items())
     return Table(f"{family}: every pair", PAIR_COLUMNS, rows)
 
 
@@ -261,11 +261,11 @@ FLIP_COLUMNS = ("family", "precision", "pair", "suffixes diverge", "exact tie", 
 def _flips_table(found: dict) -> Table:
     """Every flip in the run attributed to its margin (outputs/flips.py)."""
     rows = []
-    for family, precisions in found.items():
-        for precision, pairs in precisions.items():
+    for family, cells in found.items():
+        for cell, pairs in cells.items():
             for pair, f in pairs.items():
                 unknown = f["bins"]["unknown"]["k"]
-                rows.append((family, precision, pair, f"{f['divergent']}/{f['rows']}",
+                rows.append((family, cell, pair, f"{f['divergent']}/{f['rows']}",
                              *(fmt_proportion(f["bins"][name]) for name in ("tie", "bf16_step", "apart")),
                              ", ".join(f"{a['row']} ({' / '.join(f'{m:g}' for m in a['margins'])})"
                                        for a in f["apart_rows"]) or ("none" if not unknown else f"{unknown} unknown"),

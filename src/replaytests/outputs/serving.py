@@ -27,16 +27,16 @@ def _served(record: Record, arm: str) -> Served:
 
 
 def premise(records: list[Record]) -> dict:
-    """Per precision, over the ok serving records: hits that reused a live-decoded block (Wilson), the
+    """Per cell, over the ok serving records: hits that reused a live-decoded block (Wilson), the
     tokens each hit read from the cache and those past the prompt block's full blocks (the live-decoded
     part), chunked prefills the scheduler split and their step counts, and fresh requests that read the
     cache (none, where the reset took)."""
     out = {}
-    for precision in sorted({r.precision for r in records if r.family == FAMILY}):
-        ok = [r for r in records if r.family == FAMILY and r.precision == precision and r.ok]
+    for cell in sorted({r.precision for r in records if r.family == FAMILY}):
+        ok = [r for r in records if r.family == FAMILY and r.precision == cell and r.ok]
         hits = [r.prefix_hit for r in ok]
         steps = [_served(r, "chunked").prefill_steps for r in ok]
-        out[precision] = {
+        out[cell] = {
             "rows": len(ok),
             "hit_covers_decode": proportion(hits, lambda h: h.covers_decode),
             "hit_cached_tokens": _counts([h.cached_tokens for h in hits]),

@@ -1,4 +1,4 @@
-"""The short per-family, per-precision table printed after a run and written to summary.md."""
+"""The short per-family, per-cell table printed after a run and written to summary.md."""
 
 from __future__ import annotations
 
@@ -36,11 +36,11 @@ def _count(records: list[Record], test) -> str:
     return f"{sum(1 for r in records if test(r))}/{len(records)}"
 
 
-def _row(family: str, precision: str, records: list[Record]) -> list[str]:
+def _row(family: str, cell: str, records: list[Record]) -> list[str]:
     ok = [r for r in records if r.ok]
     known = FAMILIES.get(family)
     if known is None:  # a family this version does not know: counts only
-        return [family, precision, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
+        return [family, cell, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
     def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn, a sweep's at every point
         return lambda r: all(getattr(c, field) for p in pairs for c in _comparisons(r, p))
@@ -55,7 +55,7 @@ def _row(family: str, precision: str, records: list[Record]) -> list[str]:
     divergences = (["-"] * 3 if family in ROLLOUT_FAMILIES else
                    [_count(ok, some_not(name)) for name in ("suffix_equal", "answer_equal", "correct_equal")])
     return [
-        family, precision, str(len(records)), str(len(records) - len(ok)), replicas,
+        family, cell, str(len(records)), str(len(records) - len(ok)), replicas,
         _count(ok, every("cache_exact", known.headline)) if measured else "not measured", *divergences]
 
 
@@ -79,8 +79,8 @@ def table_rows(records: list[Record]) -> list[list[str]]:
     for record in records:
         groups[(record.family, record.precision)].append(record)
     order = {name: n for n, name in enumerate(FAMILIES)}  # the registry's order, then families it does not know
-    return [_row(family, precision, groups[(family, precision)])
-            for family, precision in sorted(groups, key=lambda g: (order.get(g[0], len(order)), g))]
+    return [_row(family, cell, groups[(family, cell)])
+            for family, cell in sorted(groups, key=lambda g: (order.get(g[0], len(order)), g))]
 
 
 def text_table(records: list[Record]) -> str:

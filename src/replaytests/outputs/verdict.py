@@ -1,6 +1,6 @@
 """The verdict of a run, first in every output (terminal, run.json, report.json, .md, .html).
 
-It says whether the run passed, names each failing check with its row, precision and reason, the
+It says whether the run passed, names each failing check with its row, cell and reason, the
 platform the numbers were made on and what they were checked against (the bank, the baseline), and
 the drift from the contract. Findings recorded as data (allowed divergences, platform drift against
 an artifact made elsewhere) are counted apart from failures.

@@ -31,7 +31,7 @@ class Request:
     dump: Path
     model: Path
     contract: Contract
-    precision: str
+    cell: str
     thresholds: Thresholds
     out: Path | None = None
     device: str | None = None
@@ -61,14 +61,14 @@ def checked_dump(request: Request) -> Dump:
     dump = read_dump(request.dump)
     model = limits(request.model)
     dump.check_model(model.vocab_size, model.max_positions, model.source)
-    request.contract.cell(request.precision)
+    request.contract.cell(request.cell)
     return dump
 
 
 def _meta(request: Request, dump: Dump, seconds: float) -> dict:
     """What rollouts.json says of the inputs, the platform and the time beside the measures."""
     return {"dump": str(request.dump), "dump_sha256": dump.sha256, "model": str(request.model),
-            "contract": f"{request.contract.name} ({request.contract.path})", "precision": request.precision,
+            "contract": f"{request.contract.name} ({request.contract.path})", "precision": request.cell,
             "platform": cpu_isa.platform_line(),
             "environment": capture_run(request.contract, resolve("hf"), request.device),
             "gate": request.gate, "recompute_seconds": round(seconds, 3),
@@ -87,7 +87,7 @@ def run(request: Request) -> int:
     dump = checked_dump(request)
     directory = rundir.output_dir(request.out, DEFAULT_REPORT_DIR, {
         "dump": request.dump, "model": request.model, "contract": request.contract.path}, "rollouts")
-    scorer = Scorer.load(request.model, request.contract, request.precision, request.device)
+    scorer = Scorer.load(request.model, request.contract, request.cell, request.device)
     recompute_started = time.perf_counter()
     scored = recompute(scorer, dump)
     meta = _meta(request, dump, time.perf_counter() - recompute_started)
@@ -95,7 +95,7 @@ def run(request: Request) -> int:
     verdict = _verdict(measures, request.gate)
     meta["seconds"] = round(time.perf_counter() - started, 1)
     print(f"rollouts check: {request.dump} ({len(dump.rows)} rows, {dump.tokens} response tokens) on "
-          f"{request.model} at {request.precision}, {meta['platform']}; {meta['tokens_per_second']:.0f} tokens/s")
+          f"{request.model} at {request.cell}, {meta['platform']}; {meta['tokens_per_second']:.0f} tokens/s")
     print("\n".join(rollout_report.summary(measures)))
     print("worst tokens:\n" + "\n".join(rollout_report.worst(measures)))
     for path in rollout_report.write(directory(), measures, meta, verdict):

@@ -60,9 +60,9 @@ def row(record: Record, prompt: list[int], engine: str) -> dict:
                                                     "top_k": None, "seed": spec.seed}}
 
 
-def export(ledger: Path, out: Path, bank: Path | None = None, precision: str | None = None,
+def export(ledger: Path, out: Path, bank: Path | None = None, cell: str | None = None,
            families: tuple[str, ...] = ROLLOUT_FAMILIES) -> int:
-    """The ok rollout records of `ledger` (of `families`, and `precision` where given) as a dump at `out`;
+    """The ok rollout records of `ledger` (of `families`, and `cell` where given) as a dump at `out`;
     the rows written. No such record is an error, not an empty dump."""
     run = _run(ledger)
     _check_causal(ledger, run)
@@ -73,10 +73,10 @@ def export(ledger: Path, out: Path, bank: Path | None = None, precision: str | N
     prefixes = read_prefixes(bank)
     engine = options.get("backend") if isinstance(options.get("backend"), str) else "unknown"
     wanted = [r for r in read_ledger(ledger) if r.family in families and r.ok
-              and (precision is None or r.precision == precision)]
+              and (cell is None or r.precision == cell)]
     if not wanted:
-        cell = f" at {precision}" if precision else ""
-        raise DumpError(f"{ledger}: no ok record of {' or '.join(families)}{cell} to export")
+        at = f" at {cell}" if cell else ""
+        raise DumpError(f"{ledger}: no ok record of {' or '.join(families)}{at} to export")
     rows = []
     for record in wanted:
         if record.row not in prefixes:

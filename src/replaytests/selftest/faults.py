@@ -1,6 +1,6 @@
 """The faults the selftest injects, each applied from outside the engine to a copy of a loaded runtime.
 
-A faulted runtime is `dataclasses.replace(runtime)`: the same model and precision with arms of its own
+A faulted runtime is `dataclasses.replace(runtime)`: the same model and cell with arms of its own
 (engine/arms.py), so nothing a fault builds reaches the clean runtime's arms, and the clean runtime
 stays the control. Each fault replaces one member of that copy, at a seam the families already call:
 `build` (the boundary a construction hands over, engine/backend.py), `transplant` (the backend's copy

@@ -68,7 +68,7 @@ def judge_against_baseline(replay: ReplaySession, problem: str | None, level: st
 def baseline_rates(replay: ReplaySession, records: list[Record]) -> list[dict]:
     """Under --gate rates, or against a baseline made on another platform (where a cell that may diverge is
     judged by its rates, not row by row), the failures of the rates level against the baseline
-    (outputs/compare.py: exact McNemar per family, precision and headline pair, on the rows both hold): the
+    (outputs/compare.py: exact McNemar per family, cell and headline pair, on the rows both hold): the
     one check of a run that needs every row of a family at once, so the controller makes it from the run's
     records."""
     across = replay.options.gate is None and bool(replay.baseline_platform)

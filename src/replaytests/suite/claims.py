@@ -1,6 +1,6 @@
 """Records shared between pytest-xdist workers: each is computed by one worker, read by any.
 
-Under `-n N` the tests of one (precision, row) run on one worker, but some tests read the records of
+Under `-n N` the tests of one (cell, row) run on one worker, but some tests read the records of
 other rows: the transplant panel reads the whole BF16 crossing, the transplant family's gate every
 panel row's transplant record. Before a worker computes a record it claims it (a file created with
 O_EXCL in a directory the controller made for the run). A worker that needs a record finds it in the
@@ -27,7 +27,7 @@ from replaytests.outputs import ledger
 from replaytests.outputs.records import Record
 
 POLL_SECONDS = 0.2
-Key = tuple[str, str, str]  # (family, row, precision)
+Key = tuple[str, str, str]  # (family, row, cell)
 
 
 class Claims:

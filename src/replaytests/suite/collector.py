@@ -209,7 +209,7 @@ def exit_status(outcome: dict, status: int) -> int:
 
 
 def planned_rows(replay: ReplaySession) -> dict[tuple[str, str], int | None]:
-    """(family, precision) -> the rows the plan gives it (None: a panel read from another family's outcomes)."""
+    """(family, cell) -> the rows the plan gives it (None: a panel read from another family's outcomes)."""
     planned = {}
     for name, family in FAMILIES.items():
         if name in replay.plan.unsupported:

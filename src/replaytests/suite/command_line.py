@@ -31,7 +31,7 @@ def register(parser: pytest.Parser) -> None:
     for field, settings in OPTIONS.items():
         group.addoption(spelled(field), dest=f"replay_{field}", **settings)
     group.addoption("--replay-progress", dest="replay_progress", choices=("lines", "bar", "off"), default="lines",
-                    help="progress of a conformance run: a plain line every 30 s and as each family and precision "
+                    help="progress of a conformance run: a plain line every 30 s and as each family and cell "
                          "completes ('lines'), one line rewritten in place instead of the test letters ('bar', for "
                          "a terminal; `replaytests audit` picks it there), or none. Default: %(default)s")
 

@@ -32,12 +32,12 @@ def replay(request: pytest.FixtureRequest) -> ReplaySession:
 
 @pytest.fixture
 def record(replay: ReplaySession, request: pytest.FixtureRequest):
-    """record(family, row, precision) -> the ledger record (the session computes it and appends it to the
+    """record(family, row, cell) -> the ledger record (the session computes it and appends it to the
     run's records); its key facts ride on this test's report (progress, JUnit XML properties)."""
     from replaytests.outputs import summary
 
-    def get(family: str, row, precision: str) -> Record:
-        result = replay.record(family, row, precision)
+    def get(family: str, row, cell: str) -> Record:
+        result = replay.record(family, row, cell)
         request.node.user_properties.append((RECORD_PROPERTY, dumps(facts(result))))
         request.node.stash.setdefault(METRICS_KEY, []).append(summary.metrics(result))
         return result
@@ -50,10 +50,10 @@ def audit_record(replay: ReplaySession, record, request: pytest.FixtureRequest):
     """audit_record(baseline) -> the Audit of that saved record against this run's recomputation."""
 
     def get(baseline: Record) -> audit.Audit:
-        family, row, precision = baseline.key
-        result = audit.audit_record(baseline, record(family, replay.row(row), precision))
+        family, row, cell = baseline.key
+        result = audit.audit_record(baseline, record(family, replay.row(row), cell))
         request.node.user_properties.append((AUDIT_PROPERTY, dumps(
-            {"key": [family, row, precision], "leaves": result.leaves, "changes": len(result.changes)})))
+            {"key": [family, row, cell], "leaves": result.leaves, "changes": len(result.changes)})))
         return result
 
     return get

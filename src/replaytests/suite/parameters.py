@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 
 
 def parametrize(metafunc: pytest.Metafunc, replay: ReplaySession) -> None:
-    """Each parameter a conformance test asks for: `precision`, `causal_cell`, a row fixture per family
+    """Each parameter a conformance test asks for: `cell`, `causal_cell`, a row fixture per family
     (planner.ROW_FIXTURES), `transplant_family`, and the baseline records it audits."""
     fixtures = set(metafunc.fixturenames)
-    if "precision" in fixtures:
-        metafunc.parametrize("precision", cell_params(replay, replay.cells), scope="session")
+    if "cell" in fixtures:
+        metafunc.parametrize("cell", cell_params(replay, replay.cells), scope="session")
     if "causal_cell" in fixtures:
         metafunc.parametrize("causal_cell", unavailable(replay, "transplant")
                              or cell_params(replay, replay.causal_cells), scope="session")
@@ -83,6 +83,6 @@ def audit_params(replay: ReplaySession, causal: bool) -> list:
         return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
     records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r.family].layers) == causal]
     if not records:
-        return _skipped("no-records", f"the baseline holds no record of this run's rows, families and precisions "
+        return _skipped("no-records", f"the baseline holds no record of this run's rows, families and cells "
                                       f"({replay.options.baseline_ledger})")
     return [pytest.param(r, id="-".join(r.key)) for r in records]

@@ -69,6 +69,6 @@ def worker_group(params: dict) -> str | None:
     computed them, or computes those nobody has started (suite.claims)."""
     baseline = params.get("baseline_record") or params.get("causal_baseline_record")
     baseline = baseline if isinstance(baseline, Record) else None
-    cell = params.get("precision") or params.get("causal_cell") or (baseline and baseline.precision)
+    cell = params.get("cell") or params.get("causal_cell") or (baseline and baseline.precision)
     row = (baseline and baseline.row) or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
     return row and f"{cell}-{row}"

@@ -86,7 +86,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize conformance tests by precision, bank row, panel row and baseline record,
+    """Parametrize conformance tests by cell, bank row, panel row and baseline record,
     with ids like `bf16-tiny-007` (suite.parameters)."""
     if "record" in metafunc.fixturenames:
         parameters.parametrize(metafunc, replay_session(metafunc.config))
@@ -111,7 +111,7 @@ def pytest_runtest_call(item: pytest.Item):
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):
     """Mark the conformance targets for the session's device; under `pytest -n N --dist loadgroup`,
-    keep every test of one (row, precision) on one worker (the marks reach xdist's scheduler through
+    keep every test of one (row, cell) on one worker (the marks reach xdist's scheduler through
     suite.scheduling; a record another row's test reads is shared through suite.claims). The device
     marks go on before any other plugin looks (`-m gpu` selects by them); the worker groups and the
     order of skipped targets after all of them (the groups follow the final selection; pytest's own

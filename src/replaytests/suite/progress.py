@@ -1,4 +1,4 @@
-"""Progress while a run computes: per family and precision, rows done out of rows planned; tests
+"""Progress while a run computes: per family and cell, rows done out of rows planned; tests
 done out of tests collected, the time elapsed and an estimate of the time left (no torch).
 
 The controller feeds it (suite.collector): the planned rows from the plan, each record as it arrives
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 INTERVAL = 30.0  # seconds between plain progress lines
 BAR = 24  # characters of the bar
-Group = tuple[str, str]  # (family, precision)
+Group = tuple[str, str]  # (family, cell)
 
 
 def duration(seconds: float) -> str:
@@ -40,13 +40,13 @@ class Progress:
     def __post_init__(self) -> None:
         self.started = self.shown = self.clock()
 
-    def record(self, family: str, row: str, precision: str) -> bool:
+    def record(self, family: str, row: str, cell: str) -> bool:
         """Count a record; True when it completes its group (every planned row done)."""
-        rows = self.done.setdefault((family, precision), set())
+        rows = self.done.setdefault((family, cell), set())
         if row in rows:
             return False
         rows.add(row)
-        return len(rows) == self.planned.get((family, precision))
+        return len(rows) == self.planned.get((family, cell))
 
     def eta(self) -> float | None:
         """Seconds left, from the rate of finished tests so far (None before the first)."""

@@ -54,6 +54,6 @@ def for_item(item: pytest.Item, options: Options, selected: list[BankRow]) -> st
     """The rerun command of a conformance test item, from its parameters (its row fixture and its cell)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
     row = next((value for value in params.values() if isinstance(value, BankRow)), None)
-    cell = params.get("precision") or params.get("causal_cell")
+    cell = params.get("cell") or params.get("causal_cell")
     index = bank_index(options, selected, row) if row is not None and row.id in {r.id for r in selected} else None
     return command(options, index, cell if isinstance(cell, str) else None, item.name)

@@ -1,4 +1,4 @@
-"""Each (precision, row) group of tests on one pytest-xdist worker, on every pytest.
+"""Each (cell, row) group of tests on one pytest-xdist worker, on every pytest.
 
 `--dist loadgroup` learns a test's group from a suffix its workers append to the test's node id. From
 pytest 9.2 (structured node ids) that suffix no longer takes (pytest-dev/pytest-xdist#1386): every
@@ -42,7 +42,7 @@ def make_scheduler(config: pytest.Config, log, path: Path):
 
 
 def group_by_row(selected: list[pytest.Item]) -> None:
-    """The xdist group of each selected target (planner.worker_group): one (precision, row) per group."""
+    """The xdist group of each selected target (planner.worker_group): one (cell, row) per group."""
     for item in selected:
         if group := worker_group(getattr(getattr(item, "callspec", None), "params", {})):
             item.add_marker(pytest.mark.xdist_group(group))

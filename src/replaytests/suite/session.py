@@ -1,6 +1,6 @@
 """One replay session: the resolved inputs, the loaded runtimes and every computed record.
 
-Each (family, row, precision) is computed at most once per process and shared by every test that
+Each (family, row, cell) is computed at most once per process and shared by every test that
 reads it; under pytest-xdist at most once per run (suite.claims). Records computed here are appended
 to the run's records file as each is finished; the controller writes the ledger from that file.
 """
@@ -159,21 +159,21 @@ class ReplaySession:
                                               retired_fields=self.backend.retired_platform)
 
     def frozen_with(self) -> dict:
-        """What decides a live z besides the model: the bank's precision, caps, K/V cache class (a manifest
+        """What decides a live z besides the model: the bank's cell, caps, K/V cache class (a manifest
         written before the class was recorded was frozen with dynamic caches; the class alone changes BF16
         trajectories) and visibility (one written before it was recorded was frozen under roles)."""
         frozen = self.manifest["contract"]
         return {"precision": self.manifest["precision"], "caps": frozen["caps"],
                 "cache": frozen.get("cache", "dynamic"), "visibility": frozen.get("visibility", "roles")}
 
-    def run_with(self, precision: str) -> dict:
-        """The same settings for this run at `precision`."""
-        return {"precision": precision, "caps": vars(self.contract.caps), "cache": self.contract.cache,
+    def run_with(self, cell: str) -> dict:
+        """The same settings for this run at `cell`."""
+        return {"precision": cell, "caps": vars(self.contract.caps), "cache": self.contract.cache,
                 "visibility": self.contract.visibility}
 
-    def refreezes(self, precision: str) -> bool:
-        """Whether live generation at this precision re-freezes the bank (frozen_with)."""
-        return self.frozen_with() == self.run_with(precision)
+    def refreezes(self, cell: str) -> bool:
+        """Whether live generation at this cell re-freezes the bank (frozen_with)."""
+        return self.frozen_with() == self.run_with(cell)
 
     def judge_against_bank(self, problem: str | None) -> Judgement:
         """A token-identity check against the frozen bank (`problem`: what differs, None if nothing)."""
@@ -184,10 +184,10 @@ class ReplaySession:
     def device(self) -> str:
         return pinned_device(self.options.device or self.contract.device, os.environ.get("PYTEST_XDIST_WORKER"))
 
-    def runtime(self, precision: str, model: Path | None = None) -> backend.Backend:
-        key = (model or self.options.model, precision)
+    def runtime(self, cell: str, model: Path | None = None) -> backend.Backend:
+        key = (model or self.options.model, cell)
         if key not in self._runtimes:
-            loaded = self.backend.load(key[0], self.contract, precision, self.device)
+            loaded = self.backend.load(key[0], self.contract, cell, self.device)
             self._check_unchanged(key[0])
             self._runtimes[key] = loaded
         return self._runtimes[key]
@@ -263,30 +263,30 @@ class ReplaySession:
         roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
         return roles.get(row.id)
 
-    def record(self, family: str, row: BankRow, precision: str) -> Record:
-        """The (family, row, precision) record, computed at most once per process and appended to the
+    def record(self, family: str, row: BankRow, cell: str) -> Record:
+        """The (family, row, cell) record, computed at most once per process and appended to the
         run's records as soon as it is (whichever test asked for it first: what reaches the ledger does
         not depend on which tests were selected); under pytest-xdist, by whichever worker needs it first."""
-        return self.records(family, [row], precision)[0]
+        return self.records(family, [row], cell)[0]
 
-    def records(self, family: str, rows: list[BankRow], precision: str) -> list[Record]:
+    def records(self, family: str, rows: list[BankRow], cell: str) -> list[Record]:
         """The records of several rows (record); under pytest-xdist, a worker computes those no other
         worker has started while the others compute theirs (suite.claims)."""
-        if outside := [row.id for row in rows if not self.has_record(family, row, precision)]:
-            raise LookupError(f"{family} row(s) {', '.join(outside)} ({precision}): not in this run's transplant "
+        if outside := [row.id for row in rows if not self.has_record(family, row, cell)]:
+            raise LookupError(f"{family} row(s) {', '.join(outside)} ({cell}): not in this run's transplant "
                               "panel, so no record")
-        wanted = {(family, row.id, precision): row for row in rows}
-        keys = {key: row for key, row in self._rows_whose_reads_are_here(family, precision).items()
-                if self.has_record(family, row, precision)} | wanted
+        wanted = {(family, row.id, cell): row for row in rows}
+        keys = {key: row for key, row in self._rows_whose_reads_are_here(family, cell).items()
+                if self.has_record(family, row, cell)} | wanted
         missing = [key for key in keys if key not in self._records]
 
         def compute(key: tuple[str, str, str]) -> Record:
-            return self._compute_and_append(family, keys[key], precision)
+            return self._compute_and_append(family, keys[key], cell)
 
         self._records |= self.claims.shared(missing, compute) if self.claims else {k: compute(k) for k in missing}
         return [self._records[key] for key in wanted]
 
-    def _rows_whose_reads_are_here(self, family: str, precision: str) -> dict[tuple[str, str, str], BankRow]:
+    def _rows_whose_reads_are_here(self, family: str, cell: str) -> dict[tuple[str, str, str], BankRow]:
         """Under pytest-xdist, the rows of a family that reads other families' records (the transplant)
         whose read records were computed in this process: this worker computes them first, while their
         arms (the crossing's constructions and suffixes, engine.arms) are held here."""
@@ -295,47 +295,47 @@ class ReplaySession:
             return {}
         rows = self.plan.family_rows(family)
         for name in reads:  # the workers compute these together first (or --panel-from gives them)
-            self.read(name, rows, precision)
-        return {(family, row.id, precision): row for row in rows
-                if all((name, row.id, precision) in self._computed_here for name in reads)}
+            self.read(name, rows, cell)
+        return {(family, row.id, cell): row for row in rows
+                if all((name, row.id, cell) in self._computed_here for name in reads)}
 
-    def has_record(self, family: str, row: BankRow, precision: str) -> bool:
+    def has_record(self, family: str, row: BankRow, cell: str) -> bool:
         """Whether the family has a record of the row at all: a transplant row only in the cell's panel."""
         role = {"transplant": self.transplant_role,
                 "conversation_transplant": self.conversation_transplant_role}.get(family)
-        return role is None or bool(self.unavailable(family)) or role(row, precision) in ROLES
+        return role is None or bool(self.unavailable(family)) or role(row, cell) in ROLES
 
-    def _compute_and_append(self, family: str, row: BankRow, precision: str) -> Record:
-        result = self._run_family(family, row, precision)
-        self._computed_here.add((family, row.id, precision))
+    def _compute_and_append(self, family: str, row: BankRow, cell: str) -> Record:
+        result = self._run_family(family, row, cell)
+        self._computed_here.add((family, row.id, cell))
         if self.sink is not None:
             try:
                 ledger.append_record(self.sink, result)
             except OSError as exc:
-                raise RecordNotKept(f"cannot append the record {family}/{row.id}/{precision} to {self.sink}: "
+                raise RecordNotKept(f"cannot append the record {family}/{row.id}/{cell} to {self.sink}: "
                                     f"{exc.strerror or exc}; the run stops, keeping the records appended before "
                                     "it") from None
         return result
 
-    def read(self, family: str, rows: list[BankRow], precision: str) -> list[Record]:
+    def read(self, family: str, rows: list[BankRow], cell: str) -> list[Record]:
         """The records another family reads: from --panel-from where given (a finished crossing), else
         this run's own."""
-        if self.panel_source is not None and family == "crossing" and precision in self.causal_cells:
-            return [self.panel_source[(precision, row.id)] for row in rows]
-        return self.records(family, rows, precision)
+        if self.panel_source is not None and family == "crossing" and cell in self.causal_cells:
+            return [self.panel_source[(cell, row.id)] for row in rows]
+        return self.records(family, rows, cell)
 
-    def _run_family(self, family: str, row: BankRow, precision: str) -> Record:
+    def _run_family(self, family: str, row: BankRow, cell: str) -> Record:
         if reason := self.unavailable(family):
             raise backend.Unsupported(f"{family}: {reason}")
         spec = FAMILIES[family]
         if family == "transplant":
-            (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
-            return transplant.run(self.runtime(precision), row, read, self.transplant_role(row, precision))
+            (read,) = (self.read(name, [row], cell)[0] for name in spec.reads)
+            return transplant.run(self.runtime(cell), row, read, self.transplant_role(row, cell))
         if family == "conversation_transplant":
-            (read,) = (self.read(name, [row], precision)[0] for name in spec.reads)
-            return conversation_transplant.run(self.runtime(precision), row, read,
-                                               self.conversation_transplant_role(row, precision),
+            (read,) = (self.read(name, [row], cell)[0] for name in spec.reads)
+            return conversation_transplant.run(self.runtime(cell), row, read,
+                                               self.conversation_transplant_role(row, cell),
                                                self.family_settings(family))
         model = self.options.later_model if spec.panel == "replication" else None
         settings = (self.family_settings(family),) if spec.settings else ()
-        return spec.run(self.runtime(precision, model), row, *settings)
+        return spec.run(self.runtime(cell, model), row, *settings)

@@ -37,7 +37,7 @@ class LogprobsOnly(Declaration):
     report_settings = "runtime.logprobs-only"
 
     def __init__(self, inner: Runtime, top_k: int) -> None:
-        self.inner, self.precision, self.grammar, self.top_k = inner, inner.precision, inner.grammar, top_k
+        self.inner, self.cell, self.grammar, self.top_k = inner, inner.cell, inner.grammar, top_k
         self.cell_digest = inner.cell_digest
 
     # A declaration's module is imported while the contract's schema is built: what loads a model is imported
@@ -53,10 +53,10 @@ class LogprobsOnly(Declaration):
         return {"runtime": {cls.name: contract.runtime(cls.name)}}
 
     @classmethod
-    def load(cls, model_dir: Path, contract, precision: str, device: str | None = None) -> LogprobsOnly:
+    def load(cls, model_dir: Path, contract, cell: str, device: str | None = None) -> LogprobsOnly:
         from replaytests.engine.hf.runtime import Runtime
 
-        return cls(Runtime.load(model_dir, contract, precision, device), contract.runtime(cls.name)["top_k"])
+        return cls(Runtime.load(model_dir, contract, cell, device), contract.runtime(cls.name)["top_k"])
 
     def activate(self) -> None:
         self.inner.activate()

@@ -1,4 +1,4 @@
-"""The forward step of the Hugging Face backend: one model at one precision, and the
+"""The forward step of the Hugging Face backend: one model at one cell, and the
 physical-batch forward call the constructions, the decoder, the checks and the benchmarks all make.
 
 Every forward call carries `batch` identical copies of the row (2 by default) with an explicit 4D
@@ -25,11 +25,11 @@ from replaytests.inputs.cells import Cell
 from replaytests.inputs.contract import Contract
 
 
-def load_cell(model_dir: Path, contract: Contract, precision: str,
+def load_cell(model_dir: Path, contract: Contract, cell: str,
               device: str | None = None) -> tuple[Cell, str, object]:
     """The model at one of the contract's cells, on `device` (default: the contract's), with the cell's numeric
     settings applied and read back: (the cell, the device, the model)."""
-    flags = contract.cell(precision)
+    flags = contract.cell(cell)
     device = device or contract.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"{contract.path}: environment.device is {device!r} but CUDA is not available here")
@@ -37,21 +37,21 @@ def load_cell(model_dir: Path, contract: Contract, precision: str,
         raise ConfigError(f"{contract.path}: environment.cache offloaded keeps layers on the CPU between uses "
                           f"of a CUDA device; the device here is {device!r}")
     if not flags.kv_cache.native and contract.cache != "dynamic":
-        raise ConfigError(f"{contract.path}: cells.{precision}.kv_cache: a quantized K/V cache replaces the "
+        raise ConfigError(f"{contract.path}: cells.{cell}.kv_cache: a quantized K/V cache replaces the "
                           f"cache class; environment.cache must be dynamic, got {contract.cache!r}")
     apply_numeric_flags(flags, contract.cpu_threads)
     model = hf_adapter.load_model(model_dir, flags.dtype, device, contract.attention)
     if not flags.weights.native:
-        weights.quantize(model, flags.weights, f"{model_dir} (cell {precision})")
+        weights.quantize(model, flags.weights, f"{model_dir} (cell {cell})")
     return flags, device, model
 
 
 @dataclass
 class Step:
-    """One model at one precision, with the protocol's grammar and the physical-batch forward call, and the
+    """One model at one cell, with the protocol's grammar and the physical-batch forward call, and the
     boundaries built with it (`arms`, shared by every family)."""
 
-    precision: str
+    cell: str
     flags: Cell
     threads: int
     model: object
@@ -63,14 +63,14 @@ class Step:
     visibility: str = "roles"  # the contract's protocol.visibility (protocol.VISIBILITIES)
 
     @classmethod
-    def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None,
+    def load(cls, model_dir: Path, contract: Contract, cell: str, device: str | None = None,
              batch: int | None = None) -> Step:
-        flags, device, model = load_cell(model_dir, contract, precision, device)
+        flags, device, model = load_cell(model_dir, contract, cell, device)
         tokenizer = hf_adapter.load_tokenizer(model_dir)
         delims = Delimiters.resolve(tokenizer, contract.delimiters)
         grammar = Grammar(delims, contract.caps, hf_adapter.vocab_size(model), len(tokenizer),
                           contract.banned_tokens, device)
-        return cls(precision, flags, contract.cpu_threads, model, tokenizer, grammar,
+        return cls(cell, flags, contract.cpu_threads, model, tokenizer, grammar,
                    torch.device(device), batch or contract.physical_batch, contract.cache, contract.visibility)
 
     def __post_init__(self) -> None:
@@ -79,7 +79,7 @@ class Step:
         self.arms = Arms()  # the boundaries (and suffixes) built with this runtime, shared by every family
 
     def activate(self) -> None:
-        """Re-apply this precision's flags (another precision's runtime may have changed them)."""
+        """Re-apply this cell's flags (another cell's runtime may have changed them)."""
         apply_numeric_flags(self.flags, self.threads)
 
     def new_cache(self):

@@ -53,12 +53,12 @@ class Scorer:
 
     model: object
     device: torch.device
-    precision: str
+    cell: str
 
     @classmethod
-    def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None) -> Scorer:
-        _, device, model = load_cell(model_dir, contract, precision, device)
-        return cls(model, torch.device(device), precision)
+    def load(cls, model_dir: Path, contract: Contract, cell: str, device: str | None = None) -> Scorer:
+        _, device, model = load_cell(model_dir, contract, cell, device)
+        return cls(model, torch.device(device), cell)
 
     def __post_init__(self) -> None:
         self._forward = hf_adapter.Forward(self.model)

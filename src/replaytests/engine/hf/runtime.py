@@ -24,7 +24,7 @@ from replaytests.inputs.cells import Cell
 
 
 class Runtime(Step, HF):
-    """One model at one precision, with the protocol's grammar and the physical-batch forward: the Hugging
+    """One model at one cell, with the protocol's grammar and the physical-batch forward: the Hugging
     Face backend, which has every capability but a serving engine's (one forward call with an explicit 4D
     mask, K/V in hand)."""
 

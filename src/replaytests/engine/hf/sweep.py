@@ -28,7 +28,7 @@ from replaytests.engine.protocol import Cursor
 
 def axes(runtime: Step, settings: dict) -> tuple[Axis, ...]:
     kv = runtime.flags.kv_cache
-    edges = (((f"cells.{runtime.precision}.kv_cache.residual_length", kv.residual_length),)
+    edges = (((f"cells.{runtime.cell}.kv_cache.residual_length", kv.residual_length),)
              if kv.format == "quantized" else (("sweep.stride", settings["stride"]),))
     return (Axis("position", "the prefix one token per call", "the prefix in one call", edges),)
 

@@ -58,7 +58,7 @@ def _boundary(runtime: Runtime, context: Context, construction: str, tokens: lis
     from replaytests.engine.llamacpp.runtime import Saved  # runtime.py imports this module
 
 
-    where = f"llamacpp {construction} ({runtime.precision})"
+    where = f"llamacpp {construction} ({runtime.cell})"
     saved = Saved(context.save(), context.length, evaluated, prefilled, calls)
     cache = runtime._cache(saved.state, where)
     # llama.cpp's count of what it did not evaluate is a claim about its cache: the cells must be there
@@ -123,7 +123,7 @@ def session(runtime: Runtime, users: list[list[int]], cap: int, closer: int,
     turns, history, cached = [], [], []
     with runtime.arm_context(construction) as context:
         for turn, user in enumerate(users, start=1):
-            where = f"llamacpp {construction} turn {turn} ({runtime.precision})"
+            where = f"llamacpp {construction} turn {turn} ({runtime.cell})"
             history = history + (turns[-1].answer.tokens if turns else []) + user
             _check_room(runtime, len(history), cap, where)
             logits, evaluated, calls = _request(runtime, context, cached, history, where)
@@ -140,7 +140,7 @@ def replayed(runtime: Runtime, construction: str, histories: list[list[int]], ca
     """`replay` or `rerendered` (one call over each turn's history in a cleared context) or `incremental` (one
     token per call over the last history, each turn's state saved where its history ends: the histories are
     prefixes of it); then each turn's assistant decoded from its state in the same context."""
-    base, where = construction.removesuffix("_replica"), f"llamacpp {construction} ({runtime.precision})"
+    base, where = construction.removesuffix("_replica"), f"llamacpp {construction} ({runtime.cell})"
     _check_room(runtime, max(map(len, histories)), cap, where)
     boundaries = []
     with runtime.arm_context(construction) as context:

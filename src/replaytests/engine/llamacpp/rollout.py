@@ -45,7 +45,7 @@ def _roles(runtime: Runtime, z: list[int], response: list[int], where: str) -> l
 def _check_room(runtime: Runtime, z: list[int], length: int, construction: str) -> None:
     n_ctx = runtime.settings["n_ctx"]
     if len(z) + length > n_ctx:
-        raise BoundaryMismatch(f"llamacpp {construction} ({runtime.precision}): z ({len(z)} tokens) and a response "
+        raise BoundaryMismatch(f"llamacpp {construction} ({runtime.cell}): z ({len(z)} tokens) and a response "
                                f"of {length} do not fit the context of {n_ctx} tokens (runtime.llamacpp.n_ctx)")
 
 
@@ -61,7 +61,7 @@ def _stepwise(runtime: Runtime, z: list[int], length: int, construction: str,
               choose: Callable[[torch.Tensor, int], int]) -> Rollout:
     """z in one call, then `length` tokens one per call, each `choose(logits, step)`'s; the last one fed too."""
     _check_room(runtime, z, length, construction)
-    where = f"llamacpp {construction} ({runtime.precision})"
+    where = f"llamacpp {construction} ({runtime.cell})"
     with runtime.arm_context(construction) as context:
         before, calls = context.evaluated(), context.calls
         logits = runtime.feed(context, z, f"{construction} prompt")
@@ -92,7 +92,7 @@ def replay(runtime: Runtime, construction: str, z: list[int], response: list[int
     if kind != "prefill":
         raise ConfigError(f"llamacpp: no rollout replay {construction!r} (incremental, prefill, or a *_replica)")
     _check_room(runtime, z, len(response), construction)
-    where = f"llamacpp {construction} ({runtime.precision})"
+    where = f"llamacpp {construction} ({runtime.cell})"
     with runtime.arm_context(construction) as context:
         before, calls = context.evaluated(), context.calls
         rows = runtime.feed_every(context, z + response, f"{construction} call over z and the response")

@@ -103,9 +103,9 @@ class Runtime(LlamaCpp):
 
     visibility: ClassVar[str] = "causal"  # load() refuses any other
 
-    def __init__(self, model: Model, contract: Contract, precision: str) -> None:
-        self.model, self.contract, self.precision = model, contract, precision
-        self.cell = contract.cell(precision)
+    def __init__(self, model: Model, contract: Contract, cell: str) -> None:
+        self.model, self.contract, self.cell = model, contract, cell
+        self.flags = contract.cell(cell)
         self.settings = contract.runtime(self.name)
         self.grammar = grammar_of(model, contract, str(model.path))
         self.context = self._context(self.settings["n_ctx"])
@@ -142,7 +142,7 @@ class Runtime(LlamaCpp):
 
     @property
     def cell_digest(self) -> str:
-        return backend.cell_digest(type(self), self.cell)
+        return backend.cell_digest(type(self), self.flags)
 
     @classmethod
     def describe(cls, contract: Contract) -> dict:
@@ -157,7 +157,7 @@ class Runtime(LlamaCpp):
         return {"software": {"llama_cpp": version()}, "runtime": {"llamacpp": settings}, "llamacpp_build": build}
 
     @classmethod
-    def load(cls, model_path: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
+    def load(cls, model_path: Path, contract: Contract, cell: str, device: str | None = None) -> Runtime:
         backend.require_causal(contract, "llama.cpp", "docs/llamacpp.md")
         if (device or contract.device) != "cpu":
             raise ConfigError(f"--device {device or contract.device}: the llamacpp backend runs on the CPU only")
@@ -167,20 +167,20 @@ class Runtime(LlamaCpp):
         if wanted is not None and wanted != version():
             raise ConfigError(f"{contract.path}: runtime.llamacpp.version: the contract pins {wanted!r}, this venv "
                               f"has llama-cpp-python {version()!r} ({INSTALL})")
-        cell = contract.cell(precision)
-        if problem := cls.cell_problem(cell):
-            raise ConfigError(f"{contract.path}: cells.{precision}.{problem.field}: {problem.message}")
-        if cell.kv_cache.format == "q8_0" and not settings["flash_attention"]:
+        flags = contract.cell(cell)
+        if problem := cls.cell_problem(flags):
+            raise ConfigError(f"{contract.path}: cells.{cell}.{problem.field}: {problem.message}")
+        if flags.kv_cache.format == "q8_0" and not settings["flash_attention"]:
             raise ConfigError(f"{contract.path}: runtime.llamacpp.flash_attention: expected true for the q8_0 K/V "
-                              f"cache of cell {precision} (llama.cpp quantizes a V cache only with flash attention)")
+                              f"cache of cell {cell} (llama.cpp quantizes a V cache only with flash attention)")
         # the suite's own tensor work (masks, finiteness checks, comparisons) on the contract's threads, as the other
         # backends run it: torch's default (every core) spins against a loaded machine and sums in another order
         torch.set_num_threads(contract.cpu_threads)
-        return cls(Model(model_path), contract, precision)
+        return cls(Model(model_path), contract, cell)
 
     def _context(self, n_batch: int, sequences: int = 1) -> Context:
         """A context of n_ctx tokens per sequence, evaluating at most n_batch tokens per call."""
-        kv = "f32" if self.cell.kv_cache.native else self.cell.kv_cache.format
+        kv = "f32" if self.flags.kv_cache.native else self.flags.kv_cache.format
         return Context(self.model, self.settings["n_ctx"] * sequences, n_batch, self.contract.cpu_threads, kv,
                        self.settings["flash_attention"], sequences)
 
@@ -200,7 +200,7 @@ class Runtime(LlamaCpp):
         try:
             return self._logits(context.feed(tokens, step), step)
         except DecodeFailed as exc:
-            raise BoundaryMismatch(f"llamacpp ({self.precision}): {exc}") from None
+            raise BoundaryMismatch(f"llamacpp ({self.cell}): {exc}") from None
 
     def _masked(self, logits: torch.Tensor, cursor: Cursor) -> torch.Tensor:
         """The logits with every token the structural mask forbids at -inf."""
@@ -222,7 +222,7 @@ class Runtime(LlamaCpp):
         try:
             return self._logits(context.feed_every(tokens, step, rows), step)
         except DecodeFailed as exc:
-            raise BoundaryMismatch(f"llamacpp ({self.precision}): {exc}") from None
+            raise BoundaryMismatch(f"llamacpp ({self.cell}): {exc}") from None
 
     @contextmanager
     def arm_context(self, construction: str) -> Iterator[Context]:
@@ -239,7 +239,7 @@ class Runtime(LlamaCpp):
                     evaluated: int, prefill_steps: int | None, roles: list[int] | None = None) -> Boundary:
         """The state the context holds after `tokens`, saved; their roles by the grammar unless given (a
         rollout's response is outside it)."""
-        where = f"llamacpp {construction} ({self.precision})"
+        where = f"llamacpp {construction} ({self.cell})"
         roles = self.grammar.parse(tokens, where) if roles is None else roles
         saved = Saved(context.save(), context.length, evaluated, len(prompt_of(tokens, self.grammar.delims)),
                       prefill_steps)
@@ -262,7 +262,7 @@ class Runtime(LlamaCpp):
         room = self.settings["n_ctx"] - self.grammar.caps.suffix_room()
         while not (cursor.block == MERGE and cursor.open):
             if len(tokens) >= room:
-                raise BoundaryMismatch(f"llamacpp {construction} ({self.precision}): no <|merge|> within "
+                raise BoundaryMismatch(f"llamacpp {construction} ({self.cell}): no <|merge|> within "
                                        f"{room} tokens")
             token = int(self._masked(logits, cursor).argmax())  # live records no top-k: the choice alone
             cursor.advance(token, self.grammar)
@@ -321,7 +321,7 @@ class Runtime(LlamaCpp):
             elif kind == "prefix_hit":
                 live, _ = self._live(context, prompt_of(z, self.grammar.delims), construction)
                 if live != z:
-                    raise BoundaryMismatch(f"llamacpp {construction} ({self.precision}): the live request reached "
+                    raise BoundaryMismatch(f"llamacpp {construction} ({self.cell}): the live request reached "
                                            "another prefix than z (a live replica that differs); no hit to test")
                 before, calls = context.evaluated(), context.calls  # the hit: the request after the live one
                 context.truncate(len(z) - 1)

@@ -73,7 +73,7 @@ def check_room(runtime: Runtime, values: Sequence[int], continuation: int) -> No
     """A point whose prefix and continuation do not fit the context is refused before any llama_decode call."""
     n_ctx = runtime.settings["n_ctx"]
     if values and max(values) + continuation > n_ctx:
-        raise BoundaryMismatch(f"llamacpp sweep ({runtime.precision}): a point of {max(values)} tokens and its "
+        raise BoundaryMismatch(f"llamacpp sweep ({runtime.cell}): a point of {max(values)} tokens and its "
                                f"continuation of {continuation} (sweep.continuation) do not fit the context of "
                                f"{n_ctx} tokens ({N_CTX})")
 
@@ -203,7 +203,7 @@ def boundary(runtime: Runtime, arm: str, tokens: list[int], roles: list[int], pe
     (llama.cpp counting a reuse of a cache that is not there) fails closed."""
     from replaytests.engine.llamacpp.runtime import Saved
 
-    where = f"llamacpp sweep {arm} ({runtime.precision}) at {len(tokens)} tokens"
+    where = f"llamacpp sweep {arm} ({runtime.cell}) at {len(tokens)} tokens"
     served = pending.served
     saved = Saved(pending.state, len(tokens), served["evaluated"], prefill_steps=served["prefill_steps"],
                   served=served)

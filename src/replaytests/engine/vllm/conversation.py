@@ -43,7 +43,7 @@ def _turn(runtime, construction: str, turn: int, history: list[int], prompt: lis
     """One request: `prompt`, then history's later tokens forced, then the assistant turn; its state over `history`."""
     from replaytests.engine.vllm.runtime import Served
 
-    where = f"vllm conversation {construction} turn {turn} ({runtime.precision})"
+    where = f"vllm conversation {construction} turn {turn} ({runtime.cell})"
     forced = history[len(prompt):]
     out, prefill_steps = runtime._submit([prompt], [_params(runtime, cap, closer, forced)], runtime.engine, reset)
     completion = out.outputs[0]

@@ -1,4 +1,4 @@
-"""The vLLM backend (engine.backend): one engine per precision, one request per construction.
+"""The vLLM backend (engine.backend): one engine per cell, one request per construction.
 
 A construction is one request that decodes from its prompt through <|/answer|> under the structural
 mask (engine.vllm.mask); its boundary is the step that chooses the first merge-content token, and its
@@ -173,18 +173,18 @@ def _fp8_kv_cache_runs() -> bool:
 
 
 class Runtime(VLLM):
-    """One model at one precision on vLLM."""
+    """One model at one cell on vLLM."""
 
     visibility: ClassVar[str] = "causal"  # load() refuses any other
     rollout_logprobs_mode: ClassVar[str] = rollouts.LOGPROBS_MODE  # the rollout engine's (a test may set another)
     inspect = staticmethod(inspection.inspect)  # vLLM serves Hugging Face directories
     check_loadable = staticmethod(hf_adapter.check_tensors)
 
-    def __init__(self, model_dir: Path, contract: Contract, precision: str, device: str, vllm) -> None:
-        self.model_dir, self.contract, self.precision, self._vllm = model_dir, contract, precision, vllm
+    def __init__(self, model_dir: Path, contract: Contract, cell: str, device: str, vllm) -> None:
+        self.model_dir, self.contract, self.cell, self._vllm = model_dir, contract, cell, vllm
         self.settings = contract.runtime(self.name)
-        self.cell = contract.cell(precision)
-        self.dtype = self.cell.dtype
+        self.flags = contract.cell(cell)
+        self.dtype = self.flags.dtype
         self.engine = self._engine(budget=None)
         self.tokenizer = self.engine.get_tokenizer()
         config = self.engine.llm_engine.model_config.hf_config
@@ -219,12 +219,12 @@ class Runtime(VLLM):
 
     @property
     def cell_digest(self) -> str:
-        return backend.cell_digest(type(self), self.cell)
+        return backend.cell_digest(type(self), self.flags)
 
     @classmethod
-    def load(cls, model_dir: Path, contract: Contract, precision: str, device: str | None = None) -> Runtime:
+    def load(cls, model_dir: Path, contract: Contract, cell: str, device: str | None = None) -> Runtime:
         backend.require_causal(contract, "vLLM", "docs/vllm.md")
-        contract.cell(precision)
+        contract.cell(cell)
         device = device or contract.device
         block = contract.runtime(cls.name)["block_size"]
         if device == "cpu" and block % CPU_BLOCK:
@@ -233,7 +233,7 @@ class Runtime(VLLM):
         sweeps.check(contract)
         vllm = import_vllm(contract)
         torch.set_num_threads(contract.cpu_threads)
-        return cls(model_dir, contract, precision, device, vllm)
+        return cls(model_dir, contract, cell, device, vllm)
 
     def _engine(self, budget: int | None, logprobs_mode: str = "processed_logits", max_num_seqs: int | None = None,
                 prefix_caching: bool | None = None):
@@ -247,7 +247,7 @@ class Runtime(VLLM):
         try:
             return self._vllm.LLM(
                 str(self.model_dir), tokenizer=str(self.model_dir), dtype=self.dtype, seed=0,
-                kv_cache_dtype="auto" if self.cell.kv_cache.native else self.cell.kv_cache.format,
+                kv_cache_dtype="auto" if self.flags.kv_cache.native else self.flags.kv_cache.format,
                 enforce_eager=settings["enforce_eager"], block_size=settings["block_size"],
                 enable_prefix_caching=settings["prefix_caching"] if prefix_caching is None else prefix_caching,
                 enable_chunked_prefill=True, max_model_len=length, max_num_batched_tokens=budget or length,
@@ -352,11 +352,11 @@ class Runtime(VLLM):
         config = engine.llm_engine.vllm_config
         ran = {"dtype": str(config.model_config.dtype).removeprefix("torch."),
                "kv_cache.format": str(config.cache_config.cache_dtype)}
-        wanted = {"dtype": self.dtype, "kv_cache.format": "auto" if self.cell.kv_cache.native
-                  else self.cell.kv_cache.format}
+        wanted = {"dtype": self.dtype, "kv_cache.format": "auto" if self.flags.kv_cache.native
+                  else self.flags.kv_cache.format}
         for key, actual in ran.items():
             if actual != wanted[key]:
-                raise ConfigError(f"{self.contract.path}: cells.{self.precision}.{key}: the cell names "
+                raise ConfigError(f"{self.contract.path}: cells.{self.cell}.{key}: the cell names "
                                   f"{wanted[key]!r}, the engine runs {actual!r}; refused: the cell would not run in "
                                   "its format")
         if self.contract.device == "cpu":
@@ -370,7 +370,7 @@ class Runtime(VLLM):
                                                               if hasattr(module, "cpu_linear")}))[0]
         recorded = dense_gemm(self.dtype)
         if recorded not in gemms or set(gemms) - {recorded, SMALL_WEIGHT_GEMM}:
-            raise ConfigError(f"{self.contract.path}: cells.{self.precision}: the run records vLLM's linear layers "
+            raise ConfigError(f"{self.contract.path}: cells.{self.cell}: the run records vLLM's linear layers "
                               f"on {recorded!r} (runtime.vllm.linear), the engine runs {', '.join(gemms) or 'none'}")
 
     def activate(self) -> None:
@@ -409,7 +409,7 @@ class Runtime(VLLM):
     def _served(self, construction: str, prompt: list[int], z_len: int, out, prefill_steps: int | None) -> Boundary:
         completion = out.outputs[0]
         tokens = prompt + list(completion.token_ids)
-        where = f"vllm {construction} ({self.precision})"
+        where = f"vllm {construction} ({self.cell})"
         if completion.finish_reason != "stop" or tokens[-1] != self.grammar.delims.closers[ANSWER]:
             raise BoundaryMismatch(f"{where}: the request ended by {completion.finish_reason} after "
                                    f"{len(completion.token_ids)} tokens, before <|/answer|>")
@@ -441,7 +441,7 @@ class Runtime(VLLM):
         output = list(out.outputs[0].token_ids)
         merge = self.grammar.delims.openers[MERGE]
         if merge not in output:
-            raise BoundaryMismatch(f"vllm {construction} ({self.precision}): the request never opened the merge "
+            raise BoundaryMismatch(f"vllm {construction} ({self.cell}): the request never opened the merge "
                                    f"block ({out.outputs[0].finish_reason} after {len(output)} tokens)")
         return self._served(construction, prompt_block, len(prompt_block) + output.index(merge) + 1, out, steps)
 
@@ -496,13 +496,13 @@ class Runtime(VLLM):
         return rollouts.rollout(construction, z, steps[:length], rows[length][0], self.grammar, mode, where)
 
     def rollout(self, z: list[int], length: int, seed: int | None, construction: str = "live") -> Rollout:
-        where = f"vllm rollout {construction} ({self.precision})"
+        where = f"vllm rollout {construction} ({self.cell})"
         params = rollouts.params(self._vllm, length + 1, self.settings["logprobs"], seed)
         return self._decoded(construction, z, length, params, where)
 
     def replay(self, construction: str, z: list[int], response: list[int]) -> Rollout:
         kind = construction.removesuffix("_replica")
-        where = f"vllm rollout {construction} ({self.precision})"
+        where = f"vllm rollout {construction} ({self.cell})"
         k = self.settings["logprobs"]
         if kind == "incremental":
             params = rollouts.params(self._vllm, len(response) + 1, k, forced=response)

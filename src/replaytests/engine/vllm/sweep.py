@@ -78,10 +78,10 @@ def axes(runtime, settings: dict) -> tuple[Axis, ...]:
              "the prefix on the chunked engine, split into chunks of at most runtime.vllm.chunk_budget tokens",
              (("runtime.vllm.chunk_budget", vllm["chunk_budget"]),)),
     ]
-    if not runtime.cell.kv_cache.native:
+    if not runtime.flags.kv_cache.native:
         found.append(Axis(FP8, "the prefix as one prompt (its last position a prefill query)",
                           "the prefix's last token decoded, one query over the fp8 cache of the tokens before it",
-                          ((f"cells.{runtime.precision}.kv_cache.format fp8 decode tile", FP8_TILE),)))
+                          ((f"cells.{runtime.cell}.kv_cache.format fp8 decode tile", FP8_TILE),)))
     found += [
         Axis(BATCH, "the row's prefix alone (the batch axis's engine)",
              "the row's prefix among other rows' requests in one engine step", values=tuple(settings["batch_sizes"]),
@@ -145,7 +145,7 @@ def _arm(runtime, construction: str, z: list[int], roles: list[int], out, forced
          served: dict) -> tuple[Boundary, Suffix]:
     """A request's boundary (the step after its prompt and forced tokens) and continuation."""
     completion = out.outputs[0]
-    where = f"vllm sweep {construction} at {len(z)} tokens ({runtime.precision})"
+    where = f"vllm sweep {construction} at {len(z)} tokens ({runtime.cell})"
     tokens = list(completion.token_ids)
     if tokens[:forced] != z[len(z) - forced:]:
         raise BoundaryMismatch(f"{where}: the forced decode chose other tokens than the prefix's")
@@ -185,7 +185,7 @@ class Sweep:
 
     def __init__(self, runtime, z: list[int]) -> None:
         self.runtime, self.z = runtime, z
-        self.roles = runtime.grammar.parse(z, f"vllm sweep ({runtime.precision})")
+        self.roles = runtime.grammar.parse(z, f"vllm sweep ({runtime.cell})")
         self.cold: dict[tuple[int, int], tuple[dict, int]] = {}
 
     def prefix(self, p: int) -> tuple[list[int], list[int]]:
@@ -210,7 +210,7 @@ class Sweep:
         for arm in ARMS[2:]:
             (left,) = _generate(runtime, runtime.engine, [self.z], [_params(runtime, 1)], reset=True)
             if left.num_cached_tokens:
-                raise BoundaryMismatch(f"vllm sweep {arm} at {p} tokens ({runtime.precision}): the request that "
+                raise BoundaryMismatch(f"vllm sweep {arm} at {p} tokens ({runtime.cell}): the request that "
                                        f"fills the cache read {left.num_cached_tokens} tokens from an emptied one")
             built[arm] = _one(runtime, runtime.engine, arm, z, roles, continuation, reset=False,
                               premise={"cached_tokens": max(owed, 1)}, extra={"owed_tokens": owed,
