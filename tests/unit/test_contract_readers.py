@@ -30,6 +30,7 @@ from replaytests.inputs.cells import PAPER
 from replaytests.inputs.contract import SCHEMA
 from replaytests.inputs.options import Options
 from replaytests.inputs.schema import Value
+from replaytests.outputs import report
 from replaytests.suite import artifacts, planner, session
 
 # path (as schema_paths spells it) -> the function that reads it (its source must name the key's last part).
@@ -65,7 +66,7 @@ READERS = {
     "panels.conversation_transplant.divergent": session.ReplaySession.conversation_transplant_panel,
     "panels.conversation_transplant.exact_controls": session.ReplaySession.conversation_transplant_panel,
     "panels.replication.rows": planner.Plan.panel_size,
-    "panels.replication.min_exact_controls": artifacts.causal_lines,
+    "panels.replication.min_exact_controls": report._causal,
     **{f"gates.{path}": gates.Gates.from_settings for path in (
         "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
         "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",

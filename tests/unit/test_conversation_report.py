@@ -207,16 +207,15 @@ def test_the_headline_row_counts_a_divergence_at_any_turn():
 
 def test_summary_and_terminal_show_the_turns():
     records = typed(diverging_at(4, {2: 1, 3: 2}))
-    md = "\n".join(summary.conversation_lines(records))
+    md = "\n".join(summary.conversation_lines(build_report(records, {})))
     assert "| bf16 | session~replay | 0/4, 1/4, 2/4 |" in md, md
-    assert "Conversations, turn by turn" in summary.text_table(records)
+    assert "Conversations, turn by turn" in summary.text_table(build_report(records, {}))
 
 
 def test_no_conversation_section_without_conversation_records():
     report = built([record("crossing", "r1", "bf16", {"incremental~prefill": comparison()})])
     assert "conversations" not in report and not report_html.conversation_plots(report)
-    assert summary.conversation_table(typed([record("crossing", "r1", "bf16", {"incremental~prefill": comparison()})]
-                                            )) is None
+    assert summary.conversation_table(report) is None
 
 
 def test_report_html_draws_divergence_by_turn_one_line_per_cell():

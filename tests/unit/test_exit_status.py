@@ -152,7 +152,7 @@ def test_the_rates_check_of_the_whole_run_decides_the_exit_status(tmp_path, monk
     for record in typed(diverging("crossing", 20, divergent)):
         ledger.append_record(tmp_path / RECORDS, record)
     monkeypatch.setattr(artifacts, "verdict_context", lambda replay, gathered: {})
-    monkeypatch.setattr(artifacts, "write_run", lambda *args: None)
+    monkeypatch.setattr(artifacts, "write_run", lambda *args: {})
     collector = LedgerCollector(config)
     collector.gathered = Gathered(outcomes={"passed": 20})
     session = SimpleNamespace(shouldstop=False, shouldfail=False, exitstatus=pytest.ExitCode.OK)

@@ -568,7 +568,7 @@ def test_replicas_of_no_comparison_are_reported_as_missing_not_exact():
     assert report["headline"]["rows"][0][4] == "none recorded", report["headline"]["rows"][0]
     shown = [line for line in markdown(report).splitlines() if "replicas exact (cache" in line]
     assert shown and all("none recorded" in line for line in shown), shown
-    row = re.split(r"\s{2,}", text_table(records).splitlines()[1])
+    row = re.split(r"\s{2,}", text_table(report).splitlines()[1])
     assert row[4] == "none recorded", f"summary.md's replicas column: {row}"
 
 

@@ -185,7 +185,7 @@ def test_a_hostile_row_id_is_text_in_every_output(output):
     records = [rollout(HOSTILE, 0, scale=0.5), *run(2, scale=1e-6)]
     report = build_report(typed(records), {})
     text = {"report.md": lambda: sections.markdown(report), "report.html": lambda: report_html.page(report),
-            "summary.md": lambda: summary.markdown(typed(records), {})}[output]()
+            "summary.md": lambda: summary.markdown(build_report(typed(records), {}), {})}[output]()
     assert "<img" not in text, f"{output}: the row id became markup"
     if output == "report.md":
         line = next(line for line in text.splitlines() if line.startswith("| r\\|&lt;img"))
@@ -196,7 +196,7 @@ def test_a_hostile_row_id_is_text_in_every_output(output):
 
 def test_summary_md_shows_the_headline_and_the_control():
     records = run(4, scale=0.02)
-    text = summary.markdown(typed(records), {})
+    text = summary.markdown(build_report(typed(records), {}), {})
     for pair in ("live~prefill", "live~incremental"):
         want = expected(records, pair)
         line = next((line for line in text.splitlines() if line.startswith(f"| rollout | bf16 | {pair} |")), None)

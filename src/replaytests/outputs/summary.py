@@ -14,7 +14,7 @@ from replaytests.inputs.gates import (
     replica_pairs,
     unmeasured,
 )
-from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, sweep_report, verdict
+from replaytests.outputs import causal, conversation_report, rollout_report, sweep_report, verdict
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
@@ -83,10 +83,11 @@ def table_rows(records: list[Record]) -> list[list[str]]:
             for family, cell in sorted(groups, key=lambda g: (order.get(g[0], len(order)), g))]
 
 
-def text_table(records: list[Record]) -> str:
-    """The headline table for a terminal, then the conversation family's turns where it ran."""
-    text = plain(Table("summary", COLUMNS, tuple(map(tuple, table_rows(records)))))
-    for table in (conversation_table(records), sweep_table(records)):
+def text_table(built: dict) -> str:
+    """The headline table of a built report for a terminal, then the conversation family's turns and the edge sweep's
+    values where they ran."""
+    text = plain(Table("summary", COLUMNS, tuple(map(tuple, built["headline"]["rows"]))))
+    for table in (conversation_table(built), sweep_table(built)):
         text += f"\n\n{table.title} ({table.note})\n{plain(table)}" if table else ""
     return text
 
@@ -100,12 +101,13 @@ def audit_line(audits: list[dict]) -> str:
     return line + (f"; changed: {shown}" if changed else "")
 
 
-def causal_lines(records: list[Record], min_exact_controls: int, gates: Gates) -> list[str]:
-    """The transplant and replication outcomes, with Wilson 95% intervals and the verdict of
-    gates.transplant, when those families ran."""
+def causal_lines(built: dict, gates: Gates) -> list[str]:
+    """The transplant and replication outcomes of a built report (`causal_cells`), with Wilson 95% intervals and the
+    verdict of gates.transplant, when those families ran."""
     lines = []
-    for cell in causal.cells(records, "transplant"):
-        t = causal.transplant(causal.of_cell(records, cell))
+    found = built.get("causal_cells") or {}
+    for cell in (c for c, by_family in found.items() if "transplant" in by_family):
+        t = found[cell]["transplant"]
         full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t["full"].items())
         third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
         parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
@@ -121,8 +123,8 @@ def causal_lines(records: list[Record], min_exact_controls: int, gates: Gates) -
                   f"  not testable (first suffix tokens differ): {len(t['not_testable'])}"
                   + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"]),
                   f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {ranges}"]
-    for cell in causal.cells(records, "replication"):
-        r = causal.replication(causal.of_cell(records, cell), min_exact_controls)
+    for cell in (c for c, by_family in found.items() if "replication" in by_family):
+        r = found[cell]["replication"]
         recovery = "; ".join(f"{name} {fmt_proportion(v)}" for name, v in r["donor_recovery"].items())
         label = causal.replication_label(r)
         lines += [f"replication ({cell}): validity control {validity_text(r['validity'])}; divergent "
@@ -147,9 +149,9 @@ def gate_text(judgements: list) -> str:
     return "not established: " + "; ".join(unsettled) if unsettled else "met"
 
 
-def rollout_lines(records: list[Record]) -> list[str]:
-    """The rollout families' headline and control pairs per cell (outputs/rollout_families.py), as Markdown."""
-    found = rollout_families.build(records, "")
+def rollout_lines(built: dict) -> list[str]:
+    """The rollout families' headline and control pairs per cell (a built report's `rollouts`), as Markdown."""
+    found = built.get("rollouts") or {}
     rows = [(family, cell, pair, *rollout_report.compact(run)) for family, by_cell in found.items()
             for cell, summary in by_cell.items() for pair, run in summary["pairs"].items()
             if pair in (ROLLOUT_RECOMPUTE, ROLLOUT_CONTROL)]
@@ -167,12 +169,12 @@ def _per_turn(turns: list[dict], read) -> str:
     return ", ".join("-" if (p := read(t)) is None else f"{p['k']}/{p['n']}" for t in turns)
 
 
-def conversation_table(records: list[Record]) -> Table | None:
+def conversation_table(built: dict) -> Table | None:
     """The conversation family's headline pairs per cell (outputs/conversation_report.py): at turns 1, 2, ...
     the conversations whose assistant turns, answers and correctness labels differ, the re-rendered histories whose
     ids differ from the generated ones, and whether divergence accumulates (first turn against last); None where
     the family did not run."""
-    found = conversation_report.build(records, "")
+    found = built.get("conversations") or {}
     rows = []
     for cell, c in found.items():
         turns = c["turns"]
@@ -193,9 +195,9 @@ def conversation_table(records: list[Record]) -> Table | None:
                               "the intervals and why re-rendered ids differ.")
 
 
-def conversation_lines(records: list[Record]) -> list[str]:
+def conversation_lines(built: dict) -> list[str]:
     """conversation_table as Markdown (summary.md)."""
-    table = conversation_table(records)
+    table = conversation_table(built)
     return md_table(table, 2) if table else []
 
 
@@ -203,12 +205,12 @@ SWEEP_COLUMNS = ("precision", "axis", "rows", "points", "logits differ at", "con
                  "first difference", "not counted")
 
 
-def sweep_table(records: list[Record]) -> Table | None:
+def sweep_table(built: dict) -> Table | None:
     """The edge sweep per cell and axis (outputs/sweep_report.py): the values swept, at how many of them some row's
     reference~edge logits and continuation differ, the first value where anything differs, and the row-points not
     counted (their premise did not hold); None where the family did not run."""
     rows = tuple((cell, axis, str(swept["rows"]), *sweep_report.compact(swept))
-                 for cell, found in sweep_report.build(records, "").items() for axis, swept in found["axes"].items())
+                 for cell, found in (built.get("sweeps") or {}).items() for axis, swept in found["axes"].items())
     if not rows:
         return None
     return Table("Edge sweep, value by value", SWEEP_COLUMNS, rows,
@@ -219,9 +221,9 @@ def sweep_table(records: list[Record]) -> Table | None:
                  "held (replicas: at every point). report.md has every value with its rates and intervals.")
 
 
-def sweep_lines(records: list[Record]) -> list[str]:
+def sweep_lines(built: dict) -> list[str]:
     """sweep_table as Markdown (summary.md)."""
-    table = sweep_table(records)
+    table = sweep_table(built)
     return md_table(table, 2) if table else []
 
 
@@ -234,20 +236,21 @@ def metrics(record: Record) -> dict:
     }
 
 
-def markdown(records: list[Record], header: dict[str, str], audits: list[dict] = (), causal: list[str] = (),
+def markdown(built: dict, header: dict[str, str], audits: list[dict] = (), causal: list[str] = (),
              outcome: dict | None = None) -> str:
+    """summary.md of a built report: the verdict, the run's header, the headline table, the rollout, conversation
+    and sweep tables, the audit, the causal lines and the excluded rows."""
     lines = ["# replaytests run summary", "", *(f"    {line}" for line in verdict.lines(outcome)), ""]
     lines += [f"- **{name}**: {md_cell(str(value))}" for name, value in header.items()]
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in table_rows(records)]
+    lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in built["headline"]["rows"]]
     lines += ["", HEADLINE_NOTE, ""]
-    lines += rollout_lines(records) + conversation_lines(records) + sweep_lines(records)
+    lines += rollout_lines(built) + conversation_lines(built) + sweep_lines(built)
     if audits:
         lines += [audit_line(audits), ""]
     if causal:
         lines += ["```", *causal, "```", ""]
-    excluded = [r for r in records if not r.ok]
-    if excluded:
-        lines += ["## Excluded rows", ""] + [md_cell(f"- {r.family} {r.row} {r.precision}: {r.reason}")
+    if excluded := built["excluded"]:
+        lines += ["## Excluded rows", ""] + [md_cell(f"- {r['family']} {r['row']} {r['precision']}: {r['reason']}")
                                               for r in excluded] + [""]
     return "\n".join(lines)

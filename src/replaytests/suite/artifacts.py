@@ -10,38 +10,40 @@ from pathlib import Path
 
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.outputs import ledger, report, runs, summary, verdict
-from replaytests.outputs.records import Record
 from replaytests.suite.gathered import Gathered
 from replaytests.suite.session import ReplaySession
 
 
 def write_run(replay: ReplaySession, gathered: Gathered, outcome: dict, run: Path, interrupted: bool,
-              started: datetime) -> None:
-    """Write the run's directory, each file starting with the verdict `outcome` (suite.collector.run_verdict)."""
+              started: datetime) -> dict:
+    """Write the run's directory, each file starting with the verdict `outcome` (suite.collector.run_verdict), from
+    the run's statistics computed once (the built report, report.build_report), which it returns for the terminal."""
     finished = datetime.now(UTC)
     times = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
              "seconds": round((finished - started).total_seconds(), 1)}
     meta = run_metadata(replay, outcome) | {"run": {"name": run.name, "interrupted": interrupted, **times,
                                                         "computed": gathered.computed}} | (
         {"audit": summary.audit_line(gathered.audits)} if gathered.audits else {})
+    built = report.build_report(gathered.records, runs.run_meta(meta))
     ledger.write_ledger(run / "ledger.jsonl", gathered.records)
     write_json_atomic(run / "run.json", meta)
-    write_atomic(run / "summary.md", summary.markdown(gathered.records, header_fields(replay), gathered.audits,
-                                                      causal_lines(replay, gathered.records), outcome))
-    report.write_report(run, gathered.records, runs.run_meta(meta))
+    write_atomic(run / "summary.md", summary.markdown(built, header_fields(replay), gathered.audits,
+                                                      causal_lines(replay, built), outcome))
+    report.write_built(run, built)
+    return built
 
 
-def terminal_lines(replay: ReplaySession, gathered: Gathered, outcome: dict | None, run: Path | None) -> list[str]:
-    """The terminal's replaytests summary: the verdict first, then the table and the causal lines."""
-    lines = [*verdict.lines(outcome), "", summary.text_table(gathered.records),
-             *causal_lines(replay, gathered.records)]
+def terminal_lines(replay: ReplaySession, gathered: Gathered, built: dict, outcome: dict | None,
+                   run: Path | None) -> list[str]:
+    """The terminal's replaytests summary from the run's built report: the verdict first, then the table and the
+    causal lines."""
+    lines = [*verdict.lines(outcome), "", summary.text_table(built), *causal_lines(replay, built)]
     lines += [summary.audit_line(gathered.audits)] if gathered.audits else []
     return lines + ([f"run directory: {run}"] if run is not None else [])
 
 
-def causal_lines(replay: ReplaySession, records: list[Record]) -> list[str]:
-    return summary.causal_lines(records, replay.contract.panels["replication"]["min_exact_controls"],
-                                replay.contract.gates)
+def causal_lines(replay: ReplaySession, built: dict) -> list[str]:
+    return summary.causal_lines(built, replay.contract.gates)
 
 
 def verdict_context(replay: ReplaySession, gathered: Gathered) -> dict:

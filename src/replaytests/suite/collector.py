@@ -55,6 +55,7 @@ class LedgerCollector:
         self.config = config
         self.gathered = None
         self.verdict: dict | None = None
+        self.built: dict = {}  # the run's statistics, computed once when its files are written (report.build_report)
         self.run: Path | None = None
         self.progress = None  # suite.progress.Progress, in the controller of a conformance run
         self.started = datetime.now(UTC)
@@ -145,7 +146,7 @@ class LedgerCollector:
                 self.run = run
                 try:
                     outcome = run_verdict(replay, self.gathered, interrupted)
-                    write_run(replay, self.gathered, outcome, run, interrupted, self.started)
+                    self.built = write_run(replay, self.gathered, outcome, run, interrupted, self.started)
                 except (OSError, ReplaytestsError) as exc:  # a full disk, a quota: the records stay appended
                     self.write_failed(session, run, exc)
                     return
@@ -180,7 +181,7 @@ class LedgerCollector:
         from replaytests.suite.artifacts import terminal_lines
 
         terminalreporter.write_sep("=", "replaytests summary")
-        for line in terminal_lines(replay_session(self.config), self.gathered, self.verdict, self.run):
+        for line in terminal_lines(replay_session(self.config), self.gathered, self.built, self.verdict, self.run):
             terminalreporter.write_line(line)
         outcomes = self.gathered.outcomes
         if self.verdict["result"] == "fail" and not outcomes.get("failed") and not outcomes.get("error"):
