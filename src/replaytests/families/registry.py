@@ -71,6 +71,16 @@ class Family:
     requires: tuple[str, ...] = ()  # the backend capabilities it needs (engine.backend.CAPABILITIES)
     reads: tuple[str, ...] = ()  # the families whose finished records (same row and cell) it reads
     settings: str | None = None  # the contract section its `run` takes as a third argument
+    # its panel's size in the contract's panels (the path under `panels:`); None: every selected row, or a panel read
+    # from another family's outcomes (its module's `panel`)
+    panel_size: tuple[str, ...] | None = None
+    row_fixture: str = ""  # the conformance tests' fixture of its rows (`<name>_row` where empty)
+    later_model: bool = False  # runs on the later checkpoint (--replication-model), on no row without one
+
+    @property
+    def fixture(self) -> str:
+        """The conformance tests' fixture of its rows."""
+        return self.row_fixture or f"{self.name}_row"
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -132,17 +142,18 @@ FAMILIES = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
                                                       ("live", "prefill")), ("live~prefill",), "live",
            ("replica", "token_identity", "fidelity"), accuracy=("live", "prefill"), reductions=True,
-           title="Live matrix: live vs prefill of the live prefix"),
+           title="Live matrix: live vs prefill of the live prefix", panel_size=("live",)),
     Family("crossing", _with_replicas("incremental", "prefill"), _CROSSING_PAIRS, (CROSS,), "all",
            ("replica", "token_identity", "fidelity"), accuracy=("incremental", "prefill"), reductions=True,
-           title="Fixed-prefix crossing (2x2: construction x precision)"),
+           title="Fixed-prefix crossing (2x2: construction x precision)", row_fixture="bank_row"),
     Family("bridge", ("live", "incremental"), (("live", "incremental"),), ("live~incremental",), "bridge",
            ("fidelity",), title="Bridge: a fresh live boundary vs the incremental cache of its tokens",
-           requires=("kv_tensors",)),
+           requires=("kv_tensors",), panel_size=("bridge",), row_fixture="panel_row"),
     Family("batch", tuple(f"{c}_{size}" for c in _BATCH for size in ("pair", "singleton")),
            tuple((f"{c}_pair", f"{c}_singleton") for c in _BATCH),
            tuple(f"{c}_pair~{c}_singleton" for c in _BATCH), "bridge", ("token_identity", "fidelity"),
-           title="Batch composition: duplicated pair vs singleton", requires=("batch_size", "state_copy")),
+           title="Batch composition: duplicated pair vs singleton", requires=("batch_size", "state_copy"),
+           panel_size=("bridge",)),
     Family("transplant", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (("incremental", "prefill"), *_TRANSPLANT_PAIRS), (CROSS,), "transplant", ("causal",),
            divergent_cells_only=True, headline_table=False, title="Transplant (Table 5)",
@@ -150,25 +161,25 @@ FAMILIES = {family.name: family for family in (
     Family("replication", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (*_CROSSING_PAIRS, *_TRANSPLANT_PAIRS), (CROSS,), "replication", ("causal",), divergent_cells_only=True,
            headline_table=False, title="Replication on a later checkpoint (Table 6)",
-           requires=("kv_tensors", "state_copy")),
+           requires=("kv_tensors", "state_copy"), panel_size=("replication", "rows"), later_model=True),
     Family("serving", SERVING_ARMS, _SERVING_PAIRS, tuple(f"{a}~{b}" for a, b in _SERVING_PAIRS[2:]), "all",
            ("replica", "fidelity"), accuracy=("live", "prefill"), reductions=True,
            title="Serving engine: prefix-cache hit, fresh, chunked and batched prefill vs live",
            requires=("prefix_cache", "chunked_prefill")),
     *(Family(name, ROLLOUT_ARMS, _ROLLOUT_PAIRS, (ROLLOUT_RECOMPUTE,), "rollout", ("replica", "fidelity"),
              headline_table=False, title=f"Rollout fidelity, {mode}: the trainer's recompute of a live rollout",
-             requires=("rollout_logprobs",), settings="rollout")
+             requires=("rollout_logprobs",), settings="rollout", panel_size=("rollout",), row_fixture="rollout_row")
       for name, mode in zip(ROLLOUT_FAMILIES, MODES, strict=True)),
     Family("conversation", CONVERSATION_ARMS, _CONVERSATION_PAIRS, ("session~replay", "session~rerendered"),
            "conversation", ("replica", "fidelity"), headline_table=False,
            title="Conversations: turn k of a cached chat, replayed and re-rendered",
-           requires=("conversation",), settings="conversation"),
+           requires=("conversation",), settings="conversation", panel_size=("conversation",)),
     Family("conversation_transplant", (*_with_replicas(*CONVERSATION_SPLICE), *SPLICES, *(n for n, _ in SELF_SPLICES)),
            _SPLICE_PAIRS, ("session~replay",), "conversation_transplant", ("causal",), divergent_cells_only=True,
            headline_table=False, title="Conversation transplant: the earliest turn whose K/V carries the divergence",
            requires=("conversation", "kv_tensors", "position_splice"), reads=("conversation",),
-           settings="conversation"),
+           settings="conversation", panel_size=("conversation",)),  # its candidates: the conversation family's rows
     Family("sweep", SWEEP_ARMS, _SWEEP_PAIRS, (SWEEP_HEADLINE,), "sweep", ("replica", "token_identity", "fidelity"),
            headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
-           requires=("edge_sweep",), settings="sweep"),
+           requires=("edge_sweep",), settings="sweep", panel_size=("sweep",)),
 )}

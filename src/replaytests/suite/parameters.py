@@ -68,7 +68,7 @@ def unavailable(replay: ReplaySession, family: str) -> list:
 def row_params(replay: ReplaySession, family: str) -> list:
     if skipped := unavailable(replay, family):
         return skipped
-    if family == "replication" and not replay.options.later_model:
+    if FAMILIES[family].later_model and not replay.options.later_model:
         return _skipped("no-later-model", replay.options.why_no_later_model)
     rows = replay.plan.family_rows(family)
     if not rows:  # a shard can hold none of a panel's rows: not an error

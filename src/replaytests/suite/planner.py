@@ -11,17 +11,18 @@ from typing import TYPE_CHECKING
 
 from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES
+from replaytests.files import lookup
 from replaytests.inputs.options import Options, parse_shard
 from replaytests.outputs.records import Record
 
 if TYPE_CHECKING:
     from replaytests.inputs.bank import BankRow
 
-# The conformance tests' row fixtures, and the family whose rows each takes.
-ROW_FIXTURES = {"bank_row": "crossing", "live_row": "live", "panel_row": "bridge", "batch_row": "batch",
-                "transplant_row": "transplant", "replication_row": "replication", "serving_row": "serving",
-                "rollout_row": "rollout", "conversation_row": "conversation",
-                "conversation_transplant_row": "conversation_transplant", "sweep_row": "sweep"}
+# The conformance tests' row fixtures, and the family whose rows each takes (both rollout families read
+# `rollout_row`: the first registered takes it).
+ROW_FIXTURES: dict[str, str] = {}
+for _family in FAMILIES.values():
+    ROW_FIXTURES.setdefault(_family.fixture, _family.name)
 
 
 @dataclass(frozen=True)
@@ -39,18 +40,14 @@ class Plan:
         return [row for n, row in enumerate(self.rows) if n % count == index - 1]
 
     def panel_size(self, family: str) -> int | None:
-        """The size of a family's panel (None: every selected row)."""
-        kind = FAMILIES[family].panel
-        return {"bridge": self.panels["bridge"], "live": self.panels["live"],
-                "replication": self.panels["replication"]["rows"], "rollout": self.panels["rollout"],
-                "conversation": self.panels["conversation"],
-                # its candidates: the conversation family's rows (the panel itself is read from their outcomes)
-                "conversation_transplant": self.panels["conversation"], "sweep": self.panels["sweep"]}.get(kind)
+        """The size of a family's panel (None: every selected row), where the registry says the contract holds it."""
+        path = FAMILIES[family].panel_size
+        return None if path is None else lookup(self.panels, *path)
 
     def family_rows(self, family: str) -> list[BankRow]:
         """The rows a family runs on: every selected row, or its panel of them; then this shard's share
         (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
-        if family in self.unsupported or (FAMILIES[family].panel == "replication" and not self.options.later_model):
+        if family in self.unsupported or (FAMILIES[family].later_model and not self.options.later_model):
             return []
         size = self.panel_size(family)
         rows = self.rows if size is None else spaced(self.rows, size)

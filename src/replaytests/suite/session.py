@@ -336,6 +336,6 @@ class ReplaySession:
             return conversation_transplant.run(self.runtime(cell), row, read,
                                                self.conversation_transplant_role(row, cell),
                                                self.family_settings(family))
-        model = self.options.later_model if spec.panel == "replication" else None
+        model = self.options.later_model if spec.later_model else None
         settings = (self.family_settings(family),) if spec.settings else ()
         return spec.run(self.runtime(cell, model), row, *settings)
