@@ -254,7 +254,10 @@ def two_row_run(tmp_path_factory):
     return conformance_run(tmp_path_factory.mktemp("run"), "-p", "no:xdist")
 
 
-MODEL_FIXTURES = {"fp32_runtime", "bf16_runtime"}  # every fixture that loads the model depends on one of these
+# The fixtures that load a model: the session's runtimes (the fixtures built on them depend on one), and the test
+# modules' own (test_cells' quantized-cache runtime, test_cli's `replaytests freeze`, test_replication's record on
+# the later checkpoint)
+MODEL_FIXTURES = {"fp32_runtime", "bf16_runtime", "kv_runtime", "frozen", "later_record"}
 E2E_FIXTURES = {"pytester", "two_row_run"}  # two_row_run: a whole conformance run in a subprocess
 # Modules whose tests load models of their own or run the CLI in a subprocess, and such tests of other modules.
 KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_causal_visibility.py": "model",
@@ -290,24 +293,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(autouse=True)
-def _model_loads_are_marked(request, monkeypatch):
+_RUNNING: list[pytest.Item] = []  # the test being set up, run or torn down (its fixtures of every scope with it)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item):
+    _RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        _RUNNING.pop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_loads_are_marked():
     """The unit-test kinds are one fixture's: a test that loads a model's weights without the `model` or `e2e`
-    mark fails, naming itself, so the quick loop (`-m "not model and not e2e"`) never loads one. Reading a
-    config on the meta device (inspection) is no load."""
-    if request.node.get_closest_marker("model") or request.node.get_closest_marker("e2e"):
-        return
+    mark fails, naming itself, so the quick loop (`-m "not model and not e2e"`) never loads one. The guard holds
+    for the whole session, so a load in a module- or session-scoped fixture is charged to the test it is set up
+    for. Reading a config on the meta device (inspection) is no load."""
     from replaytests.engine.hf import adapter
 
     real = adapter._from_pretrained
 
     def guarded(path, **how):
-        if how.get("device_map") != "meta":
-            raise AssertionError(f"{request.node.nodeid} loads the model {path}: mark it `model` (KINDS in "
-                                 "tests/unit/conftest.py), or take a runtime from the model fixtures")
+        test = _RUNNING[-1] if _RUNNING else None
+        if how.get("device_map") != "meta" and not (test and (test.get_closest_marker("model")
+                                                              or test.get_closest_marker("e2e"))):
+            who = test.nodeid if test else "a hook outside any test"
+            raise AssertionError(f"{who} loads the model {path}: mark it `model` (KINDS in tests/unit/conftest.py), "
+                                 "or take a runtime from the model fixtures")
         return real(path, **how)
 
-    monkeypatch.setattr(adapter, "_from_pretrained", guarded)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(adapter, "_from_pretrained", guarded)
+        yield
 
 
 def within(seconds: float, call):
