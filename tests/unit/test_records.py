@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -18,12 +19,22 @@ LEDGERS = sorted((REPO / "fixtures" / "ledgers").glob("**/ledger.jsonl"))
 EMBEDDED = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
 
 
+@functools.cache
+def _committed(path: Path) -> tuple[tuple[str, dict], ...]:
+    """Each line of a committed ledger and the JSON object it holds, read once for this module's tests (a
+    hundred megabytes of them): a test that changes an object changes a copy."""
+    return tuple((line, json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines(keepends=True))
+
+
+@functools.cache
+def _records(path: Path) -> tuple[Record, ...]:
+    """A committed ledger's records, line by line, read once for this module's tests (they are frozen)."""
+    return tuple(Record.from_json(value) for _, value in _committed(path))
+
+
 @pytest.mark.parametrize("path", LEDGERS, ids=lambda p: str(p.parent.relative_to(REPO / "fixtures" / "ledgers")))
 def test_every_committed_ledger_round_trips_byte_for_byte(path):
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines(keepends=True)
-    for number, line in enumerate(lines, start=1):
-        record = Record.from_json(json.loads(line))
+    for number, ((line, _), record) in enumerate(zip(_committed(path), _records(path), strict=True), start=1):
         written = json.dumps(record.to_json(), sort_keys=True) + "\n"
         assert written == line, f"{path}:{number} ({'/'.join(record.key)}) is not written back as it was read"
 
@@ -34,8 +45,7 @@ UNCOMMITTED = {"conversation_transplant": "no committed baseline yet (issue 49, 
 
 def test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_claims():
     """The premise of the round trip: it covers ledger versions 2 to LATEST and every family."""
-    seen = {(json.loads(line)["schema"], json.loads(line)["family"]) for path in LEDGERS
-            for line in path.read_text(encoding="utf-8").splitlines()}
+    seen = {(value["schema"], value["family"]) for path in LEDGERS for _, value in _committed(path)}
     versions = {int(schema.rsplit("/", 1)[1]) for schema, _ in seen}
     families = {family for _, family in seen}
     assert versions == set(range(2, LATEST + 1)), sorted(versions)
@@ -44,8 +54,7 @@ def test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_clai
 
 def _first(family: str) -> dict:
     for path in LEDGERS:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
+        for _, record in _committed(path):
             if record["family"] == family and record["schema"].endswith(f"/{LATEST}"):
                 return record
     raise AssertionError(f"no committed ledger/{LATEST} {family} record")
@@ -104,8 +113,7 @@ def test_a_malformed_record_is_refused_naming_its_field(family, change, field, p
 def test_not_measured_is_none_whether_written_null_or_not_carried():
     """A runtime without K/V writes null; an older version does not carry the field: both read as None,
     and each is written back as it was."""
-    records = [Record.from_json(json.loads(line)) for path in LEDGERS
-               for line in path.read_text(encoding="utf-8").splitlines()]
+    records = [record for path in LEDGERS for record in _records(path)]
     null = next(arm for r in records if r.arms for arm in r.arms.values() if "cache_digest" not in arm.absent
                 and arm.cache_digest is None)
     older = next(r for r in records if r.schema.endswith("/2"))
