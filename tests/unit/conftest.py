@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import scipy.sparse  # noqa: F401 - see below
 import torch
-import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - see below
 
 from replaytests.engine.boundary import Boundary
 from replaytests.engine.hf import constructions
@@ -30,11 +28,6 @@ from replaytests.engine.protocol import DELIMITER_NAMES, Caps, Delimiters, Gramm
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.contract import Contract, load_contract
-
-# pytester's in-process runs drop the modules each run imported, and some cannot be loaded twice in one
-# process (numpy.fft, reached through scipy.sparse; torch.distributed's operator library, reached through
-# the tiny model's modeling module): imported here once, before any such run, so that a test module runs on
-# its own as it runs in the whole suite.
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "fixtures" / "models" / "tiny-qwen2"
@@ -278,6 +271,16 @@ KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_cau
          "test_cli.py::test_freeze_over_a_bank_is_refused_and_force_replaces_it": "model",
          "test_session.py::test_weights_swapped_after_the_run_opened_are_refused_at_load": "model",
          "test_session.py::test_a_loaded_model_does_not_change_when_its_file_does": "model"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """pytester's in-process runs drop the modules each run imported, and some cannot be loaded twice in one
+    process (numpy.fft, reached through scipy.sparse; torch.distributed's operator library, reached through the
+    tiny model's modeling module): imported once, before any such run, where the session holds one (so that a
+    test module runs on its own as it runs in the whole suite; the quick loop, which holds none, spares them)."""
+    if any("pytester" in getattr(item, "fixturenames", ()) for item in session.items):
+        import scipy.sparse  # noqa: F401
+        import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
