@@ -19,22 +19,20 @@ LEDGERS = sorted((REPO / "fixtures" / "ledgers").glob("**/ledger.jsonl"))
 EMBEDDED = REPO / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl"
 
 
-@functools.cache
-def _committed(path: Path) -> tuple[tuple[str, dict], ...]:
-    """Each line of a committed ledger and the JSON object it holds, read once for this module's tests (a
-    hundred megabytes of them): a test that changes an object changes a copy."""
-    return tuple((line, json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines(keepends=True))
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines(keepends=True)
 
 
 @functools.cache
 def _records(path: Path) -> tuple[Record, ...]:
-    """A committed ledger's records, line by line, read once for this module's tests (they are frozen)."""
-    return tuple(Record.from_json(value) for _, value in _committed(path))
+    """A committed ledger's records, line by line, read once for this module's tests (a hundred megabytes of
+    ledgers; the records are frozen)."""
+    return tuple(Record.from_json(json.loads(line)) for line in _lines(path))
 
 
 @pytest.mark.parametrize("path", LEDGERS, ids=lambda p: str(p.parent.relative_to(REPO / "fixtures" / "ledgers")))
 def test_every_committed_ledger_round_trips_byte_for_byte(path):
-    for number, ((line, _), record) in enumerate(zip(_committed(path), _records(path), strict=True), start=1):
+    for number, (line, record) in enumerate(zip(_lines(path), _records(path), strict=True), start=1):
         written = json.dumps(record.to_json(), sort_keys=True) + "\n"
         assert written == line, f"{path}:{number} ({'/'.join(record.key)}) is not written back as it was read"
 
@@ -45,16 +43,19 @@ UNCOMMITTED = {"conversation_transplant": "no committed baseline yet (issue 49, 
 
 def test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_claims():
     """The premise of the round trip: it covers ledger versions 2 to LATEST and every family."""
-    seen = {(value["schema"], value["family"]) for path in LEDGERS for _, value in _committed(path)}
+    seen = {(record.schema, record.family) for path in LEDGERS for record in _records(path)}
     versions = {int(schema.rsplit("/", 1)[1]) for schema, _ in seen}
     families = {family for _, family in seen}
     assert versions == set(range(2, LATEST + 1)), sorted(versions)
     assert families == set(FAMILIES) - UNCOMMITTED.keys(), sorted(families ^ (set(FAMILIES) - UNCOMMITTED.keys()))
 
 
+@functools.cache
 def _first(family: str) -> dict:
+    """The first committed ledger/LATEST record of `family`, as JSON (a case breaks a copy of it)."""
     for path in LEDGERS:
-        for _, record in _committed(path):
+        for line in _lines(path):
+            record = json.loads(line)
             if record["family"] == family and record["schema"].endswith(f"/{LATEST}"):
                 return record
     raise AssertionError(f"no committed ledger/{LATEST} {family} record")
