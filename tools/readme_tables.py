@@ -42,8 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from replaytests.outputs import ledger  # noqa: E402
 from replaytests.outputs.flips import pair_flips, step_margins  # noqa: E402
-from replaytests.outputs.ledger import collate  # noqa: E402
 from replaytests.outputs.records import Record  # noqa: E402
 from replaytests.outputs.report import build_report  # noqa: E402
 from replaytests.outputs.runs import report_meta  # noqa: E402
@@ -60,12 +60,12 @@ PRECISIONS = ("bf16", "fp32")
 
 @functools.cache
 def _collated(paths: tuple[Path, ...]) -> tuple[Record, ...]:
-    return tuple(collate(list(paths)))
+    return tuple(ledger.collate(list(paths)))
 
 
-def _records(paths: list[Path]) -> list[Record]:
+def collate(paths: list[Path]) -> list[Record]:
     """ledger.collate over run directories, read once however many tables read them (the committed ledgers
-    hold a hundred megabytes; several tables read the same runs)."""
+    hold a hundred megabytes, and several tables read the same runs)."""
     return list(_collated(tuple(paths)))
 
 
@@ -154,7 +154,7 @@ def _markdown(rows: list[list[str]]) -> str:
 def vllm_table() -> str:
     columns, header = [], ["", *(f"{model} {p.upper()}" for model in MODELS for p in PRECISIONS)]
     for vllm_name, hf_name in MODELS.values():
-        vllm, hf = _records([LEDGERS / vllm_name]), _records([LEDGERS / hf_name]) if hf_name else []
+        vllm, hf = collate([LEDGERS / vllm_name]), collate([LEDGERS / hf_name]) if hf_name else []
         columns += [column(vllm, hf, precision) for precision in PRECISIONS]
     return _markdown([header, *([label, *cells] for label, *cells in zip(LABELS, *columns, strict=True))])
 
@@ -187,9 +187,9 @@ def llamacpp_table() -> str:
     transformers FP32 run of the same causal bank (the same rows both hold)."""
     header, columns = ["", *LLAMACPP], []
     for run, cell, hf_name in LLAMACPP.values():
-        hf = [dataclasses.replace(r, precision=cell) for r in _records([LEDGERS / hf_name]) if r.precision == "fp32"] \
+        hf = [dataclasses.replace(r, precision=cell) for r in collate([LEDGERS / hf_name]) if r.precision == "fp32"] \
             if hf_name else []
-        records = _records([LEDGERS / run])
+        records = collate([LEDGERS / run])
         columns.append(column(records, hf, cell) + _answers(records, cell))
     labels = [label.replace("vLLM", "llama.cpp").replace("the engine's count", "llama.cpp's count")
               for label in LABELS] + list(ANSWER_LABELS)
@@ -214,7 +214,7 @@ def flips_table() -> str:
              "clear-margin rows", "threshold catching every flip", "incremental steps at or below it",
              "incremental steps at an exact tie"]]
     for label, name in FLIP_RUNS.items():
-        ok = _ok(_records([LEDGERS / name]), "crossing", "bf16")
+        ok = _ok(collate([LEDGERS / name]), "crossing", "bf16")
         found = pair_flips(ok, PAIR)
         if found is None:
             rows.append([label, _cell(0, len(ok)), *["-"] * 6, _tied_steps(ok)])
@@ -263,9 +263,10 @@ def behaviour_table() -> str:
     labels = [*DIVERGENCE_LABELS.values(), "accuracy, incremental", "accuracy, prefill",
               "accuracy, prefill - incremental (paired), McNemar"]
     header = ["crossing, incremental vs prefill", *BEHAVIOUR_RUNS, "paper (14B, B200; live for incremental)"]
-    rows, reports = [], [build_report(_records([LEDGERS / name]), {}) for name in BEHAVIOUR_RUNS.values()]
+    rows = []
     for precision in PRECISIONS:
-        columns = [_behaviour(report, precision) for report in reports]
+        columns = [_behaviour(build_report(collate([LEDGERS / name]), {}), precision)
+                   for name in BEHAVIOUR_RUNS.values()]
         rows += [[f"{precision.upper()}: {label}", *cells]
                  for label, *cells in zip(labels, *columns, _paper(precision), strict=True)]
     return _markdown([header, *rows])
@@ -305,7 +306,7 @@ def cells_table() -> str:
     rows = [["model", "cell", *CELL_LABELS]]
     for model, names in CELL_RUNS.items():
         paths = [LEDGERS / name for name in names]
-        report = build_report(_records(paths), report_meta(paths))
+        report = build_report(collate(paths), report_meta(paths))
         rows += [[model, cell, *_cell_row(report, cell)] for cell in report["families"]["crossing"]["precisions"]]
     return _markdown(rows)
 
@@ -346,7 +347,7 @@ def rollouts_table() -> str:
 
     rows = [ROLLOUT_HEADER]
     for model, (names, runtimes) in ROLLOUT_RUNS.items():
-        built = rollout_families.build(_records([LEDGERS / name for name in names]), runtimes, ("bf16", "fp32"))
+        built = rollout_families.build(collate([LEDGERS / name for name in names]), runtimes, ("bf16", "fp32"))
         for family, cells in built.items():
             for cell, measured in cells.items():
                 pair = measured["pairs"].get(ROLLOUT_RECOMPUTE)
@@ -407,7 +408,7 @@ def conversations_table(runs: dict[str, tuple[Path, ...]] | None = None) -> str:
     for model, paths in (runs or {label: tuple(LEDGERS / name for name in names)
                                   for label, names in CONVERSATION_RUNS.items()}).items():
         meta = report_meta(list(paths))
-        records = _records(list(paths))
+        records = collate(list(paths))
         for cell, found in conversation_report.build(records, runtime(meta), cell_order(meta)).items():
             rows += _conversation_rows(model, found["runtime"], cell, found)
     return _markdown(rows)
@@ -452,7 +453,7 @@ def sweeps_table(runs: dict[str, tuple[Path, ...]] | None = None) -> str:
     for model, paths in (runs or {label: tuple(LEDGERS / name for name in names)
                                   for label, names in SWEEP_RUNS.items()}).items():
         meta = report_meta(list(paths))
-        for cell, found in sweep_report.build(_records(list(paths)), runtime(meta), cell_order(meta)).items():
+        for cell, found in sweep_report.build(collate(list(paths)), runtime(meta), cell_order(meta)).items():
             rows += [_sweep_rows(model, found["runtime"], cell, axis, swept) for axis, swept in found["axes"].items()]
     return _markdown(rows)
 

@@ -180,7 +180,7 @@ def _interrupted(ws: Workspace, source: Path | None = None) -> Path:
     """A copy of a finished run (the committed tiny baseline) whose run.json says it was interrupted."""
     run = ws.root / "interrupted"
     run.mkdir(exist_ok=True)
-    source = source or FINISHED_RUN
+    source = source or DEFAULT_BASELINE_DIR
     shutil.copy(source / "ledger.jsonl", run / "ledger.jsonl")
     meta = json.loads((source / "run.json").read_text())
     meta["run"] = (meta.get("run") or {}) | {"interrupted": True}
@@ -220,7 +220,7 @@ def _root_with(ws: Workspace, make: Callable[[Path], None]) -> Path:
 
 def _rows_only(ws: Workspace, name: str, row: str) -> Path:
     """A bare ledger (no run.json) holding the committed baseline's records of one row."""
-    lines = [line for line in (FINISHED_RUN / "ledger.jsonl").read_text().splitlines()
+    lines = [line for line in (DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()
              if json.loads(line)["row"] == row]
     return ws.write(f"{name}/ledger.jsonl", "\n".join(lines) + "\n")
 
@@ -443,17 +443,17 @@ PYTEST = {
 }
 
 COMMANDS = {
-    "compare-comparisons-null": Case(lambda w: [str(FINISHED_RUN), str(_ledger(w, comparisons=None))],
+    "compare-comparisons-null": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons=None))],
                                      r"bad\.jsonl:1: ledger record .* field 'comparisons': expected an object, "
                                      r"got None",
                                      "compare"),
-    "compare-comparisons-empty": Case(lambda w: [str(FINISHED_RUN), str(_ledger(w, comparisons={}))],
+    "compare-comparisons-empty": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons={}))],
                                       r"bad\.jsonl:1: .* field 'comparisons': expected a non-empty object .*, got \{\}",
                                       "compare"),
-    "compare-comparisons-text": Case(lambda w: [str(FINISHED_RUN), str(_ledger(w, comparisons="x"))],
+    "compare-comparisons-text": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger(w, comparisons="x"))],
                                      r"bad\.jsonl:1: .* field 'comparisons': expected an object, got 'x'",
                                      "compare"),
-    "compare-missing": Case(lambda w: [str(w.root / "none.jsonl"), str(FINISHED_RUN)],
+    "compare-missing": Case(lambda w: [str(w.root / "none.jsonl"), str(DEFAULT_BASELINE_DIR)],
                             r"none\.jsonl: cannot read ledger", "compare"),
     "history-without-families": Case(lambda w: ["show", str(_history(w, families=None))],
                                      r"h\.jsonl:1: field 'families' must be a dict", "history"),
@@ -466,7 +466,7 @@ COMMANDS = {
     "history-huge-integer": Case(lambda w: ["show", str(w.write("h.jsonl", '{"n": ' + "9" * 5000 + "}\n"))],
                                  r"h\.jsonl:1: not valid JSON \(Exceeds the limit \(4300 digits\) for integer",
                                  "history"),
-    "compare-run-json-huge-integer": Case(lambda w: [str(FINISHED_RUN), str(_run_json(
+    "compare-run-json-huge-integer": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
         w, '{"n": ' + "9" * 5000 + "}"))], r"run\.json: cannot read run metadata: not valid JSON \(Exceeds the limit "
                                            r"\(4300 digits\)", "compare"),
     # a history line wrong deep inside: refused as it is read, naming the field, never a traceback
@@ -506,22 +506,22 @@ COMMANDS = {
     "report-run-json-verdict-result": Case(lambda w: [str(_run_json(w, '{"verdict": {"result": 3}}')), "--out",
                                                       str(w.root / "out")],
                                            r"run\.json: field 'verdict\.result' must be a string, got 3$", "report"),
-    "compare-run-json-verdict-tests": Case(lambda w: [str(FINISHED_RUN), str(_run_json(
+    "compare-run-json-verdict-tests": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
         w, '{"verdict": {"result": "pass", "tests": {"passed": "12"}, "failures": []}}'))],
         r"run\.json: field 'verdict\.tests' must be an object of test counts per outcome, got \{'passed': '12'\}$",
         "compare"),
-    "compare-run-json-verdict-failure": Case(lambda w: [str(FINISHED_RUN), str(_run_json(
+    "compare-run-json-verdict-failure": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
         w, '{"verdict": {"result": "fail", "tests": {"failed": 1}, "failures": [{"check": "x"}]}}'))],
         r"run\.json: field 'verdict\.failures\[0\]' must be an object with the strings check and message, got "
         r"\{'check': 'x'\}$", "compare"),
-    "compare-run-json-software-a-list": Case(lambda w: [str(FINISHED_RUN), str(_run_json(
+    "compare-run-json-software-a-list": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
         w, '{"environment": {"software": ["torch"], "hardware": {}}}'))],
         r"run\.json: field 'environment\.software' must be an object, got \['torch'\]$", "compare"),
     # an expected-state file's fields are printed in reason lines: no control character
-    "compare-expected-escape": Case(lambda w: [str(FINISHED_RUN), str(FINISHED_RUN), "--expected", str(
+    "compare-expected-escape": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(DEFAULT_BASELINE_DIR), "--expected", str(
         _expected(w, why="a\x1b[2Jb"))], r"e\.yaml: changes\[0\]: field 'why' holds a control character U\+001B at "
                                           r"index 1$", "compare"),
-    "compare-expected-newline": Case(lambda w: [str(FINISHED_RUN), str(FINISHED_RUN), "--expected",
+    "compare-expected-newline": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(DEFAULT_BASELINE_DIR), "--expected",
                                                 str(_expected(w, family="crossing\nPASS"))],
                                      r"e\.yaml: changes\[0\]: field 'family' holds a control character U\+000A at "
                                      r"index 8$", "compare"),
@@ -547,14 +547,14 @@ COMMANDS = {
     "report-force-through-a-link": Case(lambda w: [str(_planted_link(w)), "--force"],
                                         r"cannot write report: a symbolic link \(to .*bashrc\), never written through",
                                         "report"),
-    "compare-run-json-deep": Case(lambda w: [str(FINISHED_RUN), str(_run_json(w, "[" * 100000 + "]" * 100000))],
+    "compare-run-json-deep": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(w, "[" * 100000 + "]" * 100000))],
                                   r"run\.json: cannot read run metadata: JSON nested too deeply", "compare"),
     "report-over-a-report": Case(lambda w: [str(_reported(w))], r"holds report\.json, report\.md, report\.html "
                                                                 r"already; pass --out DIR", "report"),
     "report-empty-ledger": Case(lambda w: [str(w.write("e/ledger.jsonl", ""))], r"ledger\.jsonl: empty ledger",
                                 "report"),
     # strict JSON: NaN and infinities are refused where they are read, and never written (report.json)
-    "compare-ledger-nan": Case(lambda w: [str(FINISHED_RUN), str(_ledger_metric(w, "k_rel_l2", "NaN"))],
+    "compare-ledger-nan": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_ledger_metric(w, "k_rel_l2", "NaN"))],
                                r"bad\.jsonl:1: field 'comparisons\.[^']+\.k_rel_l2' is NaN; expected a finite "
                                r"number \(strict JSON has no NaN or Infinity\)$", "compare"),
     "report-ledger-infinity": Case(lambda w: [str(_ledger_metric(w, "logits_max_abs", "-Infinity"))],
@@ -566,29 +566,29 @@ COMMANDS = {
     "report-mean-overflows": Case(lambda w: [str(_ledger_metric(w, "k_max_abs", "1.7e308", every=True))],
                                   r"report\.json: cannot write report: field 'families\.[^']+\.median' is inf; "
                                   r"strict JSON has no NaN or Infinity$", "report"),
-    "compare-run-json-nan": Case(lambda w: [str(FINISHED_RUN), str(_run_json(
+    "compare-run-json-nan": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
         w, '{\n  "schema": "replaytests.run/1",\n  "drift": [Infinity]\n}\n'))],
         r"run\.json:3: cannot read run metadata: field 'drift\[0\]' is Infinity; expected a finite number",
         "compare"),
     "history-nan": Case(lambda w: ["show", str(_history(w, families={"live": {"bf16": {
         "rows": float("nan"), "excluded": 0, "pairs": {}}}}))],
         r"h\.jsonl:1: field 'families\.live\.bf16\.rows' is NaN; expected a finite number", "history"),
-    "compare-unrelated-runs": Case(lambda w: [str(FINISHED_RUN), str(REPO / "fixtures/ledgers/cpu-smollm2")],
+    "compare-unrelated-runs": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(REPO / "fixtures/ledgers/cpu-smollm2")],
                                    r"the runs were made on other inputs \(the input bank: .*--across-inputs",
                                    "compare"),
     "compare-unrelated-across-inputs": Case(
-        lambda w: [str(FINISHED_RUN), str(REPO / "fixtures/ledgers/cpu-smollm2"), "--across-inputs"],
+        lambda w: [str(DEFAULT_BASELINE_DIR), str(REPO / "fixtures/ledgers/cpu-smollm2"), "--across-inputs"],
         r"no \(family, row, precision\) record in common \(baseline rows tiny-000, .*; new rows smollm2-000, .*"
         r"nothing to compare", "compare"),
     "compare-disjoint-rows": Case(lambda w: [str(_rows_only(w, "a", "tiny-000")), str(_rows_only(w, "b", "tiny-001"))],
                                   r"no \(family, row, precision\) record in common", "compare"),
-    "compare-root-latest-a-file": Case(lambda w: [str(FINISHED_RUN), str(_root_with(
+    "compare-root-latest-a-file": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_root_with(
         w, lambda r: (r / "latest").write_text("x")))], r"root/latest is a file, not the link to a run", "compare"),
     "report-root-latest-a-file": Case(lambda w: [str(_root_with(w, lambda r: (r / "latest").write_text("x")))],
                                       r"root/latest is a file, not the link to a run", "report"),
-    "compare-interrupted-new": Case(lambda w: [str(FINISHED_RUN), str(_interrupted(w))],
+    "compare-interrupted-new": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_interrupted(w))],
                                     r"interrupted \(new\) is an interrupted run .*--accept-interrupted", "compare"),
-    "compare-interrupted-baseline": Case(lambda w: [str(_interrupted(w)), str(FINISHED_RUN)],
+    "compare-interrupted-baseline": Case(lambda w: [str(_interrupted(w)), str(DEFAULT_BASELINE_DIR)],
                                          r"interrupted \(baseline\) is an interrupted run", "compare"),
     "history-interrupted-night": Case(lambda w: ["append", str(_interrupted(w)), "--into", str(w.root / "h.jsonl")],
                                       r"interrupted: an interrupted run .*not a night of the history", "history"),
@@ -610,20 +610,20 @@ COMMANDS = {
     "env-contract-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
                                r"bad\.yaml: environment\.cpu_threads: expected an integer from 1 to 1024", "env"),
 }
-# A finished run of the embedded default, the good side of a case: the committed baseline made on the Xeon (192
+# A finished run of the embedded default, the good side of a case: its committed baseline made on the Xeon (192
 # records, 0.8 MB), not cpu-tiny/ (578 records, 14 MB, a second to read each time): the cases are about the bad side.
-FINISHED_RUN = REPO / "fixtures" / "ledgers" / "cpu-tiny-xeon"
+DEFAULT_BASELINE_DIR = REPO / "fixtures" / "ledgers" / "cpu-tiny-xeon"
 
 
 def _ledger(ws: Workspace, **fields) -> Path:
-    record = json.loads((FINISHED_RUN / "ledger.jsonl").read_text().splitlines()[0]) | fields
+    record = json.loads((DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()[0]) | fields
     return ws.write("bad.jsonl", json.dumps(record) + "\n")
 
 
 def _ledger_metric(ws: Workspace, name: str, text: str, every: bool = False) -> Path:
     """The committed baseline's first record (`every`: all its records), each comparison's metric `name`
     spelled `text` (a NaN, an infinity, a number past the float range)."""
-    lines = (FINISHED_RUN / "ledger.jsonl").read_text().splitlines()[: None if every else 1]
+    lines = (DEFAULT_BASELINE_DIR / "ledger.jsonl").read_text().splitlines()[: None if every else 1]
     return ws.write("e/bad.jsonl", "".join(re.sub(rf'"{name}": [^,}}]+', f'"{name}": {text}', line) + "\n"
                                            for line in lines))
 
@@ -650,7 +650,7 @@ def _expected(ws: Workspace, **fields) -> Path:
 def _reported(ws: Workspace) -> Path:
     run = ws.root / "run"
     run.mkdir()
-    shutil.copy(FINISHED_RUN / "ledger.jsonl", run / "ledger.jsonl")
+    shutil.copy(DEFAULT_BASELINE_DIR / "ledger.jsonl", run / "ledger.jsonl")
     for name in ("report.json", "report.md", "report.html"):
         (run / name).write_text("a report someone reads")
     return run
