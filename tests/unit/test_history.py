@@ -74,9 +74,10 @@ def test_append_dates_and_labels_a_run_by_its_run_json(nights, tmp_path):
 
 
 def test_causal_outcomes_are_tracked(repo, tmp_path, capsys):
-    """The committed baseline's transplant and replication outcomes reach the history and its table."""
+    """A committed baseline's transplant and replication outcomes reach the history and its table (the one made on
+    the Xeon: cpu-tiny/ holds the same families and ten times its bytes, in families this test does not read)."""
     into = tmp_path / "h.jsonl"
-    entry = history.append(repo / "fixtures" / "ledgers" / "cpu-tiny", into)
+    entry = history.append(repo / "fixtures" / "ledgers" / "cpu-tiny-xeon", into)
     assert set(entry["causal"]) == {"transplant", "replication"}, entry["causal"]
     assert entry["causal"]["replication"]["label"] in ("strong replication", "replicated, not strong",
                                                        "not replicated"), entry["causal"]["replication"]

@@ -213,26 +213,26 @@ def test_a_converted_gguf_accepted_by_name_is_recorded_with_its_records_claim(in
     assert result.actual["model"] == model_digest(gguf)["sha256"], "the run must name the file it ran"
 
 
-@pytest.mark.parametrize(("record", "delimiters"), [
+@pytest.mark.parametrize(("conversion_record", "delimiters"), [
     (None, None),                                  # no record: nothing says where the file came from
     ({"sha256": "0" * 64}, None),                  # the record is of other bytes
     ({"source_model_sha256": "0" * 64}, None),     # converted from another model
     ({}, [0, 1]),                                  # the GGUF resolves other delimiter ids than the bank's
 ], ids=["no-record", "other-bytes", "other-source", "other-delimiters"])
-def test_a_gguf_not_verifiably_the_banks_model_is_refused(inputs, record, delimiters):
-    gguf = _gguf(inputs, record)
+def test_a_gguf_not_verifiably_the_banks_model_is_refused(inputs, conversion_record, delimiters):
+    gguf = _gguf(inputs, conversion_record)
     with pytest.raises(ConfigError, match="refused"):
         verify_inputs(inputs.bank, gguf, delimiters or inputs.delimiter_ids)
 
 
-@pytest.mark.parametrize(("record", "quoted"), [
+@pytest.mark.parametrize(("conversion_record", "quoted"), [
     pytest.param({"type": "q4_1\n- accepted: the bank's own model"}, "a newline", id="newline-in-type"),
     pytest.param({"llama_cpp_python": "0" * 41}, "41 characters", id="long-version"),
     pytest.param({"type": ["q4_1"]}, "a list", id="type-not-text"),
 ])
-def test_a_record_whose_claim_would_inject_text_claims_nothing(inputs, record, quoted):
+def test_a_record_whose_claim_would_inject_text_claims_nothing(inputs, conversion_record, quoted):
     """What a record claims reaches run.json and the Markdown report: only short plain text is quoted."""
-    gguf = _gguf(inputs, record)
+    gguf = _gguf(inputs, conversion_record)
     result = verify_inputs(inputs.bank, gguf, inputs.delimiter_ids, frozenset({"model", "tokenizer"}))
     assert all(line.endswith(f"accepted with --accept-changed={name}") for line, name in
                zip(result.overridden, ("model", "tokenizer"), strict=True)), f"{quoted}: {result.overridden}"

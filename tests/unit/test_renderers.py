@@ -155,7 +155,7 @@ def _bad_ledger(tmp: Path) -> list[str]:
 
 
 def _bad_history(tmp: Path) -> list[str]:
-    shutil.copytree(REPO / "fixtures" / "ledgers" / "cpu-tiny", tmp / "run")
+    shutil.copytree(REPO / "fixtures" / "ledgers" / "cpu-tiny-xeon", tmp / "run")  # a finished run, a small one
     (tmp / "h.jsonl").write_text(json.dumps({"schema": "replaytests.history/1", "date": "2026-12-01", "label": None,
                                              "ledger": "x", "ledger_sha256": "0" * 64,
                                              "families": {"live": {"bf16": 3}}}) + "\n")

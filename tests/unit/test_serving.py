@@ -44,7 +44,7 @@ def gates(repo):
     return load_contract(repo / "contracts" / "cpu-tiny-vllm.yaml").gates
 
 
-@pytest.mark.parametrize(("record", "pair", "outcome", "says"), [
+@pytest.mark.parametrize(("served_record", "pair", "outcome", "says"), [
     pytest.param(_record(), "live~prefix_hit", "pass", "", id="hit-covers-a-decoded-block"),
     pytest.param(_record(hit_cached=64), "live~prefix_hit", "recorded", "vacuous prefix hit",
                  id="hit-prompt-blocks-only"),
@@ -57,8 +57,8 @@ def gates(repo):
     pytest.param(_record(fresh_cached=32), "prefill~batched", "fail", "read tokens from it", id="stale-cache"),
     pytest.param(_record(fresh_cached=32), "live~prefill", "fail", "'prefill': 32", id="stale-fresh-prefill"),
 ])
-def test_a_serving_pair_counts_only_where_its_premise_held(gates, record, pair, outcome, says):
-    judgement = gates.served(record, pair)
+def test_a_serving_pair_counts_only_where_its_premise_held(gates, served_record, pair, outcome, says):
+    judgement = gates.served(served_record, pair)
     assert judgement.outcome == outcome, f"{pair}: {judgement}"
     assert says in judgement.message, judgement.message
 

@@ -115,6 +115,17 @@ _SCALARS = {str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, boo
 
 
 @functools.cache
+def _exact_types(hint: object) -> frozenset[type] | None:
+    """The types a value read from JSON for a scalar hint or a union of scalars may have, exactly (`type(v)`,
+    no subclass: bool is not int here), else None. A value of one of them passes its test without a call, and a
+    list of them without a call per item (a ledger holds hundreds of thousands); any other is tested as before."""
+    kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if not all(kind in _SCALARS for kind in kinds):
+        return None
+    return frozenset(exact for kind in kinds for exact in ((int, float) if kind is float else (kind,)))
+
+
+@functools.cache
 def _scalar_test(hint: object):
     """A test of one value for a scalar hint or a union of scalars, else None."""
     kinds = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
@@ -130,8 +141,10 @@ def _reader(hint: object):
     strings, a scalar, or a union of those (built once per hint: a ledger holds many records)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if (test := _scalar_test(hint)) is not None:
+        exact = _exact_types(hint)
+
         def scalar(value, path, version):
-            if not test(value):
+            if type(value) not in exact and not test(value):
                 raise RecordError(path, f"expected {_describe(hint)}, got {short(value)}")
             return value
         return scalar
@@ -154,11 +167,13 @@ def _reader(hint: object):
     if isinstance(hint, type) and issubclass(hint, Part):
         return hint.from_json
     if origin is tuple:
-        item_test, read_item = _scalar_test(args[0]), _reader(args[0])
+        item_test, item_types, read_item = _scalar_test(args[0]), _exact_types(args[0]), _reader(args[0])
 
         def sequence(value, path, version):
             if not isinstance(value, list):
                 raise RecordError(path, f"expected a list, got {short(value)}")
+            if item_types is not None and item_types.issuperset(map(type, value)):
+                return tuple(value)
             if item_test is not None:
                 bad = next((i for i, item in enumerate(value) if not item_test(item)), None)
                 if bad is not None:
