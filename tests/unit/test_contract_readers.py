@@ -24,6 +24,7 @@ from replaytests.engine.protocol import Delimiters
 from replaytests.engine.vllm import runtime as vllm_runtime
 from replaytests.engine.vllm import sweep as vllm_sweep
 from replaytests.families import conversation, rollout, sweep
+from replaytests.families.registry import FAMILIES
 from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
 from replaytests.inputs.cells import PAPER
@@ -33,6 +34,8 @@ from replaytests.inputs.schema import Value
 from replaytests.outputs import report
 from replaytests.suite import artifacts, planner, session
 
+# A panel size the planner reads through the family registry: some family declares its path (Family.panel_size).
+PANEL_SIZE = object()
 # path (as schema_paths spells it) -> the function that reads it (its source must name the key's last part).
 READERS = {
     "name": contract.load_contract,
@@ -59,13 +62,13 @@ READERS = {
     "delimiters": Delimiters.resolve,
     "banned_tokens": inspection.inspect,
     "boundary_checks": contract._check_together,
-    "panels.live": planner.Plan.panel_size,
-    "panels.bridge": planner.Plan.panel_size,
+    "panels.live": PANEL_SIZE,
+    "panels.bridge": PANEL_SIZE,
     "panels.transplant.divergent": session.ReplaySession.transplant_panel,
     "panels.transplant.exact_controls": session.ReplaySession.transplant_panel,
     "panels.conversation_transplant.divergent": session.ReplaySession.conversation_transplant_panel,
     "panels.conversation_transplant.exact_controls": session.ReplaySession.conversation_transplant_panel,
-    "panels.replication.rows": planner.Plan.panel_size,
+    "panels.replication.rows": PANEL_SIZE,
     "panels.replication.min_exact_controls": report._causal,
     **{f"gates.{path}": gates.Gates.from_settings for path in (
         "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
@@ -75,16 +78,16 @@ READERS = {
         "rollout.live_incremental_exact", "rollout.k3_max", "rollout.outside_bounds_max",
         "conversation.replicas_exact", "conversation.control_exact", "conversation.rerendered_ids_equal",
         "sweep.replicas_exact", "sweep.suffix_divergence_allowed")},
-    "panels.sweep": planner.Plan.panel_size,
+    "panels.sweep": PANEL_SIZE,
     "sweep.multiples": sweep.points,
     "sweep.stride": hf_sweep.axes,
     "sweep.continuation": sweep.run,
     "sweep.batch_sizes": vllm_sweep.axes,
     "sweep.seed": vllm_sweep._others,
     "sweep.axes": sweep.run,
-    "panels.conversation": planner.Plan.panel_size,
+    "panels.conversation": PANEL_SIZE,
     "conversation.cap": conversation.run,
-    "panels.rollout": planner.Plan.panel_size,
+    "panels.rollout": PANEL_SIZE,
     **{f"rollout.{key}": rollout.settings for key in ("length", "seed", "ratio_bounds", "delta_threshold")},
     "runtime.vllm.version": vllm_runtime.Runtime._check_pins,
     "runtime.vllm.attention_backend": vllm_runtime.Runtime._check_pins,
@@ -130,6 +133,11 @@ def test_every_contract_key_has_a_reader(path, captured):
     if _locked(path) or all(p in captured for p in concrete):
         return
     reader = READERS.get(path)
+    if reader is PANEL_SIZE:
+        declared = {f.panel_size for f in FAMILIES.values()}
+        assert tuple(path.split(".")[1:]) in declared, f"contract key {path!r}: no family declares it its panel_size"
+        assert spelled_in_code(planner.Plan.panel_size, "panel_size"), "Plan.panel_size reads no family's panel_size"
+        return
     assert reader is not None, f"contract key {path!r} has no reader: validation admits more than one value, drift " \
                                f"does not compare it and READERS names no function that reads it"
     word = path.rpartition(".")[2]
