@@ -55,7 +55,7 @@ class Declaration:
     kv_formats: ClassVar[tuple[str, ...]] = ()
     weight_formats: ClassVar[tuple[str, ...]] = ()
     # Its contract section `runtime.<name>`: field -> inputs.schema node (docs/contract.md); empty: no section.
-    settings: ClassVar[dict] = {}
+    settings_schema: ClassVar[dict] = {}
     # The fields of a run's environment that decide its numbers beside every run's (inputs/platforms.py), by device
     # kind; a device kind it does not name gets none. Its describe() captures them.
     platform: ClassVar[dict[str, tuple[str, ...]]] = {}

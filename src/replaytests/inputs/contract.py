@@ -116,8 +116,8 @@ SCHEMA = Section({
     }),
     "protocol": Section({"visibility": Value(str, default="roles", choices=VISIBILITY_MODES)}, default={}),
     # Each backend's own settings, under its name (its Declaration's `settings`; replaytests.backends).
-    "runtime": Section({name: Section(declared.settings, default={})
-                        for name, declared in declarations().items() if declared.settings}, default={}),
+    "runtime": Section({name: Section(declared.settings_schema, default={})
+                        for name, declared in declarations().items() if declared.settings_schema}, default={}),
     "caps": Section({key: Value(int, low=1, high=MAX_COUNT) for key in ("branch", "merge", "answer")}),
     "delimiters": KeyedBy(DELIMITER_NAMES, "delimiter", Value(str), default={}),
     "banned_tokens": ListOf(Value(int, low=0, high=MAX_COUNT), default=[]),

@@ -32,7 +32,7 @@ class LogprobsOnly(Declaration):
     title = "a logprobs-only engine"
     docs = "tests/unit/backends/logprobs_only.py"
     capabilities = frozenset({"role_visibility", "structural_mask", "physical_batch"})
-    settings: ClassVar[dict] = {"top_k": Value(int, default=5, low=1, high=64)}  # the logprobs shown per boundary
+    settings_schema: ClassVar[dict] = {"top_k": Value(int, default=5, low=1, high=64)}  # logprobs per boundary
     platform: ClassVar[dict] = {"cpu": ("runtime.logprobs-only",)}
     report_settings = "runtime.logprobs-only"
 

@@ -20,7 +20,7 @@ class LlamaCpp(Declaration):
     capabilities = frozenset({"structural_mask", "full_logits", "kv_tensors", "state_copy", "prefix_cache",
                               "chunked_prefill", "rollout_logprobs", "conversation", "edge_sweep"})
     kv_formats = ("f16", "q8_0")  # its type_k/type_v (native: f32)
-    settings: ClassVar[dict] = {
+    settings_schema: ClassVar[dict] = {
         "version": pin(),
         "n_ctx": Value(int, default=1024, low=16, high=MAX_COUNT),
         "chunk": Value(int, default=64, low=1, high=MAX_COUNT),

@@ -18,7 +18,7 @@ class VLLM(Declaration):
     capabilities = frozenset({"structural_mask", "prefix_cache", "chunked_prefill", "rollout_logprobs",
                               "conversation", "edge_sweep"})
     kv_formats = ("fp8", "fp8_e4m3", "fp8_e5m2")  # its kv_cache_dtype
-    settings: ClassVar[dict] = {
+    settings_schema: ClassVar[dict] = {
         "version": pin(),
         "attention_backend": pin(),
         "block_size": Value(int, default=32, low=1, high=MAX_COUNT),
