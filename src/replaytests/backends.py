@@ -47,7 +47,7 @@ class Declaration:
     """What one backend declares of itself; every default here is the one a backend gets by saying nothing."""
 
     name: ClassVar[str]  # as --backend, the contract (runtime.<name>) and the records name it
-    title: ClassVar[str] = ""  # as reports name the runtime ("vLLM"); the name where empty
+    title: ClassVar[str] = ""  # as reports name the runtime ("vLLM"); the name where empty (`label`)
     docs: ClassVar[str] = "README.md"  # where a user reads about it, named in its errors and its report section
     runtime: ClassVar[str | None] = None  # "module:Class" of its runtime class; None: this class is the runtime
     capabilities: ClassVar[frozenset[str]] = frozenset()  # engine.backend.CAPABILITIES it serves
@@ -64,6 +64,11 @@ class Declaration:
     retired_platform: ClassVar[tuple[str, ...]] = ()
     # The settings its report section prints (the platform's `runtime.<name>`, where it declares settings).
     report_settings: ClassVar[str | None] = None
+
+    @classmethod
+    def label(cls) -> str:
+        """How reports and errors name the runtime: its title, else its name."""
+        return cls.title or cls.name
 
     @classmethod
     def check_settings(cls, settings: dict, error) -> None:
@@ -94,7 +99,7 @@ class Declaration:
                                     ("weights", "weight", cls.weight_formats)):
             wanted = getattr(cell, part).format
             if wanted != NATIVE and wanted not in formats:
-                owners = [d.title or d.name for d in declarations().values()
+                owners = [d.label() for d in declarations().values()
                           if wanted in (d.kv_formats if part == "kv_cache" else d.weight_formats)]
                 whose = f"a {noun} format of {' and '.join(owners)}" if owners else f"a {noun} format no backend runs"
                 return CellProblem(f"{part}.format", f"{wanted} is {whose}; backend {cls.name} runs "

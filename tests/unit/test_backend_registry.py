@@ -49,7 +49,7 @@ def _package(name: str) -> str:
     return "/".join(module.split(".")[1:-1])
 
 
-def _named_in_code(path: Path, words: tuple[str, ...]) -> list[str]:
+def _named_in_code(path: Path, words: tuple[str, ...], root: Path = SRC) -> list[str]:
     """Where the module's code (not its docstrings, not its comments) names one of `words`: an import, an
     identifier, an attribute, or a string constant holding it as a word or dotted part."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -69,7 +69,7 @@ def _named_in_code(path: Path, words: tuple[str, ...]) -> list[str]:
         else:
             continue
         parts = {part for name in names for part in name.replace("/", ".").replace(" ", ".").split(".")}
-        found += [f"{path.relative_to(SRC)}:{node.lineno}: {word}" for word in words if word in parts]
+        found += [f"{path.relative_to(root)}:{node.lineno}: {word}" for word in words if word in parts]
     return found
 
 
@@ -92,12 +92,7 @@ def test_the_finder_sees_a_backend_named_in_code_and_not_in_a_docstring(tmp_path
     module = tmp_path / "m.py"
     module.write_text('"""About vllm."""\n# llamacpp\nfrom replaytests.engine.vllm import runtime\n'
                       'X = "runtime.llamacpp"\n')
-    global SRC
-    saved, SRC = SRC, tmp_path
-    try:
-        hits = _named_in_code(module, BUILT_IN_WORDS)
-    finally:
-        SRC = saved
+    hits = _named_in_code(module, BUILT_IN_WORDS, tmp_path)
     assert hits == ["m.py:3: vllm", "m.py:4: llamacpp"], hits
 
 

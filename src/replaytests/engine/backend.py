@@ -227,20 +227,9 @@ def resolve(spec: str) -> type:
     """The runtime class `spec` names: a registered backend's name (replaytests.backends) or `module:Class`
     (importable here), a subclass of replaytests.backends.Declaration with `load(model_dir, contract, cell,
     device)` and capabilities from CAPABILITIES."""
-    if ":" in spec:
-        target = spec
-        found = backends.runtime_class(_as_declaration(spec))
-    else:
-        found = backends.runtime_class(backends.declared(spec))
-        target = f"backend {spec}"
+    declared = backends.load(spec, f"--backend {spec!r}") if ":" in spec else backends.declared(spec)
+    found = backends.runtime_class(declared)
     if not hasattr(found, "load") or found.capabilities - CAPABILITIES.keys():
-        raise ConfigError(f"--backend {spec!r}: {target} is not a backend class (expected capabilities from "
-                          f"{', '.join(CAPABILITIES)}, and load)")
+        raise ConfigError(f"--backend {spec!r}: {found.__qualname__} is not a backend class (expected capabilities "
+                          f"from {', '.join(CAPABILITIES)}, and load)")
     return found
-
-
-def _as_declaration(spec: str) -> type[Declaration]:
-    try:
-        return backends.load(spec, f"--backend {spec!r}")
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (a registered backend: {', '.join(backends.declarations())})") from None

@@ -303,7 +303,7 @@ def _serving_premise(report: dict) -> Table:
     premise = report["serving"]
     meta = report.get("meta") or {}
     declared = declarations().get(runtime(meta))
-    title, docs = (declared.title or declared.name, declared.docs) if declared else (runtime(meta), "README.md")
+    title, docs = (declared.label(), declared.docs) if declared else (runtime(meta), "README.md")
     settings = lookup(meta, "platform", declared.report_settings) if declared and declared.report_settings else None
     shown = (", ".join(f"{name} {value}" for name, value in settings.items() if value is not None)
              if isinstance(settings, dict) else "not recorded")

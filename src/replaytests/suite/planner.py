@@ -20,9 +20,7 @@ if TYPE_CHECKING:
 
 # The conformance tests' row fixtures, and the family whose rows each takes (both rollout families read
 # `rollout_row`: the first registered takes it).
-ROW_FIXTURES: dict[str, str] = {}
-for _family in FAMILIES.values():
-    ROW_FIXTURES.setdefault(_family.fixture, _family.name)
+ROW_FIXTURES = {f.fixture: f.name for f in reversed(FAMILIES.values())}
 
 
 @dataclass(frozen=True)
