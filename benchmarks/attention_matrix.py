@@ -191,8 +191,8 @@ def run_kernel(kernel: str, cells: list[str], repeats: int, rows: list, families
     """Every (cell, repeat) unit of one kernel: row by row (each row in every cell and repeat before the next
     row, so that the units end with the same rows when time runs out), `save(units)` after each row."""
     from replaytests.engine.arms import Arms
-    from replaytests.engine.numerics import read_numeric_flags, write_numeric_flags
     from replaytests.engine.hf.runtime import Runtime
+    from replaytests.engine.numerics import read_numeric_flags, write_numeric_flags
     from replaytests.inputs.contract import load_contract
 
     units = {(cell, r): new_unit(kernel, cell, r) for cell in cells for r in range(1, repeats + 1)}
