@@ -20,6 +20,8 @@ from replaytests.families.registry import FAMILIES
 
 BACKENDS = Path(__file__).parent / "backends"
 TOY = "logprobs-only"  # registered by the entry point beside its module (tests/unit/backends)
+NEW_FAMILY_DIR = Path(__file__).parent / "families"
+NEW_FAMILY = "prefill_twice"  # registered by the entry point beside its module (tests/unit/families)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES), ids=str)
@@ -82,12 +84,14 @@ def test_a_bad_backend_is_one_line(spec, message):
 
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """Two FP32 rows of every family on the logprobs-only backend, in a child process."""
+    """Two FP32 rows of every family on the logprobs-only backend, in a child process that also sees the new
+    family's entry point (tests/unit/families)."""
     root = tmp_path_factory.mktemp("toy")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (str(BACKENDS), os.environ.get("PYTHONPATH"))))}
+    path = (str(BACKENDS), str(NEW_FAMILY_DIR), os.environ.get("PYTHONPATH"))
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
-         "no:xdist", "-rs", "--backend", TOY, "--rows", "2", "--precision", "fp32", "--report-dir", str(root),
+         "no:xdist", "-rA", "--backend", TOY, "--rows", "2", "--precision", "fp32", "--report-dir", str(root),
          "--run-name", "toy"], cwd=root, env=env, capture_output=True, text=True, check=False)
     return proc, root / "toy"
 
@@ -130,3 +134,33 @@ def test_a_backend_without_kv_skips_what_needs_it_with_the_reason(toy_run, famil
     reason = missing(frozenset({"role_visibility", "structural_mask", "physical_batch"}), FAMILIES[family].requires,
                      "logprobs-only")
     assert reason and reason in proc.stdout, f"no skip naming {reason!r}:\n{proc.stdout[-3000:]}"
+
+
+# ---- a new family: its module and its entry point, nothing else (tests/unit/families/prefill_twice.py)
+
+
+def _records(run: Path, family: str) -> list[dict]:
+    return [r for r in map(json.loads, (run / "ledger.jsonl").read_text().splitlines()) if r["family"] == family]
+
+
+@pytest.mark.e2e
+def test_a_new_family_runs_from_its_module_and_entry_point_and_its_replicas_are_judged(toy_run):
+    """The replica layer's one test judges its pairs from the registry alone; its records reach the ledger and the
+    report's headline table, where it has no headline pair to count."""
+    proc, run = toy_run
+    records = _records(run, NEW_FAMILY)
+    assert [(r["row"], r["status"], r["precision"]) for r in records] == [("tiny-000", "ok", "fp32"),
+                                                                          ("tiny-001", "ok", "fp32")], records
+    judged = sorted(line.split("::")[-1] for line in proc.stdout.splitlines()
+                    if line.startswith("PASSED") and f"-{NEW_FAMILY}-" in line)
+    assert judged == [f"test_replica_exact[fp32-{NEW_FAMILY}-tiny-00{n}-prefill]" for n in (0, 1)], (
+        proc.stdout[-3000:])
+    rows = json.loads((run / "report.json").read_text())["headline"]["rows"]
+    assert [NEW_FAMILY, "fp32", "2", "0", "2/2", "-", "-", "-", "-"] in rows, rows
+
+
+@pytest.mark.e2e
+def test_without_its_entry_point_the_new_family_does_not_run(two_row_run):
+    """The control: the same suite where its entry point is not seen has no such family."""
+    _, run = two_row_run
+    assert not _records(run, NEW_FAMILY) and _records(run, "crossing"), "the control run's ledger is not as expected"

@@ -167,15 +167,26 @@ def test_a_declaration_that_names_itself_otherwise_is_refused(monkeypatch):
 # ---- the fourth backend: its module and its entry point, nothing else
 
 
-def test_no_other_file_names_the_fourth_backend():
-    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    own = {"tests/unit/backends/logprobs_only.py", "tests/unit/backends/replaytests_fourth_backend-0.dist-info/"
-           "entry_points.txt", "tests/unit/test_backend.py", "tests/unit/test_backend_registry.py"}
+# Each plugin of the tests: the words that name it, and the files that may (its module, its entry point, its tests)
+PLUGINS = {
+    "the fourth backend": (FOURTH_SPELLINGS, {"tests/unit/backends/logprobs_only.py", "tests/unit/backends/"
+                                              "replaytests_fourth_backend-0.dist-info/entry_points.txt",
+                                              "tests/unit/test_backend.py", "tests/unit/test_backend_registry.py"}),
+    "the new family": (("prefill_twice", "prefill-twice", "PrefillTwice"), {
+        "tests/unit/families/prefill_twice.py", "tests/unit/families/replaytests_new_family-0.dist-info/"
+        "entry_points.txt", "tests/unit/test_backend.py", "tests/unit/test_backend_registry.py"}),
+}
+
+
+@pytest.mark.parametrize("plugin", list(PLUGINS))
+def test_no_other_file_names_a_plugin(plugin):
+    spellings, own = PLUGINS[plugin]
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split()
     naming = sorted(path for path in listed if not path.startswith("docs/") and path != "README.md"
                     and (REPO / path).is_file() and path not in own
-                    and any(word in (REPO / path).read_text(encoding="utf-8", errors="replace")
-                            for word in FOURTH_SPELLINGS))
-    assert not naming, f"files besides its module, its registry line and its tests name the fourth backend: {naming}"
+                    and any(word in (REPO / path).read_text(encoding="utf-8", errors="replace") for word in spellings))
+    assert not naming, f"files besides its module, its registry line and its tests name {plugin}: {naming}"
 
 
 def _child(*args: str) -> subprocess.CompletedProcess:

@@ -142,7 +142,7 @@ def test_audit_prints_the_header_first_and_the_verdict_last(tmp_path, capsys):
     report = tmp_path / "report" / "quick"
     proc = subprocess.run([sys.executable, "-m", "replaytests.cli", "audit", "--rows", "1", "--precision", "fp32",
                            "--workers", "1", "--report-dir", str(report.parent), "--run-name", "quick", "--", "-k",
-                           "crossing_replica"],
+                           "replica_exact and crossing"],
                           capture_output=True, text=True, check=False, cwd=tmp_path)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -167,7 +167,7 @@ def test_a_baseline_from_another_platform_is_platform_drift(two_row_run, tmp_pat
 def test_json_report_carries_metrics(tmp_path):
     pytest.importorskip("pytest_jsonreport")
     out = tmp_path / "report.json"
-    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "-k", "test_crossing_replica_exact and prefill",
+    proc, _ = conformance_run(tmp_path, "-p", "no:xdist", "-k", "test_replica_exact and crossing and prefill",
                               "--json-report", f"--json-report-file={out}", "--rows", "1")
     assert proc.returncode == 0, proc.stdout[-3000:]
     tests = json.loads(out.read_text())["tests"]

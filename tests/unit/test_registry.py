@@ -5,11 +5,16 @@ consistent with itself."""
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from replaytests.errors import ConfigError
+from replaytests.families import registry
 from replaytests.families.registry import FAMILIES
+from replaytests.inputs.contract import default_gates
 
 CONFORMANCE = Path(__file__).resolve().parents[2] / "src" / "replaytests" / "conformance"
 LAYER_MODULES = {"replica": "test_replica_stability.py", "token_identity": "test_token_identity.py",
@@ -24,6 +29,12 @@ def families_read(layer: str) -> set[str]:
 @pytest.mark.parametrize(("family", "layer"), [pytest.param(f.name, layer, id=f"{f.name}-{layer}")
                                                for f in FAMILIES.values() for layer in f.layers])
 def test_each_family_has_tests_in_its_layers(family, layer):
+    if layer == "replica":  # one test judges every family that names the layer, from the registry alone
+        spec = FAMILIES[family]
+        assert spec.replicas, f"{family} names the replica layer and has no replica pair (X~X_replica) to judge"
+        assert not spec.divergent_cells_only, f"{family}: the replica layer runs on every selected cell"
+        assert "test_replica_exact(" in (CONFORMANCE / LAYER_MODULES[layer]).read_text(), "the replica test is gone"
+        return
     assert family in families_read(layer), f"{LAYER_MODULES[layer]} reads no {family} record"
 
 
@@ -40,3 +51,39 @@ def test_pairs_headline_and_replicas_name_the_family_arms(family):
     pairs = {f"{a}~{b}" for a, b in family.pairs}
     assert set(family.headline) <= pairs and set(family.replicas) <= pairs, f"{family.name}: headline {family.headline}"
     assert set(family.layers) <= set(LAYER_MODULES), f"{family.name}: unknown layers {family.layers}"
+
+
+def _comparison(exact: bool) -> SimpleNamespace:
+    sizes = dict.fromkeys(("k_rel_l2", "k_max_abs", "v_rel_l2", "v_max_abs", "logits_max_abs"), 0.5)
+    return SimpleNamespace(cache_exact=exact, logits_exact=exact, suffix_equal=exact, steps_exact=None,
+                           logprobs_exact=None, first_divergence=3, margins_at_divergence=(0.1, None), **sizes)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "differs"])
+def test_the_replica_layer_requires_a_family_the_gates_do_not_name_bit_exact(exact):
+    """A family known only to the registry (a plugin's) is judged by the replica layer as every other: bit-exact
+    unless its gates say otherwise; nothing in the contract has to name it first."""
+    record = SimpleNamespace(family="unnamed", title="unnamed row r (fp32)", turns=None, sweep=None,
+                             comparisons={"a~a_replica": _comparison(exact)})
+    judged = default_gates().replicas_at_every_step(record, "a~a_replica")
+    assert judged.outcome == ("pass" if exact else "fail"), judged
+    assert exact or "a~a_replica caches differ" in judged.message, judged
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    pytest.param("odd", "replaytests.families.registry:CROSS",
+                 r"expected a replaytests.families.registry.Family named 'odd', got 'incremental~prefill'",
+                 id="not-a-family"),
+    pytest.param("other", "replaytests.families.registry:BUILT_IN", r"expected .* named 'other', got \{", id="a-dict"),
+    pytest.param("crossing", "m:F", r"family crossing is registered already", id="a-built-in-name"),
+    pytest.param("gone", "no_such_module:FAMILY", r"cannot import it: No module named 'no_such_module'", id="missing"),
+])
+def test_a_family_entry_point_that_is_not_a_new_family_of_its_name_is_refused_in_one_line(monkeypatch, name, value,
+                                                                                          message):
+    point = metadata.EntryPoint(name, value, registry.ENTRY_POINTS)
+    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS
+                        else [])
+    where = rf"^entry point {name} = {value} \(replaytests.families\): "
+    with pytest.raises(ConfigError, match=where + message) as caught:
+        registry._plugins()
+    assert "\n" not in str(caught.value), caught.value

@@ -108,7 +108,7 @@ def test_ledger_of_a_file_a_run_and_a_root(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Whole runs in child processes: an interrupted run, and two runs into one root at once.
 
-QUICK = ("--precision", "fp32", "-p", "no:xdist", "-p", "no:cacheprovider", "-k", "crossing_replica")
+QUICK = ("--precision", "fp32", "-p", "no:xdist", "-p", "no:cacheprovider", "-k", "replica_exact and crossing")
 
 
 def run_args(root: Path, name: str, rows: str) -> list[str]:

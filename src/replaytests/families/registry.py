@@ -2,8 +2,10 @@
 
 The suite plans rows, panels and worker groups from it and dispatches `run` through it; the outputs
 (report shapes, summary, compare) and the conformance tests read it. A family module holds only its
-`run` (and what it alone needs); adding a family is one new module plus one entry here, and a
-meta-test checks that every registered family has conformance tests in the layers it names.
+`run` (and what it alone needs); adding a family is one new module plus one entry here, or, outside the
+package, one module whose `Family` an entry point of the group `replaytests.families` names (its `module` says
+where its `run` is). A meta-test checks that every registered family has conformance tests in the layers it
+names; the replica layer judges every family's replica pairs from this registry alone.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 
 from replaytests.engine.rollout import MODES
+from replaytests.errors import ConfigError
 from replaytests.inputs.blocks import direction
 from replaytests.inputs.gates import ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
 
@@ -76,6 +80,7 @@ class Family:
     panel_size: tuple[str, ...] | None = None
     row_fixture: str = ""  # the conformance tests' fixture of its rows (`<name>_row` where empty)
     later_model: bool = False  # runs on the later checkpoint (--replication-model), on no row without one
+    module: str = ""  # the module whose `run` it is (`replaytests.families.<name>` where empty)
 
     @property
     def fixture(self) -> str:
@@ -90,7 +95,7 @@ class Family:
     @property
     def run(self) -> Callable:
         """Its `run`, imported on first use (the registry itself loads no engine)."""
-        return importlib.import_module(f"replaytests.families.{self.name}").run
+        return importlib.import_module(self.module or f"replaytests.families.{self.name}").run
 
 
 def _with_replicas(*constructions: str) -> tuple[str, ...]:
@@ -138,7 +143,7 @@ SWEEP_ARMS = _with_replicas("reference", "edge")
 SWEEP_HEADLINE = "reference~edge"
 _SWEEP_PAIRS = (("reference", "reference_replica"), ("edge", "edge_replica"), ("reference", "edge"))
 
-FAMILIES = {family.name: family for family in (
+BUILT_IN = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
                                                       ("live", "prefill")), ("live~prefill",), "live",
            ("replica", "token_identity", "fidelity"), accuracy=("live", "prefill"), reductions=True,
@@ -183,3 +188,25 @@ FAMILIES = {family.name: family for family in (
            headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
            requires=("edge_sweep",), settings="sweep", panel_size=("sweep",)),
 )}
+ENTRY_POINTS = "replaytests.families"  # a plugin's family: `name = module:FAMILY`, a Family of that name
+
+
+def _plugins() -> dict[str, Family]:
+    """The families registered by entry points (group `replaytests.families`), in their names' order."""
+    found = {}
+    for point in sorted(metadata.entry_points(group=ENTRY_POINTS), key=lambda p: p.name):
+        where = f"entry point {point.name} = {point.value} ({ENTRY_POINTS})"
+        if point.name in BUILT_IN:
+            raise ConfigError(f"{where}: family {point.name} is registered already")
+        try:
+            family = point.load()
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{where}: cannot import it: {exc}") from None
+        if not isinstance(family, Family) or family.name != point.name:
+            raise ConfigError(f"{where}: expected a replaytests.families.registry.Family named {point.name!r}, "
+                              f"got {family!r:.80}")
+        found[point.name] = family
+    return found
+
+
+FAMILIES = BUILT_IN | _plugins()

@@ -227,6 +227,15 @@ class Gates:
         return _required(self.replicas_exact.get(family, True), f"{record.title}: {'; '.join(problems)}",
                          f"{family}.replicas_exact")
 
+    def replicas_at_every_step(self, record: Record, pair: str) -> Judgement:
+        """A replica pair wherever the record holds it (layer 1, any family): at every turn of a conversation, at every
+        point of an edge sweep, else its one comparison."""
+        if record.turns is not None:
+            return self.conversation_replicas(record, pair)
+        if record.sweep is not None:
+            return self.sweep_replicas(record, pair)
+        return self.replicas(record, pair)
+
     def bridge(self, record: Record) -> Judgement:
         """Live vs incremental (layer 3): bit-exact in every layer, the logits and the suffix."""
         problems = differences(record.comparisons[BRIDGE_PAIR], BRIDGE_PAIR)

@@ -21,7 +21,8 @@ from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
 from replaytests.outputs.tables import markdown as md_table
 
 # each family's headline pairs, as the notes under the table name them (a conversation's: at every turn)
-HEADLINE_PAIRS = "; ".join(f"{name}: {' and '.join(f.headline)}" + (", at every turn" if name == CONVERSATION else "")
+HEADLINE_PAIRS = "; ".join(f"{name}: {' and '.join(f.headline) or 'none'}"
+                           + (", at every turn" if name == CONVERSATION else "")
                            for name, f in FAMILIES.items())  # a sweep's, at every point: the sweep table's note says so
 HEADLINE_NOTE = (f"Cache and divergence columns compare each family's headline arms ({HEADLINE_PAIRS}); each count "
                  "is k/n over the rows that passed every fail-closed check.")
@@ -49,6 +50,8 @@ def _row(family: str, cell: str, records: list[Record]) -> list[str]:
         return lambda r: not every(field, known.headline)(r)
 
     replicas = "-" if not known.replicas else _count(ok, replicas_hold) if replicas_recorded(ok) else NO_REPLICAS
+    if not known.headline:  # no headline pair: nothing to count (a count over no pair would be a vacuous k/n)
+        return [family, cell, str(len(records)), str(len(records) - len(ok)), replicas, *["-"] * 4]
     measured = not any(unmeasured(c) for r in ok for p in known.headline for c in _comparisons(r, p))
     # a rollout's replays are given the live tokens: no suffix of theirs can diverge (the rollout table says
     # what does, their log-probabilities)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from replaytests.families.registry import FAMILIES
-from replaytests.suite.planner import ROW_FIXTURES
+from replaytests.suite.planner import REPLICA, ROW_FIXTURES
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 def parametrize(metafunc: pytest.Metafunc, replay: ReplaySession) -> None:
     """Each parameter a conformance test asks for: `cell`, `causal_cell`, a row fixture per family
-    (planner.ROW_FIXTURES), `transplant_family`, and the baseline records it audits."""
+    (planner.ROW_FIXTURES), the replica layer's (family, row, pair), `transplant_family`, and the baseline
+    records it audits."""
     fixtures = set(metafunc.fixturenames)
     if "cell" in fixtures:
         metafunc.parametrize("cell", cell_params(replay, replay.cells), scope="session")
@@ -29,6 +30,8 @@ def parametrize(metafunc: pytest.Metafunc, replay: ReplaySession) -> None:
     for name, family in ROW_FIXTURES.items():
         if name in fixtures:
             metafunc.parametrize(name, row_params(replay, family), scope="session")
+    if set(REPLICA) <= fixtures:
+        metafunc.parametrize(REPLICA, replica_params(replay), scope="session")
     if "transplant_family" in fixtures:
         metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["all-rows"])
     for name, causal in (("baseline_record", False), ("causal_baseline_record", True)):
@@ -74,6 +77,21 @@ def row_params(replay: ReplaySession, family: str) -> list:
     if not rows:  # a shard can hold none of a panel's rows: not an error
         return _skipped("no-rows", f"shard {replay.options.shard} holds none of the {family} family's rows")
     return [pytest.param(row, id=row.id) for row in rows]
+
+
+def replica_params(replay: ReplaySession) -> list:
+    """The replica layer's (family, row, pair): each family that names the layer, each of its rows and replica
+    pairs (ids `<family>-<row>-<construction>`), or its one skipped parameter (`<family>-<why>`)."""
+    params = []
+    for family in (f for f in FAMILIES.values() if "replica" in f.layers):
+        for row in row_params(replay, family.name):
+            if row.marks:
+                params.append(pytest.param(family.name, None, None, id=f"{family.name}-{row.id}", marks=row.marks))
+                continue
+            params += [pytest.param(family.name, row.values[0], pair, id=f"{family.name}-{row.id}-"
+                                                                          f"{pair.partition('~')[0]}")
+                       for pair in family.replicas]
+    return params
 
 
 def audit_params(replay: ReplaySession, causal: bool) -> list:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 # The conformance tests' row fixtures, and the family whose rows each takes (both rollout families read
 # `rollout_row`: the first registered takes it).
 ROW_FIXTURES = {f.fixture: f.name for f in reversed(FAMILIES.values())}
+# The replica layer's parameters: one test over every family that names the layer (suite.parameters.replica_params).
+REPLICA = ("replica_family", "replica_row", "replica_pair")
 
 
 @dataclass(frozen=True)
@@ -65,5 +67,6 @@ def worker_group(params: dict) -> str | None:
     baseline = params.get("baseline_record") or params.get("causal_baseline_record")
     baseline = baseline if isinstance(baseline, Record) else None
     cell = params.get("cell") or params.get("causal_cell") or (baseline and baseline.precision)
-    row = (baseline and baseline.row) or next((params[name].id for name in ROW_FIXTURES if params.get(name)), None)
+    row = (baseline and baseline.row) or next((params[name].id for name in (*ROW_FIXTURES, REPLICA[1])
+                                               if params.get(name)), None)
     return row and f"{cell}-{row}"

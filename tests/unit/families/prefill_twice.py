@@ -1,0 +1,22 @@
+"""A family the suite has never seen, to prove the family seam (replaytests.families.registry): the bank's prefix
+built by one prefill call, twice, each continued greedily; the two must agree bit for bit.
+
+It is added the way a new family is from outside the package: this module (its `Family` and its `run`), and one
+registry line, the entry point beside it (replaytests_new_family-0.dist-info/entry_points.txt), seen where this
+folder is on the path. It names the replica layer only, whose one test judges every family's replica pairs from the
+registry; tests/unit/test_backend.py runs it beside the fourth backend and proves that no other file names it.
+"""
+
+from __future__ import annotations
+
+from replaytests.families.registry import Family
+
+FAMILY = Family("prefill_twice", ("prefill", "prefill_replica"), (("prefill", "prefill_replica"),), (), "all",
+                ("replica",), headline_table=False, title="Prefill twice: one call over the prefix, made twice",
+                module=__name__)
+
+
+def run(runtime, row):
+    from replaytests.families.skeleton import evaluate
+
+    return evaluate(runtime, row, FAMILY, lambda: [runtime.build("prefill", row.tokens) for _ in FAMILY.arms])
