@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from replaytests.errors import ConfigError
+from replaytests.families import conversation_transplant, transplant
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.options import Options, parse_shard
 from replaytests.suite.devices import pinned_device
@@ -44,6 +45,26 @@ def test_panels_are_drawn_before_sharding(session):
     panel = {r.id for r in session.plan.family_rows("bridge")}
     share = {r.id for r in sharded(session, "1/2").plan.family_rows("bridge")}
     assert share < panel and len(panel) == 12, (share, panel)
+
+
+@pytest.mark.parametrize(("method", "module", "section"), [
+    pytest.param("transplant_panel", transplant, "transplant", id="transplant"),
+    pytest.param("conversation_transplant_panel", conversation_transplant, "conversation_transplant",
+                 id="conversation_transplant"),
+])
+def test_each_transplant_panel_is_drawn_with_its_own_contract_sizes(monkeypatch, method, module, section):
+    """panels.transplant sizes the transplant's panel and panels.conversation_transplant the conversation
+    transplant's (the transplant once read the other's: 12 divergent rows and 2 controls instead of 24 and 8)."""
+    session = ReplaySession.open(Options())
+    panels = session.contract.panels
+    sizes = {name: (panels[name]["divergent"], panels[name]["exact_controls"])
+             for name in ("transplant", "conversation_transplant")}
+    assert len(set(sizes.values())) == 2, f"the contract sizes both panels alike, so the test cannot tell: {sizes}"
+    drawn = []
+    monkeypatch.setattr(module, "panel", lambda records, cell, divergent, controls: drawn.append((divergent, controls)))
+    monkeypatch.setattr(session, "read", lambda family, rows, cell: [])
+    getattr(session, method)("bf16")
+    assert drawn == [sizes[section]], f"{method} drew its panel with {drawn}, not panels.{section} {sizes[section]}"
 
 
 @pytest.mark.parametrize(("device", "worker", "gpus", "expected"), [

@@ -235,7 +235,7 @@ class ReplaySession:
         if cell not in self.panels:
             (source,) = FAMILIES["transplant"].reads
             crossing = self.read(source, self.rows, cell)
-            sizes = self.contract.panels["conversation_transplant"]
+            sizes = self.contract.panels["transplant"]
             self.panels[cell] = transplant.panel(crossing, cell, sizes["divergent"], sizes["exact_controls"])
         return self.panels[cell]
 
