@@ -47,12 +47,8 @@ def test_panels_are_drawn_before_sharding(session):
     assert share < panel and len(panel) == 12, (share, panel)
 
 
-@pytest.mark.parametrize(("method", "module", "section"), [
-    pytest.param("transplant_panel", transplant, "transplant", id="transplant"),
-    pytest.param("conversation_transplant_panel", conversation_transplant, "conversation_transplant",
-                 id="conversation_transplant"),
-])
-def test_each_transplant_panel_is_drawn_with_its_own_contract_sizes(monkeypatch, method, module, section):
+@pytest.mark.parametrize("family", ["transplant", "conversation_transplant"])
+def test_each_transplant_panel_is_drawn_with_its_own_contract_sizes(monkeypatch, family):
     """panels.transplant sizes the transplant's panel and panels.conversation_transplant the conversation
     transplant's (the transplant once read the other's: 12 divergent rows and 2 controls instead of 24 and 8)."""
     session = ReplaySession.open(Options())
@@ -61,10 +57,11 @@ def test_each_transplant_panel_is_drawn_with_its_own_contract_sizes(monkeypatch,
              for name in ("transplant", "conversation_transplant")}
     assert len(set(sizes.values())) == 2, f"the contract sizes both panels alike, so the test cannot tell: {sizes}"
     drawn = []
+    module = {"transplant": transplant, "conversation_transplant": conversation_transplant}[family]
     monkeypatch.setattr(module, "panel", lambda records, cell, divergent, controls: drawn.append((divergent, controls)))
-    monkeypatch.setattr(session, "read", lambda family, rows, cell: [])
-    getattr(session, method)("bf16")
-    assert drawn == [sizes[section]], f"{method} drew its panel with {drawn}, not panels.{section} {sizes[section]}"
+    monkeypatch.setattr(session, "read", lambda source, rows, cell: [])
+    session.panel(family, "bf16")
+    assert drawn == [sizes[family]], f"the {family} panel was drawn with {drawn}, not panels.{family} {sizes[family]}"
 
 
 @pytest.mark.parametrize(("device", "worker", "gpus", "expected"), [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replaytests.families.registry import ROLES
+from replaytests.families.registry import FAMILIES, ROLES
 from replaytests.inputs.gates import Judgement
 from replaytests.outputs.records import Record
 from replaytests.suite.baseline import judge_against_baseline
@@ -21,12 +21,8 @@ def audit_against_baseline(audit_record, replay, baseline_record: Record) -> Non
     """Every leaf of a saved record reproduced by this run (gates.audit.reproduce); a transplant record of
     a row outside this run's panel is skipped."""
     family, row, cell = baseline_record.key
-    if family == "transplant" and replay.transplant_role(replay.row(row), cell) not in ROLES:
-        pytest.skip(f"not in this run's transplant panel (drawn from the selected rows' {cell} crossing, "
-                    "whose records are audited)")
-    if family == "conversation_transplant" and replay.conversation_transplant_role(replay.row(row),
-                                                                                    cell) not in ROLES:
-        pytest.skip(f"not in this run's conversation transplant panel (drawn from the {cell} conversation "
+    if (reads := FAMILIES[family].reads) and replay.role(family, replay.row(row), cell) not in ROLES:
+        pytest.skip(f"not in this run's {family} panel (drawn from the selected rows' {cell} {' and '.join(reads)} "
                     "records, which are audited)")
     result = audit_record(baseline_record)
     moved = result.trajectory_changes

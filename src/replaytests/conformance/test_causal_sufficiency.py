@@ -16,19 +16,22 @@ finding, and a panel with nothing to transplant is recorded, never passed.
 import pytest
 
 from replaytests.conformance.helpers import audit_against_baseline, judge, ok
-from replaytests.families.registry import CROSS
+from replaytests.families.registry import CROSS, FAMILIES
 from replaytests.inputs.gates import replica_pairs
 from replaytests.outputs import causal
 
 pytestmark = pytest.mark.causal
 
 
-def _role(replay, row, cell) -> str:
-    role = replay.transplant_role(row, cell)
+def _role(replay, row, cell, family: str = "transplant") -> str:
+    """The row's role in the family's panel (drawn from the outcomes of the family it reads); a row outside the
+    panel, or one the family cannot test, is skipped with the reason."""
+    role = replay.role(family, row, cell)
     if role is None:
-        pytest.skip(f"not in the transplant panel (chosen from the {cell} crossing's outcomes)")
+        pytest.skip(f"not in the {family} panel (chosen from the {cell} {' and '.join(FAMILIES[family].reads)} "
+                    "records' outcomes)")
     if role == "not_testable":
-        pytest.skip(f"divergent, not testable: {dict(replay.transplant_panel(cell).not_testable)[row.id]}")
+        pytest.skip(f"divergent, not testable: {dict(replay.panel(family, cell).not_testable)[row.id]}")
     return role
 
 
@@ -51,7 +54,7 @@ def test_transplant_family_meets_its_gates(record, replay, causal_cell, transpla
     shard = replay.plan.family_rows("transplant")
     if not shard:
         pytest.skip(f"shard {replay.options.shard} holds none of the selected rows")
-    roles = {row: role for row, role in replay.transplant_panel(causal_cell).rows}
+    roles = {row: role for row, role in replay.panel("transplant", causal_cell).rows}
     rows = [row for row in shard if row.id in roles]
     replay.records("transplant", rows, causal_cell)  # under -n N, computed by the workers together (suite.claims)
     summary = causal.transplant([record("transplant", row, causal_cell) for row in rows])
@@ -73,12 +76,7 @@ def _conversation_role(replay, row, cell) -> str:
     if not replay.contract.cell(cell).kv_cache.native:
         pytest.skip(f"{cell}: a position splice of a quantized K/V cache is not defined (its stored codes quantize "
                     "positions together)")
-    role = replay.conversation_transplant_role(row, cell)
-    if role is None:
-        pytest.skip(f"not in the conversation transplant panel (chosen from the {cell} conversations' outcomes)")
-    if role == "not_testable":
-        pytest.skip(f"divergent, not testable: {dict(replay.conversation_transplant_panel(cell).not_testable)[row.id]}")
-    return role
+    return _role(replay, row, cell, "conversation_transplant")
 
 
 def test_conversation_transplant_validity_control(record, replay, causal_cell, conversation_transplant_row):
@@ -104,7 +102,7 @@ def test_conversation_transplant_has_something_to_transplant(record, replay, cau
         pytest.skip(reason)
     if not replay.contract.cell(causal_cell).kv_cache.native:
         pytest.skip(f"{causal_cell}: a position splice of a quantized K/V cache is not defined")
-    panel = replay.conversation_transplant_panel(causal_cell)
+    panel = replay.panel("conversation_transplant", causal_cell)
     divergent = {row for row, role in panel.rows if role == "divergent"}
     for row in replay.plan.family_rows("conversation_transplant"):
         if row.id in divergent:

@@ -36,6 +36,7 @@ from replaytests.families.registry import (
     ROLES,
     SELF_SPLICES,
     SPLICE_DIRECTIONS,
+    Panel,
 )
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.families.transplant import outcome
@@ -47,11 +48,6 @@ FAMILY = FAMILIES["conversation_transplant"]
 PAIR = "session~replay"  # the divergence it transplants (the conversation family's headline pair)
 BUILT = tuple(arm for c in CONVERSATION_SPLICE for arm in (c, f"{c}_replica"))
 ARM_FIELDS = ("suffix", "cache_digest", "logits_digest", "z_sha256")  # what the rebuilt arms must reproduce
-
-
-class Panel(NamedTuple):
-    rows: list[tuple[str, str]]  # (row id, role): divergent rows, then controls, each by history length
-    not_testable: list[tuple[str, str]]  # (row id, reason): divergent rows whose first tokens at turn k differ
 
 
 class _Ref(NamedTuple):

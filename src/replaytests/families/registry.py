@@ -14,6 +14,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from typing import NamedTuple
 
 from replaytests.engine.rollout import MODES
 from replaytests.errors import ConfigError
@@ -30,6 +31,13 @@ REPLICA_DIRECTIONS = tuple((f"{c}_replica", c) for c in TRANSPLANT_CONSTRUCTIONS
 SELF_TRANSPLANTS = tuple(direction(replica, c) for replica, c in REPLICA_DIRECTIONS)
 VALIDITY_PAIRS = tuple(zip(SELF_TRANSPLANTS, TRANSPLANT_CONSTRUCTIONS, strict=True))  # (self-transplant, own)
 ROLES = ("divergent", "control")  # why a row is in the transplant panel
+
+
+class Panel(NamedTuple):
+    """The panel of a family that reads another's records (the transplants), drawn from that family's outcomes."""
+
+    rows: list[tuple[str, str]]  # (row id, role): divergent rows, then controls, each by prefix (or history) length
+    not_testable: list[tuple[str, str]]  # (row id, reason): divergent rows whose first tokens differ
 
 
 # The four fidelity layers (pytest markers), in the order a report shows them, and what each checks.
@@ -96,6 +104,11 @@ class Family:
     def run(self) -> Callable:
         """Its `run`, imported on first use (the registry itself loads no engine)."""
         return importlib.import_module(self.module or f"replaytests.families.{self.name}").run
+
+    @property
+    def draw_panel(self) -> Callable[..., Panel]:
+        """A family that `reads` another's records: its module's `panel(records, cell, divergent, controls)`."""
+        return importlib.import_module(self.module or f"replaytests.families.{self.name}").panel
 
 
 def _with_replicas(*constructions: str) -> tuple[str, ...]:

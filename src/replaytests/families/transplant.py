@@ -41,6 +41,7 @@ from replaytests.families.registry import (
     TRANSPLANT_CONSTRUCTIONS,
     TRANSPLANTS,
     VALIDITY_PAIRS,
+    Panel,
 )
 from replaytests.families.skeleton import arm_record, compare_arms, excluded, record_base
 from replaytests.inputs.bank import BankRow
@@ -56,11 +57,6 @@ EXHAUSTIVE_MAX_LAYERS = 8
 LAYER_FIELDS = ("layer_search", "minimal_layers", "layer_ranges")  # null for controls
 _PANEL = SCHEMA.keys["panels"].keys["transplant"].keys  # the contract's defaults, one copy of them
 DIVERGENT, CONTROLS = _PANEL["divergent"].default, _PANEL["exact_controls"].default
-
-
-class Panel(NamedTuple):
-    rows: list[tuple[str, str]]  # (row id, role): divergent rows, then controls, each by prefix length
-    not_testable: list[tuple[str, str]]  # (row id, reason): divergent rows whose first suffix tokens differ
 
 
 class _Ref(NamedTuple):

@@ -111,8 +111,8 @@ def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
         "drift": [str(d) for d in replay.drift],
         "overridden": replay.integrity.overridden,
         # Only when the transplant ran: its panel, and the divergent rows it could not test.
-        **({"transplant_panels": {cell: panel._asdict() for cell, panel in replay.panels.items()}}
-           if replay.panels else {}),
+        **({"transplant_panels": drawn} if (drawn := {cell: panel._asdict() for (family, cell), panel
+                                                      in replay.panels.items() if family == "transplant"}) else {}),
     }
 
 

@@ -49,10 +49,13 @@ class Plan:
         (panels are drawn from all selected rows, so shards together run exactly the unsharded rows)."""
         if family in self.unsupported or (FAMILIES[family].later_model and not self.options.later_model):
             return []
-        size = self.panel_size(family)
-        rows = self.rows if size is None else spaced(self.rows, size)
         share = {row.id for row in self.sharded_rows}
-        return [row for row in rows if row.id in share]
+        return [row for row in self.panel_rows(family) if row.id in share]
+
+    def panel_rows(self, family: str) -> list[BankRow]:
+        """The selected rows a family's panel holds, in every shard: all of them, or its panel of them."""
+        size = self.panel_size(family)
+        return self.rows if size is None else spaced(self.rows, size)
 
     def audited(self, baseline: list[Record]) -> list[Record]:
         """The baseline records this run recomputes: its families, cells and rows."""

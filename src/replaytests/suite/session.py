@@ -14,9 +14,7 @@ from pathlib import Path
 
 from replaytests.engine import backend, environment
 from replaytests.errors import ConfigError, RecordNotKept
-from replaytests.families import conversation_transplant, transplant
-from replaytests.families.panels import spaced
-from replaytests.families.registry import FAMILIES, ROLES
+from replaytests.families.registry import FAMILIES, ROLES, Panel
 from replaytests.files import lookup
 from replaytests.inputs import cells, conversations, cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
@@ -52,9 +50,8 @@ class ReplaySession:
     panel_source: dict[tuple[str, str], Record] | None = None  # --panel-from: (cell, row) -> its crossing record
     claims: Claims | None = None  # under pytest-xdist: the records this worker computes, or waits for
     _computed_here: set[tuple[str, str, str]] = field(default_factory=set)  # the keys of the records computed here
-    panels: dict[str, transplant.Panel] = field(default_factory=dict)  # cell -> its transplant panel
-    # cell -> its conversation transplant panel
-    conversation_panels: dict[str, conversation_transplant.Panel] = field(default_factory=dict)
+    # (family, cell) -> the panel of a family that reads another's records (the transplants), drawn from its outcomes
+    panels: dict[tuple[str, str], Panel] = field(default_factory=dict)
 
     @classmethod
     def open(cls, options: Options, pinned: cpu_isa.Pin | None = None) -> ReplaySession:
@@ -229,37 +226,22 @@ class ReplaySession:
                     frozenset(family for family in FAMILIES if self.unavailable(family)),
                     {family: self.family_cells(family) for family in FAMILIES})
 
-    def transplant_panel(self, cell: str) -> transplant.Panel:
-        """The transplant panel of a cell, from its finished crossing of every selected row (computing
-        those crossing records not computed yet)."""
-        if cell not in self.panels:
-            (source,) = FAMILIES["transplant"].reads
-            crossing = self.read(source, self.rows, cell)
-            sizes = self.contract.panels["transplant"]
-            self.panels[cell] = transplant.panel(crossing, cell, sizes["divergent"], sizes["exact_controls"])
-        return self.panels[cell]
+    def panel(self, family: str, cell: str) -> Panel:
+        """The panel of a family that reads another's records (the transplants: its module's `panel`), drawn from that
+        family's finished records of every row it runs on in any shard (computing those not computed yet), sized by
+        the contract's panels.<its panel>."""
+        if (family, cell) not in self.panels:
+            spec = FAMILIES[family]
+            (source,) = spec.reads
+            records = self.read(source, self.plan.panel_rows(source), cell)
+            sizes = self.contract.panels[spec.panel]
+            self.panels[family, cell] = spec.draw_panel(records, cell, sizes["divergent"], sizes["exact_controls"])
+        return self.panels[family, cell]
 
-    def transplant_role(self, row: BankRow, cell: str) -> str | None:
-        """"divergent" or "control" for a panel row, "not_testable" for a divergent row whose first
-        suffix tokens differ (transplant.panel gives the reason), None for a row outside the panel."""
-        panel = self.transplant_panel(cell)
-        roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
-        return roles.get(row.id)
-
-    def conversation_transplant_panel(self, cell: str) -> conversation_transplant.Panel:
-        """The conversation transplant's panel of a cell, from the finished conversation records of its candidate
-        rows (the conversation family's panel), computing those not computed yet (panels.conversation_transplant)."""
-        if cell not in self.conversation_panels:
-            (source,) = FAMILIES["conversation_transplant"].reads
-            records = self.read(source, spaced(self.rows, self.plan.panel_size(source)), cell)  # every shard's
-            sizes = self.contract.panels["conversation_transplant"]
-            self.conversation_panels[cell] = conversation_transplant.panel(records, cell, sizes["divergent"],
-                                                                           sizes["exact_controls"])
-        return self.conversation_panels[cell]
-
-    def conversation_transplant_role(self, row: BankRow, cell: str) -> str | None:
-        """As transplant_role, for the conversation transplant's panel."""
-        panel = self.conversation_transplant_panel(cell)
+    def role(self, family: str, row: BankRow, cell: str) -> str | None:
+        """A panel row's role ("divergent" or "control"), "not_testable" for a divergent row the family cannot test
+        (its panel gives the reason), None for a row outside the panel."""
+        panel = self.panel(family, cell)
         roles = dict(panel.rows) | {row: "not_testable" for row, _ in panel.not_testable}
         return roles.get(row.id)
 
@@ -273,8 +255,8 @@ class ReplaySession:
         """The records of several rows (record); under pytest-xdist, a worker computes those no other
         worker has started while the others compute theirs (suite.claims)."""
         if outside := [row.id for row in rows if not self.has_record(family, row, cell)]:
-            raise LookupError(f"{family} row(s) {', '.join(outside)} ({cell}): not in this run's transplant "
-                              "panel, so no record")
+            raise LookupError(f"{family} row(s) {', '.join(outside)} ({cell}): not in this run's {family} panel, "
+                              "so no record")
         wanted = {(family, row.id, cell): row for row in rows}
         keys = {key: row for key, row in self._rows_whose_reads_are_here(family, cell).items()
                 if self.has_record(family, row, cell)} | wanted
@@ -300,10 +282,8 @@ class ReplaySession:
                 if all((name, row.id, cell) in self._computed_here for name in reads)}
 
     def has_record(self, family: str, row: BankRow, cell: str) -> bool:
-        """Whether the family has a record of the row at all: a transplant row only in the cell's panel."""
-        role = {"transplant": self.transplant_role,
-                "conversation_transplant": self.conversation_transplant_role}.get(family)
-        return role is None or bool(self.unavailable(family)) or role(row, cell) in ROLES
+        """Whether the family has a record of the row at all: a transplant's row only in the cell's panel."""
+        return not FAMILIES[family].reads or bool(self.unavailable(family)) or self.role(family, row, cell) in ROLES
 
     def _compute_and_append(self, family: str, row: BankRow, cell: str) -> Record:
         result = self._run_family(family, row, cell)
@@ -328,14 +308,9 @@ class ReplaySession:
         if reason := self.unavailable(family):
             raise backend.Unsupported(f"{family}: {reason}")
         spec = FAMILIES[family]
-        if family == "transplant":
-            (read,) = (self.read(name, [row], cell)[0] for name in spec.reads)
-            return transplant.run(self.runtime(cell), row, read, self.transplant_role(row, cell))
-        if family == "conversation_transplant":
-            (read,) = (self.read(name, [row], cell)[0] for name in spec.reads)
-            return conversation_transplant.run(self.runtime(cell), row, read,
-                                               self.conversation_transplant_role(row, cell),
-                                               self.family_settings(family))
-        model = self.options.later_model if spec.later_model else None
         settings = (self.family_settings(family),) if spec.settings else ()
+        if spec.reads:  # the record it reads, and the row's role in the panel drawn from such records
+            (read,) = (self.read(name, [row], cell)[0] for name in spec.reads)
+            return spec.run(self.runtime(cell), row, read, self.role(family, row, cell), *settings)
+        model = self.options.later_model if spec.later_model else None
         return spec.run(self.runtime(cell, model), row, *settings)
