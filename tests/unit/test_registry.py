@@ -4,6 +4,7 @@ consistent with itself."""
 
 from __future__ import annotations
 
+import ast
 import re
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +17,8 @@ from replaytests.families import registry
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.contract import default_gates
 
-CONFORMANCE = Path(__file__).resolve().parents[2] / "src" / "replaytests" / "conformance"
+SRC = Path(__file__).resolve().parents[2] / "src" / "replaytests"
+CONFORMANCE = SRC / "conformance"
 LAYER_MODULES = {"replica": "test_replica_stability.py", "token_identity": "test_token_identity.py",
                  "fidelity": "test_live_state_fidelity.py", "causal": "test_causal_sufficiency.py"}
 
@@ -87,3 +89,49 @@ def test_a_family_entry_point_that_is_not_a_new_family_of_its_name_is_refused_in
     with pytest.raises(ConfigError, match=where + message) as caught:
         registry._plugins()
     assert "\n" not in str(caught.value), caught.value
+
+
+# ---- where a built-in family is still named outside families/ (issue 50, item 2: a ratchet)
+
+# How many string constants in each module's code (docstrings aside) spell a built-in family's name, outside
+# families/. "live" and "batch" are left out (arm and capability words too); a constant imported from the registry
+# (CROSS, CONVERSATION, SWEEP, ...) is not counted. A count may fall, never rise: lower it here when it does.
+FAMILY_MENTIONS = {
+    "conformance/test_causal_sufficiency.py": 16, "conformance/test_live_state_fidelity.py": 13,
+    "conformance/test_token_identity.py": 2, "engine/backend.py": 1, "engine/checks.py": 6,
+    "engine/hf/declaration.py": 1, "engine/llamacpp/declaration.py": 1, "engine/transplant.py": 1,
+    "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "inputs/contract.py": 25, "inputs/gates.py": 13,
+    "outputs/causal.py": 5, "outputs/compare.py": 3, "outputs/history.py": 12, "outputs/report.py": 6,
+    "outputs/report_html.py": 1, "outputs/sections.py": 15, "outputs/serving.py": 1, "outputs/shapes.py": 2,
+    "outputs/summary.py": 4, "outputs/sweep_report.py": 1, "suite/artifacts.py": 1, "suite/panel_source.py": 1,
+    "suite/parameters.py": 2, "suite/properties.py": 1, "suite/session.py": 4,
+}
+
+
+def family_mentions(path: Path) -> int:
+    """The string constants of a module's code (not its docstrings) that spell a built-in family's name."""
+    names = set(registry.BUILT_IN) - {"live", "batch"}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return sum(1 for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in names
+               and id(node) not in docstrings)
+
+
+def test_no_module_names_a_built_in_family_more_often_than_it_did():
+    found = {str(path.relative_to(SRC)): family_mentions(path) for path in sorted(SRC.rglob("*.py"))
+             if not str(path.relative_to(SRC)).startswith("families/")}
+    grown = {path: (count, FAMILY_MENTIONS.get(path, 0)) for path, count in found.items()
+             if count > FAMILY_MENTIONS.get(path, 0)}
+    assert not grown, f"modules name a built-in family more often than they did (now, listed): {grown}; read its " \
+                      "facts from its registry record (families/registry.py) instead"
+    fallen = {path: (found.get(path, 0), listed) for path, listed in FAMILY_MENTIONS.items()
+              if found.get(path, 0) < listed}
+    assert not fallen, f"lower FAMILY_MENTIONS where a module names the families less often (now, listed): {fallen}"
+
+
+def test_the_family_counter_sees_a_name_in_code_and_not_in_a_docstring(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""The crossing."""\n# transplant\nX = "crossing"\nY = ("sweep", "live", "crossings")\n')
+    assert family_mentions(module) == 2
