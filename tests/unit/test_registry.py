@@ -104,7 +104,7 @@ FAMILY_MENTIONS = {
     "outputs/causal.py": 5, "outputs/compare.py": 3, "outputs/history.py": 12, "outputs/report.py": 6,
     "outputs/report_html.py": 1, "outputs/sections.py": 15, "outputs/serving.py": 1, "outputs/shapes.py": 2,
     "outputs/summary.py": 4, "outputs/sweep_report.py": 1, "suite/artifacts.py": 1, "suite/panel_source.py": 1,
-    "suite/parameters.py": 2, "suite/properties.py": 1, "suite/session.py": 4,
+    "suite/parameters.py": 2, "suite/properties.py": 1, "suite/session.py": 1,
 }
 
 

@@ -8,6 +8,7 @@ import torch
 from replaytests.errors import ConfigError
 from replaytests.families import conversation_transplant, transplant
 from replaytests.families.registry import FAMILIES
+from replaytests.inputs import conversations
 from replaytests.inputs.options import Options, parse_shard
 from replaytests.suite.devices import pinned_device
 from replaytests.suite.session import ReplaySession
@@ -45,6 +46,21 @@ def test_panels_are_drawn_before_sharding(session):
     panel = {r.id for r in session.plan.family_rows("bridge")}
     share = {r.id for r in sharded(session, "1/2").plan.family_rows("bridge")}
     assert share < panel and len(panel) == 12, (share, panel)
+
+
+def test_a_family_gets_the_bank_file_its_registry_record_names(session, tmp_path):
+    """The edge sweep's settings carry the bank, the conversation families' the conversation bank beside it, and
+    without that file those two are not run, saying which file is missing."""
+    bank = session.options.bank
+    assert session.family_settings("sweep")["bank"] == bank
+    assert session.family_settings("conversation")["bank"] == conversations.path_for(bank)
+    assert "bank" not in session.family_settings("rollout")
+    assert session.unavailable("conversation") is None, "the embedded bank has its conversations"
+    moved = dataclasses.replace(session, options=dataclasses.replace(session.options, bank=tmp_path / bank.name))
+    for family in ("conversation", "conversation_transplant"):
+        assert moved.unavailable(family) == (f"no conversation bank beside the bank "
+                                             f"({conversations.path_for(tmp_path / bank.name).name})"), family
+    assert moved.unavailable("sweep") is None
 
 
 @pytest.mark.parametrize("family", ["transplant", "conversation_transplant"])

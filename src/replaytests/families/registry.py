@@ -89,6 +89,9 @@ class Family:
     row_fixture: str = ""  # the conformance tests' fixture of its rows (`<name>_row` where empty)
     later_model: bool = False  # runs on the later checkpoint (--replication-model), on no row without one
     module: str = ""  # the module whose `run` it is (`replaytests.families.<name>` where empty)
+    # the file its settings carry as `bank`: "rows", the bank itself (a sweep's batch axis draws the other rows), or
+    # "conversations", the conversation bank beside it (without which the family is not run); None: neither
+    bank_file: str | None = None
 
     @property
     def fixture(self) -> str:
@@ -191,15 +194,17 @@ BUILT_IN = {family.name: family for family in (
     Family("conversation", CONVERSATION_ARMS, _CONVERSATION_PAIRS, ("session~replay", "session~rerendered"),
            "conversation", ("replica", "fidelity"), headline_table=False,
            title="Conversations: turn k of a cached chat, replayed and re-rendered",
-           requires=("conversation",), settings="conversation", panel_size=("conversation",)),
+           requires=("conversation",), settings="conversation", panel_size=("conversation",),
+           bank_file="conversations"),
     Family("conversation_transplant", (*_with_replicas(*CONVERSATION_SPLICE), *SPLICES, *(n for n, _ in SELF_SPLICES)),
            _SPLICE_PAIRS, ("session~replay",), "conversation_transplant", ("causal",), divergent_cells_only=True,
            headline_table=False, title="Conversation transplant: the earliest turn whose K/V carries the divergence",
            requires=("conversation", "kv_tensors", "position_splice"), reads=("conversation",),
-           settings="conversation", panel_size=("conversation",)),  # its candidates: the conversation family's rows
+           settings="conversation", panel_size=("conversation",),  # its candidates: the conversation family's rows
+           bank_file="conversations"),
     Family("sweep", SWEEP_ARMS, _SWEEP_PAIRS, (SWEEP_HEADLINE,), "sweep", ("replica", "token_identity", "fidelity"),
            headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
-           requires=("edge_sweep",), settings="sweep", panel_size=("sweep",)),
+           requires=("edge_sweep",), settings="sweep", panel_size=("sweep",), bank_file="rows"),
 )}
 ENTRY_POINTS = "replaytests.families"  # a plugin's family: `name = module:FAMILY`, a Family of that name
 

@@ -201,17 +201,21 @@ class ReplaySession:
     def unavailable(self, family: str) -> str | None:
         """Why the backend cannot serve a family (the capabilities it lacks, or its input missing), or None
         where it can."""
-        if FAMILIES[family].settings == "conversation" and not conversations.path_for(self.options.bank).is_file():
-            return f"no conversation bank beside the bank ({conversations.path_for(self.options.bank).name})"
+        if FAMILIES[family].bank_file == "conversations" and not (path := self.bank_file(family)).is_file():
+            return f"no conversation bank beside the bank ({path.name})"
         return backend.missing(self.backend.capabilities, FAMILIES[family].requires, self.backend.name)
 
+    def bank_file(self, family: str) -> Path | None:
+        """The file a family's settings carry as `bank` (its registry record's `bank_file`), or None."""
+        kind = FAMILIES[family].bank_file
+        if kind == "rows":
+            return self.options.bank
+        return conversations.path_for(self.options.bank) if kind == "conversations" else None
+
     def family_settings(self, family: str) -> dict:
-        """The contract section a family's `run` takes; the conversation family's with its bank's path, the edge
-        sweep's with the bank's (a batch axis draws the requests beside a row from the bank's other rows)."""
+        """The contract section a family's `run` takes, with its `bank_file` as `bank` where it has one."""
         section = self.contract.settings[FAMILIES[family].settings]
-        if FAMILIES[family].settings == "conversation":
-            return section | {"bank": conversations.path_for(self.options.bank)}
-        return section | {"bank": self.options.bank} if FAMILIES[family].settings == "sweep" else section
+        return section | {"bank": path} if (path := self.bank_file(family)) else section
 
     def row(self, row_id: str) -> BankRow:
         for row in self.rows:
