@@ -292,13 +292,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
 
+def named_kinds(nodeid: str) -> set[str]:
+    """The kinds KINDS gives a test: as it names its module, its function or itself (one parameter set, whose id
+    may hold a slash: a ledger's run directory)."""
+    path, _, test = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1]
+    where = f"{module}::{test}"
+    return {kind for kind in (KINDS.get(module), KINDS.get(where.split("[", 1)[0]), KINDS.get(where)) if kind}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its kind: from the fixtures it needs, or as KINDS names its module, its function or
-    itself (one parameter set)."""
+    """Mark each test with its kind: from the fixtures it needs, or as KINDS names it (named_kinds)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        where = item.nodeid.rsplit("/", 1)[-1]
-        kinds = {KINDS.get(where.split("::")[0]), KINDS.get(where.split("[")[0]), KINDS.get(where)}
+        kinds = named_kinds(item.nodeid)
         if names & MODEL_FIXTURES or "model" in kinds:
             item.add_marker(pytest.mark.model)
         if names & E2E_FIXTURES or "e2e" in kinds:

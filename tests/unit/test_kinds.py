@@ -11,7 +11,7 @@ import tomllib
 import pytest
 
 import conftest
-from conftest import KIND_NAMES, KINDS, LEDGERS, LEDGERS_READ, MODEL_DIR, REPO, reads_committed_ledgers
+from conftest import KIND_NAMES, KINDS, LEDGERS, LEDGERS_READ, MODEL_DIR, REPO, named_kinds, reads_committed_ledgers
 
 
 def _load() -> None:
@@ -63,6 +63,20 @@ def test_every_kind_is_a_registered_marker_documented_and_out_of_the_quick_loop(
     quick = 'pytest tests/unit -m "' + " and ".join(f"not {kind}" for kind in KIND_NAMES) + '"'
     assert quick in conftest.__doc__, f"tests/unit/conftest.py's docstring does not give the quick loop {quick}"
     assert quick in (REPO / "README.md").read_text(encoding="utf-8"), f"README does not give the quick loop {quick}"
+
+
+@pytest.mark.parametrize(("nodeid", "kinds"), [
+    pytest.param("tests/unit/test_readme_tables.py::test_readme_shows_the_table_the_committed_ledgers_give[cells]",
+                 {"data"}, id="module"),
+    pytest.param("tests/unit/test_records.py::test_every_committed_ledger_round_trips_byte_for_byte[cpu-tiny]",
+                 {"data"}, id="function"),
+    pytest.param("tests/unit/test_records.py::test_every_committed_ledger_round_trips_byte_for_byte"
+                 "[cpu-smollm2-protocol-cells/rows-00-24]", {"data"}, id="a-slash-in-the-parameter-id"),
+    pytest.param("tests/unit/test_cells.py::test_int8_weights_are_quantized_at_load", {"model"}, id="itself"),
+    pytest.param("tests/unit/test_records.py::test_records_are_frozen", set(), id="none"),
+])
+def test_kinds_names_a_module_a_function_or_one_test(nodeid, kinds):
+    assert named_kinds(nodeid) == kinds
 
 
 def _exists(where: str) -> bool:
