@@ -42,6 +42,11 @@ UNIT_CAPS = Caps(branch=3, merge=2, answer=1)
 BANNED = (5, 7)
 VOCAB = 320  # the tiny model's embedding rows (config.json vocab_size); the tokenizer has fewer
 
+# One intra-op thread per test process, as cpu-tiny pins for its runs (a runtime a model test loads sets it anyway):
+# under `-n 2` on 2 cores, two workers of torch's default two threads each wait on one another at every parallel
+# region, and a finite check of the tiny model's weights (ReplaySession.open, twice) took a second instead of 10 ms.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def repo() -> Path:
