@@ -92,6 +92,24 @@ def shortest_z(bank_rows_json) -> list[int]:
 
 
 @pytest.fixture(scope="session")
+def opened_session():
+    """opened_session(contract=the default's) -> ReplaySession.open(Options(contract=contract)), opened once a
+    session per contract: an open reads the committed baseline whole (578 records) and checks the weights of two
+    checkpoints, and the tests that only read a session share one (a test that changes one opens its own)."""
+    from replaytests.inputs.options import DEFAULT_CONTRACT, Options
+    from replaytests.suite.session import ReplaySession
+
+    opened: dict[Path, ReplaySession] = {}
+
+    def open_once(contract: Path = DEFAULT_CONTRACT) -> ReplaySession:
+        if contract not in opened:
+            opened[contract] = ReplaySession.open(Options(contract=contract))
+        return opened[contract]
+
+    return open_once
+
+
+@pytest.fixture(scope="session")
 def fp32_runtime(tiny_contract):
     """The tiny model at FP32, loaded once for the whole unit session."""
     from replaytests.engine.hf.runtime import Runtime
