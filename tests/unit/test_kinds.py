@@ -6,6 +6,7 @@ too, and every kind is a registered marker, documented, and left out of the quic
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 
 import pytest
@@ -79,18 +80,25 @@ def test_kinds_names_a_module_a_function_or_one_test(nodeid, kinds):
     assert named_kinds(nodeid) == kinds
 
 
+@functools.cache
+def _functions(module: str) -> set[str] | None:
+    """The functions a module of tests/unit defines at its top level; None where there is no such module."""
+    path = REPO / "tests" / "unit" / module
+    if not path.is_file():
+        return None
+    return {node.name for node in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(node, ast.FunctionDef)}
+
+
 def _exists(where: str) -> bool:
     """Whether a KINDS entry names a module of tests/unit, or a test function (any parameter set) defined in it."""
     module, _, test = where.partition("::")
-    path = REPO / "tests" / "unit" / module
-    if not path.is_file():
-        return False
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    return not test or test.split("[", 1)[0] in {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    functions = _functions(module)
+    return functions is not None and (not test or test.split("[", 1)[0] in functions)
 
 
 def test_every_test_kinds_names_exists():
     """A test renamed or removed leaves its entry behind, and its new name another kind (a `data` test back in the
     quick loop)."""
+    assert not _exists("test_records.py::no_such_test[one]") and not _exists("test_no_such_module.py")
     stale = [where for where in KINDS if not _exists(where)]
     assert not stale, f"KINDS names tests that do not exist: {stale}"
