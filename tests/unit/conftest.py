@@ -393,8 +393,8 @@ def pytest_runtest_call(item: pytest.Item):
 
 @pytest.fixture(scope="session", autouse=True)
 def _model_loads_are_marked():
-    """The unit-test kinds are one fixture's: a test that loads a model's weights without the `model` or `e2e`
-    mark fails, naming itself, so the quick loop (`-m "not model and not e2e"`) never loads one. The guard holds
+    """The `model` and `e2e` kinds are one fixture's: a test that loads a model's weights without either mark
+    fails, naming itself, so the quick loop (which deselects both) never loads one. The guard holds
     for the whole session, so a load in a module- or session-scoped fixture is charged to the test it is set up
     for. Reading a config on the meta device (inspection) is no load."""
     from replaytests.engine.hf import adapter
