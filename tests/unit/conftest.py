@@ -1,15 +1,18 @@
-"""Shared fixtures for the unit tests of replaytests' own machinery, and their three kinds.
+"""Shared fixtures for the unit tests of replaytests' own machinery, and their kinds.
 
 The embedded tiny model is loaded at most once per session (`fp32_runtime`); everything else works
-on the tokenizer, the config or hand-built tensors. Each test is one of three kinds, as markers:
+on the tokenizer, the config or hand-built tensors. Each test is of one kind or none, as markers:
 - `model`: it runs the tiny model (it asks for a loaded runtime, or its module says so);
 - `e2e`: it runs replaytests whole (the pytest plugin under pytester, or a subprocess of the CLI);
-- neither: the machinery alone, `pytest tests/unit -m "not model and not e2e"`, the quick loop.
+- `data`: it checks the committed ledgers (fixtures/ledgers) whole, not the machinery: the round trip
+  of every ledger, README's tables;
+- none: the machinery alone, `pytest tests/unit -m "not model and not e2e and not data"`, the quick loop.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -38,6 +41,11 @@ CONTRACT = REPO / "contracts" / "cpu-tiny.yaml"
 UNIT_CAPS = Caps(branch=3, merge=2, answer=1)
 BANNED = (5, 7)
 VOCAB = 320  # the tiny model's embedding rows (config.json vocab_size); the tokenizer has fewer
+
+# One intra-op thread per test process, as cpu-tiny pins for its runs (a runtime a model test loads sets it anyway):
+# under `-n 2` on 2 cores, two workers of torch's default two threads each wait on one another at every parallel
+# region, and a finite check of the tiny model's weights (ReplaySession.open, twice) took a second instead of 10 ms.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +89,24 @@ def bank_rows_json() -> list[dict]:
 def shortest_z(bank_rows_json) -> list[int]:
     """The shortest committed boundary prefix (123 tokens): cheap to prefill."""
     return min(bank_rows_json, key=lambda r: (len(r["tokens"]), r["id"]))["tokens"]
+
+
+@pytest.fixture(scope="session")
+def opened_session():
+    """opened_session(contract=the default's) -> ReplaySession.open(Options(contract=contract)), opened once a
+    session per contract: an open reads the committed baseline whole (578 records) and checks the weights of two
+    checkpoints, and the tests that only read a session share one (a test that changes one opens its own)."""
+    from replaytests.inputs.options import DEFAULT_CONTRACT, Options
+    from replaytests.suite.session import ReplaySession
+
+    opened: dict[Path, ReplaySession] = {}
+
+    def open_once(contract: Path = DEFAULT_CONTRACT) -> ReplaySession:
+        if contract not in opened:
+            opened[contract] = ReplaySession.open(Options(contract=contract))
+        return opened[contract]
+
+    return open_once
 
 
 @pytest.fixture(scope="session")
@@ -270,7 +296,13 @@ KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_cau
          "test_cells.py::test_int4_weights_run_on_this_cpu_in_groups": "model",
          "test_cli.py::test_freeze_over_a_bank_is_refused_and_force_replaces_it": "model",
          "test_session.py::test_weights_swapped_after_the_run_opened_are_refused_at_load": "model",
-         "test_session.py::test_a_loaded_model_does_not_change_when_its_file_does": "model"}
+         "test_session.py::test_a_loaded_model_does_not_change_when_its_file_does": "model",
+         # the committed ledgers whole (100 MB): checks of the data, not of the machinery that reads them
+         "test_readme_tables.py": "data",
+         "test_records.py::test_every_committed_ledger_round_trips_byte_for_byte": "data",
+         "test_records.py::test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_claims": "data",
+         "test_kinds.py::test_a_ledger_a_data_test_opens_is_charged_to_it": "data"}
+KIND_NAMES = ("model", "e2e", "data")  # the markers a test's kind is; the quick loop deselects each
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -283,35 +315,86 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
 
+def named_kinds(nodeid: str) -> set[str]:
+    """The kinds KINDS gives a test: as it names its module, its function or itself (one parameter set, whose id
+    may hold a slash: a ledger's run directory)."""
+    path, _, test = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1]
+    where = f"{module}::{test}"
+    return {kind for kind in (KINDS.get(module), KINDS.get(where.split("[", 1)[0]), KINDS.get(where)) if kind}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its kind: from the fixtures it needs, or as KINDS names its module, its function or
-    itself (one parameter set)."""
+    """Mark each test with its kind: from the fixtures it needs, or as KINDS names it (named_kinds)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        where = item.nodeid.rsplit("/", 1)[-1]
-        kinds = {KINDS.get(where.split("::")[0]), KINDS.get(where.split("[")[0]), KINDS.get(where)}
+        kinds = named_kinds(item.nodeid)
         if names & MODEL_FIXTURES or "model" in kinds:
             item.add_marker(pytest.mark.model)
         if names & E2E_FIXTURES or "e2e" in kinds:
             item.add_marker(pytest.mark.e2e)
+        if "data" in kinds:
+            item.add_marker(pytest.mark.data)
 
 
 _RUNNING: list[pytest.Item] = []  # the test being set up, run or torn down (its fixtures of every scope with it)
+LEDGERS = REPO / "fixtures" / "ledgers"
+# A `data` test's function (its node id without parameters) -> the committed ledger files it opened in this process:
+# a function's, not a parameter set's, since a cache may spare a later parameter set the read (tools/readme_tables.py)
+LEDGERS_READ: dict[str, set[str]] = {}
+_DATA_TEST: list[str] = []  # the function of the `data` test now set up, run or torn down
+
+
+def _function(nodeid: str) -> str:
+    return nodeid.split("[", 1)[0]
+
+
+def _charge_ledger_opens(event: str, args: tuple) -> None:
+    """An audit hook: a file under fixtures/ledgers opened while a `data` test runs is charged to its function."""
+    if event == "open" and _DATA_TEST and isinstance(args[0], str | bytes | os.PathLike):
+        name = os.fsdecode(args[0])
+        if name.startswith(f"{LEDGERS}{os.sep}"):
+            LEDGERS_READ.setdefault(_DATA_TEST[-1], set()).add(name)
+
+
+def reads_committed_ledgers(nodeid: str) -> None:
+    """A `data` test reads the committed ledgers, or the quick loop leaves it out for nothing: it fails, naming
+    itself, where neither it nor another parameter set of its function opened one in this process."""
+    if not LEDGERS_READ.get(_function(nodeid)):
+        raise AssertionError(f"{nodeid} is marked `data` but opens no file under {LEDGERS}: a test of the machinery "
+                             "belongs in the quick loop (KINDS in tests/unit/conftest.py)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_charge_ledger_opens)  # audit hooks cannot be removed: one per process, this conftest's
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item):
+    data = item.get_closest_marker("data") is not None
     _RUNNING.append(item)
+    if data:
+        _DATA_TEST.append(_function(item.nodeid))
     try:
         return (yield)
     finally:
         _RUNNING.pop()
+        if data:
+            _DATA_TEST.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    outcome = yield
+    if item.get_closest_marker("data"):
+        reads_committed_ledgers(item.nodeid)
+    return outcome
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _model_loads_are_marked():
-    """The unit-test kinds are one fixture's: a test that loads a model's weights without the `model` or `e2e`
-    mark fails, naming itself, so the quick loop (`-m "not model and not e2e"`) never loads one. The guard holds
+    """The `model` and `e2e` kinds are one fixture's: a test that loads a model's weights without either mark
+    fails, naming itself, so the quick loop (which deselects both) never loads one. The guard holds
     for the whole session, so a load in a module- or session-scoped fixture is charged to the test it is set up
     for. Reading a config on the meta device (inspection) is no load."""
     from replaytests.engine.hf import adapter

@@ -29,7 +29,6 @@ from replaytests.inputs import contract, gates
 from replaytests.inputs.blocks import Caps
 from replaytests.inputs.cells import PAPER
 from replaytests.inputs.contract import SCHEMA
-from replaytests.inputs.options import Options
 from replaytests.inputs.schema import Value
 from replaytests.outputs import report
 from replaytests.suite import artifacts, planner, session
@@ -119,9 +118,9 @@ def _locked(path: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def captured() -> set[str]:
+def captured(opened_session) -> set[str]:
     """The dotted paths of the environment a run captures (with its inputs), which drift compares."""
-    env = session.ReplaySession.open(Options()).environment
+    env = opened_session().environment
     return {path for path, _ in environment._leaves(env, "")}
 
 

@@ -15,8 +15,8 @@ from replaytests.suite.session import ReplaySession
 
 
 @pytest.fixture(scope="module")
-def session() -> ReplaySession:
-    return ReplaySession.open(Options())
+def session(opened_session) -> ReplaySession:
+    return opened_session()
 
 
 def sharded(session: ReplaySession, spec: str) -> ReplaySession:
@@ -98,10 +98,10 @@ def test_each_xdist_worker_pins_one_gpu(monkeypatch, device, worker, gpus, expec
     pytest.param("fp32", "cpu-tiny.yaml", False, id="other-precision"),
     pytest.param("bf16", "cpu-tiny-static.yaml", False, id="other-cache-class"),
 ])
-def test_live_generation_refreezes_only_the_bank_s_own_setting(cell, contract, refreezes, repo):
+def test_live_generation_refreezes_only_the_bank_s_own_setting(cell, contract, refreezes, repo, opened_session):
     # The committed manifest predates the cache class: it was frozen with dynamic caches, and a static
     # cache alone changes BF16 live trajectories (README, Architectures), so no re-freeze is expected.
-    replay = ReplaySession.open(Options(contract=repo / "contracts" / contract))
+    replay = opened_session(repo / "contracts" / contract)
     assert replay.refreezes(cell) is refreezes, f"refreezes({cell}) under {contract}"
 
 
