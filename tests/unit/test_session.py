@@ -64,10 +64,10 @@ def test_a_family_gets_the_bank_file_its_registry_record_names(session, tmp_path
 
 
 @pytest.mark.parametrize("family", ["transplant", "conversation_transplant"])
-def test_each_transplant_panel_is_drawn_with_its_own_contract_sizes(monkeypatch, family):
+def test_each_transplant_panel_is_drawn_with_its_own_contract_sizes(monkeypatch, session, family):
     """panels.transplant sizes the transplant's panel and panels.conversation_transplant the conversation
     transplant's (the transplant once read the other's: 12 divergent rows and 2 controls instead of 24 and 8)."""
-    session = ReplaySession.open(Options())
+    session = dataclasses.replace(session, panels={})  # a copy of its own: its read is replaced, its panels kept
     panels = session.contract.panels
     sizes = {name: (panels[name]["divergent"], panels[name]["exact_controls"])
              for name in ("transplant", "conversation_transplant")}
