@@ -159,8 +159,14 @@ def test_a_new_family_runs_from_its_module_and_entry_point_and_its_replicas_are_
     assert [NEW_FAMILY, "fp32", "2", "0", "2/2", "-", "-", "-", "-"] in rows, rows
 
 
-@pytest.mark.e2e
-def test_without_its_entry_point_the_new_family_does_not_run(two_row_run):
-    """The control: the same suite where its entry point is not seen has no such family."""
-    _, run = two_row_run
-    assert not _records(run, NEW_FAMILY) and _records(run, "crossing"), "the control run's ledger is not as expected"
+@pytest.mark.e2e  # child processes
+@pytest.mark.parametrize("seen", [True, False], ids=["entry-point-seen", "not-seen"])
+def test_the_new_family_is_registered_by_its_entry_point_alone(seen):
+    """The control: the same registry where its entry point is not seen has no such family."""
+    path = (str(NEW_FAMILY_DIR) if seen else None, os.environ.get("PYTHONPATH"))
+    proc = subprocess.run([sys.executable, "-c", "from replaytests.families.registry import FAMILIES; "
+                           "print(' '.join(FAMILIES))"], capture_output=True, text=True, check=False, timeout=300,
+                          env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    families = proc.stdout.split()
+    assert "crossing" in families and (NEW_FAMILY in families) == seen, families
