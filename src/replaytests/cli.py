@@ -592,6 +592,9 @@ def main(argv: list[str] | None = None) -> int:
         argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1:]
     args = parser().parse_args(argv)
     try:
+        from replaytests.families.registry import check_plugins
+
+        check_plugins()
         if args.command == "freeze":
             return _freeze(args)
         if args.command == "env":

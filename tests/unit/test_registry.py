@@ -5,7 +5,10 @@ consistent with itself."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
@@ -85,12 +88,38 @@ def test_a_family_entry_point_that_is_not_a_new_family_of_its_name_is_refused_in
     point = metadata.EntryPoint(name, value, registry.ENTRY_POINTS)
     monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [point] if group == registry.ENTRY_POINTS
                         else [])
-    where = rf"^entry point {name} = {value} \(replaytests.families\): "
-    with pytest.raises(ConfigError, match=where + message) as caught:
-        registry._plugins()
-    assert "\n" not in str(caught.value), caught.value
+    found, problem = registry._plugins()
+    assert found == {} and re.match(rf"^entry point {name} = {value} \(replaytests.families\): {message}", problem), (
+        problem)
+    assert "\n" not in problem, problem
+    monkeypatch.setattr(registry, "_PROBLEM", problem)
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        registry.check_plugins()
 
 
+@pytest.mark.e2e  # child processes
+@pytest.mark.parametrize("command", [["-m", "replaytests.cli", "env"],
+                                     ["-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"]],
+                         ids=["cli", "pytest"])
+def test_a_bad_family_entry_point_stops_the_cli_and_pytest_in_one_line(tmp_path, command):
+    """Where a bad entry point is installed, the CLI and any pytest run stop before anything runs, non-zero, with
+    its one line (not a traceback of pytest's plugin loading); the control: the same folder without it runs."""
+    info = tmp_path / "site" / "bad_family-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-family\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[replaytests.families]\nodd = json:dumps\n")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, (str(info.parent), os.environ.get("PYTHONPATH"))))}
+    proc = subprocess.run([sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "entry point odd = json:dumps" in line]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Error while loading plugin" not in proc.stdout + proc.stderr, (
+        proc.stdout[-2000:] + proc.stderr[-2000:])
+    (info / "entry_points.txt").unlink()
+    control = subprocess.run([sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             check=False, timeout=300)
+    assert "entry point" not in control.stdout + control.stderr and control.returncode in (0, 5), (
+        control.stdout[-2000:] + control.stderr[-2000:])
 # ---- where a built-in family is still named outside families/ (issue 50, item 2: a ratchet)
 
 # How many string constants in each module's code (docstrings aside) spell a built-in family's name, outside

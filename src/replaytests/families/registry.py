@@ -106,12 +106,15 @@ class Family:
     @property
     def run(self) -> Callable:
         """Its `run`, imported on first use (the registry itself loads no engine)."""
-        return importlib.import_module(self.module or f"replaytests.families.{self.name}").run
+        return self._module().run
 
     @property
     def draw_panel(self) -> Callable[..., Panel]:
         """A family that `reads` another's records: its module's `panel(records, cell, divergent, controls)`."""
-        return importlib.import_module(self.module or f"replaytests.families.{self.name}").panel
+        return self._module().panel
+
+    def _module(self):
+        return importlib.import_module(self.module or f"replaytests.families.{self.name}")
 
 
 def _with_replicas(*constructions: str) -> tuple[str, ...]:
@@ -206,25 +209,36 @@ BUILT_IN = {family.name: family for family in (
            headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
            requires=("edge_sweep",), settings="sweep", panel_size=("sweep",), bank_file="rows"),
 )}
+
 ENTRY_POINTS = "replaytests.families"  # a plugin's family: `name = module:FAMILY`, a Family of that name
 
 
-def _plugins() -> dict[str, Family]:
-    """The families registered by entry points (group `replaytests.families`), in their names' order."""
+def _plugins() -> tuple[dict[str, Family], str | None]:
+    """The families registered by entry points (group `replaytests.families`), in their names' order, and the first
+    bad entry point's one-line error (None where there is none), which stops the reading."""
     found = {}
     for point in sorted(metadata.entry_points(group=ENTRY_POINTS), key=lambda p: p.name):
         where = f"entry point {point.name} = {point.value} ({ENTRY_POINTS})"
         if point.name in BUILT_IN:
-            raise ConfigError(f"{where}: family {point.name} is registered already")
+            return found, f"{where}: family {point.name} is registered already"
         try:
             family = point.load()
         except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"{where}: cannot import it: {exc}") from None
+            return found, f"{where}: cannot import it: {exc}"
         if not isinstance(family, Family) or family.name != point.name:
-            raise ConfigError(f"{where}: expected a replaytests.families.registry.Family named {point.name!r}, "
-                              f"got {family!r:.80}")
+            return found, (f"{where}: expected a replaytests.families.registry.Family named {point.name!r}, "
+                           f"got {family!r:.80}")
         found[point.name] = family
-    return found
+    return found, None
 
 
-FAMILIES = BUILT_IN | _plugins()
+# The registry is read while modules import it, so a bad entry point is not raised here (it would surface as a
+# traceback of pytest's plugin loading): the pytest plugin and the CLI call check_plugins first.
+_FOUND, _PROBLEM = _plugins()
+FAMILIES = BUILT_IN | _FOUND
+
+
+def check_plugins() -> None:
+    """Raise the first bad family entry point's one-line error, if there is one."""
+    if _PROBLEM:
+        raise ConfigError(_PROBLEM)

@@ -19,7 +19,7 @@ import contextlib
 import pytest
 
 from replaytests.errors import RecordNotKept, ReplaytestsError
-from replaytests.families.registry import MARKERS
+from replaytests.families.registry import MARKERS, check_plugins
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.suite import collector, command_line, fixtures, lifecycle, parameters, rerun, scheduling
@@ -46,6 +46,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        check_plugins()  # a bad family entry point: one line, before anything runs
+    except ReplaytestsError as exc:
+        raise pytest.UsageError(str(exc)) from None
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     config.pluginmanager.register(fixtures, "replaytests-fixtures")  # pytest reads fixtures from plugins
