@@ -60,7 +60,7 @@ def test_the_recompute_is_one_call_with_every_token_an_output(runtime, rows):
 
 def test_a_sampled_rollout_is_drawn_again_from_its_seed(runtime, rows, contract):
     """The per-row seed reproduces the tokens (a fresh context too); another seed draws others."""
-    z, seed = rows[0].tokens, row_seed(contract.rollout["seed"], rows[0].id)
+    z, seed = rows[0].tokens, row_seed(contract.settings["rollout"]["seed"], rows[0].id)
     first, again = runtime.rollout(z, LENGTH, seed), runtime.rollout(z, LENGTH, seed, "live_replica")
     assert (first.tokens, first.logprobs) == (again.tokens, again.logprobs), "the same seed drew another rollout"
     others = [runtime.rollout(z, LENGTH, seed + k).tokens for k in (1, 2)]
@@ -72,7 +72,7 @@ def test_teacher_forcing_fed_a_wrong_token_is_found(runtime, rows, contract, mon
     bit (the premise); with one response token corrupted on its way into the replay (a detokenize-retokenize
     slip), the log-probabilities after it must differ and the record must say so."""
     row = rows[0]
-    clean = rollout_family.run(runtime, row, contract.rollout)
+    clean = rollout_family.run(runtime, row, contract.settings["rollout"])
     assert clean.ok and clean.comparisons["live~incremental"].logprobs_exact, \
         f"premise: clean teacher forcing is not bit-exact here ({clean.comparisons['live~incremental']})"
     feed = Runtime.feed
@@ -83,7 +83,7 @@ def test_teacher_forcing_fed_a_wrong_token_is_found(runtime, rows, contract, mon
         return feed(self, context, tokens, step)
 
     monkeypatch.setattr(Runtime, "feed", corrupted)
-    faulty = rollout_family.run(runtime, row, contract.rollout)
+    faulty = rollout_family.run(runtime, row, contract.settings["rollout"])
     assert faulty.ok, faulty.reason
     found = faulty.comparisons["live~incremental"]
     assert not found.logprobs_exact and not found.cache_exact, f"a corrupted replay passed as live: {found}"
@@ -116,7 +116,8 @@ def test_both_rollout_families_record_their_measures(rollout_run, contract):
         assert record["status"] == "ok", record.get("reason")
         spec = record["rollout"]
         sampled = record["family"] == "rollout_sampled"
-        assert spec["seed"] == (row_seed(contract.rollout["seed"], record["row"]) if sampled else None), spec
+        seed = contract.settings["rollout"]["seed"]
+        assert spec["seed"] == (row_seed(seed, record["row"]) if sampled else None), spec
         assert {arm["logprobs_mode"] for arm in record["arms"].values()} == {SUITE_LOGPROBS}, record["arms"].keys()
         assert all(len(arm["logprobs"]) == len(arm["suffix"]) == LENGTH for arm in record["arms"].values())
         for pair, measures in record["comparisons"].items():

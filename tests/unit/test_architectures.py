@@ -246,7 +246,7 @@ def rollout_record(runtime: Runtime, family: str, name: str, contract):
 
     z = checks.synthetic_z(runtime, seed=0)
     row = BankRow(f"{family}-synthetic", z, runtime.grammar.parse(z, f"{family} synthetic row"), None)
-    return REGISTRY[name].run(runtime, row, contract.rollout)
+    return REGISTRY[name].run(runtime, row, contract.settings["rollout"])
 
 
 @pytest.mark.parametrize("cell", ["fp32", "bf16"])

@@ -5,6 +5,7 @@ through the plugin."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from replaytests.backends import REGISTRY
 from replaytests.engine.backend import CAPABILITIES, SERVING, Backend, missing, resolve
 from replaytests.errors import ConfigError
 from replaytests.families.registry import FAMILIES
+from replaytests.inputs.options import DEFAULT_CONTRACT
 
 BACKENDS = Path(__file__).parent / "backends"
 TOY = "logprobs-only"  # registered by the entry point beside its module (tests/unit/backends)
@@ -159,14 +161,29 @@ def test_a_new_family_runs_from_its_module_and_entry_point_and_its_replicas_are_
     assert [NEW_FAMILY, "fp32", "2", "0", "2/2", "-", "-", "-", "-"] in rows, rows
 
 
+# A contract extending the embedded default that relaxes the new family's own gate (its registry record's section).
+RELAXED = "extends: {default}\nname: relaxed\ngates:\n  prefill_twice:\n    replicas_exact: false\n"
+CHILD = ("import sys\nfrom replaytests.errors import ConfigError\nfrom replaytests.families.registry import FAMILIES\n"
+         "from replaytests.inputs.contract import load_contract\nprint(' '.join(FAMILIES))\n"
+         "try:\n    print(load_contract(sys.argv[1]).gates.replicas_exact)\n"
+         "except ConfigError as exc:\n    print(exc)\n")
+
+
 @pytest.mark.e2e  # child processes
 @pytest.mark.parametrize("seen", [True, False], ids=["entry-point-seen", "not-seen"])
-def test_the_new_family_is_registered_by_its_entry_point_alone(seen):
-    """The control: the same registry where its entry point is not seen has no such family."""
+def test_the_new_family_and_its_contract_section_are_registered_by_its_entry_point_alone(seen, tmp_path):
+    """The control: the same registry where its entry point is not seen has no such family, and a contract naming its
+    gate section is refused there in one line."""
+    contract = tmp_path / "relaxed.yaml"
+    contract.write_text(RELAXED.format(default=DEFAULT_CONTRACT.resolve()))
     path = (str(NEW_FAMILY_DIR) if seen else None, os.environ.get("PYTHONPATH"))
-    proc = subprocess.run([sys.executable, "-c", "from replaytests.families.registry import FAMILIES; "
-                           "print(' '.join(FAMILIES))"], capture_output=True, text=True, check=False, timeout=300,
-                          env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))})
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(contract)], capture_output=True, text=True, check=False,
+                          timeout=300, env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    families = proc.stdout.split()
-    assert "crossing" in families and (NEW_FAMILY in families) == seen, families
+    families, gates = proc.stdout.splitlines()
+    assert "crossing" in families.split() and (NEW_FAMILY in families.split()) == seen, families
+    if seen:
+        replicas_exact = ast.literal_eval(gates)
+        assert replicas_exact[NEW_FAMILY] is False and replicas_exact["crossing"] is True, replicas_exact
+    else:
+        assert f"{contract}: gates: unknown field 'prefill_twice'" in gates, gates

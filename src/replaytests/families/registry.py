@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import NamedTuple
 
-from replaytests.engine.rollout import MODES
 from replaytests.errors import ConfigError
 from replaytests.inputs.blocks import direction
+from replaytests.inputs.cells import divergence_gate
 from replaytests.inputs.gates import ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+from replaytests.inputs.schema import MAX_BATCH, MAX_COUNT, NUMBER, ListOf, Section, Value, pin
 
 CROSS = "incremental~prefill"  # the crossing pair, also the transplant's and the replication's headline
 # The transplant: (recipient, donor) in each direction, and the validity control (each construction's
@@ -92,6 +93,19 @@ class Family:
     # the file its settings carry as `bank`: "rows", the bank itself (a sweep's batch axis draws the other rows), or
     # "conversations", the conversation bank beside it (without which the family is not run); None: neither
     bank_file: str | None = None
+    # The contract sections it owns (inputs/contract.py builds its schema from them; docs/contract.md names every key),
+    # each an inputs.schema node; families that share a section declare the same node, or none:
+    panel_schema: Value | Section | None = None  # `panels.<panel>`
+    settings_schema: Section | None = None  # `<settings>:`, the section its `run` takes
+    # the rules that relate its settings' fields: check(settings, error), error(field, message) raising one line
+    check_settings: Callable[[dict, Callable[[str, str], Exception]], None] | None = None
+    gates_schema: Section | None = None  # `gates.<gate_section>`, what its judgements read
+    gates: str = ""  # the `gates:` section its judgements read (its name where empty)
+
+    @property
+    def gate_section(self) -> str:
+        """The `gates:` section its judgements read."""
+        return self.gates or self.name
 
     @property
     def fixture(self) -> str:
@@ -121,6 +135,20 @@ def _with_replicas(*constructions: str) -> tuple[str, ...]:
     return tuple(arm for c in constructions for arm in (c, f"{c}_replica"))
 
 
+def _gates(**keys) -> Section:
+    return Section(keys, default={})
+
+
+def _exact() -> Value:
+    return Value(bool, default=True)
+
+
+_DIVERGENCE_GATES = _gates(replicas_exact=_exact(), suffix_divergence_allowed=divergence_gate())
+# The family whose divergence gate is the contract's per cell (Contract.may_diverge): every other family's
+# `suffix_divergence_allowed` takes its value for a cell it leaves unnamed.
+DIVERGENCE_REFERENCE = "crossing"
+_BRIDGE_PANEL = Value(int, default=12, low=1, high=MAX_COUNT)
+
 _CROSSING_PAIRS = (("incremental", "incremental_replica"), ("prefill", "prefill_replica"), ("incremental", "prefill"))
 _TRANSPLANT_PAIRS = (*((direction(r, d), d) for r, d in DIRECTIONS), *VALIDITY_PAIRS)
 _BATCH = ("incremental", "prefill")
@@ -136,6 +164,29 @@ _SERVING_PAIRS = (("live", "live_replica"), ("prefill", "prefill_replica"), ("li
 ROLLOUT_ARMS = _with_replicas("live", "incremental", "prefill")
 _ROLLOUT_PAIRS = (("live", "live_replica"), ("incremental", "incremental_replica"), ("prefill", "prefill_replica"),
                   ("live", "incremental"), ("live", "prefill"))
+# The rollout families' contract sections (docs/protocol.md §15), which both share: how long a rollout is, the
+# sampler's seed, and the thresholds a token's log-probability ratio r = p_replay / p_live and |delta logp| are
+# measured against; replicas bit-exact; the teacher-forced replay on the live schedule bit-exact with the live
+# log-probabilities (the control); per row, bounds on the trainer's recompute (live~prefill): the k3 estimate of
+# KL(live || replay) per token and the share of tokens with r outside ratio_bounds (null: measured and recorded, not
+# gated).
+_ROLLOUT_PANEL = pin(int, low=1, high=MAX_COUNT)  # null: every selected row
+_ROLLOUT_SETTINGS = Section({
+    "length": Value(int, default=32, low=1, high=MAX_COUNT),
+    "seed": Value(int, default=0, low=0, high=2**63 - 1),
+    "ratio_bounds": ListOf(Value(NUMBER, low=0, high=MAX_COUNT), default=[0.5, 2.0]),
+    "delta_threshold": Value(NUMBER, default=0.05, low=0, high=MAX_COUNT),
+}, default={})
+_ROLLOUT_GATES = _gates(replicas_exact=_exact(), live_incremental_exact=_exact(),
+                        k3_max=pin(NUMBER, low=0, high=MAX_COUNT), outside_bounds_max=pin(NUMBER, low=0, high=1))
+
+
+def _check_rollout(settings: dict, error: Callable[[str, str], Exception]) -> None:
+    bounds = settings["ratio_bounds"]
+    if len(bounds) != 2 or not 0 < bounds[0] <= 1 <= bounds[1]:
+        raise error("ratio_bounds", f"expected [low, high] with 0 < low <= 1 <= high (bounds on p_replay / p_live), "
+                                    f"got {bounds}")
+
 
 # The conversation family (families/conversation.py): four constructions of turn k, each with a replica.
 # session~replay is a server's cached turn against the same turn sent again after an eviction; session~rerendered
@@ -162,53 +213,126 @@ SWEEP_ARMS = _with_replicas("reference", "edge")
 SWEEP_HEADLINE = "reference~edge"
 _SWEEP_PAIRS = (("reference", "reference_replica"), ("edge", "edge_replica"), ("reference", "edge"))
 
+# The sweep's contract section (docs/protocol.md §17): on a position axis, the points at the first and the last
+# `multiples` multiples of each engine edge, one before and one after each, and the row's whole prefix; `stride` is
+# the edge of a position axis where the engine names none; `continuation`, the tokens decoded greedily from each arm's
+# state.
+_SWEEP_SETTINGS = Section({
+    "multiples": Value(int, default=2, low=1, high=MAX_COUNT),
+    "stride": Value(int, default=64, low=2, high=MAX_COUNT),
+    "continuation": Value(int, default=8, low=1, high=MAX_COUNT),
+    # a batch axis (vLLM): the row as a needle among this many other requests (other rows' prefixes, with it at most
+    # MAX_BATCH requests), at a position drawn with `seed`
+    "batch_sizes": ListOf(Value(int, low=1, high=MAX_BATCH - 1), default=[1, 2, 3, 4, 7, 8, 9, 15, 16, 17]),
+    "seed": Value(int, default=0, low=0, high=2**63 - 1),
+    # the axes swept, by name, among those the backend declares (empty: every one)
+    "axes": ListOf(Value(str, pattern=r"[a-z0-9_]+", expect="an axis name"), default=[]),
+}, default={})
+
 BUILT_IN = {family.name: family for family in (
     Family("live", _with_replicas("live", "prefill"), (("live", "live_replica"), ("prefill", "prefill_replica"),
                                                       ("live", "prefill")), ("live~prefill",), "live",
            ("replica", "token_identity", "fidelity"), accuracy=("live", "prefill"), reductions=True,
-           title="Live matrix: live vs prefill of the live prefix", panel_size=("live",)),
+           title="Live matrix: live vs prefill of the live prefix", panel_size=("live",),
+           panel_schema=pin(int, low=1, high=MAX_COUNT), gates_schema=_DIVERGENCE_GATES),
     Family("crossing", _with_replicas("incremental", "prefill"), _CROSSING_PAIRS, (CROSS,), "all",
            ("replica", "token_identity", "fidelity"), accuracy=("incremental", "prefill"), reductions=True,
-           title="Fixed-prefix crossing (2x2: construction x precision)", row_fixture="bank_row"),
+           title="Fixed-prefix crossing (2x2: construction x precision)", row_fixture="bank_row",
+           gates_schema=_DIVERGENCE_GATES),
     Family("bridge", ("live", "incremental"), (("live", "incremental"),), ("live~incremental",), "bridge",
            ("fidelity",), title="Bridge: a fresh live boundary vs the incremental cache of its tokens",
-           requires=("kv_tensors",), panel_size=("bridge",), row_fixture="panel_row"),
+           requires=("kv_tensors",), panel_size=("bridge",), row_fixture="panel_row", panel_schema=_BRIDGE_PANEL,
+           gates_schema=_gates(exact=_exact())),
     Family("batch", tuple(f"{c}_{size}" for c in _BATCH for size in ("pair", "singleton")),
            tuple((f"{c}_pair", f"{c}_singleton") for c in _BATCH),
            tuple(f"{c}_pair~{c}_singleton" for c in _BATCH), "bridge", ("token_identity", "fidelity"),
            title="Batch composition: duplicated pair vs singleton", requires=("batch_size", "state_copy"),
-           panel_size=("bridge",)),
+           panel_size=("bridge",), panel_schema=_BRIDGE_PANEL,
+           gates_schema=_gates(suffix_divergence_allowed=divergence_gate())),
     Family("transplant", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (("incremental", "prefill"), *_TRANSPLANT_PAIRS), (CROSS,), "transplant", ("causal",),
            divergent_cells_only=True, headline_table=False, title="Transplant (Table 5)",
-           requires=("kv_tensors", "state_copy"), reads=("crossing",)),
+           requires=("kv_tensors", "state_copy"), reads=("crossing",),
+           panel_schema=Section({"divergent": Value(int, default=24, low=1, high=MAX_COUNT),
+                                 "exact_controls": Value(int, default=8, low=1, high=MAX_COUNT),
+                                 "layers": Value(str, default="all", choices=("all",)),
+                                 "directions": Value(str, default="both", choices=("both",))}, default={}),
+           gates_schema=_gates(donor_recovery=Value(NUMBER, default=1.0, low=0, high=1),
+                               controls_third_trajectory=Value(int, default=0, low=0, high=MAX_COUNT))),
     Family("replication", (*_with_replicas(*TRANSPLANT_CONSTRUCTIONS), *TRANSPLANTS, *SELF_TRANSPLANTS),
            (*_CROSSING_PAIRS, *_TRANSPLANT_PAIRS), (CROSS,), "replication", ("causal",), divergent_cells_only=True,
            headline_table=False, title="Replication on a later checkpoint (Table 6)",
-           requires=("kv_tensors", "state_copy"), panel_size=("replication", "rows"), later_model=True),
+           requires=("kv_tensors", "state_copy"), panel_size=("replication", "rows"), later_model=True,
+           panel_schema=Section({"rows": Value(int, default=48, low=1, high=MAX_COUNT),
+                                 "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT)}, default={}),
+           gates="transplant"),
     Family("serving", SERVING_ARMS, _SERVING_PAIRS, tuple(f"{a}~{b}" for a, b in _SERVING_PAIRS[2:]), "all",
            ("replica", "fidelity"), accuracy=("live", "prefill"), reductions=True,
            title="Serving engine: prefix-cache hit, fresh, chunked and batched prefill vs live",
-           requires=("prefix_cache", "chunked_prefill")),
+           requires=("prefix_cache", "chunked_prefill"), gates_schema=_DIVERGENCE_GATES),
     *(Family(name, ROLLOUT_ARMS, _ROLLOUT_PAIRS, (ROLLOUT_RECOMPUTE,), "rollout", ("replica", "fidelity"),
              headline_table=False, title=f"Rollout fidelity, {mode}: the trainer's recompute of a live rollout",
-             requires=("rollout_logprobs",), settings="rollout", panel_size=("rollout",), row_fixture="rollout_row")
-      for name, mode in zip(ROLLOUT_FAMILIES, MODES, strict=True)),
+             requires=("rollout_logprobs",), settings="rollout", panel_size=("rollout",), row_fixture="rollout_row",
+             panel_schema=_ROLLOUT_PANEL, settings_schema=_ROLLOUT_SETTINGS, check_settings=_check_rollout,
+             gates_schema=_ROLLOUT_GATES, gates="rollout")
+      for name, mode in zip(ROLLOUT_FAMILIES, ("greedy", "sampled"), strict=True)),
+    # The conversation family (docs/protocol.md §16): `cap`, the content tokens an assistant turn may hold (its
+    # conversation bank's manifest must record the same cap: the session reproduces the bank under it); every turn's
+    # replicas bit-exact; at turn 1 the session and the replay are the same one call over the first user turn (the
+    # control), bit-exact; re-rendered ids that differ from the generated ones at a turn are recorded (true: a failure).
     Family("conversation", CONVERSATION_ARMS, _CONVERSATION_PAIRS, ("session~replay", "session~rerendered"),
            "conversation", ("replica", "fidelity"), headline_table=False,
            title="Conversations: turn k of a cached chat, replayed and re-rendered",
            requires=("conversation",), settings="conversation", panel_size=("conversation",),
-           bank_file="conversations"),
+           bank_file="conversations", panel_schema=Value(int, default=12, low=1, high=MAX_COUNT),  # conversations run
+           settings_schema=Section({"cap": Value(int, default=12, low=1, high=MAX_COUNT)}, default={}),
+           gates_schema=_gates(replicas_exact=_exact(), control_exact=_exact(),
+                               rerendered_ids_equal=Value(bool, default=False))),
+    # Its panel: divergent conversations among the conversation family's, and controls (conversations whose
+    # constructions agree at every turn: each costs a splice per turn and direction); judged under the transplant's
+    # gates.
     Family("conversation_transplant", (*_with_replicas(*CONVERSATION_SPLICE), *SPLICES, *(n for n, _ in SELF_SPLICES)),
            _SPLICE_PAIRS, ("session~replay",), "conversation_transplant", ("causal",), divergent_cells_only=True,
            headline_table=False, title="Conversation transplant: the earliest turn whose K/V carries the divergence",
            requires=("conversation", "kv_tensors", "position_splice"), reads=("conversation",),
            settings="conversation", panel_size=("conversation",),  # its candidates: the conversation family's rows
-           bank_file="conversations"),
+           bank_file="conversations",
+           panel_schema=Section({"divergent": Value(int, default=12, low=1, high=MAX_COUNT),
+                                 "exact_controls": Value(int, default=2, low=1, high=MAX_COUNT)}, default={}),
+           gates="transplant"),
+    # Its gates: every point's replicas bit-exact; reference~edge continuations that diverge at a point are recorded
+    # where the cell may diverge, a failure where it may not.
     Family("sweep", SWEEP_ARMS, _SWEEP_PAIRS, (SWEEP_HEADLINE,), "sweep", ("replica", "token_identity", "fidelity"),
            headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
-           requires=("edge_sweep",), settings="sweep", panel_size=("sweep",), bank_file="rows"),
+           requires=("edge_sweep",), settings="sweep", panel_size=("sweep",), bank_file="rows",
+           panel_schema=Value(int, default=4, low=1, high=MAX_COUNT),  # its rows, each a sweep of every axis
+           settings_schema=_SWEEP_SETTINGS, gates_schema=_DIVERGENCE_GATES),
 )}
+
+# The contract sections a family may own: kind -> (its Family field, the section's name from its record).
+SECTIONS = {"panels": ("panel_schema", lambda family: family.panel),
+            "settings": ("settings_schema", lambda family: family.settings),
+            "gates": ("gates_schema", lambda family: family.gate_section)}
+
+
+def declared(kind: str, families: dict[str, Family] | None = None) -> dict[str, object]:
+    """The contract sections of one kind (SECTIONS) that the families declare, by section name, in the registry's
+    order. Families sharing a section declare the same node or none; two different nodes under one name, or a
+    family's settings section that no family declares, is one line."""
+    attribute, name_of = SECTIONS[kind]
+    families = FAMILIES if families is None else families
+    found: dict[str, object] = {}
+    for family in families.values():
+        node = getattr(family, attribute)
+        if node is not None and found.setdefault(name_of(family), node) != node:
+            raise ConfigError(f"family {family.name}: its {attribute} for the contract's {kind} section "
+                              f"{name_of(family)!r} differs from another family's (families sharing a section declare "
+                              "the same node)")
+    if kind == "settings" and (bare := [f.name for f in families.values() if f.settings and f.settings not in found]):
+        raise ConfigError(f"family {bare[0]}: its settings section {families[bare[0]].settings!r} is declared by no "
+                          "family (a settings_schema)")
+    return found
+
 
 ENTRY_POINTS = "replaytests.families"  # a plugin's family: `name = module:FAMILY`, a Family of that name
 
@@ -228,6 +352,11 @@ def _plugins() -> tuple[dict[str, Family], str | None]:
         if not isinstance(family, Family) or family.name != point.name:
             return found, (f"{where}: expected a replaytests.families.registry.Family named {point.name!r}, "
                            f"got {family!r:.80}")
+        try:
+            for kind in SECTIONS:
+                declared(kind, BUILT_IN | found | {point.name: family})
+        except ConfigError as exc:
+            return found, f"{where}: {exc}"
         found[point.name] = family
     return found, None
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from replaytests.backends import NATIVE, declarations
 from replaytests.errors import ConfigError, short
 from replaytests.files import sha256_json
+from replaytests.inputs.schema import Named, Value
 
 # The paper's two cells: the only cells `precisions:` declares, and what `--precision both` selects.
 PAPER = ("bf16", "fp32")
@@ -29,6 +30,17 @@ RECOMPUTE_CELL = PAPER[0]  # `rollouts check` recomputes in this cell: a trainer
 DTYPES = ("bfloat16", "float16", "float32")
 NAME_PATTERN = r"[a-z0-9][a-z0-9._+-]{0,39}"  # a test id and a file name: no comma, no space, no '/'
 SELECTORS = ("both", "all")  # --precision words that are not cell names
+# A cell's name: what a contract may call a cell (`--precision` keeps its selectors' names).
+CELL_NAMES = {"pattern": NAME_PATTERN,
+              "expect": "lower-case letters, digits and '.', '_', '+', '-' (at most 40, a letter or digit first)",
+              "reserved": {name: f"--precision {name} selects cells" for name in SELECTORS}}
+
+
+def divergence_gate() -> Named:
+    """A family's gate `suffix_divergence_allowed`: cell -> whether its suffixes may diverge (cells left out: filled
+    in from the reference family's, inputs/contract.py)."""
+    return Named("cell", Value(bool, default=None), **CELL_NAMES, default={})
+
 
 # The K/V cache and weight formats a cell may name: native, and each backend's own (its Declaration's kv_formats
 # and weight_formats: transformers' quantized cache through one of KV_LIBRARIES, vLLM's fp8 kv_cache_dtype,

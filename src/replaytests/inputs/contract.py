@@ -14,6 +14,7 @@ from pathlib import Path
 
 from replaytests.backends import declarations
 from replaytests.errors import CONTROLS, ConfigError, short
+from replaytests.families import registry
 from replaytests.files import sha256_json
 from replaytests.inputs import cells
 from replaytests.inputs.blocks import CACHES, DELIMITER_NAMES, Caps
@@ -24,6 +25,7 @@ from replaytests.inputs.schema import (
     MAX_BATCH,
     MAX_COUNT,
     MAX_DEVICES,
+    NUMBER,
     Checker,
     KeyedBy,
     ListOf,
@@ -41,16 +43,6 @@ BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_po
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 VISIBILITY_MODES = ("roles", "causal")  # engine.protocol.VISIBILITIES
 
-
-# A cell's name: what a contract may call a cell (`--precision` keeps its selectors' names).
-CELL_NAMES = {"pattern": cells.NAME_PATTERN,
-              "expect": "lower-case letters, digits and '.', '_', '+', '-' (at most 40, a letter or digit first)",
-              "reserved": {name: f"--precision {name} selects cells" for name in cells.SELECTORS}}
-
-
-def _divergence() -> Named:
-    """cell -> whether its suffixes may diverge (cells left out: filled in by _fill_divergence)."""
-    return Named("cell", Value(bool, default=None), **CELL_NAMES, default={})
 
 
 _GREEDY = "(the engine decodes greedily only)"
@@ -74,7 +66,6 @@ _CELL = Section({
         "group_size": pin(int, low=1, high=MAX_COUNT),
     }, default={}),
 })
-_NUMBER = (int, float)
 
 SCHEMA = Section({
     "schema": Value(str, default=SCHEMA_ID, choices=(SCHEMA_ID,)),
@@ -102,15 +93,15 @@ SCHEMA = Section({
     }),
     # The paper's two cells under their old key, and any others under `cells:` (inputs/cells.py).
     "precisions": KeyedBy(cells.PAPER, "precision", _CELL, default={}),
-    "cells": Named("cell", _CELL, **CELL_NAMES, default={}),
+    "cells": Named("cell", _CELL, **cells.CELL_NAMES, default={}),
     # Pairs of cells compared paired, row by row (the paper's reduction bf16 -> fp32; a quantized cell
     # against its native cell: the amplification).
     # Default (left out or empty): the paper's pair, where both are declared.
     "cell_pairs": ListOf(ListOf(Value(str, pattern=cells.NAME_PATTERN, expect="a cell name")), default=[]),
     "decoding": Section({
         "greedy": Value(bool, default=True, choices=(True,), expect=f"true {_GREEDY}"),
-        "temperature": Value(_NUMBER, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
-        "top_p": Value(_NUMBER, default=1, choices=(1,), expect=f"1 {_GREEDY}"),
+        "temperature": Value(NUMBER, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
+        "top_p": Value(NUMBER, default=1, choices=(1,), expect=f"1 {_GREEDY}"),
         "top_k": Value(int, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
         "physical_batch": Value(int, low=1, high=MAX_BATCH),
     }),
@@ -127,90 +118,21 @@ SCHEMA = Section({
         "prefix_len": Section({"min": pin(int, low=1, high=MAX_COUNT), "max": pin(int, low=1, high=MAX_COUNT)},
                               default={}),
     }, default={}),
-    "panels": Section({
-        "live": pin(int, low=1, high=MAX_COUNT),
-        "bridge": Value(int, default=12, low=1, high=MAX_COUNT),
-        "transplant": Section({
-            "divergent": Value(int, default=24, low=1, high=MAX_COUNT),
-            "exact_controls": Value(int, default=8, low=1, high=MAX_COUNT),
-            "layers": Value(str, default="all", choices=("all",)),
-            "directions": Value(str, default="both", choices=("both",)),
-        }, default={}),
-        "replication": Section({
-            "rows": Value(int, default=48, low=1, high=MAX_COUNT),
-            "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT),
-        }, default={}),
-        "rollout": pin(int, low=1, high=MAX_COUNT),  # null: every selected row
-        "conversation": Value(int, default=12, low=1, high=MAX_COUNT),  # conversations run (each a bank row's)
-        # The cross-turn transplant's rows, from the conversation family's: divergent conversations, and controls
-        # (conversations whose constructions agree at every turn: each costs a splice per turn and direction).
-        "conversation_transplant": Section({
-            "divergent": Value(int, default=12, low=1, high=MAX_COUNT),
-            "exact_controls": Value(int, default=2, low=1, high=MAX_COUNT),
-        }, default={}),
-        "sweep": Value(int, default=4, low=1, high=MAX_COUNT),  # the edge sweep's rows (each a sweep of every axis)
-    }, default={}),
-    # The rollout families (docs/protocol.md §15): how long a rollout is, the sampler's seed, and the
-    # thresholds a token's log-probability ratio r = p_replay / p_live and |delta logp| are measured against.
-    "rollout": Section({
-        "length": Value(int, default=32, low=1, high=MAX_COUNT),
-        "seed": Value(int, default=0, low=0, high=2**63 - 1),
-        "ratio_bounds": ListOf(Value(_NUMBER, low=0, high=MAX_COUNT), default=[0.5, 2.0]),
-        "delta_threshold": Value(_NUMBER, default=0.05, low=0, high=MAX_COUNT),
-    }, default={}),
-    # The conversation family (docs/protocol.md §16): the content tokens an assistant turn may hold (its
-    # conversation bank's manifest must record the same cap: the session reproduces the bank under it).
-    "conversation": Section({
-        "cap": Value(int, default=12, low=1, high=MAX_COUNT),
-    }, default={}),
-    # The edge sweep (docs/protocol.md §17): on a position axis, the points at the first and the last `multiples`
-    # multiples of each engine edge, one before and one after each, and the row's whole prefix; `stride` is the edge
-    # of a position axis where the engine names none; `continuation`, the tokens decoded greedily from each arm's
-    # state.
-    "sweep": Section({
-        "multiples": Value(int, default=2, low=1, high=MAX_COUNT),
-        "stride": Value(int, default=64, low=2, high=MAX_COUNT),
-        "continuation": Value(int, default=8, low=1, high=MAX_COUNT),
-        # a batch axis (vLLM): the row as a needle among this many other requests (other rows' prefixes, with it at
-        # most MAX_BATCH requests), at a position drawn with `seed`
-        "batch_sizes": ListOf(Value(int, low=1, high=MAX_BATCH - 1), default=[1, 2, 3, 4, 7, 8, 9, 15, 16, 17]),
-        "seed": Value(int, default=0, low=0, high=2**63 - 1),
-        # the axes swept, by name, among those the backend declares (empty: every one)
-        "axes": ListOf(Value(str, pattern=r"[a-z0-9_]+", expect="an axis name"), default=[]),
-    }, default={}),
-    "gates": Section({
-        "crossing": Section({"replicas_exact": Value(bool, default=True),
-                             "suffix_divergence_allowed": _divergence()}, default={}),
-        "live": Section({"replicas_exact": Value(bool, default=True),
-                         "suffix_divergence_allowed": _divergence()}, default={}),
-        "batch": Section({"suffix_divergence_allowed": _divergence()}, default={}),
-        "serving": Section({"replicas_exact": Value(bool, default=True),
-                            "suffix_divergence_allowed": _divergence()}, default={}),
-        "bridge": Section({"exact": Value(bool, default=True)}, default={}),
-        "transplant": Section({"donor_recovery": Value(_NUMBER, default=1.0, low=0, high=1),
-                               "controls_third_trajectory": Value(int, default=0, low=0, high=MAX_COUNT)},
-                              default={}),
-        "audit": Section({"reproduce": Value(bool, default=True)}, default={}),
-        # The edge sweep: every point's replicas bit-exact; reference~edge continuations that diverge at a point are
-        # recorded where the cell may diverge, a failure where it may not.
-        "sweep": Section({"replicas_exact": Value(bool, default=True),
-                          "suffix_divergence_allowed": _divergence()}, default={}),
-        # Both rollout families: replicas bit-exact; the teacher-forced replay on the live schedule bit-exact
-        # with the live log-probabilities (the control); per row, bounds on the trainer's recompute (live~prefill):
-        # the k3 estimate of KL(live || replay) per token and the share of tokens with r outside ratio_bounds
-        # (null: measured and recorded, not gated).
-        # The conversation family: every turn's replicas bit-exact; at turn 1 the session and the replay are
-        # the same one call over the first user turn (the control), bit-exact; re-rendered ids that differ from
-        # the generated ones at a turn are recorded (true: a failure).
-        "conversation": Section({"replicas_exact": Value(bool, default=True),
-                                 "control_exact": Value(bool, default=True),
-                                 "rerendered_ids_equal": Value(bool, default=False)}, default={}),
-        "rollout": Section({"replicas_exact": Value(bool, default=True),
-                            "live_incremental_exact": Value(bool, default=True),
-                            "k3_max": pin(_NUMBER, low=0, high=MAX_COUNT),
-                            "outside_bounds_max": pin(_NUMBER, low=0, high=1)}, default={}),
-    }),
+    # Each family's contract sections (its registry record: families/registry.py): its panel's size under `panels:`,
+    # its settings (the section its `run` takes) and its gates under `gates:`; `gates.audit` is the ledger audit's.
+    "panels": Section(registry.declared("panels"), default={}),
+    **registry.declared("settings"),
+    "gates": Section(registry.declared("gates") | {"audit": Section({"reproduce": Value(bool, default=True)},
+                                                                    default={})}),
 })
+_DIVERGENCE = "suffix_divergence_allowed"
+_REFERENCE = registry.DIVERGENCE_REFERENCE
+# The gate sections that say whether a cell's suffixes may diverge, the reference family's first: its value per cell is
+# the contract's (Contract.may_diverge) and every other's default.
+_DIVERGENCE_GATES = (_REFERENCE, *(name for name, node in SCHEMA.keys["gates"].keys.items()
+                                   if _DIVERGENCE in node.keys and name != _REFERENCE))
+# Each family's `gates:` section (its registry record's gate_section), which Gates judges it by.
+_GATE_SECTIONS = {family.name: family.gate_section for family in registry.FAMILIES.values()}
 
 
 @dataclass(frozen=True)
@@ -250,7 +172,8 @@ class Contract:
         return self.settings["runtime"][backend]
 
     def may_diverge(self, name: str) -> bool:
-        """Whether the crossing of cell `name` may diverge: where the transplant and the replication run."""
+        """Whether the reference family's suffixes (the crossing's) may diverge at cell `name`: where the transplant
+        and the replication run."""
         return self.suffix_divergence_allowed[name]
 
     # Sections of `settings`, each a dict shaped as in docs/contract.md.
@@ -259,11 +182,10 @@ class Contract:
     decoding = property(lambda self: self.settings["decoding"])
     bank = property(lambda self: self.settings["bank"])
     panels = property(lambda self: self.settings["panels"])
-    gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"]))
+    gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"], _GATE_SECTIONS))
     cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
     cache = property(lambda self: self.settings["environment"]["cache"])
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
-    rollout = property(lambda self: self.settings["rollout"])
     cell_pairs = property(lambda self: [tuple(pair) for pair in self.settings["cell_pairs"]])
     inference_mode = property(lambda self: self.settings["environment"]["inference_mode"])
     compile = property(lambda self: self.settings["environment"]["compile"])
@@ -304,10 +226,10 @@ def _check_together(s: dict, fields: Checker) -> None:
     for name, settings in s["runtime"].items():
         declarations()[name].check_settings(settings, lambda where, message, name=name: fields.error(
             f"runtime.{name}.{where}", message))
-    bounds = s["rollout"]["ratio_bounds"]
-    if len(bounds) != 2 or not 0 < bounds[0] <= 1 <= bounds[1]:
-        raise fields.error("rollout.ratio_bounds", f"expected [low, high] with 0 < low <= 1 <= high (bounds on "
-                                                   f"p_replay / p_live), got {bounds}")
+    for family in registry.FAMILIES.values():
+        if family.check_settings is not None:
+            family.check_settings(s[family.settings], lambda where, message, section=family.settings: fields.error(
+                f"{section}.{where}", message))
     _fill_divergence(s["gates"], list(declared), fields)
 
 
@@ -325,32 +247,29 @@ def _cells(s: dict, fields: Checker) -> dict[str, dict]:
     return declared
 
 
-_DIVERGENCE_FAMILIES = ("crossing", "live", "batch", "serving", "sweep")
-
-
 def _fill_divergence(gates: dict, declared: list[str], fields: Checker) -> None:
-    """Every declared cell gets a divergence gate in each family: a cell the crossing leaves unnamed is
-    exact (false), and live, batch and serving take the crossing's value where they name none. A gate
+    """Every declared cell gets a divergence gate in each family's section that has one: a cell the reference family
+    (the crossing) leaves unnamed is exact (false), and every other family takes its value where it names none. A gate
     naming a cell the contract does not declare is an error."""
-    for family in _DIVERGENCE_FAMILIES:
-        allowed = gates[family]["suffix_divergence_allowed"]
+    for section in _DIVERGENCE_GATES:
+        allowed = gates[section][_DIVERGENCE]
         for name in allowed:  # the paper's cells may be named undeclared (a contract declaring one of them)
             if name not in declared and name not in cells.PAPER:
-                raise fields.unknown(f"gates.{family}.suffix_divergence_allowed", "cell", name, declared)
-    crossing = gates["crossing"]["suffix_divergence_allowed"]
-    crossing |= {name: False for name in declared if crossing.get(name) is None}
-    for family in _DIVERGENCE_FAMILIES[1:]:
-        allowed = gates[family]["suffix_divergence_allowed"]
-        allowed |= {name: value for name, value in crossing.items() if allowed.get(name) is None}
+                raise fields.unknown(f"gates.{section}.{_DIVERGENCE}", "cell", name, declared)
+    reference = gates[_REFERENCE][_DIVERGENCE]
+    reference |= {name: False for name in declared if reference.get(name) is None}
+    for section in _DIVERGENCE_GATES[1:]:
+        allowed = gates[section][_DIVERGENCE]
+        allowed |= {name: value for name, value in reference.items() if allowed.get(name) is None}
 
 
 def default_gates() -> Gates:
     """The gates `compare` judges by without a contract: every default, over the paper's two cells with
     the paper's divergence gates (bf16 may diverge, fp32 is exact)."""
     fields = Checker("(contract defaults)")
-    gates = fields.check(SCHEMA.keys["gates"], {"crossing": {"suffix_divergence_allowed": cells.PAPER_DIVERGENCE}})
+    gates = fields.check(SCHEMA.keys["gates"], {_REFERENCE: {_DIVERGENCE: cells.PAPER_DIVERGENCE}})
     _fill_divergence(gates, list(cells.PAPER), fields)
-    return Gates.from_settings(gates)
+    return Gates.from_settings(gates, _GATE_SECTIONS)
 
 
 def _merge(base: dict, child: dict) -> dict:
@@ -400,7 +319,7 @@ def load_contract(path: Path) -> Contract:
         physical_batch=s["decoding"]["physical_batch"],
         caps=Caps(**s["caps"]),
         cells={name: cells.from_settings(name, flags) for name, flags in (s["precisions"] | s["cells"]).items()},
-        suffix_divergence_allowed=s["gates"]["crossing"]["suffix_divergence_allowed"],
+        suffix_divergence_allowed=s["gates"][_REFERENCE][_DIVERGENCE],
         delimiters=s["delimiters"],
         banned_tokens=tuple(s["banned_tokens"]),
         raw=raw,

@@ -184,8 +184,8 @@ def _required(required: bool, message: str, gate: str) -> Judgement:
 class Gates:
     """The typed `gates:` section (docs/contract.md)."""
 
-    replicas_exact: dict[str, bool]  # family (crossing, live, serving) -> replicas must be bit-exact
-    # family (crossing, live, batch, serving) -> cell -> allowed
+    replicas_exact: dict[str, bool]  # family -> its replicas must be bit-exact (its gate section's replicas_exact)
+    # family -> cell -> allowed (its gate section's suffix_divergence_allowed)
     suffix_divergence_allowed: dict[str, dict[str, bool]]
     bridge_exact: bool
     donor_recovery: float
@@ -198,15 +198,17 @@ class Gates:
     conversation_rerendered_equal: bool = False  # gates.conversation.rerendered_ids_equal
 
     @classmethod
-    def from_settings(cls, gates: dict) -> Gates:
-        """From a validated `gates:` mapping with every default filled in."""
+    def from_settings(cls, gates: dict, sections: dict[str, str]) -> Gates:
+        """From a validated `gates:` mapping with every default filled in; `sections`: family -> the gate section it
+        is judged by (its registry record's gate_section, which families that judge alike share)."""
+        def each(key: str) -> dict:
+            return {family: gates[section][key] for family, section in sections.items()
+                    if key in gates.get(section, {})}
+
         return cls(
-            # each family's section that has the gate (the contract's schema says which); the rollout families share one
-            replicas_exact={family: section["replicas_exact"] for family, section in gates.items()
-                            if "replicas_exact" in section}
-            | dict.fromkeys(ROLLOUT_FAMILIES, gates["rollout"]["replicas_exact"]),
-            suffix_divergence_allowed={family: dict(section["suffix_divergence_allowed"])
-                                       for family, section in gates.items() if "suffix_divergence_allowed" in section},
+            replicas_exact=each("replicas_exact"),
+            suffix_divergence_allowed={family: dict(allowed) for family, allowed in
+                                       each("suffix_divergence_allowed").items()},
             bridge_exact=gates["bridge"]["exact"],
             donor_recovery=gates["transplant"]["donor_recovery"],
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],

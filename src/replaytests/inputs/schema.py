@@ -20,6 +20,7 @@ REQUIRED = object()
 # Upper bounds: a count past them is a typo, not a setting (threads and GPUs of one machine, the
 # copies of one physical batch, rows, tokens and panel sizes).
 MAX_DEVICES, MAX_BATCH, MAX_COUNT = 1024, 64, 1_000_000
+NUMBER = (int, float)  # a leaf that takes an int or a float
 @dataclass(frozen=True)
 class Value:
     """A leaf. A default of None means "not pinned": null is then allowed too."""
