@@ -40,8 +40,9 @@ def measure(matrix, family: str, cell: str, rows: int, contract) -> dict:
     from replaytests.engine import checks
     from replaytests.engine.hf.adapter import load_tokenizer
     from replaytests.engine.protocol import Delimiters
+    from replaytests.families.registry import ROLLOUT_FAMILIES
     from replaytests.inputs.bank import BankRow
-    from replaytests.inputs.gates import ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+    from replaytests.inputs.gates import ROLLOUT_RECOMPUTE
     from replaytests.outputs.mismatch import Scored, run_measures
 
     tokenizer = load_tokenizer(REPO / "fixtures" / "models" / "tiny-qwen2")

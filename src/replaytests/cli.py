@@ -22,8 +22,8 @@ from pathlib import Path
 
 from replaytests.backends import DEFAULT, declarations
 from replaytests.errors import ConfigError, Exit, ReplaytestsError
+from replaytests.families.registry import ROLLOUT_FAMILIES
 from replaytests.inputs.cells import BANK_CELL, RECOMPUTE_CELL
-from replaytests.inputs.gates import ROLLOUT_FAMILIES
 from replaytests.inputs.options import DEFAULT_BANK, DEFAULT_CONTRACT, DEFAULT_MODEL, DEFAULT_REPORT_DIR, OPTIONS, REPO
 
 BACKENDS = ", ".join(declarations())  # the registered backends (replaytests.backends), as --backend names them

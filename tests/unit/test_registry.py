@@ -129,7 +129,7 @@ FAMILY_MENTIONS = {
     "conformance/test_causal_sufficiency.py": 16, "conformance/test_live_state_fidelity.py": 13,
     "conformance/test_token_identity.py": 2, "engine/backend.py": 1, "engine/checks.py": 6,
     "engine/hf/declaration.py": 1, "engine/llamacpp/declaration.py": 1, "engine/transplant.py": 1,
-    "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "inputs/gates.py": 12,
+    "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "inputs/gates.py": 9,
     "outputs/causal.py": 5, "outputs/compare.py": 3, "outputs/history.py": 12, "outputs/report.py": 6,
     "outputs/report_html.py": 1, "outputs/sections.py": 15, "outputs/serving.py": 1, "outputs/shapes.py": 2,
     "outputs/summary.py": 4, "outputs/sweep_report.py": 1, "suite/artifacts.py": 1, "suite/panel_source.py": 1,

@@ -16,9 +16,9 @@ import pytest
 
 from replaytests.cli import main
 from replaytests.engine.rollout import row_seed
-from replaytests.families.registry import FAMILIES
+from replaytests.families.registry import FAMILIES, ROLLOUT_FAMILIES
 from replaytests.inputs.contract import load_contract
-from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE
 from replaytests.inputs.rollouts import read_dump
 from replaytests.outputs.mismatch import Scored, Thresholds, row_measures
 from replaytests.outputs.records import Record

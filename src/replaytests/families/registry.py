@@ -19,7 +19,7 @@ from typing import NamedTuple
 from replaytests.errors import ConfigError
 from replaytests.inputs.blocks import direction
 from replaytests.inputs.cells import divergence_gate
-from replaytests.inputs.gates import ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+from replaytests.inputs.gates import ROLLOUT_RECOMPUTE
 from replaytests.inputs.schema import MAX_BATCH, MAX_COUNT, NUMBER, ListOf, Section, Value, pin
 
 CROSS = "incremental~prefill"  # the crossing pair, also the transplant's and the replication's headline
@@ -161,6 +161,7 @@ _SERVING_PAIRS = (("live", "live_replica"), ("prefill", "prefill_replica"), ("li
 # The rollout families (families/rollout.py): the live rollout, the trainer's recompute (prefill) and teacher
 # forcing on the live schedule (incremental), each with a replica. live~incremental must be bit-exact (the
 # control); live~prefill is the training-inference mismatch.
+ROLLOUT_FAMILIES = ("rollout", "rollout_sampled")
 ROLLOUT_ARMS = _with_replicas("live", "incremental", "prefill")
 _ROLLOUT_PAIRS = (("live", "live_replica"), ("incremental", "incremental_replica"), ("prefill", "prefill_replica"),
                   ("live", "incremental"), ("live", "prefill"))
@@ -191,6 +192,7 @@ def _check_rollout(settings: dict, error: Callable[[str, str], Exception]) -> No
 # The conversation family (families/conversation.py): four constructions of turn k, each with a replica.
 # session~replay is a server's cached turn against the same turn sent again after an eviction; session~rerendered
 # what a client sending text gets; at turn 1 session and replay are the same one call (the control).
+CONVERSATION = "conversation"
 CONVERSATION_ARMS = _with_replicas("session", "replay", "rerendered", "incremental")
 _CONVERSATION_PAIRS = (*((c, f"{c}_replica") for c in ("session", "replay", "rerendered", "incremental")),
                        ("session", "replay"), ("session", "incremental"), ("session", "rerendered"),

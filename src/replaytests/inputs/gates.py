@@ -23,10 +23,9 @@ if TYPE_CHECKING:
     from replaytests.outputs.records import Comparison, Record
 
 BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
-# The rollout families (families.registry, which this module does not import: it reads the ledger format alone)
-ROLLOUT_FAMILIES = ("rollout", "rollout_sampled")
+# The rollout families' control and recompute pairs, and the conversation family's control (at turn 1, one call each)
 ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE = "live~incremental", "live~prefill"
-CONVERSATION, CONVERSATION_CONTROL = "conversation", "session~replay"  # the control: at turn 1, one call each
+CONVERSATION_CONTROL = "session~replay"
 REPLICA_SUFFIX = "_replica"
 BRIDGE_PAIR = "live~incremental"
 FOLLOWS, THIRD = "follows_donor", "third"
@@ -283,7 +282,7 @@ class Gates:
         problems = [f"turn {t.turn}: {p}" for t in record.turns for p in differences(t.comparisons[pair], pair)]
         if not problems:
             return PASS
-        return _required(self.replicas_exact.get(CONVERSATION, True), f"{record.title}: {'; '.join(problems)}",
+        return _required(self.replicas_exact.get(record.family, True), f"{record.title}: {'; '.join(problems)}",
                          "conversation.replicas_exact")
 
     def conversation_control(self, record: Record) -> Judgement:

@@ -36,16 +36,14 @@ import numpy as np
 
 from replaytests.backends import DEFAULT
 from replaytests.errors import ConfigError
-from replaytests.families.registry import FAMILIES
+from replaytests.families.registry import CONVERSATION, FAMILIES, ROLLOUT_FAMILIES
 from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import (
     BRIDGE_PAIR,
-    CONVERSATION,
     CONVERSATION_CONTROL,
     LEVELS,
     ROLLOUT_CONTROL,
-    ROLLOUT_FAMILIES,
     ROLLOUT_RECOMPUTE,
     Gates,
     inexact,

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from replaytests.families.registry import FAMILIES
-from replaytests.inputs.gates import CONVERSATION, REPLICA_SUFFIX, bit_exact
+from replaytests.families.registry import CONVERSATION, FAMILIES
+from replaytests.inputs.gates import REPLICA_SUFFIX, bit_exact
 from replaytests.outputs.records import Comparison, Record
 from replaytests.outputs.shapes import DIVERGENCES, FLAGS
 from replaytests.outputs.stats import LEVEL, mcnemar_exact, paired_bootstrap, wilson

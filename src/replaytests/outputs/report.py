@@ -13,16 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, ReplaytestsError
-from replaytests.families.registry import FAMILIES
+from replaytests.families.registry import CONVERSATION, FAMILIES, ROLLOUT_FAMILIES
 from replaytests.files import NotStrictJSON, dumps, lookup, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import (
     BRIDGE_PAIR,
-    CONVERSATION,
     CONVERSATION_CONTROL,
     ROLLOUT_CONTROL,
-    ROLLOUT_FAMILIES,
     Gates,
     bit_exact,
     replica_pairs,

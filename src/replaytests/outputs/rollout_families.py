@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from replaytests.inputs.gates import REPLICA_SUFFIX, ROLLOUT_CONTROL, ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+from replaytests.families.registry import ROLLOUT_FAMILIES
+from replaytests.inputs.gates import REPLICA_SUFFIX, ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE
 from replaytests.outputs.mismatch import Scored, Thresholds, bitwise, run_measures
 from replaytests.outputs.records import Record
 

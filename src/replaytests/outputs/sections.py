@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from replaytests.backends import declarations
-from replaytests.families.registry import FAMILIES, LAYERS
+from replaytests.families.registry import FAMILIES, LAYERS, ROLLOUT_FAMILIES
 from replaytests.files import lookup
-from replaytests.inputs.gates import CONVERSATION_CONTROL, ROLLOUT_FAMILIES, ROLLOUT_RECOMPUTE
+from replaytests.inputs.gates import CONVERSATION_CONTROL, ROLLOUT_RECOMPUTE
 from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, sweep_report, verdict
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES, runtime

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from replaytests.families.registry import FAMILIES
+from replaytests.families.registry import CONVERSATION, FAMILIES, ROLLOUT_FAMILIES
 from replaytests.inputs.gates import (
-    CONVERSATION,
     ROLLOUT_CONTROL,
-    ROLLOUT_FAMILIES,
     ROLLOUT_RECOMPUTE,
     Gates,
     replica_pairs,

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from replaytests.errors import DumpError
+from replaytests.families.registry import ROLLOUT_FAMILIES
 from replaytests.families.skeleton import z_digest
 from replaytests.files import dumps, write_atomic
 from replaytests.inputs.bank import read_prefixes
 from replaytests.inputs.contract import load_contract
-from replaytests.inputs.gates import ROLLOUT_FAMILIES
 from replaytests.inputs.rollouts import SCHEMA, read_dump
 from replaytests.outputs.ledger import read_ledger
 from replaytests.outputs.records import Record
