@@ -182,7 +182,8 @@ class Contract:
     decoding = property(lambda self: self.settings["decoding"])
     bank = property(lambda self: self.settings["bank"])
     panels = property(lambda self: self.settings["panels"])
-    gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"], _GATE_SECTIONS))
+    gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"], _GATE_SECTIONS,
+                                                                       _REFERENCE))
     cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
     cache = property(lambda self: self.settings["environment"]["cache"])
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
@@ -269,7 +270,7 @@ def default_gates() -> Gates:
     fields = Checker("(contract defaults)")
     gates = fields.check(SCHEMA.keys["gates"], {_REFERENCE: {_DIVERGENCE: cells.PAPER_DIVERGENCE}})
     _fill_divergence(gates, list(cells.PAPER), fields)
-    return Gates.from_settings(gates, _GATE_SECTIONS)
+    return Gates.from_settings(gates, _GATE_SECTIONS, _REFERENCE)
 
 
 def _merge(base: dict, child: dict) -> dict:

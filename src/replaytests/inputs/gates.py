@@ -190,6 +190,8 @@ class Gates:
     donor_recovery: float
     controls_third_trajectory: int
     audit_reproduce: bool
+    # the family whose divergence gate is the contract's per cell (the crossing: registry.DIVERGENCE_REFERENCE)
+    reference: str
     rollout_control_exact: bool = True  # gates.rollout.live_incremental_exact
     rollout_k3_max: float | None = None  # gates.rollout.k3_max (None: recorded, not gated)
     rollout_outside_max: float | None = None  # gates.rollout.outside_bounds_max
@@ -197,9 +199,10 @@ class Gates:
     conversation_rerendered_equal: bool = False  # gates.conversation.rerendered_ids_equal
 
     @classmethod
-    def from_settings(cls, gates: dict, sections: dict[str, str]) -> Gates:
+    def from_settings(cls, gates: dict, sections: dict[str, str], reference: str) -> Gates:
         """From a validated `gates:` mapping with every default filled in; `sections`: family -> the gate section it
-        is judged by (its registry record's gate_section, which families that judge alike share)."""
+        is judged by (its registry record's gate_section, which families that judge alike share); `reference`: the
+        family whose divergence gate is the contract's per cell."""
         def each(key: str) -> dict:
             return {family: gates[section][key] for family, section in sections.items()
                     if key in gates.get(section, {})}
@@ -212,12 +215,18 @@ class Gates:
             donor_recovery=gates["transplant"]["donor_recovery"],
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
             audit_reproduce=gates["audit"]["reproduce"],
+            reference=reference,
             rollout_control_exact=gates["rollout"]["live_incremental_exact"],
             rollout_k3_max=gates["rollout"]["k3_max"],
             rollout_outside_max=gates["rollout"]["outside_bounds_max"],
             conversation_control_exact=gates["conversation"]["control_exact"],
             conversation_rerendered_equal=gates["conversation"]["rerendered_ids_equal"],
         )
+
+    @property
+    def may_diverge(self) -> dict[str, bool]:
+        """cell -> whether its suffixes may diverge, by the reference family's gate (the contract's per cell)."""
+        return self.suffix_divergence_allowed[self.reference]
 
     def replicas(self, record: Record, pair: str) -> Judgement:
         """A replica pair (layer 1): bit-exact, unless gates.<family>.replicas_exact is false."""
@@ -325,9 +334,10 @@ class Gates:
                   f"computed by prefill (no block written while it decoded: no session), not judged" for t in hits]
         if diverged:
             detail = f"{record.title}: {pair} assistant turns diverge ({', '.join(diverged)})"
-            if not self.suffix_divergence_allowed["crossing"][record.precision]:
-                return Judgement("fail", f"{detail}; the contract requires {record.precision} crossing suffixes to "
-                                         f"be exact (gate crossing.suffix_divergence_allowed.{record.precision})")
+            if not self.may_diverge[record.precision]:
+                return Judgement("fail", f"{detail}; the contract requires {record.precision} {self.reference} "
+                                         f"suffixes to be exact (gate {self.reference}.suffix_divergence_allowed."
+                                         f"{record.precision})")
             notes.append(f"divergence recorded, allowed by the contract: {detail}")
         return Judgement("recorded", "; ".join(notes)) if notes else PASS
 

@@ -597,7 +597,7 @@ def check_cells(records: list[Record], gates: Gates, contract: Path | None, run:
     """A ConfigError, one line, where the runs hold a cell whose gates compare does not know (not declared by
     --contract; without one, not one of the paper's cells the contract defaults judge): compare never takes
     an unknown cell for one allowed to diverge. `run` is a run.json, which names the contract of its run."""
-    known = gates.suffix_divergence_allowed["crossing"]
+    known = gates.may_diverge
     unknown = sorted({r.precision for r in records} - known.keys())
     if not unknown:
         return

@@ -283,7 +283,7 @@ def _conversation_failing(record: Record, gates: Gates) -> list[str]:
                    if all(pair in t.comparisons for t in turns))
     control = CONVERSATION_CONTROL in turns[0].comparisons and gates.conversation_control(record).failed
     # the turns are judged by the crossing's gate of the cell (a cell the gates do not name is not judged here)
-    judged = record.precision in gates.suffix_divergence_allowed["crossing"]
+    judged = record.precision in gates.may_diverge
     diverged = judged and any(gates.conversation_turns(record, pair).failed for pair in family.headline
                               if all(pair in t.comparisons for t in turns))
     return [name for name, failed in (("conversation replicas (every turn)", replicas),
