@@ -16,6 +16,7 @@ import pytest
 from test_report import LAYERS, comparison, typed, write_ledger_file
 
 from replaytests.cli import main
+from replaytests.inputs.contract import default_gates
 from replaytests.outputs import compare as comparing
 from replaytests.outputs import ledger, report_html, rollout_families, sections, summary
 from replaytests.outputs.mismatch import Scored, Thresholds, row_measures, run_measures
@@ -297,6 +298,16 @@ def test_a_rollout_control_that_is_not_bit_exact_fails_at_every_gate(gate):
     found = judged(baseline, new, gate)
     assert any(r.startswith("rollout control bit exact: rollout/row-0/bf16 live~incremental") for r in found.reasons), \
         found.reasons
+
+
+@pytest.mark.parametrize("family", ["rollout", "rollout_sampled"])
+def test_a_replica_failure_names_the_gate_section_its_family_is_judged_by(family):
+    """Both rollout families are judged by `gates.rollout` (their registry records' gate_section): a replica pair
+    that differs names that gate, the one a contract can set, never one named after the family."""
+    record = rollout("row-0", 0, family=family)
+    record["comparisons"]["live~live_replica"]["suffix_equal"] = False
+    judgement = default_gates().replicas(Record.of(record), "live~live_replica")
+    assert judgement.failed and "(gate rollout.replicas_exact: required)" in judgement.message, judgement
 
 
 @pytest.mark.parametrize(("gate", "status"), [("rates", 1), ("trajectories", 1)])

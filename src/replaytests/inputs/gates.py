@@ -197,6 +197,7 @@ class Gates:
     rollout_outside_max: float | None = None  # gates.rollout.outside_bounds_max
     conversation_control_exact: bool = True  # gates.conversation.control_exact
     conversation_rerendered_equal: bool = False  # gates.conversation.rerendered_ids_equal
+    sections: dict[str, str] = dataclasses.field(default_factory=dict)  # family -> the gate section it is judged by
 
     @classmethod
     def from_settings(cls, gates: dict, sections: dict[str, str], reference: str) -> Gates:
@@ -216,6 +217,7 @@ class Gates:
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
             audit_reproduce=gates["audit"]["reproduce"],
             reference=reference,
+            sections=dict(sections),
             rollout_control_exact=gates["rollout"]["live_incremental_exact"],
             rollout_k3_max=gates["rollout"]["k3_max"],
             rollout_outside_max=gates["rollout"]["outside_bounds_max"],
@@ -229,13 +231,15 @@ class Gates:
         return self.suffix_divergence_allowed[self.reference]
 
     def replicas(self, record: Record, pair: str) -> Judgement:
-        """A replica pair (layer 1): bit-exact, unless gates.<family>.replicas_exact is false."""
-        problems = differences(record.comparisons[pair], pair)
+        """A replica pair (layer 1): bit-exact, unless gates.<its family's section>.replicas_exact is false."""
+        return self._replicas(record, differences(record.comparisons[pair], pair))
+
+    def _replicas(self, record: Record, problems: list[str]) -> Judgement:
         if not problems:
             return PASS
-        family = record.family
-        return _required(self.replicas_exact.get(family, True), f"{record.title}: {'; '.join(problems)}",
-                         f"{family}.replicas_exact")
+        section = self.sections.get(record.family, record.family)
+        return _required(self.replicas_exact.get(record.family, True), f"{record.title}: {'; '.join(problems)}",
+                         f"{section}.replicas_exact")
 
     def replicas_at_every_step(self, record: Record, pair: str) -> Judgement:
         """A replica pair wherever the record holds it (layer 1, any family): at every turn of a conversation, at every
@@ -288,11 +292,8 @@ class Gates:
 
     def conversation_replicas(self, record: Record, pair: str) -> Judgement:
         """A conversation's replica pair at every turn: bit-exact (gate conversation.replicas_exact)."""
-        problems = [f"turn {t.turn}: {p}" for t in record.turns for p in differences(t.comparisons[pair], pair)]
-        if not problems:
-            return PASS
-        return _required(self.replicas_exact.get(record.family, True), f"{record.title}: {'; '.join(problems)}",
-                         "conversation.replicas_exact")
+        return self._replicas(record, [f"turn {t.turn}: {p}" for t in record.turns
+                                       for p in differences(t.comparisons[pair], pair)])
 
     def conversation_control(self, record: Record) -> Judgement:
         """At turn 1 the session and the replay are the same one call over the first user turn: bit-exact, or
