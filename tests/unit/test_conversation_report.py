@@ -284,7 +284,7 @@ def test_the_run_s_rates_check_reads_the_conversation_turns():
     replay = SimpleNamespace(options=SimpleNamespace(gate="rates"), baseline=typed(diverging_at(10, {})),
                              contract=SimpleNamespace(gates=default_gates()),
                              plan=SimpleNamespace(audited=lambda records: records), baseline_platform=[])
-    found = baseline_rates(replay, typed(diverging_at(10, {3: 9})))
+    found, _ = baseline_rates(replay, typed(diverging_at(10, {3: 9})))
     assert found and all("conversation/bf16 turn 3 session~replay" in f["message"] for f in found), found
 
 

@@ -151,7 +151,7 @@ def test_the_rates_check_of_the_whole_run_decides_the_exit_status(tmp_path, monk
     state.root = SimpleNamespace(publish=lambda run: None, release=lambda: None)
     for record in typed(diverging("crossing", 20, divergent)):
         ledger.append_record(tmp_path / RECORDS, record)
-    monkeypatch.setattr(artifacts, "verdict_context", lambda replay, gathered: {})
+    monkeypatch.setattr(artifacts, "verdict_context", lambda replay, gathered: {"platform_drift": []})
     monkeypatch.setattr(artifacts, "write_run", lambda *args: {})
     collector = LedgerCollector(config)
     collector.gathered = Gathered(outcomes={"passed": 20})

@@ -291,6 +291,30 @@ def test_too_few_rows_for_the_rates_test_are_noted_not_passed_silently():
         found.notes
 
 
+@pytest.mark.parametrize(("gate", "elsewhere", "fails"), [
+    pytest.param("rates", False, True, id="gate-rates-judges-it"),
+    pytest.param("rates", True, True, id="gate-rates-judges-it-against-another-platform"),
+    pytest.param(None, True, False, id="another-platform-records-it-as-drift"),
+])
+def test_the_run_s_rates_check_judges_a_moved_rollout_mismatch_or_records_it_as_platform_drift(gate, elsewhere, fails):
+    """suite/baseline.baseline_rates: the mismatch is made of log-probabilities' bits, which may differ across
+    platforms; against another platform's baseline it is drift (with its numbers), unless --gate rates asks."""
+    from types import SimpleNamespace
+
+    from replaytests.suite.baseline import baseline_rates
+
+    platform = ["environment.cpu_isa AVX2 (baseline) vs DEFAULT (here)"] if elsewhere else []
+    replay = SimpleNamespace(options=SimpleNamespace(gate=gate), baseline=typed(shifted_baseline(8)),
+                             contract=SimpleNamespace(gates=default_gates()),
+                             plan=SimpleNamespace(audited=lambda records: records), baseline_platform=platform)
+    failures, drift = baseline_rates(replay, typed(run(8, scale=0.02)))
+    found, other = ([f["message"] for f in failures], drift) if fails else (drift, failures)
+    assert found and not other, (failures, drift)  # the k3 per token and the mean |delta logp| both moved
+    assert all(m.startswith(f"{comparing.ROLLOUT_RATES_REASON}: rollout/bf16 live~prefill") for m in found), found
+    assert fails or all(m.endswith("(against a baseline made on another platform: recorded, not judged; --gate "
+                                   "rates judges it)") for m in found), found
+
+
 @pytest.mark.parametrize("gate", ["bits", "trajectories", "rates"])
 def test_a_rollout_control_that_is_not_bit_exact_fails_at_every_gate(gate):
     baseline = run(3)

@@ -3,7 +3,7 @@ judged against it, and the rates of the whole run judged against it once every t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from replaytests.errors import ConfigError
 from replaytests.files import lookup
@@ -65,15 +65,28 @@ def judge_against_baseline(replay: ReplaySession, problem: str | None, level: st
     return contract.gates.audit(f"{problem} (--gate {gate})")
 
 
-def baseline_rates(replay: ReplaySession, records: list[Record]) -> list[dict]:
+class Rates(NamedTuple):
+    """The run's rates check against its baseline: its failures ({check, message}, as the verdict lists them), and
+    the changes it records as platform drift (lines)."""
+
+    failures: list[dict]
+    drift: list[str]
+
+
+def baseline_rates(replay: ReplaySession, records: list[Record]) -> Rates:
     """Under --gate rates, or against a baseline made on another platform (where a cell that may diverge is
-    judged by its rates, not row by row), the failures of the rates level against the baseline
-    (outputs/compare.py: exact McNemar per family, cell and headline pair, on the rows both hold): the
-    one check of a run that needs every row of a family at once, so the controller makes it from the run's
-    records."""
+    judged by its rates, not row by row), the findings of the rates level against the baseline
+    (outputs/compare.py: exact McNemar per family, cell and headline pair, on the rows both hold; a sign-flip test
+    of the rollout mismatch per row): the one check of a run that needs every row of a family at once, so the
+    controller makes it from the run's records. Against another platform's baseline without --gate, a rollout
+    mismatch that changed is platform drift, recorded with its numbers: the mismatch is made of log-probabilities'
+    bits, which may differ across platforms (a changed divergence rate, a change of trajectories, still fails)."""
     across = replay.options.gate is None and bool(replay.baseline_platform)
     if (replay.options.gate != "rates" and not across) or not replay.baseline:
-        return []
+        return Rates([], [])
     found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
-    return [{"check": RATES_CHECK, "message": reason} for reason in found.reasons
-            if reason.startswith(compare.RATES_REASONS)]
+    reasons = [reason for reason in found.reasons if reason.startswith(compare.RATES_REASONS)]
+    drift = [reason for reason in reasons if across and reason.startswith(compare.ROLLOUT_RATES_REASON)]
+    return Rates([{"check": RATES_CHECK, "message": reason} for reason in reasons if reason not in drift],
+                 [f"{reason} (against a baseline made on another platform: recorded, not judged; --gate rates "
+                  "judges it)" for reason in drift])

@@ -197,8 +197,10 @@ def run_verdict(replay: ReplaySession, gathered: Gathered, interrupted: bool) ->
     from replaytests.suite.artifacts import verdict_context
     from replaytests.suite.baseline import baseline_rates
 
-    failures = gathered.failures + baseline_rates(replay, gathered.records)
-    return verdict.build(gathered.outcomes, failures, verdict_context(replay, gathered), interrupted)
+    rates = baseline_rates(replay, gathered.records)
+    context = verdict_context(replay, gathered)
+    context["platform_drift"] += rates.drift
+    return verdict.build(gathered.outcomes, gathered.failures + rates.failures, context, interrupted)
 
 
 def exit_status(outcome: dict, status: int) -> int:
