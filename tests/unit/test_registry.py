@@ -19,6 +19,7 @@ from replaytests.errors import ConfigError
 from replaytests.families import registry
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.contract import default_gates
+from replaytests.inputs.schema import Section, Value
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "replaytests"
 CONFORMANCE = SRC / "conformance"
@@ -75,6 +76,15 @@ def test_the_replica_layer_requires_a_family_the_gates_do_not_name_bit_exact(exa
     assert exact or "a~a_replica caches differ" in judged.message, judged
 
 
+# Plugins' families whose contract sections a built-in's contradict, or that no family declares (below).
+_PAIRS = (("a", "a_replica"),)
+CLASHING_PANEL = registry.Family("clash", ("a", "a_replica"), _PAIRS, (), "bridge", ("replica",),
+                                 panel_schema=Value(int, default=3))
+CLASHING_GATES = registry.Family("clash", ("a", "a_replica"), _PAIRS, (), "all", ("replica",), gates="rollout",
+                                 gates_schema=Section({"replicas_exact": Value(bool, default=False)}, default={}))
+BARE_SETTINGS = registry.Family("bare", ("a", "a_replica"), _PAIRS, (), "all", ("replica",), settings="nowhere")
+
+
 @pytest.mark.parametrize(("name", "value", "message"), [
     pytest.param("odd", "replaytests.families.registry:CROSS",
                  r"expected a replaytests.families.registry.Family named 'odd', got 'incremental~prefill'",
@@ -82,6 +92,12 @@ def test_the_replica_layer_requires_a_family_the_gates_do_not_name_bit_exact(exa
     pytest.param("other", "replaytests.families.registry:BUILT_IN", r"expected .* named 'other', got \{", id="a-dict"),
     pytest.param("crossing", "m:F", r"family crossing is registered already", id="a-built-in-name"),
     pytest.param("gone", "no_such_module:FAMILY", r"cannot import it: No module named 'no_such_module'", id="missing"),
+    pytest.param("clash", "test_registry:CLASHING_PANEL", r"family clash: its panel_schema for the contract's panels "
+                 r"section 'bridge' differs from another family's", id="a-panel-another-family-declares-otherwise"),
+    pytest.param("clash", "test_registry:CLASHING_GATES", r"family clash: its gates_schema for the contract's gates "
+                 r"section 'rollout' differs", id="gates-another-family-declares-otherwise"),
+    pytest.param("bare", "test_registry:BARE_SETTINGS", r"family bare: its settings section 'nowhere' is declared by "
+                 r"no family", id="settings-no-family-declares"),
 ])
 def test_a_family_entry_point_that_is_not_a_new_family_of_its_name_is_refused_in_one_line(monkeypatch, name, value,
                                                                                           message):

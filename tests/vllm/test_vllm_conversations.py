@@ -16,9 +16,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm is not installed here (bash tools/install-vllm.sh; docs/vllm.md)")
 
-from vllm_runs import CONTRACT, REPO, _records, _run
-
-from replaytests.inputs.conversations import path_for
+from vllm_runs import CONTRACT, _records, _run
 
 BLOCK = 32  # runtime.vllm.block_size of contracts/cpu-tiny-vllm.yaml and cpu-smollm2-vllm.yaml
 SESSION_PAIRS = ("session~replay", "session~incremental", "session~rerendered")
@@ -122,23 +120,6 @@ def test_a_session_without_a_prefix_cache_is_reported_vacuous_never_passed(no_pr
     session = [line for line in lines if any(f"-{pair}]" in line for pair in SESSION_PAIRS)]
     assert len(session) == 3 and not [line for line in session if not line.startswith("XFAIL")], session
     _check_vacuous_reported(proc, records)
-
-
-SMOLLM2_BANK = path_for(REPO / "fixtures" / "banks" / "smollm2-causal.jsonl")
-
-
-@pytest.fixture(scope="module")
-def smollm2_conversations(tmp_path_factory):
-    """SmolLM2's first two conversations under its own ChatML template, at BF16 (the bank's precision)."""
-    from replaytests.inputs import models
-
-    model = models.prepared("smollm2")
-    if model is None:
-        pytest.skip("SmolLM2 is not prepared here: run `replaytests models prepare smollm2` in the suite's venv")
-    assert SMOLLM2_BANK.is_file(), f"{SMOLLM2_BANK} is missing (fixtures/causal_conversations.py smollm2 makes it)"
-    return _run(tmp_path_factory.mktemp("smollm2-conversations"), "smollm2", "--rows", "2", "--precision", "bf16",
-                "-k", "conversation", "--model", str(model), bank=SMOLLM2_BANK.with_name("smollm2-causal.jsonl"),
-                contract=REPO / "contracts" / "cpu-smollm2-vllm.yaml")
 
 
 def test_smollm2_sessions_reuse_every_decoded_block(smollm2_conversations):
