@@ -54,7 +54,7 @@ def measure(matrix, family: str, cell: str, rows: int, contract) -> dict:
         z = checks.synthetic_z(runtime, seed=seed)
         row = BankRow(f"{family}-{seed}", z, runtime.grammar.parse(z, f"{family} row {seed}"), None)
         for name in ROLLOUT_FAMILIES:
-            record = FAMILIES[name].run(runtime, row, contract.rollout)
+            record = FAMILIES[name].run(runtime, row, contract.settings["rollout"])
             if not record.ok:
                 excluded.append(record.reason)
                 continue
@@ -106,7 +106,7 @@ def main() -> None:
     measured = {(family, cell): measure(matrix, family, cell, args.rows, contract)
                 for family in families for cell in args.cells.split(",")}
     result = {"schema": "replaytests.benchmarks.rollout-architectures/1", "rows": args.rows,
-              "length": contract.rollout["length"], "platform": f"{cpu_isa.platform_line()}, "
+              "length": contract.settings["rollout"]["length"], "platform": f"{cpu_isa.platform_line()}, "
               f"{contract.cpu_threads} thread(s)",
               "moe": [f for f in families if "experts" in " ".join(matrix.FAMILIES.get(f, {}))],
               "measured": measured}

@@ -44,7 +44,7 @@ def measure(args: argparse.Namespace, contract, cell: str) -> dict:
     runtime = Runtime.load(args.model, contract, cell)
     lines = [json.loads(line) for line in args.bank.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = spaced([BankRow(r["id"], r["tokens"], r["roles"], r.get("expected_answer")) for r in lines], args.rows)
-    settings = contract.rollout | ({"length": args.length} if args.length else {})
+    settings = contract.settings["rollout"] | ({"length": args.length} if args.length else {})
     seconds: dict[str, list[float]] = {name: [] for name in ("crossing", "rollout", "rollout_sampled", "recompute",
                                                               "bare")}
     for repeat in range(args.repeats):
@@ -108,7 +108,7 @@ def main() -> None:
     result = {"schema": "replaytests.benchmarks.rollout-family/1",
               "cells": {cell: measure(args, contract, cell) for cell in args.cells.split(",")},
               "settings": {"rows": args.rows, "repeats": args.repeats,
-                           "length": args.length or contract.rollout["length"],
+                           "length": args.length or contract.settings["rollout"]["length"],
                            "batch": contract.physical_batch, "model": str(args.model), "bank": str(args.bank),
                            "contract": str(args.contract)},
               "platform": f"{cpu_isa.platform_line()}, {contract.cpu_threads} thread(s)",
