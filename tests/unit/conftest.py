@@ -301,6 +301,9 @@ KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_cau
          "test_readme_tables.py": "data",
          "test_records.py::test_every_committed_ledger_round_trips_byte_for_byte": "data",
          "test_records.py::test_the_committed_ledgers_hold_every_version_and_family_the_round_trip_claims": "data",
+         "test_records.py::test_every_committed_rollout_measure_is_what_its_log_probabilities_give_on_this_machine":
+             "data",
+         "test_records.py::test_some_committed_ledgers_hold_rollout_measures_to_re_derive": "data",
          "test_kinds.py::test_a_ledger_a_data_test_opens_is_charged_to_it": "data"}
 KIND_NAMES = ("model", "e2e", "data")  # the markers a test's kind is; the quick loop deselects each
 

@@ -9,9 +9,11 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from replaytests.families.registry import FAMILIES
+from replaytests.outputs.mismatch import Scored, Thresholds, row_measures
 from replaytests.outputs.records import LATEST, Arm, Comparison, Record, RecordError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +29,32 @@ def test_every_committed_ledger_round_trips_byte_for_byte(path):
         record = Record.from_json(json.loads(line))
         written = json.dumps(record.to_json(), sort_keys=True) + "\n"
         assert written == line, f"{path}:{number} ({'/'.join(record.key)}) is not written back as it was read"
+
+
+@pytest.mark.parametrize("path", LEDGERS, ids=lambda p: str(p.parent.relative_to(REPO / "fixtures" / "ledgers")))
+def test_every_committed_rollout_measure_is_what_its_log_probabilities_give_on_this_machine(path):
+    """A recorded k3 (and ratio count) is re-derived here from the record's own log-probabilities: it must not depend
+    on the CPU's vector units beyond the platform's pin (numpy's float64 expm1 differs between AVX-512 and AVX2
+    machines in its last bits; outputs/mismatch.py computes it with the C library's). Ledgers without a rollout
+    record pass with nothing to check; the premise below needs some."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        record = json.loads(line)
+        for pair, found in ((p, c) for p, c in record["comparisons"].items() if c.get("k3") is not None):
+            a, b, tokens = *pair.split("~"), found["logprob_tokens"]
+            settings = record["rollout"]
+            m = row_measures(Scored("", np.asarray(record["arms"][a]["suffix"][:tokens]),
+                                    np.asarray(record["arms"][a]["logprobs"][:tokens], dtype=np.float64),
+                                    np.asarray(record["arms"][b]["logprobs"][:tokens], dtype=np.float32)),
+                             Thresholds(settings["ratio_low"], settings["ratio_high"], settings["delta_threshold"]))
+            assert (found["k3"], found["outside_bounds"]) == (m.k3, m.outside_bounds), (
+                f"{path}:{number} {record['family']}/{record['row']}/{record['precision']} {pair}: recorded k3 "
+                f"{found['k3']!r}, outside_bounds {found['outside_bounds']}; here {m.k3!r}, {m.outside_bounds}")
+
+
+def test_some_committed_ledgers_hold_rollout_measures_to_re_derive():
+    measured = [path for path in LEDGERS if '"k3": 0' in path.read_text(encoding="utf-8")
+                or '"k3": 1' in path.read_text(encoding="utf-8")]
+    assert len(measured) >= 3, measured
 
 
 # Registered families with no committed record yet, and why (the round trip cannot cover them).

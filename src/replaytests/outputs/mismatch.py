@@ -130,13 +130,20 @@ def bitwise(live: np.ndarray, replay: np.ndarray) -> np.ndarray:
     return live.astype(np.float64).view(np.uint64) == replay.astype(np.float64).view(np.uint64)
 
 
+def _each(function, d: np.ndarray) -> np.ndarray:
+    """`function` of each value, computed one at a time by the C library (math), not by numpy's vector loops: numpy
+    picks its float64 exp and expm1 by the CPU (AVX-512's SVML on one machine, the C library's on an AVX2 one), whose
+    last bits differ, and a recorded measure may depend on the platform's pin, never on the CPU's vector units."""
+    return np.fromiter((function(x) for x in d.tolist()), dtype=np.float64, count=len(d))
+
+
 def k3_terms(d: np.ndarray) -> np.ndarray:
     """r - 1 - log r with r = exp(d), as expm1(d) - d (exact near d = 0, where r - 1 would cancel)."""
-    return np.expm1(d) - d
+    return _each(math.expm1, d) - d
 
 
 def outside(d: np.ndarray, thresholds: Thresholds) -> np.ndarray:
-    r = np.exp(d)
+    r = _each(math.exp, d)
     return (r < thresholds.ratio_low) | (r > thresholds.ratio_high)
 
 
