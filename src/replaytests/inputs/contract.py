@@ -43,8 +43,6 @@ BOUNDARY_CHECKS = ("token_ids", "role_ids", "visibility", "positions", "cache_po
 SDPA_BACKENDS = ("math", "flash", "efficient", "cudnn")
 VISIBILITY_MODES = ("roles", "causal")  # engine.protocol.VISIBILITIES
 
-
-
 _GREEDY = "(the engine decodes greedily only)"
 _CELL = Section({
     "dtype": Value(str, choices=cells.DTYPES),
