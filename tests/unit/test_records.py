@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import functools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +53,7 @@ def test_every_committed_rollout_measure_is_what_its_log_probabilities_give_on_t
 
 
 def test_some_committed_ledgers_hold_rollout_measures_to_re_derive():
-    measured = [path for path in LEDGERS if '"k3": 0' in path.read_text(encoding="utf-8")
-                or '"k3": 1' in path.read_text(encoding="utf-8")]
+    measured = [path for path in LEDGERS if re.search(r'"k3": [0-9]', path.read_text(encoding="utf-8"))]
     assert len(measured) >= 3, measured
 
 
