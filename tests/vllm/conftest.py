@@ -19,26 +19,26 @@ def _tiny(root_of):
 
 
 def _smollm2(root_of, model):
-    """Two rows of SmolLM2-135M's causal bank, both precisions, every family the backend serves but the
-    conversation family."""
+    """The first row of SmolLM2-135M's causal bank, both precisions, every family the backend serves but the
+    conversation family (its other rows: the committed baseline, docs/vllm.md)."""
     from vllm_runs import REPO, _start
 
     # the conversation family runs in a run of its own, at one precision (below): its incremental construction
     # forces every history token one decode step each, minutes on SmolLM2 at both
-    return _start(root_of("smollm2"), "smollm2", "--rows", "2", "--model", str(model), "-k",
+    return _start(root_of("smollm2"), "smollm2", "--rows", "1", "--model", str(model), "-k",
                   "not conversation and not sweep", bank=REPO / "fixtures" / "banks" / "smollm2-causal.jsonl",
                   contract=REPO / "contracts" / "cpu-smollm2-vllm.yaml")
 
 
 def _smollm2_conversations(root_of, model):
-    """SmolLM2's first two conversations under its own ChatML template, at BF16 (the bank's precision)."""
+    """SmolLM2's first conversation under its own ChatML template, at BF16 (the bank's precision)."""
     from vllm_runs import REPO, _start
 
     from replaytests.inputs.conversations import path_for
 
     bank = REPO / "fixtures" / "banks" / "smollm2-causal.jsonl"
     assert path_for(bank).is_file(), f"{path_for(bank)} is missing (fixtures/causal_conversations.py smollm2 makes it)"
-    return _start(root_of("smollm2-conversations"), "smollm2", "--rows", "2", "--precision", "bf16", "-k",
+    return _start(root_of("smollm2-conversations"), "smollm2", "--rows", "1", "--precision", "bf16", "-k",
                   "conversation", "--model", str(model), bank=bank,
                   contract=REPO / "contracts" / "cpu-smollm2-vllm.yaml")
 

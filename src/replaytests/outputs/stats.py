@@ -14,7 +14,6 @@ from numbers import Integral
 from statistics import NormalDist
 
 import numpy as np
-from scipy.stats import binom
 
 LEVEL = 0.95
 INTERVAL = f"Wilson {100 * LEVEL:g}%"  # what every rendered interval of a proportion is, as its labels name it
@@ -111,7 +110,10 @@ def proportion(items: list, test) -> dict:
 def _two_sided_sign_test(b: int, c: int) -> float:
     # Exact McNemar = two-sided binomial test of b successes in b + c trials at p = 1/2
     # (McNemar 1947; Fagerland, Lydersen & Laake 2013, BMC Med Res Methodol 13:91, eq. 2):
-    # p = min(1, 2 · P[X ≤ min(b, c)]), X ~ Bin(b + c, 1/2).
+    # p = min(1, 2 · P[X ≤ min(b, c)]), X ~ Bin(b + c, 1/2). scipy.stats is imported here, not at the top: it takes
+    # a second to import, and every run, command and worker starts by importing this module.
+    from scipy.stats import binom
+
     return min(1.0, 2.0 * float(binom.cdf(min(b, c), b + c, 0.5)))
 
 
