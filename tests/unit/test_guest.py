@@ -34,6 +34,26 @@ def test_a_pytest_run_without_replay_tests_loads_no_torch(pytester):
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-2000:]
 
 
+def test_a_test_with_fixtures_named_like_the_plugins_is_left_alone(pytester):
+    """A project's own fixtures named `record`, `replay` and `cell` (the conformance tests' names): its tests are
+    neither parametrized nor marked by the plugin, a failure carries no replaytests rerun command, and torch is
+    never loaded. The premise, that the names reach the plugin's hooks, is the control: the passing test sees them."""
+    pytester.makeconftest("import pytest\n\n\n@pytest.fixture\ndef replay():\n    return 'mine'\n\n\n"
+                          "@pytest.fixture\ndef record(replay):\n    return replay\n\n\n"
+                          "@pytest.fixture\ndef cell():\n    return 'bf16'\n")
+    pytester.makepyfile(test_mine=f"import sys\n\n\ndef test_mine(record, cell, request):\n"
+                                  "    assert {'record', 'replay', 'cell'} <= set(request.fixturenames)\n"
+                                  f"    assert (record, cell) == ('mine', 'bf16')\n    loaded = {HEAVY}\n"
+                                  "    assert not loaded, loaded\n\n\n"
+                                  "def test_failing(record):\n    assert record == 'theirs'\n")
+    result = pytester.runpytest_subprocess("test_mine.py", "-p", "no:cacheprovider", "-v")
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, out[-2000:]
+    result.assert_outcomes(passed=1, failed=1)
+    assert "test_mine.py::test_mine PASSED" in out, f"the project's test was parametrized or renamed:\n{out[-2000:]}"
+    assert "rerun it alone" not in out and "replaytests" not in out.split("= FAILURES =")[-1], out[-2000:]
+
+
 def test_every_option_has_a_namespaced_spelling_and_a_short_alias(pytester):
     result = pytester.runpytest("--help")
     result.stdout.fnmatch_lines(["*--replay-model=*", "*--replay-precision=*", "*--replay-report-dir=*",

@@ -138,6 +138,15 @@ def user_gave_options(config: pytest.Config) -> bool:
                for name, default in DEFAULT_OPTIONS.items())
 
 
+def is_conformance(node: pytest.Item | pytest.Function) -> bool:
+    """Whether a collected test is one of replaytests' conformance tests (a module of its conformance package).
+    The plugin is installed for every pytest run in the environment: a project's own test whose fixtures share
+    the conformance tests' names (`record`, `replay`, `cell`) is not parametrized, marked or given a rerun
+    command."""
+    path = getattr(node, "path", None)
+    return path is not None and CONFORMANCE in Path(path).resolve().parents
+
+
 def selects_conformance(config: pytest.Config) -> bool:
     """Whether the run's arguments (or testpaths) name the conformance tests, or a folder above them."""
     for arg in (str(a).split("::")[0] for a in config.args):
