@@ -138,13 +138,12 @@ def user_gave_options(config: pytest.Config) -> bool:
                for name, default in DEFAULT_OPTIONS.items())
 
 
-def is_conformance(node: pytest.Item | pytest.Function) -> bool:
-    """Whether a collected test is one of replaytests' conformance tests (a module of its conformance package).
-    The plugin is installed for every pytest run in the environment: a project's own test whose fixtures share
-    the conformance tests' names (`record`, `replay`, `cell`) is not parametrized, marked or given a rerun
-    command."""
-    path = getattr(node, "path", None)
-    return path is not None and CONFORMANCE in Path(path).resolve().parents
+def is_replay_test(node: pytest.Item, fixturenames) -> bool:
+    """Whether a collected test (or the definition pytest is parametrizing) is one of replaytests' conformance
+    tests: a test of its conformance package that asks for the `replay` session (`record` and every other fixture
+    of the plugin's does). The plugin is installed for every pytest run in the environment: a project's own test
+    whose fixtures share those names is not parametrized, marked or given a rerun command."""
+    return "replay" in fixturenames and CONFORMANCE in Path(node.path).resolve().parents
 
 
 def selects_conformance(config: pytest.Config) -> bool:

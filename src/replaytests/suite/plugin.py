@@ -92,7 +92,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize conformance tests by cell, bank row, panel row and baseline record,
     with ids like `bf16-tiny-007` (suite.parameters)."""
-    if command_line.is_conformance(metafunc.definition) and "record" in metafunc.fixturenames:
+    if "record" in metafunc.fixturenames and command_line.is_replay_test(metafunc.definition, metafunc.fixturenames):
         parameters.parametrize(metafunc, replay_session(metafunc.config))
 
 
@@ -120,8 +120,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     marks go on before any other plugin looks (`-m gpu` selects by them); the worker groups and the
     order of skipped targets after all of them (the groups follow the final selection; pytest's own
     reordering by parameter would undo the order)."""
-    targets = [item for item in items
-               if command_line.is_conformance(item) and "replay" in getattr(item, "fixturenames", ())]
+    targets = [item for item in items if command_line.is_replay_test(item, getattr(item, "fixturenames", ()))]
     if not targets:
         return (yield)
     from replaytests.engine import environment
@@ -149,8 +148,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A failing conformance test's report carries the command that reruns it alone (suite.rerun)."""
     report = yield
-    if report.failed and call.when == "call" and command_line.is_conformance(item) \
-            and "replay" in getattr(item, "fixturenames", ()):
+    if report.failed and call.when == "call" and command_line.is_replay_test(item, getattr(item, "fixturenames", ())):
         replay = replay_session(item.config)
         report.sections.append(("rerun it alone", rerun.for_item(item, replay.options, replay.rows)))
     return report
