@@ -306,7 +306,7 @@ def test_cli_compare_alpha_must_be_a_fraction(runs, level, spelling, capsys):
 ])
 def test_a_transplant_gate_on_no_rows_is_not_established(follows, thirds, outcomes):
     """0/0 is no evidence: the gate says "not established", never "met"."""
-    from replaytests.outputs.summary import gate_text
+    from replaytests.outputs.transplant_outcome import gate_text
 
     judged = default_gates().transplant_family(follows, thirds)
     assert [j.outcome for j in judged] == outcomes, judged

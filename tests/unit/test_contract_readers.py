@@ -30,7 +30,7 @@ from replaytests.inputs.blocks import Caps
 from replaytests.inputs.cells import PAPER
 from replaytests.inputs.contract import SCHEMA
 from replaytests.inputs.schema import Value
-from replaytests.outputs import report
+from replaytests.outputs import replication_outcome
 from replaytests.suite import artifacts, planner, session
 
 # A panel size the planner reads through the family registry: some family declares its path (Family.panel_size).
@@ -68,7 +68,7 @@ READERS = {
     "panels.conversation_transplant.divergent": session.ReplaySession.panel,
     "panels.conversation_transplant.exact_controls": session.ReplaySession.panel,
     "panels.replication.rows": PANEL_SIZE,
-    "panels.replication.min_exact_controls": report._causal,
+    "panels.replication.min_exact_controls": replication_outcome.min_exact_controls,
     **{f"gates.{path}": gates.Gates.from_settings for path in (
         "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
         "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",

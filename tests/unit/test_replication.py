@@ -15,7 +15,7 @@ from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.files import sha256_file
 from replaytests.inputs.bank import BankRow
-from replaytests.outputs import causal
+from replaytests.outputs import replication_outcome
 from replaytests.outputs.records import Record
 
 
@@ -96,14 +96,15 @@ def panel_records(divergent: int, controls: int, **first_divergent) -> list[Reco
     pytest.param(panel_records(0, 8), False, False, id="nothing-diverged"),
 ])
 def test_summarize_labels_strong_replication(records, replicated, strong):
-    summary = causal.replication([*records, replication_record("x", True, status="excluded")])
+    summary = replication_outcome.summarize([*records, replication_record("x", True, status="excluded")], "replication")
     found = (summary["replicated"], summary["strong"])
     assert found == (replicated, strong), f"(replicated, strong) = {found}, expected {(replicated, strong)}: {summary}"
 
 
 def test_summarize_counts():
     records = panel_records(40, 6, first_token_equal=False, outcomes=(KEEP, KEEP))
-    summary = causal.replication(records, min_exact_controls=7)
+    run = {"panels": {"replication": {"min_exact_controls": 7}}}  # the run's run.json
+    summary = replication_outcome.summarize(records, "replication", run)
     divergent, recovery = summary["divergent"], summary["donor_recovery"]["prefill<-incremental"]
     assert (divergent["k"], divergent["n"]) == (40, 46), summary
     assert summary["not_testable"] == [["d0", "first suffix tokens differ (raw boundary argmax equal): a transplant "
@@ -136,3 +137,40 @@ def test_divergent_row_follows_its_donor_both_ways(later_record):
         f"{row} diverged in the search but not in its replication record")
     outcomes = {name: t.outcome for name, t in later_record.transplants.items()}
     assert outcomes == dict.fromkeys(TRANSPLANTS, "follows_donor"), f"{row} transplants: {outcomes}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Its outputs come from its registry record: the outcome module it names (outputs/causal.py).
+
+AGAIN = "replication_again"  # a family the outputs have never seen, naming the replication's outcome module
+
+
+@pytest.mark.parametrize("outcome", [pytest.param(FAMILIES["replication"].outcome, id="named"),
+                                     pytest.param("", id="not-named")])
+def test_a_family_naming_an_outcome_module_is_shown_by_every_output(monkeypatch, outcome):
+    """A new family whose record names the replication's outcome module, and nothing else: its records are summarized
+    per cell in report.json (causal_cells) and shown in the terminal's lines, report.md's causal and replica tables
+    and the history as the replication's are; the control: the same family naming none is shown in none of them."""
+    from dataclasses import replace
+
+    from replaytests.outputs import history, sections, summary
+    from replaytests.outputs.report import build_report, run_gates
+
+    monkeypatch.setitem(FAMILIES, AGAIN, replace(FAMILIES["replication"], name=AGAIN, outcome=outcome,
+                                                 title="Replication again"))
+    records = [replace(r, family=AGAIN) for r in panel_records(40, 6)]
+    built = build_report(records, {})
+    found = built["causal_cells"].get("bf16", {})
+    lines = summary.causal_lines(built, run_gates({}))
+    page = sections.markdown(built)
+    tracked = history.summarize(records)[1]
+    if not outcome:
+        assert not found and not lines and "Replication again" not in page and not tracked, (found, lines, tracked)
+        return
+    assert found == {AGAIN: replication_outcome.summarize(records, AGAIN)}, found
+    assert found[AGAIN]["strong"] and found[AGAIN]["rows"] == 46, found[AGAIN]
+    assert lines == replication_outcome.terminal_lines(AGAIN, "bf16", found[AGAIN], run_gates({})), lines
+    assert lines[0].startswith(f"{AGAIN} (bf16): validity control") and "strong replication" in lines[0], lines
+    assert "### Replication again, bf16" in page and f"| {AGAIN} | bf16 | both constructions | 46/46" in page, page
+    assert tracked == {AGAIN: replication_outcome.tracked(found[AGAIN])} and tracked[AGAIN]["label"] == \
+        "strong replication", tracked

@@ -19,7 +19,7 @@ from replaytests.families import crossing
 from replaytests.families import transplant as family
 from replaytests.families.registry import DIRECTIONS, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.inputs.blocks import PARTS
-from replaytests.outputs import causal
+from replaytests.outputs import transplant_outcome
 from replaytests.outputs.records import Record
 
 # ---------------------------------------------------------------------------------------------
@@ -409,8 +409,8 @@ def test_summarize_counts_outcomes_and_layer_ranges(divergent_record):
                                       for p in family.PARTIAL}))
     invalid = "TransplantInvalid: transplant row r9 (bf16): transplant invalid here: ..."
     excluded = Record.of(excluded_record("transplant", "r9", "bf16", invalid) | {"role": "divergent"})
-    summary = causal.transplant([divergent_record, control, excluded,
-                                Record.of(record("crossing", "r0", "fp32", {"incremental~prefill": comparison()}))])
+    crossing = Record.of(record("crossing", "r0", "fp32", {"incremental~prefill": comparison()}))
+    summary = transplant_outcome.summarize([divergent_record, control, excluded, crossing], "transplant")
     assert (summary["rows"], summary["excluded"], summary["divergent"], summary["controls"]) == (3, 1, 1, 1), summary
     reproduced = summary["validity"]["reproduced"]
     assert ((reproduced["k"], reproduced["n"]), summary["validity"]["invalid"]) == ((1, 1), ["r9"]), summary["validity"]

@@ -18,7 +18,7 @@ import pytest
 from replaytests.conformance.helpers import audit_against_baseline, judge, ok
 from replaytests.families.registry import CROSS, FAMILIES
 from replaytests.inputs.gates import replica_pairs
-from replaytests.outputs import causal
+from replaytests.outputs import causal, transplant_outcome
 
 pytestmark = pytest.mark.causal
 
@@ -51,13 +51,14 @@ def test_transplant_recipient_follows_donor(record, replay, causal_cell, transpl
 def test_transplant_family_meets_its_gates(record, replay, causal_cell, transplant_family):
     """gates.transplant over the whole panel: each direction's donor recovery and the controls' third
     trajectories (the per-row tests record a miss the gates allow a share of)."""
-    shard = replay.plan.family_rows("transplant")
+    family = "transplant"
+    shard = replay.plan.family_rows(family)
     if not shard:
         pytest.skip(f"shard {replay.options.shard} holds none of the selected rows")
-    roles = {row: role for row, role in replay.panel("transplant", causal_cell).rows}
+    roles = {row: role for row, role in replay.panel(family, causal_cell).rows}
     rows = [row for row in shard if row.id in roles]
-    replay.records("transplant", rows, causal_cell)  # under -n N, computed by the workers together (suite.claims)
-    summary = causal.transplant([record("transplant", row, causal_cell) for row in rows])
+    replay.records(family, rows, causal_cell)  # under -n N, computed by the workers together (suite.claims)
+    summary = transplant_outcome.summarize([record(family, row, causal_cell) for row in rows], family)
     follows = {name: (v["follows_donor"]["k"], v["follows_donor"]["n"]) for name, v in summary["full"].items()}
     thirds = {name: (v["control_third"]["k"], v["control_third"]["n"]) for name, v in summary["full"].items()}
     judge(*replay.contract.gates.transplant_family(follows, thirds))

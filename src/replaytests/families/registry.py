@@ -90,6 +90,9 @@ class Family:
     row_fixture: str = ""  # the conformance tests' fixture of its rows (`<name>_row` where empty)
     later_model: bool = False  # runs on the later checkpoint (--replication-model), on no row without one
     module: str = ""  # the module whose `run` it is (`replaytests.families.<name>` where empty)
+    # report: the outputs module that makes its causal outcomes per cell from the run's records (the paper's Tables 5
+    # and 6) and renders them everywhere they are shown (outputs/causal.py says what it holds); "" for none
+    outcome: str = ""
     # the file its settings carry as `bank`: "rows", the bank itself (a sweep's batch axis draws the other rows), or
     # "conversations", the conversation bank beside it (without which the family is not run); None: neither
     bank_file: str | None = None
@@ -255,6 +258,7 @@ BUILT_IN = {family.name: family for family in (
            (("incremental", "prefill"), *_TRANSPLANT_PAIRS), (CROSS,), "transplant", ("causal",),
            divergent_cells_only=True, headline_table=False, title="Transplant (Table 5)",
            requires=("kv_tensors", "state_copy"), reads=("crossing",),
+           outcome="replaytests.outputs.transplant_outcome",
            panel_schema=Section({"divergent": Value(int, default=24, low=1, high=MAX_COUNT),
                                  "exact_controls": Value(int, default=8, low=1, high=MAX_COUNT),
                                  "layers": Value(str, default="all", choices=("all",)),
@@ -265,6 +269,7 @@ BUILT_IN = {family.name: family for family in (
            (*_CROSSING_PAIRS, *_TRANSPLANT_PAIRS), (CROSS,), "replication", ("causal",), divergent_cells_only=True,
            headline_table=False, title="Replication on a later checkpoint (Table 6)",
            requires=("kv_tensors", "state_copy"), panel_size=("replication", "rows"), later_model=True,
+           outcome="replaytests.outputs.replication_outcome",
            panel_schema=Section({"rows": Value(int, default=48, low=1, high=MAX_COUNT),
                                  "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT)}, default={}),
            gates="transplant"),

@@ -4,7 +4,7 @@ With a new checkpoint and an existing bank, the panel is frozen from prefix leng
 alone, before any result exists. Six arms per row: incremental and prefill, a replica of each, and
 the two all-layer transplants (prefill <- incremental, incremental <- prefill); plus the validity
 control (each construction's cache in its replica must reproduce its own trajectory). A divergent
-row is testable where the first suffix tokens agree; `outputs.causal.replication` reads the records
+row is testable where the first suffix tokens agree; `outputs.replication_outcome` reads the records
 ("strong replication" needs at least the registered minimum of exact controls besides full donor
 recovery and no third trajectory).
 """

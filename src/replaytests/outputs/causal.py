@@ -1,24 +1,45 @@
-"""The causal layer read from the ledger: the transplant's outcomes (the paper's Table 5) and the
-replication on a later checkpoint (Table 6), the validity control, and which divergent rows no
-transplant can test. Reads records only (no engine), so reports, summaries and gates share it.
+"""The causal layer read from the ledger: the outcomes of the families whose registry record names an `outcome`
+module (the transplant's, the paper's Table 5; the replication on a later checkpoint, Table 6), the validity control
+they share, and which divergent rows no transplant can test. Reads records only (no engine), so reports, summaries
+and gates share it.
+
+An outcome module (its family's `outcome`) holds, for a family `family` and a cell:
+- `summarize(records, family, meta)`: its outcomes from the cell's records (every family's: a transplant reads the
+  crossing's), with Wilson intervals; `meta` is the run's (run.json), for the settings it was run with;
+- `terminal_lines(family, cell, summary, gates)`: the terminal's and summary.md's lines;
+- `tables(family, cell, summary)`: report.md's tables in the causal layer;
+- `replica_rows(family, cell, summary)`: its rows of the replica layer's table;
+- `tracked(summary)`: what the history keeps of it; `TRACKED`: the fields besides the per-direction outcomes
+  (`follows_donor`, `control_third`) that it keeps, in the history table's order around them.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
+import importlib
+from types import ModuleType
 
-from replaytests.families.registry import CROSS, TRANSPLANTS, VALIDITY_PAIRS
+from replaytests.families.registry import CROSS, FAMILIES, VALIDITY_PAIRS
 from replaytests.inputs.cells import PAPER
-from replaytests.inputs.contract import SCHEMA
-from replaytests.outputs.records import Comparison, Outcome, Record
-from replaytests.outputs.shapes import replicas_hold
+from replaytests.outputs.records import Comparison, Record
 from replaytests.outputs.stats import proportion
+from replaytests.outputs.tables import fmt_proportion
 
-# The registered minimum of exact controls for a strong replication, where a run names none: the contract's default.
-MIN_EXACT_CONTROLS = SCHEMA.keys["panels"].keys["replication"].keys["min_exact_controls"].default
 PARTIAL = ("k_only", "v_only")  # the partial transplants (K or V alone) a transplant record holds
 INVALID = "TransplantInvalid"  # the reason an excluded record begins with when the validity control failed
+
+
+def outcomes() -> dict[str, ModuleType]:
+    """The families with causal outcomes, in the registry's order, each with its outcome module."""
+    return {name: importlib.import_module(family.outcome) for name, family in FAMILIES.items() if family.outcome}
+
+
+def by_cell(records: list[Record], meta: dict) -> dict[str, dict]:
+    """cell -> family -> its outcomes (`summarize`), for each family with outcomes whose records the run holds."""
+    out: dict[str, dict] = {}
+    for family, outcome in outcomes().items():
+        for cell in cells(records, family):
+            out.setdefault(cell, {})[family] = outcome.summarize(of_cell(records, cell), family, meta)
+    return out
 
 
 def not_testable_reason(cross: Comparison) -> str | None:
@@ -51,76 +72,30 @@ def of_cell(records: list[Record], cell: str) -> list[Record]:
     return [r for r in records if r.precision == cell]
 
 
-def not_testable(records: list[Record]) -> list[list[str]]:
-    """[row, reason] of each divergent crossing row no transplant can test (first suffix tokens differ),
-    in the cell of the transplant records."""
-    held = {r.precision for r in records if r.family == "transplant"}
+def not_testable(records: list[Record], family: str) -> list[list[str]]:
+    """[row, reason] of each divergent row of the family a transplant family reads (its panel's source, the
+    crossing) that no transplant can test (first suffix tokens differ), in the cells of the family's records."""
+    held = {r.precision for r in records if r.family == family}
+    source = FAMILIES[family].reads
     return [[r.row, reason] for r in records
-            if r.family == "crossing" and r.ok and r.precision in held and not r.comparisons[CROSS].suffix_equal
+            if r.family in source and r.ok and r.precision in held and not r.comparisons[CROSS].suffix_equal
             and (reason := not_testable_reason(r.comparisons[CROSS]))]
 
 
-def transplant(records: list[Record]) -> dict:
-    """Counts with Wilson intervals over the transplant records: the validity control, donor recovery
-    per direction (divergent rows), third trajectories (controls), the same for K-only and V-only,
-    the minimal layer ranges, and the divergent rows no transplant can test."""
-    mine = [r for r in records if r.family == "transplant"]
-    ok = [r for r in mine if r.ok]
-    divergent = [r for r in ok if r.role == "divergent"]
-    controls = [r for r in ok if r.role == "control"]
-
-    def both(get: Callable[[Record, str], Outcome]) -> dict:
-        def outcome_is(wanted: str, name: str) -> Callable[[Record], bool]:
-            return lambda r: get(r, name).outcome == wanted
-
-        return {name: {"follows_donor": proportion(divergent, outcome_is("follows_donor", name)),
-                       "control_third": proportion(controls, outcome_is("third", name))} for name in TRANSPLANTS}
-
-    n_layers = max((r.layers for r in divergent), default=0)
-    # Only rows whose all-layer transplant followed the donor were searched.
-    minimal = {name: [r.minimal_layers[name] for r in divergent
-                      if r.transplants[name].outcome == "follows_donor"] for name in TRANSPLANTS}
-    return {
-        "rows": len(mine), "excluded": len(mine) - len(ok), "divergent": len(divergent), "controls": len(controls),
-        "validity": validity(mine),
-        "not_testable": not_testable(records),
-        "full": both(lambda r, n: r.transplants[n]),
-        "parts": {part: both(lambda r, n, p=part: r.parts[p][n]) for part in PARTIAL},
-        "minimal_layers": {name: dict(Counter("none" if m is None else f"{m[0]}-{m[1]}" for m in ranges))
-                           for name, ranges in minimal.items()},
-        "layer_frequency": {name: [sum(1 for m in ranges if m is not None and m[0] <= i <= m[1])
-                                   for i in range(n_layers)] for name, ranges in minimal.items()},
-    }
+def validity_text(validity: dict) -> str:
+    """The validity control in the terminal's words."""
+    invalid = validity["invalid"]
+    return fmt_proportion(validity["reproduced"]) + (
+        f"; INVALID HERE on {len(invalid)} rows ({', '.join(invalid)}): decoding is not a function of the cache "
+        "values alone, no transplant outcome counts" if invalid else "")
 
 
-def replication(records: list[Record], min_exact_controls: int = MIN_EXACT_CONTROLS) -> dict:
-    """Divergence, donor recovery both ways, exact controls and the strong-replication label."""
-    mine = [r for r in records if r.family == "replication"]
-    ok = [r for r in mine if r.ok]
-    cross = {r.row: r.comparisons[CROSS] for r in ok}
-    divergent = [r for r in ok if not cross[r.row].suffix_equal]
-    testable = [r for r in divergent if not not_testable_reason(cross[r.row])]
-    controls = [r for r in ok if cross[r.row].suffix_equal]
-
-    def outcome_is(name: str, wanted: str) -> Callable[[Record], bool]:
-        return lambda r: r.transplants[name].outcome == wanted
-
-    recovery = {name: proportion(testable, outcome_is(name, "follows_donor")) for name in TRANSPLANTS}
-    third = {name: proportion(controls, outcome_is(name, "third")) for name in TRANSPLANTS}
-    replicated = (bool(testable) and all(replicas_hold(r) for r in ok)
-                  and all(p["k"] == p["n"] for p in recovery.values()) and all(p["k"] == 0 for p in third.values()))
-    return {
-        "rows": len(mine), "excluded": len(mine) - len(ok),
-        "replicas_exact": proportion(ok, replicas_hold),
-        "divergent": proportion(ok, lambda r: not cross[r.row].suffix_equal),
-        "not_testable": [[r.row, not_testable_reason(cross[r.row])] for r in divergent if r not in testable],
-        "validity": validity(mine),
-        "donor_recovery": recovery,
-        "exact_controls": len(controls), "min_exact_controls": min_exact_controls, "control_third": third,
-        "replicated": replicated, "strong": replicated and len(controls) >= min_exact_controls,
-    }
-
-
-def replication_label(summary: dict) -> str:
-    return ("strong replication" if summary["strong"] else "replicated, not strong" if summary["replicated"]
-            else "not replicated")
+def validity_cell(validity: dict | None) -> str:
+    """The validity control in a report's words (a record written before it was kept: not recorded)."""
+    if validity is None:
+        return "not recorded"
+    text = f"{fmt_proportion(validity['reproduced'])} rows reproduce"
+    if validity["invalid"]:
+        text += (f"; INVALID HERE on {', '.join(validity['invalid'])}: decoding is not a function of the cache values "
+                 "alone, no transplant outcome counts")
+    return text

@@ -57,18 +57,10 @@ def _headline(family: str, summary: dict) -> list[str]:
 
 
 def _causal(summaries: dict) -> dict:
-    """What the history tracks of the causal families: donor recovery and third trajectories per
-    direction, divergent rows and the replication label."""
-    out = {}
-    if "transplant" in summaries:
-        t = summaries["transplant"]
-        out["transplant"] = {"follows_donor": {d: v["follows_donor"] for d, v in t["full"].items()},
-                             "control_third": {d: v["control_third"] for d, v in t["full"].items()}}
-    if "replication" in summaries:
-        r = summaries["replication"]
-        out["replication"] = {"divergent": r["divergent"], "follows_donor": r["donor_recovery"],
-                              "control_third": r["control_third"], "label": causal.replication_label(r)}
-    return out
+    """What the history tracks of the causal families (each its outcome module's `tracked`): donor recovery and
+    third trajectories per direction, and a replication's divergent rows and label."""
+    return {family: outcome.tracked(summaries[family]) for family, outcome in causal.outcomes().items()
+            if family in summaries}
 
 
 def _date(text: str | None, run: dict) -> str:
@@ -159,13 +151,20 @@ def _causal_outcome(outcome: object, where: str) -> str | None:
     for name in ("follows_donor", "control_third"):
         if problem := _objects(outcome.get(name), f"{where}.{name}", "Wilson proportions per direction", _wilson):
             return problem
-    if where != "causal.replication" and "divergent" not in outcome:
+    if not _tracked(where.removeprefix("causal."), outcome):
         return None
     if problem := _wilson(outcome.get("divergent"), f"{where}.divergent"):
         return problem
     if not isinstance(outcome.get("label"), str) or control_character(outcome["label"]):
         return f"field '{where}.label' must be a string of printable characters, {_got(outcome, 'label')}"
     return None
+
+
+def _tracked(family: str, outcome: dict) -> tuple[str, ...]:
+    """The fields a causal family's history entry keeps besides its per-direction outcomes (its outcome module's
+    TRACKED); for a family this version has no outcome module for, those the entry holds."""
+    module = causal.outcomes().get(family)
+    return module.TRACKED if module is not None else tuple(name for name in ("divergent", "label") if name in outcome)
 
 
 def _wilson(value: object, where: str) -> str | None:
@@ -343,18 +342,17 @@ def family_tables(entries: list[dict]) -> list[Table]:
         full = [c + [""] * (len(headers[title]) - len(c)) for c in columns.values()]
         kept = [i for i in range(len(headers[title])) if i < 2 or any(c[i] not in ("-", "") for c in full)]
         out.append(Table(title, tuple(headers[title][i] for i in kept), tuple(tuple(c[i] for i in kept) for c in full)))
-    for family in ("transplant", "replication"):
+    for family, outcome in causal.outcomes().items():
         outcomes = [(e, c) for e in entries if (c := (e.get("causal") or {}).get(family))]
         if outcomes:
-            header = ("date", "label", *(("divergent",) if family == "replication" else ()),
-                      *(f"{d} follows donor" for d in DIRECTIONS_SHOWN),
-                      *(f"{d} controls: third" for d in DIRECTIONS_SHOWN),
-                      *(("label",) if family == "replication" else ()))
+            lead, tail = (tuple(n for n in outcome.TRACKED if n == name) for name in ("divergent", "label"))
+            header = ("date", "label", *lead, *(f"{d} follows donor" for d in DIRECTIONS_SHOWN),
+                      *(f"{d} controls: third" for d in DIRECTIONS_SHOWN), *tail)
             out.append(Table(f"{family}: causal outcomes", header, tuple(
-                (_when(e), e["label"] or "", *((_count(c["divergent"]),) if family == "replication" else ()),
+                (_when(e), e["label"] or "", *(_count(c[n]) for n in lead),
                  *(_count(c["follows_donor"].get(d)) for d in DIRECTIONS_SHOWN),
-                 *(_count(c["control_third"].get(d)) for d in DIRECTIONS_SHOWN),
-                 *((c["label"],) if family == "replication" else ())) for e, c in outcomes)))
+                 *(_count(c["control_third"].get(d)) for d in DIRECTIONS_SHOWN), *(c[n] for n in tail))
+                for e, c in outcomes)))
     return out
 
 

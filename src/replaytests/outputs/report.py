@@ -203,7 +203,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
     for record in records:
         by_family[record.family].append(record)
     pairs = cell_pairs(meta, {r.precision for r in records})
-    by_cell = _causal(records, meta)
+    by_cell = causal.by_cell(records, meta)
     excluded = [{name: getattr(r, name) for name in (*KEY_FIELDS, "reason")}
                 for r in sorted(records, key=lambda r: r.key) if not r.ok]
     return {
@@ -306,18 +306,6 @@ def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) 
     shown = "; ".join(f"{name} failing in {len(rows)} row{'s' * (len(rows) > 1)} ({first(rows, 3)})"
                       for name, rows in failing.items())
     return recorded | {"result": "fail", "contradicted": f"the records show {shown}"}
-
-
-def _causal(records: list[Record], meta: dict) -> dict:
-    """Per cell, the transplant (Table 5) and replication (Table 6) outcomes, where they ran."""
-    minimum = ((meta.get("panels") or {}).get("replication") or {}).get("min_exact_controls",
-                                                                        causal.MIN_EXACT_CONTROLS)
-    out: dict[str, dict] = {}
-    for family, summarize in (("transplant", causal.transplant),
-                              ("replication", lambda rs: causal.replication(rs, minimum))):
-        for cell in causal.cells(records, family):
-            out.setdefault(cell, {})[family] = summarize(causal.of_cell(records, cell))
-    return out
 
 
 def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Path]:

@@ -101,9 +101,9 @@ def _replica(report: dict) -> Section:
              for pair, exact in found["replicas"].items()]
     rows += [("sweep", cell, f"{pair} (every point)", fmt_proportion(exact))
              for cell, found in (report.get("sweeps") or {}).items() for pair, exact in found["replicas"].items()]
-    for cell, summaries in (report.get("causal_cells") or {}).items():
-        if replication := summaries.get("replication"):
-            rows.append(("replication", cell, "both constructions", fmt_proportion(replication["replicas_exact"])))
+    rows += [row for cell, summaries in (report.get("causal_cells") or {}).items()
+             for family, outcome in causal.outcomes().items() if family in summaries
+             for row in outcome.replica_rows(family, cell, summaries[family])]
     table = Table("Replica pairs bit-exact (cache, logits and suffix)", ("family", "precision", "pair", "bit exact"),
                   tuple(rows))
     v = report.get("verdict") or {}
@@ -453,52 +453,9 @@ def _sweep_lines(cell: str, found: dict) -> list[str]:
 # ---- layer 4: causal state sufficiency ----
 
 def _causal_tables(summaries: dict, cell: str) -> list[Table]:
-    out = []
-    if "transplant" in summaries:
-        t = summaries["transplant"]
-        rows = tuple((direction, fmt_proportion(t["full"][direction]["follows_donor"]),
-                      *(fmt_proportion(t["parts"][part][direction]["follows_donor"]) for part in sorted(t["parts"])),
-                      fmt_proportion(t["full"][direction]["control_third"]),
-                      ", ".join(f"{r}: {n}" for r, n in t["minimal_layers"][direction].items()) or "-")
-                     for direction in t["full"])
-        out.append(Table(f"{FAMILIES['transplant'].title}, {cell}: {t['divergent']} divergent rows, {t['controls']} "
-                         "exact controls",
-                         ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
-                          "controls: third trajectory", "minimal layer ranges (rows)"), rows,
-                         "Divergent rows: incremental and prefill suffixes differ, first suffix tokens agree. "
-                         f"Validity control (each construction's cache in its own replica reproduces its "
-                         f"trajectory): {_validity(t.get('validity'))}."))
-        if t.get("not_testable"):
-            out.append(Table(f"Transplant, {cell}: divergent rows not testable", ("row", "reason"),
-                             tuple((row, reason) for row, reason in t["not_testable"])))
-    if "replication" in summaries:
-        r = summaries["replication"]
-        rows = (("validity control", _validity(r.get("validity"))),
-                ("divergent rows", fmt_proportion(r["divergent"])),
-                ("not testable (first suffix tokens differ)", _not_testable(r["not_testable"])),
-                ("replicas exact", fmt_proportion(r["replicas_exact"])),
-                *((f"donor recovery {d}", fmt_proportion(v)) for d, v in r["donor_recovery"].items()),
-                *((f"controls: third trajectory {d}", fmt_proportion(v)) for d, v in r["control_third"].items()),
-                ("exact controls (registered minimum)", f"{r['exact_controls']} ({r['min_exact_controls']})"),
-                ("label", causal.replication_label(r)))
-        out.append(Table(f"{FAMILIES['replication'].title}, {cell}", ("measure", "value"), rows))
-    return out
-
-
-def _validity(validity: dict | None) -> str:
-    if validity is None:
-        return "not recorded"
-    text = f"{fmt_proportion(validity['reproduced'])} rows reproduce"
-    if validity["invalid"]:
-        text += (f"; INVALID HERE on {', '.join(validity['invalid'])}: decoding is not a function of the cache values "
-                 "alone, no transplant outcome counts")
-    return text
-
-
-def _not_testable(rows: list | int) -> str:
-    if isinstance(rows, int):  # a summary written before the reasons were kept
-        return str(rows)
-    return "; ".join(f"{row}: {reason}" for row, reason in rows) or "0"
+    """A cell's tables of each causal family it holds (its outcome module's: Tables 5 and 6)."""
+    return [table for family, outcome in causal.outcomes().items() if family in summaries
+            for table in outcome.tables(family, cell, summaries[family])]
 
 
 # ---- the run details ----

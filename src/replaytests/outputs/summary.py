@@ -15,7 +15,7 @@ from replaytests.inputs.gates import (
 from replaytests.outputs import causal, conversation_report, rollout_report, sweep_report, verdict
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, replicas_hold
-from replaytests.outputs.tables import Table, fmt_proportion, md_cell, plain
+from replaytests.outputs.tables import Table, md_cell, plain
 from replaytests.outputs.tables import markdown as md_table
 
 # each family's headline pairs, as the notes under the table name them (a conversation's: at every turn)
@@ -103,51 +103,11 @@ def audit_line(audits: list[dict]) -> str:
 
 
 def causal_lines(built: dict, gates: Gates) -> list[str]:
-    """The transplant and replication outcomes of a built report (`causal_cells`), with Wilson 95% intervals and the
-    verdict of gates.transplant, when those families ran."""
-    lines = []
+    """The causal families' outcomes of a built report (`causal_cells`), with Wilson 95% intervals and the
+    verdict of their gates, each family's cells in turn (outputs/causal.py: each family's outcome module)."""
     found = built.get("causal_cells") or {}
-    for cell in (c for c, by_family in found.items() if "transplant" in by_family):
-        t = found[cell]["transplant"]
-        full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t["full"].items())
-        third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
-        parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
-                          for name, v in by.items())
-        ranges = "; ".join(f"{name} " + (", ".join(f"[{r}] x{n}" for r, n in found.items()) or "-")
-                           for name, found in t["minimal_layers"].items())
-        judged = gates.transplant_family(*({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
-                                           for key in ("follows_donor", "control_third")))
-        lines += [f"transplant ({cell}): validity control (self-transplants reproduce their own trajectory): "
-                  f"{validity_text(t['validity'])}",
-                  f"  recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
-                  f"  gates.transplant: {gate_text(judged)}",
-                  f"  not testable (first suffix tokens differ): {len(t['not_testable'])}"
-                  + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"]),
-                  f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {ranges}"]
-    for cell in (c for c, by_family in found.items() if "replication" in by_family):
-        r = found[cell]["replication"]
-        recovery = "; ".join(f"{name} {fmt_proportion(v)}" for name, v in r["donor_recovery"].items())
-        label = causal.replication_label(r)
-        lines += [f"replication ({cell}): validity control {validity_text(r['validity'])}; divergent "
-                  f"{fmt_proportion(r['divergent'])}, not testable {len(r['not_testable'])}; donor recovery "
-                  f"{recovery}; exact controls {r['exact_controls']} (registered minimum {r['min_exact_controls']}): "
-                  f"{label}"]
-    return lines
-
-
-def validity_text(validity: dict) -> str:
-    invalid = validity["invalid"]
-    return fmt_proportion(validity["reproduced"]) + (
-        f"; INVALID HERE on {len(invalid)} rows ({', '.join(invalid)}): decoding is not a function of the cache "
-        "values alone, no transplant outcome counts" if invalid else "")
-
-
-def gate_text(judgements: list) -> str:
-    failed = [j.message for j in judgements if j.failed]
-    unsettled = [j.message for j in judgements if j.outcome == "recorded"]
-    if failed:
-        return "NOT MET: " + "; ".join(failed + unsettled)
-    return "not established: " + "; ".join(unsettled) if unsettled else "met"
+    return [line for family, outcome in causal.outcomes().items() for cell, by_family in found.items()
+            if family in by_family for line in outcome.terminal_lines(family, cell, by_family[family], gates)]
 
 
 def rollout_lines(built: dict) -> list[str]:

@@ -1,0 +1,108 @@
+"""The transplant's outcomes (the paper's Table 5), per cell: the validity control, donor recovery per direction over
+the divergent rows, third trajectories over the exact controls, the same for K-only and V-only transplants, the
+minimal layer ranges, and the divergent rows no transplant can test; and each place they are shown (an outcome
+module: outputs/causal.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from replaytests.families.registry import FAMILIES, TRANSPLANTS
+from replaytests.inputs.gates import Gates
+from replaytests.outputs.causal import PARTIAL, not_testable, validity, validity_cell, validity_text
+from replaytests.outputs.records import Outcome, Record
+from replaytests.outputs.stats import proportion
+from replaytests.outputs.tables import Table, fmt_proportion
+
+TRACKED: tuple[str, ...] = ()  # the history keeps the per-direction outcomes alone
+
+
+def summarize(records: list[Record], family: str, meta: dict | None = None) -> dict:
+    """Counts with Wilson intervals over the family's records of one cell (`records`: the cell's, every
+    family's: the divergent rows no transplant can test are the crossing's)."""
+    mine = [r for r in records if r.family == family]
+    ok = [r for r in mine if r.ok]
+    divergent = [r for r in ok if r.role == "divergent"]
+    controls = [r for r in ok if r.role == "control"]
+
+    def both(get: Callable[[Record, str], Outcome]) -> dict:
+        def outcome_is(wanted: str, name: str) -> Callable[[Record], bool]:
+            return lambda r: get(r, name).outcome == wanted
+
+        return {name: {"follows_donor": proportion(divergent, outcome_is("follows_donor", name)),
+                       "control_third": proportion(controls, outcome_is("third", name))} for name in TRANSPLANTS}
+
+    n_layers = max((r.layers for r in divergent), default=0)
+    # Only rows whose all-layer transplant followed the donor were searched.
+    minimal = {name: [r.minimal_layers[name] for r in divergent
+                      if r.transplants[name].outcome == "follows_donor"] for name in TRANSPLANTS}
+    return {
+        "rows": len(mine), "excluded": len(mine) - len(ok), "divergent": len(divergent), "controls": len(controls),
+        "validity": validity(mine),
+        "not_testable": not_testable(records, family),
+        "full": both(lambda r, n: r.transplants[n]),
+        "parts": {part: both(lambda r, n, p=part: r.parts[p][n]) for part in PARTIAL},
+        "minimal_layers": {name: dict(Counter("none" if m is None else f"{m[0]}-{m[1]}" for m in ranges))
+                           for name, ranges in minimal.items()},
+        "layer_frequency": {name: [sum(1 for m in ranges if m is not None and m[0] <= i <= m[1])
+                                   for i in range(n_layers)] for name, ranges in minimal.items()},
+    }
+
+
+def gate_text(judgements: list) -> str:
+    failed = [j.message for j in judgements if j.failed]
+    unsettled = [j.message for j in judgements if j.outcome == "recorded"]
+    if failed:
+        return "NOT MET: " + "; ".join(failed + unsettled)
+    return "not established: " + "; ".join(unsettled) if unsettled else "met"
+
+
+def terminal_lines(family: str, cell: str, t: dict, gates: Gates) -> list[str]:
+    """The outcomes with Wilson 95% intervals and the verdict of its gates (gates.transplant)."""
+    full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t["full"].items())
+    third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
+    parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
+                      for name, v in by.items())
+    ranges = "; ".join(f"{name} " + (", ".join(f"[{r}] x{n}" for r, n in found.items()) or "-")
+                       for name, found in t["minimal_layers"].items())
+    judged = gates.transplant_family(*({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
+                                       for key in ("follows_donor", "control_third")))
+    return [f"{family} ({cell}): validity control (self-transplants reproduce their own trajectory): "
+            f"{validity_text(t['validity'])}",
+            f"  recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
+            f"  gates.{FAMILIES[family].gate_section}: {gate_text(judged)}",
+            f"  not testable (first suffix tokens differ): {len(t['not_testable'])}"
+            + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"]),
+            f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {ranges}"]
+
+
+def tables(family: str, cell: str, t: dict) -> list[Table]:
+    """Table 5: per direction, the recipients that follow their donor (all layers, K only, V only), the controls
+    with a third trajectory and the minimal layer ranges; then the divergent rows no transplant can test."""
+    rows = tuple((direction, fmt_proportion(t["full"][direction]["follows_donor"]),
+                  *(fmt_proportion(t["parts"][part][direction]["follows_donor"]) for part in sorted(t["parts"])),
+                  fmt_proportion(t["full"][direction]["control_third"]),
+                  ", ".join(f"{r}: {n}" for r, n in t["minimal_layers"][direction].items()) or "-")
+                 for direction in t["full"])
+    out = [Table(f"{FAMILIES[family].title}, {cell}: {t['divergent']} divergent rows, {t['controls']} exact controls",
+                 ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
+                  "controls: third trajectory", "minimal layer ranges (rows)"), rows,
+                 "Divergent rows: incremental and prefill suffixes differ, first suffix tokens agree. "
+                 f"Validity control (each construction's cache in its own replica reproduces its "
+                 f"trajectory): {validity_cell(t.get('validity'))}.")]
+    if t.get("not_testable"):
+        out.append(Table(f"Transplant, {cell}: divergent rows not testable", ("row", "reason"),
+                         tuple((row, reason) for row, reason in t["not_testable"])))
+    return out
+
+
+def replica_rows(family: str, cell: str, t: dict) -> list[tuple[str, ...]]:
+    """None: its replicas are judged in its records' own tests, not counted in the replica table."""
+    return []
+
+
+def tracked(t: dict) -> dict:
+    """Donor recovery and third trajectories per direction."""
+    return {"follows_donor": {d: v["follows_donor"] for d, v in t["full"].items()},
+            "control_third": {d: v["control_third"] for d, v in t["full"].items()}}
