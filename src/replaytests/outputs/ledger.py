@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from replaytests.errors import LedgerError, short
-from replaytests.families.registry import CROSS
+from replaytests.families.registry import FAMILIES
 from replaytests.files import dumps, jsonl_lines, jsonl_objects, read_text, write_jsonl_atomic
 from replaytests.outputs.records import KEY_FIELDS, READABLE, SCHEMA, Record, RecordError
 from replaytests.outputs.rundir import ledger_of
-from replaytests.outputs.shapes import CAUSAL, SHAPES
+from replaytests.outputs.shapes import SHAPES
 
 __all__ = ["READABLE", "SCHEMA", "Record", "append_record", "cell_digests", "collate", "headline_problem", "merge",
            "parse_records", "read_appended", "read_ledger", "record_line", "versioned_objects", "write_ledger"]
@@ -130,7 +130,9 @@ def headline_problem(record: Record) -> str | None:
     if not record.ok:
         return None
     family = record.family
-    headline = SHAPES[family].headline if family in SHAPES else (CROSS,) if family in CAUSAL else ()
+    # a headline table's family, or one with causal outcomes (its outcome module reads its headline pair)
+    headline = SHAPES[family].headline if family in SHAPES else FAMILIES[family].headline \
+        if family in FAMILIES and FAMILIES[family].outcome else ()
     if missing := [pair for pair in headline if pair not in record.comparisons]:
         return f"ledger record {record.label}: comparisons lack the {family} family's pair {missing[0]!r}"
     return None

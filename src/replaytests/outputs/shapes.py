@@ -28,10 +28,10 @@ class Shape:
 
 
 # From the family registry (the report reads the ledger format, not the engine): families with a headline
-# table; the causal ones have tables of their own, and families it does not know are rendered generically.
+# table; the causal ones have tables of their own (their outcome modules: outputs/causal.py), and families it does
+# not know are rendered generically.
 SHAPES = {f.name: Shape(f.headline, f.replicas, f.accuracy, f.reductions) for f in FAMILIES.values()
           if f.headline_table}
-CAUSAL = ("transplant", "replication")
 # report name: (comparison field, whether the count is of rows where the field is false)
 FLAGS = {
     "cache_exact": ("cache_exact", False),
