@@ -223,7 +223,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
         "causal": next(iter(by_cell.values()), {}),
         "causal_cells": by_cell,
         "flips": flips.flips(records, {family: shape.headline for family, shape in SHAPES.items()}),
-        **({"serving": serving.premise(records)} if serving.FAMILY in by_family else {}),
+        **({serving.FAMILY: serving.premise(records)} if serving.FAMILY in by_family else {}),
         **({"rollouts": rollouts} if (rollouts := rollout_families.build(records, runtime(meta), cell_order(meta)))
            else {}),
         **({"rollout_cell_pairs": paired} if (paired := rollout_families.cell_pairs(records, pairs)) else {}),

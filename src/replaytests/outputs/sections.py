@@ -14,10 +14,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from replaytests.backends import declarations
-from replaytests.families.registry import FAMILIES, LAYERS, ROLLOUT_FAMILIES
+from replaytests.families.registry import CONVERSATION, FAMILIES, LAYERS, ROLLOUT_FAMILIES
 from replaytests.files import lookup
 from replaytests.inputs.gates import CONVERSATION_CONTROL, ROLLOUT_RECOMPUTE
-from replaytests.outputs import causal, conversation_report, rollout_families, rollout_report, sweep_report, verdict
+from replaytests.outputs import (
+    causal,
+    conversation_report,
+    rollout_families,
+    rollout_report,
+    serving,
+    sweep_report,
+    verdict,
+)
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES, runtime
 from replaytests.outputs.stats import INTERVAL, LEVEL
@@ -96,10 +104,10 @@ def _replica(report: dict) -> Section:
         for cell, s in summary["precisions"].items():
             rows += [(family, cell, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
                      for pair in replicas if pair in s["pairs"]]
-    rows += [("conversation", cell, f"{pair} (every turn)", fmt_proportion(exact))
+    rows += [(CONVERSATION, cell, f"{pair} (every turn)", fmt_proportion(exact))
              for cell, found in (report.get("conversations") or {}).items()
              for pair, exact in found["replicas"].items()]
-    rows += [("sweep", cell, f"{pair} (every point)", fmt_proportion(exact))
+    rows += [(sweep_report.SWEEP, cell, f"{pair} (every point)", fmt_proportion(exact))
              for cell, found in (report.get("sweeps") or {}).items() for pair, exact in found["replicas"].items()]
     rows += [row for cell, summaries in (report.get("causal_cells") or {}).items()
              for family, outcome in causal.outcomes().items() if family in summaries
@@ -226,7 +234,7 @@ def _fidelity(report: dict) -> Section:
     for family, summary in report["families"].items():
         if family not in SHAPES:
             continue
-        if family == "serving" and report.get("serving"):
+        if family == serving.FAMILY and report.get(serving.FAMILY):
             tables.append(_serving_premise(report))
         tables += [_headline_table(family, pair, summary) for pair in summary["headline_pairs"]]
         pairs = {pair for p in summary["precisions"].values() for pair in p["pairs"]}
@@ -300,7 +308,7 @@ SERVING_LINES = (
 def _serving_premise(report: dict) -> Table:
     """The engine's own counters behind the serving family's comparisons, with the runtime's settings (its
     Declaration's `report_settings` in the run's platform)."""
-    premise = report["serving"]
+    premise = report[serving.FAMILY]
     meta = report.get("meta") or {}
     declared = declarations().get(runtime(meta))
     title, docs = (declared.label(), declared.docs) if declared else (runtime(meta), "README.md")
@@ -379,7 +387,7 @@ def _conversation_table(cell: str, found: dict, pairs: tuple[str, ...] | None = 
             ("where (the turn and part holding it)", *(_tally(t["rerendered"]["segments"]) for t in turns)),
             ("session answer correct", *(fmt_proportion(t["session_correct"]) for t in turns)),
             ("session assistant turn is the bank's", *(fmt_proportion(t["session_matches_bank"]) for t in turns))]
-    name = f"{FAMILIES['conversation'].title}, {cell}, runtime {found['runtime']}" + ("" if pairs else ": every pair")
+    name = f"{FAMILIES[CONVERSATION].title}, {cell}, runtime {found['runtime']}" + ("" if pairs else ": every pair")
     return Table(name, ("", *(f"turn {t['turn']}" for t in turns)),
                  tuple(r for r in rows if any(c not in ("-", "") for c in r[1:])),
                  f"Per turn index k, over the ok conversations that reached it: k/n = rate [{INTERVAL} CI]. "
@@ -422,7 +430,7 @@ def _sweep_table(cell: str, axis: str, found: dict) -> Table:
                   _not_counted(p), fmt_proportion(p["replicas_exact"]),
                   *(_sweep_measure(p, name) for name in sweep_report.MEASURES)) for p in [*swept["points"], *whole])
     first, suffix = swept["first_difference"], swept["first_suffix_divergence"]
-    return Table(f"{FAMILIES['sweep'].title}, {cell}, axis {axis}, runtime {found['runtime']}", SWEEP_COLUMNS, rows,
+    return Table(f"{sweep_report.FAMILY.title}, {cell}, axis {axis}, runtime {found['runtime']}", SWEEP_COLUMNS, rows,
                  f"Per swept value, over the ok rows holding the point whose premise held: k/n = rate [{INTERVAL} CI] "
                  f"of the rows whose {sweep_report.HEADLINE} boundary logits, caches, next token (the boundary logits' "
                  "argmax) and greedy continuation differ (a cache not measured: the runtime exposes no K/V); replicas "
