@@ -130,9 +130,12 @@ def headline_problem(record: Record) -> str | None:
     if not record.ok:
         return None
     family = record.family
-    # a headline table's family, or one with causal outcomes (its outcome module reads its headline pair)
-    headline = SHAPES[family].headline if family in SHAPES else FAMILIES[family].headline \
-        if family in FAMILIES and FAMILIES[family].outcome else ()
+    if family in SHAPES:  # a headline table's family
+        headline = SHAPES[family].headline
+    elif family in FAMILIES and FAMILIES[family].outcome:  # one with causal outcomes: its outcome module reads it
+        headline = FAMILIES[family].headline
+    else:
+        headline = ()
     if missing := [pair for pair in headline if pair not in record.comparisons]:
         return f"ledger record {record.label}: comparisons lack the {family} family's pair {missing[0]!r}"
     return None
