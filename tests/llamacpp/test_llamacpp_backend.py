@@ -182,11 +182,12 @@ def _failures(run_dir: Path) -> dict[str, str]:
     return {failure["check"]: failure["message"] for failure in verdict.get("failures", [])}
 
 
-def _another_build(baseline: BuildBaseline, check: str, message: str) -> bool:
+def _another_build(baseline: BuildBaseline, failure: str) -> bool:
     """A record's audit that failed against the baseline of another build (the user build's, made on another CPU)
     and names it: a trajectory that changed there is that build's difference (the audit's rule: only bits may
-    differ across platforms), recorded by the audit as a failure that says so."""
-    return not baseline.own and "record_reproduces" in check and "runtime.llamacpp.build_cpu" in message
+    differ across platforms), recorded by the audit as a failure that says so. `failure`: its check and message (a
+    verdict's failure, or a summary line)."""
+    return not baseline.own and "record_reproduces" in failure and "runtime.llamacpp.build_cpu" in failure
 
 
 def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run, build_baseline):
@@ -200,7 +201,7 @@ def test_the_conformance_run_passes_and_names_what_it_lacks(conformance_run, bui
     known = {check: message for check, message in (_failures(baseline) if baseline is not None else {}).items()
              if "baseline" not in check}
     new = {check: message for check, message in failures.items()
-           if check not in known and not _another_build(build_baseline, check, message)}
+           if check not in known and not _another_build(build_baseline, f"{check} {message}")}
     assert not new, f"the llama.cpp run ({isa} build) failed where {baseline or 'no committed baseline'} did not: {new}"
     assert proc.returncode == (1 if failures else 0), f"the llama.cpp run failed:\n{proc.stdout[-4000:]}"
     assert "backend llamacpp lacks batch_size" in proc.stdout, "no skip names the missing capability"
@@ -319,7 +320,7 @@ def test_the_run_is_audited_against_the_committed_baseline_of_its_build(conforma
     assert audited == records, f"{records - audited} of the run's {records} records are not in {baseline}"
     assert len(outcomes) == audited, (outcomes, audited)
     bad = [line for line in outcomes if not (line.startswith("PASSED") or "platform drift" in line
-                                             or _another_build(build_baseline, line, line))]
+                                             or _another_build(build_baseline, line))]
     assert not bad, bad
     other_build = [line for line in outcomes if "build_isa" in line]
     assert not other_build, f"audited as another build's drift: {other_build}"

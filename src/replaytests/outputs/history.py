@@ -345,7 +345,8 @@ def family_tables(entries: list[dict]) -> list[Table]:
     for family, outcome in causal.outcomes().items():
         outcomes = [(e, c) for e in entries if (c := (e.get("causal") or {}).get(family))]
         if outcomes:
-            lead, tail = (tuple(n for n in outcome.TRACKED if n == name) for name in ("divergent", "label"))
+            lead = ("divergent",) if "divergent" in outcome.TRACKED else ()  # its columns before the directions
+            tail = ("label",) if "label" in outcome.TRACKED else ()  # and after them
             header = ("date", "label", *lead, *(f"{d} follows donor" for d in DIRECTIONS_SHOWN),
                       *(f"{d} controls: third" for d in DIRECTIONS_SHOWN), *tail)
             out.append(Table(f"{family}: causal outcomes", header, tuple(
