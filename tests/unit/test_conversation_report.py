@@ -15,7 +15,7 @@ from test_report import comparison, record, typed, write_ledger_file
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.options import REPO
 from replaytests.outputs import compare as comparing
-from replaytests.outputs import conversation_report, report_html, sections, summary
+from replaytests.outputs import conversation_report, conversation_section, report_html, sections, summary
 from replaytests.outputs.report import build_report, checked_verdict
 from replaytests.outputs.stats import wilson
 
@@ -207,20 +207,20 @@ def test_the_headline_row_counts_a_divergence_at_any_turn():
 
 def test_summary_and_terminal_show_the_turns():
     records = typed(diverging_at(4, {2: 1, 3: 2}))
-    md = "\n".join(summary.conversation_lines(build_report(records, {})))
+    md = summary.markdown(build_report(records, {}), {})
     assert "| bf16 | session~replay | 0/4, 1/4, 2/4 |" in md, md
     assert "Conversations, turn by turn" in summary.text_table(build_report(records, {}))
 
 
 def test_no_conversation_section_without_conversation_records():
     report = built([record("crossing", "r1", "bf16", {"incremental~prefill": comparison()})])
-    assert "conversations" not in report and not report_html.conversation_plots(report)
-    assert summary.conversation_table(report) is None
+    assert "conversations" not in report and not conversation_section.figures(report)
+    assert conversation_section.summary_table(report) is None
 
 
 def test_report_html_draws_divergence_by_turn_one_line_per_cell():
     records = [*diverging_at(3, {2: 1}), *diverging_at(3, {3: 2}, precision="fp32")]
-    figures = report_html.conversation_plots(built(records))
+    figures = conversation_section.figures(built(records))
     assert len(figures) == len(conversation_report.HEADLINE), "one plot per headline pair"
     assert "turn 2 bf16: 1/3" in figures[0] and "turn 3 fp32: 2/3" in figures[0], figures[0][:400]
 

@@ -175,3 +175,64 @@ def test_screenshots_of_bad_input_is_one_line(tmp_path, monkeypatch, capsys, inp
     err = capsys.readouterr().err
     assert (code, err.count("\n")) == (2, 1), f"exit {code}, stderr {err!r}"
     assert re.match(rf"screenshots: error: .*{line}$", err.strip()), err
+
+
+ECHO_SECTION = '''"""A report section module of a family the outputs have never seen (outputs/family_sections.py)."""
+from replaytests.outputs.tables import Table
+
+TERMINAL = True
+
+
+def build(records, runtime, cells, pairs):
+    echoes = [r for r in records if r.family == "echo"]
+    cells = sorted({r.precision for r in echoes})
+    return {"echoes": {"rows": [r.row for r in echoes], "cells": cells}} if echoes else {}
+
+
+def replica_rows(report):
+    cells = (report.get("echoes") or {}).get("cells", ())
+    return [("echo", cell, "echo~echo_replica (every echo)", "3/3") for cell in cells]
+
+
+def fidelity(report):
+    if "echoes" not in report:
+        return [], [], []
+    rows = tuple((row,) for row in report["echoes"]["rows"])
+    return [Table("Echo table", ("row",), rows)], [Table("Echo folded", ("row",), rows)], ["Echo line <b>"]
+
+
+def summary_table(report):
+    return Table("Echo summary", ("rows",), ((str(len(report["echoes"]["rows"])),),), "echo note") \\
+        if "echoes" in report else None
+
+
+def figures(report):
+    return ["<p>echo figure</p>"] if "echoes" in report else []
+'''
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "not-named"])
+def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_path, monkeypatch, named):
+    """A new family whose registry record names a report section module, and nothing else: its keys are in report.json
+    and its rows, tables, lines, summary table and figures in report.md, report.html, summary.md and the terminal,
+    where the built-in sections' are (outputs/family_sections.py); the control: the same family naming none is shown in
+    none of them."""
+    from dataclasses import replace
+
+    from replaytests.families.registry import FAMILIES
+    from replaytests.outputs import summary
+
+    (tmp_path / "echo_section.py").write_text(ECHO_SECTION)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(FAMILIES, "echo", replace(FAMILIES["crossing"], name="echo", title="Echo",
+                                                  report_section="echo_section" if named else ""))
+    records = typed([record("echo", row, "bf16", {"incremental~prefill": comparison()}) for row in ("e1", "e2")])
+    built = build_report(records, {})
+    page, md = report_html.page(built), sections.markdown(built)
+    replica_row = "| echo | bf16 | echo~echo_replica (every echo) | 3/3 |"
+    found = {"report.json": "echoes" in built, "replica row": replica_row in md, "fidelity table": "Echo table" in md,
+             "folded table": "Echo folded" in md, "line": "Echo line" in md,
+             "summary.md": "Echo summary" in summary.markdown(built, {}),
+             "terminal": "Echo summary" in summary.text_table(built), "figure": "<p>echo figure</p>" in page}
+    assert found == dict.fromkeys(found, named), f"named {named}: {found}"
+    assert "Echo line <b>" not in page and ("Echo line &lt;b&gt;" in page) == named, "a section's line not escaped"

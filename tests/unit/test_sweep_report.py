@@ -14,7 +14,7 @@ from test_report import comparison, record, typed
 
 from replaytests.families.registry import FAMILIES
 from replaytests.outputs import compare as comparing
-from replaytests.outputs import report_html, sections, summary, sweep_report
+from replaytests.outputs import report_html, sections, summary, sweep_report, sweep_section
 from replaytests.outputs.report import build_report, checked_verdict
 from replaytests.outputs.stats import wilson
 
@@ -170,7 +170,7 @@ def test_a_point_every_row_of_which_is_vacuous_shows_nothing_counted():
     assert "| 7 | runtime.x.block_size 8 x1 | 2 | 2 (vacuous 2) |" in text, text
     assert ("Edge sweep bf16, position 7: 2 rows not counted: at position 7 (runtime.x.block_size 8 x1): edge counted "
             "prefill_steps 1, the point needs at least 2") in text, text[-3000:]
-    assert summary.sweep_table(build_report(typed(records), {})).rows[0][-1] == "4", "4 row-points not counted"
+    assert sweep_section.summary_table(build_report(typed(records), {})).rows[0][-1] == "4", "4 row-points not counted"
 
 
 # ---- per axis: the first value where anything differs ----
@@ -260,16 +260,16 @@ def test_report_md_has_a_table_per_cell_and_axis():
 def test_no_sweep_section_without_sweep_records():
     records = [record("crossing", "r1", "bf16", {"incremental~prefill": comparison()})]
     report = built(records)
-    assert "sweeps" not in report and not report_html.sweep_plots(report)
+    assert "sweeps" not in report and not sweep_section.figures(report)
     report = build_report(typed(records), {})
-    assert summary.sweep_table(report) is None and "Edge sweep" not in summary.text_table(report)
+    assert sweep_section.summary_table(report) is None and "Edge sweep" not in summary.text_table(report)
     assert "Edge sweep" not in sections.markdown(report)
 
 
 def test_report_html_draws_a_plot_per_axis_one_line_per_cell_with_its_edges():
     records = [*panel(3, {8: 1}), *panel(3, {9: 2}, precision="fp32"),
                sweep("b0", [point(7), point(2, "sweep.batch 2", "batch", logits=False)])]
-    figures = report_html.sweep_plots(built(records))
+    figures = sweep_section.figures(built(records))
     assert len(figures) == 2, "one plot per axis"
     position = figures[0]
     assert "position 8 (runtime.x.block_size 8 x1) bf16: 1/3" in position, "the continuation panel's bf16 line"
@@ -286,7 +286,7 @@ def test_a_hostile_edge_label_and_runtime_are_text_in_report_html():
 
 def test_summary_and_terminal_show_the_sweep_per_cell_and_axis():
     records = typed([*panel(4, {8: 1, 9: 2}, "suffix"), *panel(2, {}, precision="fp32")])
-    md = "\n".join(summary.sweep_lines(build_report(records, {})))
+    md = summary.markdown(build_report(records, {}), {})
     assert "| bf16 | position | 4 | 3 | 0 | 2 | 8 (continuation) | 0 |" in md, md
     assert "| fp32 | position | 2 | 3 | 0 | 0 | none | 0 |" in md, md
     assert "Edge sweep, value by value" in summary.text_table(build_report(records, {}))

@@ -93,6 +93,9 @@ class Family:
     # report: the outputs module that makes its causal outcomes per cell from the run's records (the paper's Tables 5
     # and 6) and renders them everywhere they are shown (outputs/causal.py says what it holds); "" for none
     outcome: str = ""
+    # report: the outputs module of its own report section instead of a headline table (its report.json keys and their
+    # part of every renderer: outputs/family_sections.py says what it holds); "" for none
+    report_section: str = ""
     # the file its settings carry as `bank`: "rows", the bank itself (a sweep's batch axis draws the other rows), or
     # "conversations", the conversation bank beside it (without which the family is not run); None: neither
     bank_file: str | None = None
@@ -281,7 +284,7 @@ BUILT_IN = {family.name: family for family in (
              headline_table=False, title=f"Rollout fidelity, {mode}: the trainer's recompute of a live rollout",
              requires=("rollout_logprobs",), settings="rollout", panel_size=("rollout",), row_fixture="rollout_row",
              panel_schema=_ROLLOUT_PANEL, settings_schema=_ROLLOUT_SETTINGS, check_settings=_check_rollout,
-             gates_schema=_ROLLOUT_GATES, gates="rollout")
+             gates_schema=_ROLLOUT_GATES, gates="rollout", report_section="replaytests.outputs.rollout_section")
       for name, mode in zip(ROLLOUT_FAMILIES, ("greedy", "sampled"), strict=True)),
     # The conversation family (docs/protocol.md §16): `cap`, the content tokens an assistant turn may hold (its
     # conversation bank's manifest must record the same cap: the session reproduces the bank under it); every turn's
@@ -294,7 +297,8 @@ BUILT_IN = {family.name: family for family in (
            bank_file="conversations", panel_schema=Value(int, default=12, low=1, high=MAX_COUNT),  # conversations run
            settings_schema=Section({"cap": Value(int, default=12, low=1, high=MAX_COUNT)}, default={}),
            gates_schema=_gates(replicas_exact=_exact(), control_exact=_exact(),
-                               rerendered_ids_equal=Value(bool, default=False))),
+                               rerendered_ids_equal=Value(bool, default=False)),
+           report_section="replaytests.outputs.conversation_section"),
     # Its panel: divergent conversations among the conversation family's, and controls (conversations whose
     # constructions agree at every turn: each costs a splice per turn and direction); judged under the transplant's
     # gates.
@@ -313,7 +317,8 @@ BUILT_IN = {family.name: family for family in (
            headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
            requires=("edge_sweep",), settings="sweep", panel_size=("sweep",), bank_file="rows",
            panel_schema=Value(int, default=4, low=1, high=MAX_COUNT),  # its rows, each a sweep of every axis
-           settings_schema=_SWEEP_SETTINGS, gates_schema=_DIVERGENCE_GATES),
+           settings_schema=_SWEEP_SETTINGS, gates_schema=_DIVERGENCE_GATES,
+           report_section="replaytests.outputs.sweep_section"),
 )}
 
 # The contract sections a family may own: kind -> (its Family field, the section's name from its record).

@@ -27,11 +27,10 @@ from replaytests.inputs.gates import (
 )
 from replaytests.outputs import (
     causal,
-    conversation_report,
+    family_sections,
     flips,
     ledger,
     report_html,
-    rollout_families,
     sections,
     serving,
     summary,
@@ -173,7 +172,7 @@ def _shape(family: str) -> Shape:
     """How the report reads a family: its headline-table shape; for a rollout family, the conversation family or the
     edge sweep (no headline table: a section of its own, outputs/rollout_families.py, outputs/conversation_report.py,
     outputs/sweep_report.py) its replicas alone, so that their count is kept (history tracks it)."""
-    if family in ROLLOUT_FAMILIES or family in (CONVERSATION, sweep_report.SWEEP):
+    if family in FAMILIES and FAMILIES[family].report_section:
         return Shape(replicas=FAMILIES[family].replicas)
     return SHAPES.get(family, Shape())
 
@@ -224,12 +223,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
         "causal_cells": by_cell,
         "flips": flips.flips(records, {family: shape.headline for family, shape in SHAPES.items()}),
         **({serving.FAMILY: serving.premise(records)} if serving.FAMILY in by_family else {}),
-        **({"rollouts": rollouts} if (rollouts := rollout_families.build(records, runtime(meta), cell_order(meta)))
-           else {}),
-        **({"rollout_cell_pairs": paired} if (paired := rollout_families.cell_pairs(records, pairs)) else {}),
-        **({"conversations": found} if (found := conversation_report.build(records, runtime(meta), cell_order(meta)))
-           else {}),
-        **({"sweeps": swept} if (swept := sweep_report.build(records, runtime(meta), cell_order(meta))) else {}),
+        **family_sections.build(records, runtime(meta), cell_order(meta), pairs),
     }
 
 

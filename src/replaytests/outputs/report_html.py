@@ -10,12 +10,10 @@ divergence by turn index, one line per cell.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from html import escape
 
 from replaytests.families.registry import FAMILIES
-from replaytests.files import lookup
-from replaytests.outputs import conversation_report, plots, sections, sweep_report
+from replaytests.outputs import family_sections, plots, sections
 from replaytests.outputs.shapes import DIVERGENCES
 from replaytests.outputs.stats import INTERVAL
 from replaytests.outputs.tables import html as html_table
@@ -88,78 +86,8 @@ def report_plots(report: dict) -> tuple[list[str], list[str]]:
     figures += [figure for figure in drawn.values() if figure]
     figures += [plots.histogram(f"{family} {pair} {cell}", s["first_divergence"]["positions"])
                 for family, pair, cell, s in headline if (s.get("first_divergence") or {}).get("n")]
-    figures += rollout_plots(report) + conversation_plots(report) + sweep_plots(report)
+    figures += [figure for module in family_sections.modules() for figure in module.figures(report)]
     return figures, [title for title, figure in drawn.items() if figure is None]
-
-
-def conversation_plots(report: dict) -> list[str]:
-    """Per headline pair of the conversation family, the share of conversations whose assistant turn differs at
-    each turn index: one line per cell (outputs/conversation_report.py), its Wilson interval as a band."""
-    found = report.get("conversations") or {}
-    depth = max((len(cell["turns"]) for cell in found.values()), default=0)
-    if not depth:
-        return []
-    runtimes = ", ".join(sorted({cell["runtime"] for cell in found.values()}))
-    turns = [str(k) for k in range(1, depth + 1)]
-    figures = []
-    for pair in conversation_report.HEADLINE:
-        series = {name: [lookup(t, "pairs", pair, "suffix_divergence") for t in cell["turns"]]
-                  + [None] * (depth - len(cell["turns"])) for name, cell in found.items()}
-        if any(series.values()):
-            figures.append(plots.time_plot(
-                f"Conversations ({runtimes}), {pair}: conversations whose assistant turn differs at each turn index, "
-                f"one line per cell, with {INTERVAL} intervals as bands.", turns, series,
-                [f"turn {k}" for k in turns], "turn", "conversations"))
-    return figures
-
-
-SWEEP_PANELS = {"logits_differ": "boundary logits differ", "suffix_divergence": "continuation differs"}
-
-
-def sweep_plots(report: dict) -> list[str]:
-    """Per axis of the edge sweep, the share of rows whose reference~edge boundary logits differ and whose continuation
-    differs against the swept value (outputs/sweep_report.py): one panel each, one line per cell with its Wilson
-    interval as a band, the engine's edges as dashed verticals."""
-    found = report.get("sweeps") or {}
-    axes = list(dict.fromkeys(axis for cell in found.values() for axis in cell["axes"]))
-    runtimes = ", ".join(sorted({cell["runtime"] for cell in found.values()}))
-    figures = []
-    for axis in axes:
-        swept = {name: cell["axes"][axis]["points"] for name, cell in found.items() if axis in cell["axes"]}
-        panels = [(f"{sweep_report.HEADLINE}: {title}",
-                   {name: [(p["value"], p[measure], f"{axis} {p['value']} ({p['edge']})") for p in points]
-                    for name, points in swept.items()}) for measure, title in SWEEP_PANELS.items()]
-        if not any(p[measure] for points in swept.values() for p in points for measure in SWEEP_PANELS):
-            continue
-        edges: dict[int, set[str]] = defaultdict(set)
-        for name, points in swept.items():
-            for p in points:
-                if p["on_edge"]:
-                    edges[p["value"]].add(f"{name} {p['edge']}")
-        apart = sum(p["vacuous"] + p["unreadable"] for points in swept.values() for p in points)
-        figures.append(plots.sweep_plot(
-            f"Edge sweep ({runtimes}), axis {axis}: rows whose {sweep_report.HEADLINE} boundary logits differ (top) "
-            f"and whose continuation differs (bottom) at each swept value, one line per cell, with {INTERVAL} "
-            "intervals as bands; dashed verticals: the engine's edges."
-            + (f" {apart} row-points not counted (their premise did not hold)." if apart else ""),
-            panels, {value: "; ".join(sorted(names)) for value, names in edges.items()}, axis))
-    return figures
-
-
-def rollout_plots(report: dict) -> list[str]:
-    """Per rollout family and cell, the distribution of |delta logp| of each pair (outputs/rollout_families.py);
-    a cell whose every pair is bitwise equal at every token gets a line of text instead of an empty plot."""
-    figures = []
-    for family, by_cell in (report.get("rollouts") or {}).items():
-        for cell, found in by_cell.items():
-            spread = {pair: run["distribution"] for pair, run in found["pairs"].items()
-                      if run["distribution"]["edges_log10"]}
-            exact = [pair for pair in found["pairs"] if pair not in spread]
-            title = f"{family} {cell} ({found['runtime']})"
-            figures.append(plots.cdf_plot(title, spread, exact) if spread else
-                           f'<p class="note">{escape(title)}: every pair bitwise equal at every token '
-                           f'({escape(", ".join(exact))}): no |delta logp| to draw.</p>')
-    return figures
 
 
 def page(report: dict) -> str:

@@ -14,23 +14,19 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from replaytests.backends import declarations
-from replaytests.families.registry import CONVERSATION, FAMILIES, LAYERS, ROLLOUT_FAMILIES
+from replaytests.families.registry import FAMILIES, LAYERS, ROLLOUT_FAMILIES
 from replaytests.files import lookup
-from replaytests.inputs.gates import CONVERSATION_CONTROL, ROLLOUT_RECOMPUTE
 from replaytests.outputs import (
     causal,
-    conversation_report,
-    rollout_families,
-    rollout_report,
+    family_sections,
     serving,
-    sweep_report,
     verdict,
 )
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES, runtime
 from replaytests.outputs.stats import INTERVAL, LEVEL
 from replaytests.outputs.summary import HEADLINE_PAIRS
-from replaytests.outputs.tables import Table, first, fmt_number, fmt_proportion, md_cell
+from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
 from replaytests.outputs.tables import markdown as md_table
 
 
@@ -104,11 +100,7 @@ def _replica(report: dict) -> Section:
         for cell, s in summary["precisions"].items():
             rows += [(family, cell, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
                      for pair in replicas if pair in s["pairs"]]
-    rows += [(CONVERSATION, cell, f"{pair} (every turn)", fmt_proportion(exact))
-             for cell, found in (report.get("conversations") or {}).items()
-             for pair, exact in found["replicas"].items()]
-    rows += [(sweep_report.SWEEP, cell, f"{pair} (every point)", fmt_proportion(exact))
-             for cell, found in (report.get("sweeps") or {}).items() for pair, exact in found["replicas"].items()]
+    rows += [row for module in family_sections.modules() for row in module.replica_rows(report)]
     rows += [row for cell, summaries in (report.get("causal_cells") or {}).items()
              for family, outcome in causal.outcomes().items() if family in summaries
              for row in outcome.replica_rows(family, cell, summaries[family])]
@@ -242,22 +234,12 @@ def _fidelity(report: dict) -> Section:
             folded.append(_pairs_table(family, summary))
     if report.get("flips"):
         tables.append(_flips_table(report["flips"]))
-    for family, by_cell in (report.get("rollouts") or {}).items():
-        for cell, found in by_cell.items():
-            shown, hidden = _rollout_tables(family, cell, found)
-            tables += shown
-            folded += hidden
-        if paired := (report.get("rollout_cell_pairs") or {}).get(family):
-            tables.append(_rollout_cell_pairs(family, paired))
-    for cell, found in (report.get("conversations") or {}).items():
-        tables.append(_conversation_table(cell, found, conversation_report.HEADLINE))
-        folded.append(_conversation_table(cell, found))
-    if report.get("conversations"):
-        tables.append(_accumulation_table(report["conversations"]))
     lines = []
-    for cell, found in (report.get("sweeps") or {}).items():
-        tables += [_sweep_table(cell, axis, found) for axis in found["axes"]]
-        lines += _sweep_lines(cell, found)
+    for module in family_sections.modules():
+        shown, hidden, said = module.fidelity(report)
+        tables += shown
+        folded += hidden
+        lines += said
     return Section(*LAYERS["fidelity"], tuple(tables), tuple(lines), folded=tuple(folded))
 
 
@@ -319,143 +301,6 @@ def _serving_premise(report: dict) -> Table:
                  ("", *premise), tuple((label, *(cell(s) for s in premise.values())) for label, cell in SERVING_LINES),
                  f"Runtime: {title} {shown}. A hit that reused no live-decoded block, or a chunked prefill in one "
                  f"step, is vacuous: recorded as such, never counted as fidelity ({docs}).")
-
-
-def _rollout_tables(family: str, cell: str, found: dict) -> tuple[list[Table], list[Table]]:
-    """A rollout family's cell (outputs/rollout_families.py): the run's measures of every pair side by side, the
-    worst tokens of the headline pair; the worst tokens of every other pair that is not bitwise equal, folded."""
-    name = f"Rollout fidelity ({family}), {cell}, runtime {found['runtime']}"
-    pairs = found["pairs"]
-    if not pairs:
-        return [Table(name, ("", ""), (("rows ok / excluded", f"{found['ok']} / {found['excluded']}"),
-                                        ("measured", "no row holds log-probabilities")))], []
-    columns = {pair: rollout_report.measure_rows(run) for pair, run in pairs.items()}
-    labels = [label for label, _ in next(iter(columns.values()))]
-    rows = [("rows ok / excluded", *(f"{found['ok']} / {found['excluded']}" for _ in pairs)),
-            *((label, *(dict(columns[pair])[label] for pair in pairs)) for label in labels),
-            ("rows with a token past the threshold", *(first(run["exceeding"], 3) or "none" for run in pairs.values()))]
-    t = found["thresholds"]
-    note = (f"{found['mode'].capitalize()} rollouts of {found['length']} response tokens per row; the control "
-            "(teacher forcing on the live schedule, the same calls) must be bitwise equal. delta logp = logp(second "
-            "arm) - logp(first arm) per response token, over the tokens both arms share; ratio = exp(delta), bounds "
-            f"[{t['ratio_low']:g}, {t['ratio_high']:g}], |delta logp| threshold {t['delta']:g} nats; k3 = mean of "
-            "ratio - 1 - log ratio, an estimate of KL(first || second); 95% intervals: percentile bootstrap over rows "
-            f"(cluster), rows past the threshold: {INTERVAL}. " + " ".join(found["notes"]))
-    shown = [Table(name, ("", *(f"{pair}, {rollout_families.role(pair)}" for pair in pairs)), tuple(rows),
-                   note.strip())]
-    worst = {pair: rollout_report.worst_table(run["worst"], f"{name}: the worst tokens of {pair}",
-                                              tuple(pair.split("~")))
-             for pair, run in pairs.items() if run["abs_delta_max"] > 0}
-    headline = [table for pair, table in worst.items() if pair == ROLLOUT_RECOMPUTE]
-    return shown + headline, [table for pair, table in worst.items() if pair != ROLLOUT_RECOMPUTE]
-
-
-def _rollout_cell_pairs(family: str, paired: dict) -> Table:
-    """The trainer's recompute of each pair of cells, paired by row (outputs/rollout_families.cell_pairs)."""
-    def cell(measured: dict) -> str:
-        test = measured["test"]
-        return (f"{measured['means'][0]:.3g} vs {measured['means'][1]:.3g} (difference {test['diff']:.3g}, "
-                f"p {test['p']:.3g})")
-
-    rows = tuple((pair, str(m["rows"]), cell(m["k3"]), cell(m["abs_delta_mean"])) for pair, m in paired.items())
-    return Table(f"Rollout fidelity ({family}): the trainer's recompute, cell against cell (paired rows)",
-                 ("cells", "rows", "k3 per token, row means", "mean abs(delta logp), row means"), rows,
-                 "Per row, live~prefill in each cell of the contract's cell_pairs; difference = first - second; p: "
-                 "two-sided paired sign-flip permutation test over rows (exact up to 2^n <= 10,000 assignments).")
-
-
-CONVERSATION_MEASURES = {"suffix_divergence": "assistant turns differ", "answer_divergence": "answers differ",
-                         "correctness_divergence": "correctness flips", "cache_differs": "cache not exact",
-                         "logits_differ": "next-token logits not exact"}
-
-
-def _tally(counts: dict) -> str:
-    return "; ".join(f"{name} {n}" for name, n in counts.items()) or "-"
-
-
-def _conversation_table(cell: str, found: dict, pairs: tuple[str, ...] | None = None) -> Table:
-    """A cell of the conversation family (outputs/conversation_report.py), one column per turn index: per pair the
-    rates of each measure, the re-rendered histories that differ and why, the session's answers; `pairs` the
-    headline pairs alone, else every pair."""
-    turns = found["turns"]
-    shown = pairs or conversation_report.pair_order({p for t in turns for p in t["pairs"]})
-    rows = [("conversations (ok / excluded)", *(f"{t['rows']} / {found['excluded']}" for t in turns)),
-            *((f"{pair}: {label}", *(fmt_proportion(lookup(t, "pairs", pair, name)) for t in turns))
-              for pair in shown for name, label in CONVERSATION_MEASURES.items()),
-            ("re-rendered ids differ from the generated", *(fmt_proportion(t["rerendered"]["differ"]) for t in turns)),
-            ("why (the first difference's reason)", *(_tally(t["rerendered"]["reasons"]) for t in turns)),
-            ("where (the turn and part holding it)", *(_tally(t["rerendered"]["segments"]) for t in turns)),
-            ("session answer correct", *(fmt_proportion(t["session_correct"]) for t in turns)),
-            ("session assistant turn is the bank's", *(fmt_proportion(t["session_matches_bank"]) for t in turns))]
-    name = f"{FAMILIES[CONVERSATION].title}, {cell}, runtime {found['runtime']}" + ("" if pairs else ": every pair")
-    return Table(name, ("", *(f"turn {t['turn']}" for t in turns)),
-                 tuple(r for r in rows if any(c not in ("-", "") for c in r[1:])),
-                 f"Per turn index k, over the ok conversations that reached it: k/n = rate [{INTERVAL} CI]. "
-                 f"{CONVERSATION_CONTROL} at turn 1 is the control (one call each: bit-exact). A re-rendered history "
-                 "whose ids differ gives the model other input from that token on; its pairs count what a client "
-                 "sending text gets. Caches of two histories that differ are compared over the tokens they share.")
-
-
-def _accumulation_table(conversations: dict) -> Table:
-    """Does divergence accumulate? Per cell and pair, each conversation's first turn against its last, paired."""
-    rows = []
-    for cell, found in conversations.items():
-        for pair, a in found["accumulation"].items():
-            m = a["mcnemar"]
-            test = "-" if not a["rows"] else f"{m['b']} / {m['c']}, p = {m['p']:.3g}"
-            rows.append((cell, pair, str(a["rows"]), fmt_proportion(a["first"]), fmt_proportion(a["last"]), test,
-                         a["reading"] + (f" ({a['note']})" if a["note"] else "")))
-    return Table("Conversations: does divergence accumulate? (first turn against last, paired by conversation)",
-                 ("cell", "pair", "conversations", "turn 1: assistant turns differ", "last turn: differ",
-                  "last only / first only, exact McNemar p", "reading"), tuple(rows),
-                 "Per conversation with two turns or more, whether its assistant turn differs at turn 1 and at its "
-                 f"last turn; p: two-sided exact McNemar (the exact sign test on the discordant conversations), read "
-                 f"at alpha {conversation_report.ALPHA:g}.")
-
-
-SWEEP_COLUMNS = ("value", "edge", "rows ok", "not counted", "replicas exact", "logits differ", "cache differs",
-                 "next token differs", "continuation differs")  # the last four: sweep_report.MEASURES, in order
-
-
-def _sweep_measure(point: dict, name: str) -> str:
-    return "not measured" if point[name] is None else fmt_proportion(point[name])
-
-
-def _sweep_table(cell: str, axis: str, found: dict) -> Table:
-    """One axis of a cell of the edge sweep (outputs/sweep_report.py): per swept value, the rows whose reference~edge
-    boundary logits, caches, next tokens and continuations differ, over the rows whose premise held."""
-    swept = found["axes"][axis]
-    whole = [swept["whole_prefix"]] if swept.get("whole_prefix") else []
-    rows = tuple((str(p["value"]) if p["value"] is not None else "each row's length", p["edge"], str(p["rows"]),
-                  _not_counted(p), fmt_proportion(p["replicas_exact"]),
-                  *(_sweep_measure(p, name) for name in sweep_report.MEASURES)) for p in [*swept["points"], *whole])
-    first, suffix = swept["first_difference"], swept["first_suffix_divergence"]
-    return Table(f"{sweep_report.FAMILY.title}, {cell}, axis {axis}, runtime {found['runtime']}", SWEEP_COLUMNS, rows,
-                 f"Per swept value, over the ok rows holding the point whose premise held: k/n = rate [{INTERVAL} CI] "
-                 f"of the rows whose {sweep_report.HEADLINE} boundary logits, caches, next token (the boundary logits' "
-                 "argmax) and greedy continuation differ (a cache not measured: the runtime exposes no K/V); replicas "
-                 "exact: both constructions built twice bit-exact (cache, logits, continuation). A point whose engine "
-                 "counters say its premise did not hold is not counted: vacuous, never agreement. First value where "
-                 "anything differs: " + ("none" if first is None else f"{first['value']} ({first['edge']}: "
-                                                                      f"{', '.join(first['what'])})")
-                 + "; first continuation difference: " + ("none" if suffix is None else str(suffix)) + ". The "
-                 "headline table's sweep row counts a row whose pair differs at any point whose premise held "
-                 "(replicas: exact at every point).")
-
-
-def _not_counted(point: dict) -> str:
-    parts = [f"{name} {point[name]}" for name in ("vacuous", "unreadable") if point[name]]
-    return f"{point['vacuous'] + point['unreadable']} ({', '.join(parts)})" if parts else "0"
-
-
-def _sweep_lines(cell: str, found: dict) -> list[str]:
-    """The sweep points not counted, with why; the ok records holding no point."""
-    lines = [f"Edge sweep {cell}, {axis} {p['value']}: {n} row{'s' * (n > 1)} not counted: {why}"
-             for axis, swept in found["axes"].items() for p in swept["points"] for why, n in p["why"].items()]
-    if found["without_points"]:
-        lines.append(f"Edge sweep {cell}: ok records holding no point (nothing of them checked): "
-                     f"{first(found['without_points'])}")
-    return lines
 
 
 # ---- layer 4: causal state sufficiency ----

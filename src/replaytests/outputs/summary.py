@@ -6,15 +6,13 @@ from collections import defaultdict
 
 from replaytests.families.registry import CONVERSATION, FAMILIES, ROLLOUT_FAMILIES
 from replaytests.inputs.gates import (
-    ROLLOUT_CONTROL,
-    ROLLOUT_RECOMPUTE,
     Gates,
     replica_pairs,
     unmeasured,
 )
-from replaytests.outputs import causal, conversation_report, rollout_report, sweep_report, verdict
+from replaytests.outputs import causal, conversation_report, family_sections, sweep_report, verdict
 from replaytests.outputs.records import Record
-from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, replicas_hold
+from replaytests.outputs.shapes import NO_REPLICAS, replicas_hold
 from replaytests.outputs.tables import Table, md_cell, plain
 from replaytests.outputs.tables import markdown as md_table
 
@@ -88,7 +86,7 @@ def text_table(built: dict) -> str:
     """The headline table of a built report for a terminal, then the conversation family's turns and the edge sweep's
     values where they ran."""
     text = plain(Table("summary", COLUMNS, tuple(map(tuple, built["headline"]["rows"]))))
-    for table in (conversation_table(built), sweep_table(built)):
+    for table in (module.summary_table(built) for module in family_sections.modules() if module.TERMINAL):
         text += f"\n\n{table.title} ({table.note})\n{plain(table)}" if table else ""
     return text
 
@@ -110,84 +108,6 @@ def causal_lines(built: dict, gates: Gates) -> list[str]:
             if family in by_family for line in outcome.terminal_lines(family, cell, by_family[family], gates)]
 
 
-def rollout_lines(built: dict) -> list[str]:
-    """The rollout families' headline and control pairs per cell (a built report's `rollouts`), as Markdown."""
-    found = built.get("rollouts") or {}
-    rows = [(family, cell, pair, *rollout_report.compact(run)) for family, by_cell in found.items()
-            for cell, summary in by_cell.items() for pair, run in summary["pairs"].items()
-            if pair in (ROLLOUT_RECOMPUTE, ROLLOUT_CONTROL)]
-    if not rows:
-        return []
-    table = Table("Rollouts: the trainer's recompute and its control", ("family", "precision", "pair",
-                                                                         *rollout_report.COMPACT), tuple(rows),
-                  f"{ROLLOUT_RECOMPUTE}: the training-inference mismatch; {ROLLOUT_CONTROL}: teacher forcing on the "
-                  "live schedule, which must be bitwise equal. Intervals: percentile bootstrap over rows; report.md "
-                  "has every pair, the worst tokens and the thresholds.")
-    return md_table(table, 2)
-
-
-def _per_turn(turns: list[dict], read) -> str:
-    return ", ".join("-" if (p := read(t)) is None else f"{p['k']}/{p['n']}" for t in turns)
-
-
-def conversation_table(built: dict) -> Table | None:
-    """The conversation family's headline pairs per cell (outputs/conversation_report.py): at turns 1, 2, ...
-    the conversations whose assistant turns, answers and correctness labels differ, the re-rendered histories whose
-    ids differ from the generated ones, and whether divergence accumulates (first turn against last); None where
-    the family did not run."""
-    found = built.get("conversations") or {}
-    rows = []
-    for cell, c in found.items():
-        turns = c["turns"]
-        rerendered = _per_turn(turns, lambda t: t["rerendered"]["differ"])
-        for pair in conversation_report.HEADLINE:
-            a = c["accumulation"].get(pair)
-            rows.append((cell, pair, *(_per_turn(turns, lambda t, n=name, p=pair: t["pairs"].get(p, {}).get(n))
-                                       for name in DIVERGENCES),
-                         rerendered, "-" if not a or not a["rows"] else
-                         f"{a['reading']}, p = {a['mcnemar']['p']:.3g}" + (" (too few conversations)" if a["note"]
-                                                                            else "")))
-    if not rows:
-        return None
-    return Table("Conversations, turn by turn", ("precision", "pair", "assistant turns differ", "answers differ",
-                                                 "correctness flips", "re-rendered ids differ", "first vs last turn"),
-                 tuple(rows), "Counts k/n at turns 1, 2, ... (the ok conversations that reached each turn); first vs "
-                              "last turn: exact McNemar over the conversations, paired. report.md has every pair, "
-                              "the intervals and why re-rendered ids differ.")
-
-
-def conversation_lines(built: dict) -> list[str]:
-    """conversation_table as Markdown (summary.md)."""
-    table = conversation_table(built)
-    return md_table(table, 2) if table else []
-
-
-SWEEP_COLUMNS = ("precision", "axis", "rows", "points", "logits differ at", "continuation differs at",
-                 "first difference", "not counted")
-
-
-def sweep_table(built: dict) -> Table | None:
-    """The edge sweep per cell and axis (outputs/sweep_report.py): the values swept, at how many of them some row's
-    reference~edge logits and continuation differ, the first value where anything differs, and the row-points not
-    counted (their premise did not hold); None where the family did not run."""
-    rows = tuple((cell, axis, str(swept["rows"]), *sweep_report.compact(swept))
-                 for cell, found in (built.get("sweeps") or {}).items() for axis, swept in found["axes"].items())
-    if not rows:
-        return None
-    return Table("Edge sweep, value by value", SWEEP_COLUMNS, rows,
-                 f"Points: the values swept; logits / continuation differs at: the values where some row's "
-                 f"{sweep_report.HEADLINE} boundary logits / greedy continuation differ; first difference: the first "
-                 "value where its logits, cache, next token or continuation differ; not counted: row-points whose "
-                 "premise did not hold. The headline row of the sweep counts its rows at every point whose premise "
-                 "held (replicas: at every point). report.md has every value with its rates and intervals.")
-
-
-def sweep_lines(built: dict) -> list[str]:
-    """sweep_table as Markdown (summary.md)."""
-    table = sweep_table(built)
-    return md_table(table, 2) if table else []
-
-
 def metrics(record: Record) -> dict:
     """The compact per-test view of a record: its key, status and each comparison's headline metrics."""
     return {
@@ -206,7 +126,8 @@ def markdown(built: dict, header: dict[str, str], audits: list[dict] = (), causa
     lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in built["headline"]["rows"]]
     lines += ["", HEADLINE_NOTE, ""]
-    lines += rollout_lines(built) + conversation_lines(built) + sweep_lines(built)
+    lines += [line for module in family_sections.modules() if (table := module.summary_table(built))
+              for line in md_table(table, 2)]
     if audits:
         lines += [audit_line(audits), ""]
     if causal:
