@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from html import escape
 
+from replaytests.families.registry import ROLLOUT_FAMILIES
 from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE
 from replaytests.outputs import plots, rollout_families, rollout_report
 from replaytests.outputs.records import Record
+from replaytests.outputs.shapes import replica_counts
 from replaytests.outputs.stats import INTERVAL
-from replaytests.outputs.tables import Table, first
+from replaytests.outputs.tables import Table, first, fmt_proportion
 
 TERMINAL = False  # its summary table is summary.md's alone
 
@@ -24,8 +26,10 @@ def build(records: list[Record], runtime: str, cells: tuple[str, ...], pairs: li
 
 
 def replica_rows(report: dict) -> list[tuple[str, ...]]:
-    """None of its own: its replica pairs are its families' (report.json `families`), shown with every family's."""
-    return []
+    """Its rows of the replica layer's table: its families' replica pairs (report.json `families` keeps their
+    count)."""
+    return [(*row, fmt_proportion(exact)) for family, summary in report["families"].items()
+            if family in ROLLOUT_FAMILIES for *row, exact in replica_counts(family, summary)]
 
 
 def fidelity(report: dict) -> tuple[list[Table], list[Table], list[str]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from replaytests.backends import declarations
-from replaytests.families.registry import FAMILIES, LAYERS, ROLLOUT_FAMILIES
+from replaytests.families.registry import FAMILIES, LAYERS
 from replaytests.files import lookup
 from replaytests.outputs import (
     causal,
@@ -23,7 +23,7 @@ from replaytests.outputs import (
     verdict,
 )
 from replaytests.outputs.records import KEY_FIELDS
-from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES, runtime
+from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES, replica_counts, runtime
 from replaytests.outputs.stats import INTERVAL, LEVEL
 from replaytests.outputs.summary import HEADLINE_PAIRS
 from replaytests.outputs.tables import Table, fmt_number, fmt_proportion, md_cell
@@ -96,10 +96,8 @@ def summary_line(report: dict) -> str:
 def _replica(report: dict) -> Section:
     rows = []
     for family, summary in report["families"].items():
-        replicas = FAMILIES[family].replicas if family in SHAPES or family in ROLLOUT_FAMILIES else ()
-        for cell, s in summary["precisions"].items():
-            rows += [(family, cell, pair, fmt_proportion(lookup(s, "pairs", pair, "bit_exact")))
-                     for pair in replicas if pair in s["pairs"]]
+        if family in SHAPES:
+            rows += [(*row, fmt_proportion(exact)) for *row, exact in replica_counts(family, summary)]
     rows += [row for module in family_sections.modules() for row in module.replica_rows(report)]
     rows += [row for cell, summaries in (report.get("causal_cells") or {}).items()
              for family, outcome in causal.outcomes().items() if family in summaries

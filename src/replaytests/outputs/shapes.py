@@ -75,3 +75,10 @@ def runtime(meta: dict) -> str:
     names = sorted({lookup(run, "options", "backend") or DEFAULT for run in runs
                     if isinstance(run.get("options"), dict)})
     return ", ".join(names) if names else "not recorded"
+
+
+def replica_counts(family: str, summary: dict) -> list[tuple[str, str, str, dict | None]]:
+    """A family's replica pairs per cell as a built report keeps them (report.json `families`): (family, cell, pair,
+    the Wilson proportion of rows bit-exact)."""
+    return [(family, cell, pair, lookup(s, "pairs", pair, "bit_exact")) for cell, s in summary["precisions"].items()
+            for pair in FAMILIES[family].replicas if pair in s["pairs"]]
