@@ -15,7 +15,7 @@ from test_report import comparison, record, typed, write_ledger_file
 from replaytests.families.registry import FAMILIES
 from replaytests.inputs.options import REPO
 from replaytests.outputs import compare as comparing
-from replaytests.outputs import conversation_report, conversation_section, report_html, sections, summary
+from replaytests.outputs import conversation_report, conversation_section, findings, report_html, sections, summary
 from replaytests.outputs.report import build_report, checked_verdict
 from replaytests.outputs.stats import wilson
 
@@ -247,7 +247,7 @@ def test_the_same_conversation_run_passes_at_every_gate(gate):
 
 def test_a_turn_whose_divergence_rate_moved_fails_at_gate_rates():
     found = judged(diverging_at(10, {}), diverging_at(10, {2: 8}), "rates")
-    reasons = [r for r in found.reasons if r.startswith(comparing.RATES_REASONS)]
+    reasons = [r for r in found.reasons if r.startswith(findings.RATES_REASONS)]
     assert reasons and all("turn 2 session~replay" in r for r in reasons), found.reasons
     assert "baseline 0/10, new 8/10" in reasons[0] and "p = 0.00781" in reasons[0], reasons[0]
 

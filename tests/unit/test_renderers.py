@@ -208,19 +208,24 @@ def summary_table(report):
 
 def figures(report):
     return ["<p>echo figure</p>"] if "echoes" in report else []
+
+
+def compare(out, group, base, new, gates, alpha):
+    out.notes.append(f"echo compared {'/'.join(group)}: {len(base)} and {len(new)} rows")
 '''
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "not-named"])
 def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_path, monkeypatch, named):
-    """A new family whose registry record names a report section module, and nothing else: its keys are in report.json
-    and its rows, tables, lines, summary table and figures in report.md, report.html, summary.md and the terminal,
-    where the built-in sections' are (outputs/family_sections.py); the control: the same family naming none is shown in
-    none of them."""
+    """A new family whose registry record names a report section module, and nothing else: its keys are in report.json,
+    its rows, tables, lines, summary table and figures in report.md, report.html, summary.md and the terminal, and its
+    checks in `compare`, where the built-in sections' are (outputs/family_sections.py); the control: the same family
+    naming none is shown in none of them."""
     from dataclasses import replace
 
     from replaytests.families.registry import FAMILIES
     from replaytests.outputs import summary
+    from replaytests.outputs.compare import compare
 
     (tmp_path / "echo_section.py").write_text(ECHO_SECTION)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -233,6 +238,7 @@ def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_
     found = {"report.json": "echoes" in built, "replica row": replica_row in md, "fidelity table": "Echo table" in md,
              "folded table": "Echo folded" in md, "line": "Echo line" in md,
              "summary.md": "Echo summary" in summary.markdown(built, {}),
-             "terminal": "Echo summary" in summary.text_table(built), "figure": "<p>echo figure</p>" in page}
+             "terminal": "Echo summary" in summary.text_table(built), "figure": "<p>echo figure</p>" in page,
+             "compare": "echo compared echo/bf16: 2 and 2 rows" in compare(records, records).notes}
     assert found == dict.fromkeys(found, named), f"named {named}: {found}"
     assert "Echo line <b>" not in page and ("Echo line &lt;b&gt;" in page) == named, "a section's line not escaped"

@@ -18,7 +18,7 @@ from test_report import LAYERS, comparison, typed, write_ledger_file
 from replaytests.cli import main
 from replaytests.inputs.contract import default_gates
 from replaytests.outputs import compare as comparing
-from replaytests.outputs import ledger, report_html, rollout_families, sections, summary
+from replaytests.outputs import findings, ledger, report_html, rollout_families, sections, summary
 from replaytests.outputs.mismatch import Scored, Thresholds, row_measures, run_measures
 from replaytests.outputs.records import Record
 from replaytests.outputs.report import build_report
@@ -277,7 +277,7 @@ def test_the_same_rollout_run_passes_at_every_gate(gate):
 def test_a_shifted_rollout_mismatch_fails_at_gate_rates():
     new = run(8, scale=0.02)
     found = judged(shifted_baseline(8), new, "rates")
-    reasons = [r for r in found.reasons if r.startswith(comparing.ROLLOUT_RATES_REASON)]
+    reasons = [r for r in found.reasons if r.startswith(findings.ROLLOUT_RATES_REASON)]
     assert reasons and "live~prefill k3 per token" in found.text(), found.text()
     base_k3 = [r["comparisons"]["live~prefill"]["k3"] for r in shifted_baseline(8)]
     new_k3 = [r["comparisons"]["live~prefill"]["k3"] for r in new]
@@ -310,7 +310,7 @@ def test_the_run_s_rates_check_judges_a_moved_rollout_mismatch_or_records_it_as_
     failures, drift = baseline_rates(replay, typed(run(8, scale=0.02)))
     found, other = ([f["message"] for f in failures], drift) if fails else (drift, failures)
     assert found and not other, (failures, drift)  # the k3 per token and the mean |delta logp| both moved
-    assert all(m.startswith(f"{comparing.ROLLOUT_RATES_REASON}: rollout/bf16 live~prefill") for m in found), found
+    assert all(m.startswith(f"{findings.ROLLOUT_RATES_REASON}: rollout/bf16 live~prefill") for m in found), found
     assert fails or all(m.endswith("(against a baseline made on another platform: recorded, not judged; --gate "
                                    "rates judges it)") for m in found), found
 

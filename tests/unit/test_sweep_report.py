@@ -14,7 +14,7 @@ from test_report import comparison, record, typed
 
 from replaytests.families.registry import FAMILIES
 from replaytests.outputs import compare as comparing
-from replaytests.outputs import report_html, sections, summary, sweep_report, sweep_section
+from replaytests.outputs import findings, report_html, sections, summary, sweep_report, sweep_section
 from replaytests.outputs.report import build_report, checked_verdict
 from replaytests.outputs.stats import wilson
 
@@ -308,14 +308,14 @@ def test_the_same_sweep_run_passes_at_every_gate(gate):
 
 def test_a_value_whose_continuation_rate_moved_fails_at_gate_rates():
     found = judged(panel(10, {}), panel(10, {8: 8}), "rates")
-    reasons = [r for r in found.reasons if r.startswith(comparing.RATES_REASONS)]
+    reasons = [r for r in found.reasons if r.startswith(findings.RATES_REASONS)]
     assert len(reasons) == 1 and "sweep/bf16 position 8 reference~edge continuation divergence" in reasons[0], reasons
     assert "baseline 0/10, new 8/10" in reasons[0] and "p = 0.00781" in reasons[0], reasons[0]
 
 
 def test_a_value_whose_continuation_moved_within_chance_passes_at_gate_rates():
     found = judged(panel(10, {}), panel(10, {8: 2}), "rates")
-    assert not [r for r in found.reasons if r.startswith(comparing.RATES_REASONS)], found.reasons
+    assert not [r for r in found.reasons if r.startswith(findings.RATES_REASONS)], found.reasons
     assert any(m.measure == "position 8 reference~edge continuation divergence" and m.p == 0.5 for m in found.lines)
 
 
@@ -325,7 +325,7 @@ def test_vacuous_points_are_not_paired_for_the_rates():
     for r in new:
         r["sweep"][1]["served"] = vacuous
     found = judged(panel(10, {}), new, "rates")
-    assert not [r for r in found.reasons if r.startswith(comparing.RATES_REASONS)], found.reasons
+    assert not [r for r in found.reasons if r.startswith(findings.RATES_REASONS)], found.reasons
     assert any("10 sweep points both runs hold not paired" in n for n in found.notes), found.notes
 
 

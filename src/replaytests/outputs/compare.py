@@ -32,42 +32,34 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from replaytests.backends import DEFAULT
 from replaytests.errors import ConfigError
-from replaytests.families.registry import CONVERSATION, FAMILIES, ROLLOUT_FAMILIES
+from replaytests.families.registry import FAMILIES, ROLLOUT_FAMILIES
 from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import (
     BRIDGE_PAIR,
-    CONVERSATION_CONTROL,
     LEVELS,
     ROLLOUT_CONTROL,
-    ROLLOUT_RECOMPUTE,
     Gates,
     inexact,
     replica_pairs,
 )
 from replaytests.inputs.platforms import platform_differences, retired
-from replaytests.outputs import conversation_report, localization, rollout_families, sweep_report
+from replaytests.outputs import family_sections, localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
-from replaytests.outputs.findings import Findings, Group, Measure
+from replaytests.outputs.findings import RATES_REASON, Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.ledger import cell_digests, collate
 from replaytests.outputs.records import Record
-from replaytests.outputs.report import mcnemar_paired
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.runs import MANIFEST_DIGESTS, read_run
 from replaytests.outputs.shapes import DIVERGENCES, FLAGS, SHAPES, missing_replicas
-from replaytests.outputs.stats import sign_flip, smallest_p
+from replaytests.outputs.stats import mcnemar_paired
 from replaytests.outputs.tables import first
 
 ALPHA = 0.05  # the significance of the rates level (McNemar; the rollouts' sign-flip test)
 TRANSPLANT = "transplant"
-RATES_REASON = "divergence rate changed beyond chance"
-ROLLOUT_RATES_REASON = "rollout mismatch changed beyond chance"
-RATES_REASONS = (RATES_REASON, ROLLOUT_RATES_REASON)  # what a finding at the rates level starts with
 
 
 def transplant_outcomes(record: Record) -> dict[str, str]:
@@ -87,19 +79,12 @@ def check_gate(gate: str) -> str:
     return gate
 
 
-Rows = dict[str, Record]  # row id -> the record of one (family, cell)
-
-
 def _groups(records: list[Record]) -> dict[Group, Rows]:
     """(family, cell) -> row id -> record."""
     out: dict[Group, Rows] = defaultdict(dict)
     for record in records:
         out[(record.family, record.precision)][record.row] = record
     return out
-
-
-def _ok(rows: Rows) -> list[Record]:
-    return [rows[row] for row in sorted(rows) if rows[row].ok]
 
 
 def _inexact(record: Record, pairs: list[str]) -> list[str]:
@@ -122,7 +107,7 @@ def _exactness(out: Findings, group: Group, base: Rows, new: Rows, measure: str,
     record lacks fails at every level: the check was never made."""
     def split(rows: Rows) -> tuple[int, list[tuple[Record, list[str]]]]:
         """Ok records carrying the pairs, and (record, its inexact pairs) for each that is not exact."""
-        carrying = [r for r in _ok(rows) if pairs(r)]
+        carrying = [r for r in ok_records(rows) if pairs(r)]
         return len(carrying), [(r, bad) for r in carrying if (bad := _inexact(r, pairs(r)))]
 
     (n_base, bad_base), (n_new, bad_new) = split(base), split(new)
@@ -142,9 +127,9 @@ def _excluded(out: Findings, group: Group, base: Rows, new: Rows) -> None:
     cell = "/".join(group)
     lost = [row for row in sorted(new) if not new[row].ok and row in base and base[row].ok]
     if lost:
-        out.reasons.append(f"excluded: {cell}: {len(lost)} of {len(_ok(base))} rows ok in the baseline failed closed "
-                           f"in the new run ({first(lost)}; {lost[0]}: {new[lost[0]].reason})")
-    if not _ok(new):
+        out.reasons.append(f"excluded: {cell}: {len(lost)} of {len(ok_records(base))} rows ok in the baseline failed "
+                           f"closed in the new run ({first(lost)}; {lost[0]}: {new[lost[0]].reason})")
+    if not ok_records(new):
         out.reasons.append(f"no testable row: {cell}: each of the new run's {len(new)} records was excluded "
                            "(fail-closed checks): nothing in this family and cell could be judged")
     if others := [row for row in sorted(new) if not new[row].ok and row not in lost]:
@@ -197,7 +182,7 @@ def _exact_cell_divergence(out: Findings, group: Group, new: Rows, gates: Gates)
     family, cell = group
     if family not in gates.suffix_divergence_allowed or gates.suffix_divergence_allowed[family].get(cell, False):
         return
-    for record in _ok(new):
+    for record in ok_records(new):
         for pair in SHAPES[family].headline:
             metrics = record.comparisons.get(pair)
             if metrics is not None and not metrics.suffix_equal:
@@ -231,181 +216,10 @@ def _rollout_control(record: Record) -> list[str]:
     return [ROLLOUT_CONTROL] if record.family in ROLLOUT_FAMILIES and ROLLOUT_CONTROL in record.comparisons else []
 
 
-def _rollout_gates(out: Findings, group: Group, new: Rows, gates: Gates) -> None:
-    """The trainer's recompute of the new run against the contract's rollout bounds (gates.rollout_recompute:
-    k3 and the share outside the ratio bounds), at every level; a mismatch no bound judges is data."""
-    for record in _ok(new):
-        if ROLLOUT_RECOMPUTE in record.comparisons and (judged := gates.rollout_recompute(record)).failed:
-            out.reasons.append(f"rollout gate: {judged.message}")
-
-
-# What the rates level tests of a rollout, per row of the trainer's recompute: name -> the row's value.
-ROLLOUT_MEASURES: dict[str, Callable[[Record], float | None]] = {
-    "k3 per token": lambda r: r.comparisons[ROLLOUT_RECOMPUTE].k3,
-    "mean |delta logp|": lambda r: None if (s := rollout_families.scored(r, ROLLOUT_RECOMPUTE)) is None
-    else float(np.abs(s.delta()).mean()),
-}
-
-
-def _rollout_rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
-    """The trainer's recompute's per-row mismatch, paired by row between the runs: a sign-flip permutation test
-    of the mean per-row difference (stats.sign_flip), p < alpha a finding at the rates level. Where the rows are
-    too few for any p below alpha, a note says so: such a pass could not have failed."""
-    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok
-            and ROLLOUT_RECOMPUTE in base[row].comparisons and ROLLOUT_RECOMPUTE in new[row].comparisons]
-    cell = "/".join(group)
-    for name, value in ROLLOUT_MEASURES.items() if both else ():
-        paired = [(b, n) for b, n in ((value(b), value(n)) for b, n in both) if b is not None and n is not None]
-        if not paired:
-            continue
-        before, after = ([p[i] for p in paired] for i in (0, 1))
-        test = sign_flip(after, before)
-        means = (f"{np.mean(before):.4g} (row mean)", f"{np.mean(after):.4g} (row mean)")
-        measure = f"{ROLLOUT_RECOMPUTE} {name}"
-        out.lines.append(Measure(group, measure, len(paired), *means, test.p, test.p >= alpha))
-        if test.p < alpha:
-            out.finding("rates", group, f"{ROLLOUT_RATES_REASON}: {cell} {measure}: baseline {means[0]}, new "
-                                        f"{means[1]} over {len(paired)} paired rows, sign-flip permutation p = "
-                                        f"{test.p:.3g} < {alpha:g}")
-    if both and out.gated("rates") and smallest_p(len(both)) >= alpha:
-        out.notes.append(f"{cell} {ROLLOUT_RECOMPUTE}: {len(both)} paired rows cannot show a change at alpha {alpha:g} "
-                         f"(the smallest p a sign-flip test gives is {smallest_p(len(both)):.3g}): at least "
-                         f"{min_rows(alpha)} rows are needed")
-
-
-def _conversation_judgements(record: Record, gates: Gates) -> list:
-    """A conversation's gates at every turn (gates.conversation_*): each replica pair and the turn-1 control
-    bit-exact, and each headline pair's assistant turns where the contract requires the cell exact."""
-    family, turns = FAMILIES[CONVERSATION], record.turns or ()
-    held = [pair for pair in (*family.replicas, *family.headline) if turns and all(pair in t.comparisons
-                                                                                   for t in turns)]
-    control = [gates.conversation_control(record)] if turns and CONVERSATION_CONTROL in turns[0].comparisons else []
-    return [*(gates.conversation_replicas(record, pair) for pair in held if pair in family.replicas), *control,
-            *(gates.conversation_turns(record, pair) for pair in held if pair in family.headline)]
-
-
-def _conversation_gates(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
-    """The conversation gates on the new run, at every level (the baseline's count informs): a failure is a
-    reason; a record of the family without its turns was never checked, which fails too."""
-    def passing(rows: Rows) -> tuple[int, int]:
-        ok = _ok(rows)
-        return sum(bool(r.turns) and not any(j.failed for j in _conversation_judgements(r, gates)) for r in ok), len(ok)
-
-    counts = passing(new)
-    if counts[1]:
-        before = passing(base)
-        out.lines.append(Measure(group, "every turn: replicas, the turn-1 control, exact-cell turns", counts[1],
-                                 before if before[1] else None, counts, None, counts[0] == counts[1]))
-    for record in _ok(new):
-        if not record.turns:
-            out.reasons.append(f"conversation: {record.label} holds no turns: nothing of it was checked")
-        out.reasons += [f"conversation gate: {j.message}" for j in _conversation_judgements(record, gates) if j.failed]
-
-
-def _conversation_rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
-    """Each headline pair's divergences at each turn index, paired by row between the runs: exact McNemar, p <
-    alpha a finding at the rates level, as the headline families' (_rates)."""
-    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
-    depth = max((min(len(b.turns or ()), len(n.turns or ())) for b, n in both), default=0)
-    cell = "/".join(group)
-    for k, pair, name in ((k, pair, name) for k in range(1, depth + 1) for pair in FAMILIES[CONVERSATION].headline
-                          for name in DIVERGENCES):
-        paired = [(b.turns[k - 1].comparisons[pair], n.turns[k - 1].comparisons[pair]) for b, n in both
-                  if min(len(b.turns or ()), len(n.turns or ())) >= k and pair in b.turns[k - 1].comparisons
-                  and pair in n.turns[k - 1].comparisons]
-        if not paired:
-            continue
-        x, y = ([conversation_report.diverges(c[i], name) for c in paired] for i in (0, 1))
-        test = mcnemar_paired(x, y)
-        measure = f"turn {k} {pair} {name.replace('_', ' ')}"
-        out.lines.append(Measure(group, measure, len(paired), (sum(x), len(paired)), (sum(y), len(paired)), test.p,
-                                 test.p >= alpha))
-        if test.p < alpha:
-            out.finding("rates", group, f"{RATES_REASON}: {cell} {measure}: baseline {sum(x)}/{len(paired)}, new "
-                                        f"{sum(y)}/{len(paired)} (baseline only {test.b}, new only {test.c}), McNemar "
-                                        f"p = {test.p:.3g} < {alpha:g}")
-
-
-def _sweep_judgements(record: Record, gates: Gates) -> list:
-    """A sweep's gates at every point (gates.sweep_*): each replica pair bit-exact, and the headline pair's
-    continuations where the contract requires the cell exact (a cell its sweep gates do not name: not judged here)."""
-    family = FAMILIES[sweep_report.SWEEP]
-    judged = [gates.sweep_replicas(record, pair) for pair in family.replicas]
-    if record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {}):
-        judged += [gates.sweep_divergence(record, pair) for pair in family.headline]
-    return judged
-
-
-def _sweep_gates(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
-    """The sweep gates on the new run at every point, at every level (the baseline's count informs): a failure is a
-    reason; a record of the family without points was never checked, which fails too (gates._at_points)."""
-    def passing(rows: Rows) -> tuple[int, int]:
-        ok = _ok(rows)
-        return sum(not any(j.failed for j in _sweep_judgements(r, gates)) for r in ok), len(ok)
-
-    counts = passing(new)
-    if counts[1]:
-        before = passing(base)
-        out.lines.append(Measure(group, "every point: replicas, exact-cell continuations", counts[1],
-                                 before if before[1] else None, counts, None, counts[0] == counts[1]))
-    out.reasons += [f"sweep gate: {j.message}" for record in _ok(new) for j in _sweep_judgements(record, gates)
-                    if j.failed]
-
-
-def _counted_points(record: Record) -> dict[tuple[str, int], object]:
-    """(axis, value) -> the record's headline comparison there, at each point whose premise held."""
-    return {(p.axis, p.value): p.comparisons[sweep_report.HEADLINE] for p in sweep_report.points_of(record)
-            if sweep_report.HEADLINE in p.comparisons and sweep_report.premise(p)[0] == sweep_report.HELD}
-
-
-def _sweep_rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
-    """The headline pair's continuation divergence at each (axis, value), paired by row where both runs hold the
-    point and its premise held in both: exact McNemar, p < alpha a finding at the rates level, as the conversation's
-    per-turn rates. One line per axis over every paired point, and one per value whose rows moved."""
-    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
-    paired: dict[tuple[str, int], list[tuple[bool, bool]]] = defaultdict(list)
-    apart = 0
-    for b, n in both:
-        before, after = _counted_points(b), _counted_points(n)
-        common = {(p.axis, p.value) for p in sweep_report.points_of(b)} & {(p.axis, p.value)
-                                                                           for p in sweep_report.points_of(n)}
-        apart += len(common - (before.keys() & after.keys()))
-        for point in sorted(before.keys() & after.keys()):
-            paired[point].append((sweep_report.diverges(before[point], "suffix_divergence"),
-                                  sweep_report.diverges(after[point], "suffix_divergence")))
-    cell, name = "/".join(group), f"{sweep_report.HEADLINE} continuation divergence"
-    failed: dict[str, int] = defaultdict(int)
-    for (axis, value), pairs in sorted(paired.items()):
-        x, y = [a for a, _ in pairs], [b for _, b in pairs]
-        test = mcnemar_paired(x, y)
-        if test.b + test.c:  # a value whose rows moved: its own line
-            out.lines.append(Measure(group, f"{axis} {value} {name}", len(pairs), (sum(x), len(pairs)),
-                                     (sum(y), len(pairs)), test.p, test.p >= alpha))
-        if test.p < alpha:
-            failed[axis] += 1
-            out.finding("rates", group, f"{RATES_REASON}: {cell} {axis} {value} {name}: baseline "
-                                        f"{sum(x)}/{len(pairs)}, new {sum(y)}/{len(pairs)} (baseline only {test.b}, "
-                                        f"new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
-    for axis in dict.fromkeys(axis for axis, _ in paired):
-        pairs = [pair for (a, _), values in paired.items() if a == axis for pair in values]
-        points = sum(a == axis for a, _ in paired)
-        out.lines.append(Measure(group, f"{axis}: {name}, {points} values", len(pairs),
-                                 (sum(x for x, _ in pairs), len(pairs)), (sum(y for _, y in pairs), len(pairs)), None,
-                                 not failed[axis]))
-    if apart:
-        out.notes.append(f"{cell}: {apart} sweep points both runs hold not paired for the rates: their premise did not "
-                         "hold in one run or both (vacuous), or lacks the headline pair")
-
-
-def min_rows(alpha: float) -> int:
-    """The fewest paired rows whose sign-flip test can give a p below alpha."""
-    return next(n for n in range(1, 64) if smallest_p(n) < alpha)
-
-
 def _outcome_counts(rows: Rows, role: str, outcome: str) -> dict[str, tuple[int, int]]:
     """Per direction any ok record ran: (records of `role` with `outcome`, records of `role`); a direction
     with no record of `role` is (0, 0), which establishes nothing."""
-    ok = _ok(rows)
+    ok = ok_records(rows)
     seen = [transplant_outcomes(r) for r in ok if r.role == role]
     names = sorted({name for r in ok for name in transplant_outcomes(r)})
     return {name: (sum(o.get(name) == outcome for o in seen), len(seen)) for name in names}
@@ -516,15 +330,8 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
         if group[0] in SHAPES:
             _exact_cell_divergence(out, group, current, gates)
             _rates(out, group, base, current, alpha)
-        if group[0] in ROLLOUT_FAMILIES:
-            _rollout_gates(out, group, current, gates)
-            _rollout_rates(out, group, base, current, alpha)
-        if group[0] == CONVERSATION:
-            _conversation_gates(out, group, base, current, gates)
-            _conversation_rates(out, group, base, current, alpha)
-        if group[0] == sweep_report.SWEEP:
-            _sweep_gates(out, group, base, current, gates)
-            _sweep_rates(out, group, base, current, alpha)
+        if (section := family_sections.of(group[0])) is not None:
+            section.compare(out, group, base, current, gates, alpha)
         if group[0] == TRANSPLANT:
             _transplant(out, group, base, current, gates)
         if runtimes and group[0] in FAMILIES:

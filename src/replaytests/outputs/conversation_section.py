@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from replaytests.families.registry import CONVERSATION, FAMILIES
 from replaytests.files import lookup
-from replaytests.inputs.gates import CONVERSATION_CONTROL
+from replaytests.inputs.gates import CONVERSATION_CONTROL, Gates
 from replaytests.outputs import conversation_report, plots
+from replaytests.outputs.findings import RATES_REASON, Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import DIVERGENCES
-from replaytests.outputs.stats import INTERVAL
+from replaytests.outputs.stats import INTERVAL, mcnemar_paired
 from replaytests.outputs.tables import Table, fmt_proportion
 
 TERMINAL = True  # its summary table is printed after a run too
@@ -135,3 +136,65 @@ def figures(report: dict) -> list[str]:
                 f"one line per cell, with {INTERVAL} intervals as bands.", turns, series,
                 [f"turn {k}" for k in turns], "turn", "conversations"))
     return drawn
+
+
+# ---- compare: its checks between a baseline run and a new one ----
+
+def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
+    """Its checks of one cell between a baseline run and a new one (outputs/compare.py): its gates at every turn, and
+    each headline pair's divergences at each turn index at the rates level."""
+    _gates(out, group, base, new, gates)
+    _rates(out, group, base, new, alpha)
+
+
+def _judgements(record: Record, gates: Gates) -> list:
+    """A conversation's gates at every turn (gates.conversation_*): each replica pair and the turn-1 control
+    bit-exact, and each headline pair's assistant turns where the contract requires the cell exact."""
+    family, turns = FAMILIES[CONVERSATION], record.turns or ()
+    held = [pair for pair in (*family.replicas, *family.headline) if turns and all(pair in t.comparisons
+                                                                                   for t in turns)]
+    control = [gates.conversation_control(record)] if turns and CONVERSATION_CONTROL in turns[0].comparisons else []
+    return [*(gates.conversation_replicas(record, pair) for pair in held if pair in family.replicas), *control,
+            *(gates.conversation_turns(record, pair) for pair in held if pair in family.headline)]
+
+
+def _gates(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
+    """The conversation gates on the new run, at every level (the baseline's count informs): a failure is a
+    reason; a record of the family without its turns was never checked, which fails too."""
+    def passing(rows: Rows) -> tuple[int, int]:
+        ok = ok_records(rows)
+        return sum(bool(r.turns) and not any(j.failed for j in _judgements(r, gates)) for r in ok), len(ok)
+
+    counts = passing(new)
+    if counts[1]:
+        before = passing(base)
+        out.lines.append(Measure(group, "every turn: replicas, the turn-1 control, exact-cell turns", counts[1],
+                                 before if before[1] else None, counts, None, counts[0] == counts[1]))
+    for record in ok_records(new):
+        if not record.turns:
+            out.reasons.append(f"conversation: {record.label} holds no turns: nothing of it was checked")
+        out.reasons += [f"conversation gate: {j.message}" for j in _judgements(record, gates) if j.failed]
+
+
+def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
+    """Each headline pair's divergences at each turn index, paired by row between the runs: exact McNemar, p <
+    alpha a finding at the rates level, as the headline families' (_rates)."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
+    depth = max((min(len(b.turns or ()), len(n.turns or ())) for b, n in both), default=0)
+    cell = "/".join(group)
+    for k, pair, name in ((k, pair, name) for k in range(1, depth + 1) for pair in FAMILIES[CONVERSATION].headline
+                          for name in DIVERGENCES):
+        paired = [(b.turns[k - 1].comparisons[pair], n.turns[k - 1].comparisons[pair]) for b, n in both
+                  if min(len(b.turns or ()), len(n.turns or ())) >= k and pair in b.turns[k - 1].comparisons
+                  and pair in n.turns[k - 1].comparisons]
+        if not paired:
+            continue
+        x, y = ([conversation_report.diverges(c[i], name) for c in paired] for i in (0, 1))
+        test = mcnemar_paired(x, y)
+        measure = f"turn {k} {pair} {name.replace('_', ' ')}"
+        out.lines.append(Measure(group, measure, len(paired), (sum(x), len(paired)), (sum(y), len(paired)), test.p,
+                                 test.p >= alpha))
+        if test.p < alpha:
+            out.finding("rates", group, f"{RATES_REASON}: {cell} {measure}: baseline {sum(x)}/{len(paired)}, new "
+                                        f"{sum(y)}/{len(paired)} (baseline only {test.b}, new only {test.c}), McNemar "
+                                        f"p = {test.p:.3g} < {alpha:g}")

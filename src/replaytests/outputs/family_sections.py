@@ -10,7 +10,9 @@ A report section module holds, each reading a built report (report.json's conten
 - `fidelity(report)`: its tables in the fidelity layer, those folded away, and its lines;
 - `summary_table(report)`: its table in summary.md (None where it has nothing), printed after a run too where
   `TERMINAL`;
-- `figures(report)`: its figures in report.html.
+- `figures(report)`: its figures in report.html;
+- `compare(out, group, base, new, gates, alpha)`: its checks of one family and cell between a baseline run and a new
+  one (outputs/compare.py): its gates on the new run and its measures at the rates level, into the Findings `out`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ def modules() -> list[ModuleType]:
     """Each report section module once, in the registry's order of the families that name it."""
     return [importlib.import_module(name)
             for name in dict.fromkeys(family.report_section for family in FAMILIES.values() if family.report_section)]
+
+
+def of(family: str) -> ModuleType | None:
+    """The report section module of a family, None for a family without one (or one the registry does not know)."""
+    found = FAMILIES.get(family)
+    return importlib.import_module(found.report_section) if found is not None and found.report_section else None
 
 
 def build(records: list[Record], runtime: str, cells: tuple[str, ...], pairs: list[tuple[str, str]]) -> dict:

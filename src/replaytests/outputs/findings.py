@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from replaytests.inputs.gates import LEVELS, gated
 from replaytests.outputs.expected import Expected
@@ -21,7 +22,19 @@ from replaytests.outputs.stats import INTERVAL, wilson
 from replaytests.outputs.tables import Table, plain
 
 HEADER = ("family", "precision", "measure", "rows", f"baseline [{INTERVAL}]", f"new [{INTERVAL}]", "p", "verdict")
+if TYPE_CHECKING:
+    from replaytests.outputs.records import Record
+
 Group = tuple[str, str]  # (family, cell)
+Rows = dict[str, "Record"]  # row id -> the record of one (family, cell)
+RATES_REASON = "divergence rate changed beyond chance"
+ROLLOUT_RATES_REASON = "rollout mismatch changed beyond chance"
+RATES_REASONS = (RATES_REASON, ROLLOUT_RATES_REASON)  # what a finding at the rates level starts with
+
+
+def ok_records(rows: Rows) -> list[Record]:
+    """The ok records of one family and cell, by row id."""
+    return [rows[row] for row in sorted(rows) if rows[row].ok]
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,7 @@ from replaytests.outputs.stats import (
     LEVEL,
     RESAMPLES,
     SEED,
-    McNemar,
-    mcnemar_exact,
+    mcnemar_paired,
     paired_bootstrap,
     proportion,
     wilson,
@@ -96,12 +95,6 @@ def _pair(comps: list[Comparison]) -> dict:
         if _has(comps, name) and len({len(getattr(c, name)) for c in comps}) == 1:
             out[f"{name}_mean"] = np.mean([getattr(c, name) for c in comps], axis=0).tolist()
     return out
-
-
-def mcnemar_paired(x: list[bool], y: list[bool]) -> McNemar:
-    """Exact McNemar on paired binary outcomes: b counts the rows where only x holds, c where only y."""
-    return mcnemar_exact(sum(a and not b for a, b in zip(x, y, strict=True)),
-                         sum(b and not a for a, b in zip(x, y, strict=True)))
 
 
 def _paired(names: tuple[str, str], x: list[bool], y: list[bool]) -> dict:

@@ -6,14 +6,18 @@ section module: outputs/family_sections.py says what it holds; the families' reg
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
 
+import numpy as np
+
 from replaytests.families.registry import ROLLOUT_FAMILIES
-from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE
+from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE, Gates
 from replaytests.outputs import plots, rollout_families, rollout_report
+from replaytests.outputs.findings import ROLLOUT_RATES_REASON, Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import replica_counts
-from replaytests.outputs.stats import INTERVAL
+from replaytests.outputs.stats import INTERVAL, sign_flip, smallest_p
 from replaytests.outputs.tables import Table, first, fmt_proportion
 
 TERMINAL = False  # its summary table is summary.md's alone
@@ -118,3 +122,59 @@ def figures(report: dict) -> list[str]:
                            f'<p class="note">{escape(title)}: every pair bitwise equal at every token '
                            f'({escape(", ".join(exact))}): no |delta logp| to draw.</p>')
     return drawn
+
+
+# ---- compare: its checks between a baseline run and a new one ----
+
+def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
+    """Its checks of one family and cell between a baseline run and a new one (outputs/compare.py): the trainer's
+    recompute against the contract's rollout bounds, and its per-row mismatch at the rates level."""
+    _gates(out, group, new, gates)
+    _rates(out, group, base, new, alpha)
+
+
+def _gates(out: Findings, group: Group, new: Rows, gates: Gates) -> None:
+    """The trainer's recompute of the new run against the contract's rollout bounds (gates.rollout_recompute:
+    k3 and the share outside the ratio bounds), at every level; a mismatch no bound judges is data."""
+    for record in ok_records(new):
+        if ROLLOUT_RECOMPUTE in record.comparisons and (judged := gates.rollout_recompute(record)).failed:
+            out.reasons.append(f"rollout gate: {judged.message}")
+
+
+# What the rates level tests of a rollout, per row of the trainer's recompute: name -> the row's value.
+MEASURES: dict[str, Callable[[Record], float | None]] = {
+    "k3 per token": lambda r: r.comparisons[ROLLOUT_RECOMPUTE].k3,
+    "mean |delta logp|": lambda r: None if (s := rollout_families.scored(r, ROLLOUT_RECOMPUTE)) is None
+    else float(np.abs(s.delta()).mean()),
+}
+
+
+def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
+    """The trainer's recompute's per-row mismatch, paired by row between the runs: a sign-flip permutation test
+    of the mean per-row difference (stats.sign_flip), p < alpha a finding at the rates level. Where the rows are
+    too few for any p below alpha, a note says so: such a pass could not have failed."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok
+            and ROLLOUT_RECOMPUTE in base[row].comparisons and ROLLOUT_RECOMPUTE in new[row].comparisons]
+    cell = "/".join(group)
+    for name, value in MEASURES.items() if both else ():
+        paired = [(b, n) for b, n in ((value(b), value(n)) for b, n in both) if b is not None and n is not None]
+        if not paired:
+            continue
+        before, after = ([p[i] for p in paired] for i in (0, 1))
+        test = sign_flip(after, before)
+        means = (f"{np.mean(before):.4g} (row mean)", f"{np.mean(after):.4g} (row mean)")
+        measure = f"{ROLLOUT_RECOMPUTE} {name}"
+        out.lines.append(Measure(group, measure, len(paired), *means, test.p, test.p >= alpha))
+        if test.p < alpha:
+            out.finding("rates", group, f"{ROLLOUT_RATES_REASON}: {cell} {measure}: baseline {means[0]}, new "
+                                        f"{means[1]} over {len(paired)} paired rows, sign-flip permutation p = "
+                                        f"{test.p:.3g} < {alpha:g}")
+    if both and out.gated("rates") and smallest_p(len(both)) >= alpha:
+        out.notes.append(f"{cell} {ROLLOUT_RECOMPUTE}: {len(both)} paired rows cannot show a change at alpha {alpha:g} "
+                         f"(the smallest p a sign-flip test gives is {smallest_p(len(both)):.3g}): at least "
+                         f"{min_rows(alpha)} rows are needed")
+
+
+def min_rows(alpha: float) -> int:
+    """The fewest paired rows whose sign-flip test can give a p below alpha."""
+    return next(n for n in range(1, 64) if smallest_p(n) < alpha)

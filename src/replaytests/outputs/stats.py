@@ -117,6 +117,12 @@ def _two_sided_sign_test(b: int, c: int) -> float:
     return min(1.0, 2.0 * float(binom.cdf(min(b, c), b + c, 0.5)))
 
 
+def mcnemar_paired(x: list[bool], y: list[bool]) -> McNemar:
+    """Exact McNemar on paired binary outcomes: b counts the rows where only x holds, c where only y."""
+    return mcnemar_exact(sum(a and not b for a, b in zip(x, y, strict=True)),
+                         sum(b and not a for a, b in zip(x, y, strict=True)))
+
+
 def mcnemar_exact(b: int, c: int) -> McNemar:
     """Exact McNemar test on the discordant pairs; p = 1 when there are none."""
     b, c = _check_count("b", b), _check_count("c", c)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from replaytests.families.registry import FAMILIES
+from replaytests.inputs.gates import Gates
 from replaytests.outputs import plots, sweep_report
+from replaytests.outputs.findings import RATES_REASON, Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Record
-from replaytests.outputs.stats import INTERVAL
+from replaytests.outputs.stats import INTERVAL, mcnemar_paired
 from replaytests.outputs.tables import Table, first, fmt_proportion
 
 TERMINAL = True  # its summary table is printed after a run too
@@ -131,3 +134,83 @@ def figures(report: dict) -> list[str]:
             + (f" {apart} row-points not counted (their premise did not hold)." if apart else ""),
             panels, {value: "; ".join(sorted(names)) for value, names in edges.items()}, axis))
     return drawn
+
+
+# ---- compare: its checks between a baseline run and a new one ----
+
+def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
+    """Its checks of one cell between a baseline run and a new one (outputs/compare.py): its gates at every point, and
+    the headline pair's continuations at each swept value at the rates level."""
+    _gates(out, group, base, new, gates)
+    _rates(out, group, base, new, alpha)
+
+
+def _judgements(record: Record, gates: Gates) -> list:
+    """A sweep's gates at every point (gates.sweep_*): each replica pair bit-exact, and the headline pair's
+    continuations where the contract requires the cell exact (a cell its sweep gates do not name: not judged here)."""
+    family = FAMILIES[sweep_report.SWEEP]
+    judged = [gates.sweep_replicas(record, pair) for pair in family.replicas]
+    if record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {}):
+        judged += [gates.sweep_divergence(record, pair) for pair in family.headline]
+    return judged
+
+
+def _gates(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
+    """The sweep gates on the new run at every point, at every level (the baseline's count informs): a failure is a
+    reason; a record of the family without points was never checked, which fails too (gates._at_points)."""
+    def passing(rows: Rows) -> tuple[int, int]:
+        ok = ok_records(rows)
+        return sum(not any(j.failed for j in _judgements(r, gates)) for r in ok), len(ok)
+
+    counts = passing(new)
+    if counts[1]:
+        before = passing(base)
+        out.lines.append(Measure(group, "every point: replicas, exact-cell continuations", counts[1],
+                                 before if before[1] else None, counts, None, counts[0] == counts[1]))
+    out.reasons += [f"sweep gate: {j.message}" for record in ok_records(new) for j in _judgements(record, gates)
+                    if j.failed]
+
+
+def _counted_points(record: Record) -> dict[tuple[str, int], object]:
+    """(axis, value) -> the record's headline comparison there, at each point whose premise held."""
+    return {(p.axis, p.value): p.comparisons[sweep_report.HEADLINE] for p in sweep_report.points_of(record)
+            if sweep_report.HEADLINE in p.comparisons and sweep_report.premise(p)[0] == sweep_report.HELD}
+
+
+def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> None:
+    """The headline pair's continuation divergence at each (axis, value), paired by row where both runs hold the
+    point and its premise held in both: exact McNemar, p < alpha a finding at the rates level, as the conversation's
+    per-turn rates. One line per axis over every paired point, and one per value whose rows moved."""
+    both = [(base[row], new[row]) for row in sorted(base.keys() & new.keys()) if base[row].ok and new[row].ok]
+    paired: dict[tuple[str, int], list[tuple[bool, bool]]] = defaultdict(list)
+    apart = 0
+    for b, n in both:
+        before, after = _counted_points(b), _counted_points(n)
+        common = {(p.axis, p.value) for p in sweep_report.points_of(b)} & {(p.axis, p.value)
+                                                                           for p in sweep_report.points_of(n)}
+        apart += len(common - (before.keys() & after.keys()))
+        for point in sorted(before.keys() & after.keys()):
+            paired[point].append((sweep_report.diverges(before[point], "suffix_divergence"),
+                                  sweep_report.diverges(after[point], "suffix_divergence")))
+    cell, name = "/".join(group), f"{sweep_report.HEADLINE} continuation divergence"
+    failed: dict[str, int] = defaultdict(int)
+    for (axis, value), pairs in sorted(paired.items()):
+        x, y = [a for a, _ in pairs], [b for _, b in pairs]
+        test = mcnemar_paired(x, y)
+        if test.b + test.c:  # a value whose rows moved: its own line
+            out.lines.append(Measure(group, f"{axis} {value} {name}", len(pairs), (sum(x), len(pairs)),
+                                     (sum(y), len(pairs)), test.p, test.p >= alpha))
+        if test.p < alpha:
+            failed[axis] += 1
+            out.finding("rates", group, f"{RATES_REASON}: {cell} {axis} {value} {name}: baseline "
+                                        f"{sum(x)}/{len(pairs)}, new {sum(y)}/{len(pairs)} (baseline only {test.b}, "
+                                        f"new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
+    for axis in dict.fromkeys(axis for axis, _ in paired):
+        pairs = [pair for (a, _), values in paired.items() if a == axis for pair in values]
+        points = sum(a == axis for a, _ in paired)
+        out.lines.append(Measure(group, f"{axis}: {name}, {points} values", len(pairs),
+                                 (sum(x for x, _ in pairs), len(pairs)), (sum(y for _, y in pairs), len(pairs)), None,
+                                 not failed[axis]))
+    if apart:
+        out.notes.append(f"{cell}: {apart} sweep points both runs hold not paired for the rates: their premise did not "
+                         "hold in one run or both (vacuous), or lacks the headline pair")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from replaytests.errors import ConfigError
 from replaytests.files import lookup
 from replaytests.inputs.gates import Judgement, artifact, gated
-from replaytests.outputs import compare
+from replaytests.outputs import compare, findings
 from replaytests.outputs.records import Record
 from replaytests.outputs.runs import read_run
 
@@ -85,8 +85,8 @@ def baseline_rates(replay: ReplaySession, records: list[Record]) -> Rates:
     if (replay.options.gate != "rates" and not across) or not replay.baseline:
         return Rates([], [])
     found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
-    reasons = [reason for reason in found.reasons if reason.startswith(compare.RATES_REASONS)]
-    drift = [reason for reason in reasons if across and reason.startswith(compare.ROLLOUT_RATES_REASON)]
+    reasons = [reason for reason in found.reasons if reason.startswith(findings.RATES_REASONS)]
+    drift = [reason for reason in reasons if across and reason.startswith(findings.ROLLOUT_RATES_REASON)]
     return Rates([{"check": RATES_CHECK, "message": reason} for reason in reasons if reason not in drift],
                  [f"{reason} (against a baseline made on another platform: recorded, not judged; --gate rates "
                   "judges it)" for reason in drift])
