@@ -210,6 +210,10 @@ def figures(report):
     return ["<p>echo figure</p>"] if "echoes" in report else []
 
 
+def failing(record, gates):
+    return ["the echo check"]
+
+
 def compare(out, group, base, new, gates, alpha):
     out.notes.append(f"echo compared {'/'.join(group)}: {len(base)} and {len(new)} rows")
 '''
@@ -218,9 +222,9 @@ def compare(out, group, base, new, gates, alpha):
 @pytest.mark.parametrize("named", [True, False], ids=["named", "not-named"])
 def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_path, monkeypatch, named):
     """A new family whose registry record names a report section module, and nothing else: its keys are in report.json,
-    its rows, tables, lines, summary table and figures in report.md, report.html, summary.md and the terminal, and its
-    checks in `compare`, where the built-in sections' are (outputs/family_sections.py); the control: the same family
-    naming none is shown in none of them."""
+    its rows, tables, lines, summary table and figures in report.md, report.html, summary.md and the terminal, its
+    checks in `compare` and in the report's check of a run's pass, where the built-in sections' are
+    (outputs/family_sections.py); the control: the same family naming none is shown in none of them."""
     from dataclasses import replace
 
     from replaytests.families.registry import FAMILIES
@@ -239,6 +243,7 @@ def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_
              "folded table": "Echo folded" in md, "line": "Echo line" in md,
              "summary.md": "Echo summary" in summary.markdown(built, {}),
              "terminal": "Echo summary" in summary.text_table(built), "figure": "<p>echo figure</p>" in page,
-             "compare": "echo compared echo/bf16: 2 and 2 rows" in compare(records, records).notes}
+             "compare": "echo compared echo/bf16: 2 and 2 rows" in compare(records, records).notes,
+             "verdict": "the echo check" in str(build_report(records, {"verdict": {"result": "pass"}})["verdict"])}
     assert found == dict.fromkeys(found, named), f"named {named}: {found}"
     assert "Echo line <b>" not in page and ("Echo line &lt;b&gt;" in page) == named, "a section's line not escaped"

@@ -138,6 +138,26 @@ def figures(report: dict) -> list[str]:
     return drawn
 
 
+def failing(record: Record, gates: Gates) -> list[str]:
+    """The checks an ok conversation fails at every turn (gates.conversation_*): its replicas, the turn-1 control, and
+    its headline pairs where the contract requires the cell exact (a report's check of its run's pass,
+    report.checked_verdict); a record without turns: none here."""
+    family = FAMILIES[CONVERSATION]
+    turns = record.turns
+    if not turns:
+        return []
+    replicas = any(gates.conversation_replicas(record, pair).failed for pair in family.replicas
+                   if all(pair in t.comparisons for t in turns))
+    control = CONVERSATION_CONTROL in turns[0].comparisons and gates.conversation_control(record).failed
+    # the turns are judged by the crossing's gate of the cell (a cell the gates do not name is not judged here)
+    judged = record.precision in gates.may_diverge
+    diverged = judged and any(gates.conversation_turns(record, pair).failed for pair in family.headline
+                              if all(pair in t.comparisons for t in turns))
+    return [name for name, failed in (("conversation replicas (every turn)", replicas),
+                                      ("the conversation control (turn 1)", control),
+                                      ("exact-cell assistant turns", diverged)) if failed]
+
+
 # ---- compare: its checks between a baseline run and a new one ----
 
 def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:

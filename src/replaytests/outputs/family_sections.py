@@ -11,6 +11,8 @@ A report section module holds, each reading a built report (report.json's conten
 - `summary_table(report)`: its table in summary.md (None where it has nothing), printed after a run too where
   `TERMINAL`;
 - `figures(report)`: its figures in report.html;
+- `failing(record, gates)`: the names of the checks an ok record of its families fails under the gates (the
+  report's check of its run's pass, report.checked_verdict);
 - `compare(out, group, base, new, gates, alpha)`: its checks of one family and cell between a baseline run and a new
   one (outputs/compare.py): its gates on the new run and its measures at the rates level, into the Findings `out`.
 """

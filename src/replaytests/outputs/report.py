@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 
 from replaytests.errors import ConfigError, LedgerError, ReplaytestsError
-from replaytests.families.registry import CONVERSATION, FAMILIES, ROLLOUT_FAMILIES
+from replaytests.families.registry import FAMILIES
 from replaytests.files import NotStrictJSON, dumps, lookup, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.contract import default_gates, load_contract
 from replaytests.inputs.gates import (
     BRIDGE_PAIR,
-    CONVERSATION_CONTROL,
-    ROLLOUT_CONTROL,
     Gates,
     bit_exact,
     replica_pairs,
@@ -34,7 +32,6 @@ from replaytests.outputs import (
     sections,
     serving,
     summary,
-    sweep_report,
 )
 from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
 from replaytests.outputs.shapes import (
@@ -233,49 +230,17 @@ def run_gates(meta: dict) -> Gates:
 
 def _failing(record: Record, gates: Gates) -> list[str]:
     """The exactness checks an ok record fails under `gates`: its replicas (a pair its family compares and the
-    record lacks fails too), for the bridge live~incremental, for a rollout its control live~incremental
-    (gates.rollout_control), and a headline pair whose suffixes diverge in a cell the gates require exact (a cell
-    they do not name is not judged here)."""
+    record lacks fails too), for the bridge live~incremental, a headline pair whose suffixes diverge in a cell the
+    gates require exact (a cell they do not name is not judged here), and those of its family's report section
+    (a rollout's control, a conversation's turns, a sweep's points: outputs/family_sections.py)."""
     replicas = missing_replicas(record) or any(gates.replicas(record, pair).failed for pair in replica_pairs(record))
     bridge = record.family == "bridge" and BRIDGE_PAIR in record.comparisons and gates.bridge(record).failed
-    control = (record.family in ROLLOUT_FAMILIES and ROLLOUT_CONTROL in record.comparisons
-               and gates.rollout_control(record).failed)
     exact = gates.suffix_divergence_allowed.get(record.family, {}).get(record.precision) is False
     headline = SHAPES.get(record.family, Shape()).headline
     diverged = exact and any(gates.divergence(record, pair).failed for pair in headline if pair in record.comparisons)
     failed = [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
-                                        ("the rollout control", control), ("exact-cell suffixes", diverged)) if failed]
-    return (failed + (_conversation_failing(record, gates) if record.family == CONVERSATION and record.turns else [])
-            + (_sweep_failing(record, gates) if record.family == sweep_report.SWEEP else []))
-
-
-def _sweep_failing(record: Record, gates: Gates) -> list[str]:
-    """A sweep's checks at every point (gates.sweep_*): its replicas, and its headline pair where the contract
-    requires the cell exact (a cell its sweep gates do not name is not judged here); a record without points fails
-    both (nothing of it was checked)."""
-    family = FAMILIES[sweep_report.SWEEP]
-    replicas = any(gates.sweep_replicas(record, pair).failed for pair in family.replicas)
-    judged = record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {})
-    diverged = judged and any(gates.sweep_divergence(record, pair).failed for pair in family.headline)
-    return [name for name, failed in (("sweep replicas (every point)", replicas),
-                                      ("exact-cell continuations (every sweep point)", diverged)) if failed]
-
-
-def _conversation_failing(record: Record, gates: Gates) -> list[str]:
-    """A conversation's checks at every turn (gates.conversation_*): its replicas, the turn-1 control, and its
-    headline pairs where the contract requires the cell exact."""
-    family = FAMILIES[CONVERSATION]
-    turns = record.turns
-    replicas = any(gates.conversation_replicas(record, pair).failed for pair in family.replicas
-                   if all(pair in t.comparisons for t in turns))
-    control = CONVERSATION_CONTROL in turns[0].comparisons and gates.conversation_control(record).failed
-    # the turns are judged by the crossing's gate of the cell (a cell the gates do not name is not judged here)
-    judged = record.precision in gates.may_diverge
-    diverged = judged and any(gates.conversation_turns(record, pair).failed for pair in family.headline
-                              if all(pair in t.comparisons for t in turns))
-    return [name for name, failed in (("conversation replicas (every turn)", replicas),
-                                      ("the conversation control (turn 1)", control),
-                                      ("exact-cell assistant turns", diverged)) if failed]
+                                        ("exact-cell suffixes", diverged)) if failed]
+    return failed + (section.failing(record, gates) if (section := family_sections.of(record.family)) else [])
 
 
 def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) -> dict | None:

@@ -124,6 +124,13 @@ def figures(report: dict) -> list[str]:
     return drawn
 
 
+def failing(record: Record, gates: Gates) -> list[str]:
+    """The checks an ok rollout fails: its control, live~incremental, bit-exact (gates.rollout_control; a report's
+    check of its run's pass, report.checked_verdict)."""
+    return ["the rollout control"] if ROLLOUT_CONTROL in record.comparisons and gates.rollout_control(record).failed \
+        else []
+
+
 # ---- compare: its checks between a baseline run and a new one ----
 
 def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:

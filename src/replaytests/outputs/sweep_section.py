@@ -136,6 +136,18 @@ def figures(report: dict) -> list[str]:
     return drawn
 
 
+def failing(record: Record, gates: Gates) -> list[str]:
+    """The checks an ok sweep fails at every point (gates.sweep_*): its replicas, and its headline pair where the
+    contract requires the cell exact (a cell its sweep gates do not name is not judged here); a record without points
+    fails both (nothing of it was checked). A report's check of its run's pass (report.checked_verdict)."""
+    family = FAMILIES[sweep_report.SWEEP]
+    replicas = any(gates.sweep_replicas(record, pair).failed for pair in family.replicas)
+    judged = record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {})
+    diverged = judged and any(gates.sweep_divergence(record, pair).failed for pair in family.headline)
+    return [name for name, failed in (("sweep replicas (every point)", replicas),
+                                      ("exact-cell continuations (every sweep point)", diverged)) if failed]
+
+
 # ---- compare: its checks between a baseline run and a new one ----
 
 def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
