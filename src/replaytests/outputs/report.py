@@ -159,9 +159,9 @@ def _family(records: list[Record], shape: Shape, cell_pairs: list[tuple[str, str
 
 
 def _shape(family: str) -> Shape:
-    """How the report reads a family: its headline-table shape; for a rollout family, the conversation family or the
-    edge sweep (no headline table: a section of its own, outputs/rollout_families.py, outputs/conversation_report.py,
-    outputs/sweep_report.py) its replicas alone, so that their count is kept (history tracks it)."""
+    """How the report reads a family: its headline-table shape; for a family with a report section of its own instead
+    (its registry record's `report_section`: the rollout families, the conversation family, the edge sweep) its
+    replicas alone, so that their count is kept (history tracks it)."""
     if family in FAMILIES and FAMILIES[family].report_section:
         return Shape(replicas=FAMILIES[family].replicas)
     return SHAPES.get(family, Shape())
