@@ -1,7 +1,8 @@
 """The conversation family's own report section (docs/report.md): report.json's `conversations` (per cell, turn by
 turn, outputs/conversation_report.py) and its part of every renderer: the replica layer's rows, the fidelity layer's
-tables, summary.md's and the terminal's table, report.html's plots. A report section module:
-outputs/family_sections.py says what it holds; the family's registry record names it.
+tables, summary.md's and the terminal's table, report.html's plots; and its checks of a run's records and between
+two runs. A report section module: outputs/family_sections.py says what it holds; the family's registry record names
+it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The rollout families' own report section (docs/report.md): report.json's `rollouts` (per family and cell, every
 pair's measures, outputs/rollout_families.py) and `rollout_cell_pairs` (the trainer's recompute, cell against cell),
-and their part of every renderer: the fidelity layer's tables, summary.md's table, report.html's plots. A report
-section module: outputs/family_sections.py says what it holds; the families' registry records name it.
+and their part of every renderer: the replica layer's rows, the fidelity layer's tables, summary.md's table,
+report.html's plots; and their checks of a run's records and between two runs. A report section module:
+outputs/family_sections.py says what it holds; the families' registry records name it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The edge sweep's own report section (docs/report.md): report.json's `sweeps` (per cell and axis, value by value,
 outputs/sweep_report.py) and its part of every renderer: the replica layer's rows, the fidelity layer's tables and
-lines, summary.md's and the terminal's table, report.html's plots. A report section module:
-outputs/family_sections.py says what it holds; the family's registry record names it.
+lines, summary.md's and the terminal's table, report.html's plots; and its checks of a run's records and between two
+runs. A report section module: outputs/family_sections.py says what it holds; the family's registry record names it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def fidelity(report: dict) -> tuple[list[Table], list[Table], list[str]]:
 
 
 COLUMNS = ("value", "edge", "rows ok", "not counted", "replicas exact", "logits differ", "cache differs",
-                 "next token differs", "continuation differs")  # the last four: sweep_report.MEASURES, in order
+           "next token differs", "continuation differs")  # the last four: sweep_report.MEASURES, in order
 
 
 def _measure(point: dict, name: str) -> str:
@@ -84,7 +84,7 @@ def _lines(cell: str, found: dict) -> list[str]:
 
 
 SUMMARY_COLUMNS = ("precision", "axis", "rows", "points", "logits differ at", "continuation differs at",
-                 "first difference", "not counted")
+                   "first difference", "not counted")
 
 
 def summary_table(built: dict) -> Table | None:
