@@ -83,6 +83,8 @@ CLASHING_PANEL = registry.Family("clash", ("a", "a_replica"), _PAIRS, (), "bridg
 CLASHING_GATES = registry.Family("clash", ("a", "a_replica"), _PAIRS, (), "all", ("replica",), gates="rollout",
                                  gates_schema=Section({"replicas_exact": Value(bool, default=False)}, default={}))
 BARE_SETTINGS = registry.Family("bare", ("a", "a_replica"), _PAIRS, (), "all", ("replica",), settings="nowhere")
+NO_SECTION = registry.Family("lost", ("a", "a_replica"), _PAIRS, (), "all", ("replica",),
+                             report_section="replaytests.outputs.no_such_section", outcome="no_such_package.outcome")
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
@@ -98,6 +100,9 @@ BARE_SETTINGS = registry.Family("bare", ("a", "a_replica"), _PAIRS, (), "all", (
                  r"section 'rollout' differs", id="gates-another-family-declares-otherwise"),
     pytest.param("bare", "test_registry:BARE_SETTINGS", r"family bare: its settings section 'nowhere' is declared by "
                  r"no family", id="settings-no-family-declares"),
+    pytest.param("lost", "test_registry:NO_SECTION", r"its outcome 'no_such_package.outcome' names no module that can "
+                 r"be imported; its report_section 'replaytests.outputs.no_such_section' names no module",
+                 id="output-modules-missing"),
 ])
 def test_a_family_entry_point_that_is_not_a_new_family_of_its_name_is_refused_in_one_line(monkeypatch, name, value,
                                                                                           message):

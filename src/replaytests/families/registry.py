@@ -11,6 +11,7 @@ names; the replica layer judges every family's replica pairs from this registry 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
@@ -349,6 +350,14 @@ def declared(kind: str, families: dict[str, Family] | None = None) -> dict[str, 
 ENTRY_POINTS = "replaytests.families"  # a plugin's family: `name = module:FAMILY`, a Family of that name
 
 
+def _importable(name: str) -> bool:
+    """Whether a module of that dotted name can be found (its parent packages are imported; the module is not)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package that is missing, or an empty name part
+        return False
+
+
 def _plugins() -> tuple[dict[str, Family], str | None]:
     """The families registered by entry points (group `replaytests.families`), in their names' order, and the first
     bad entry point's one-line error (None where there is none), which stops the reading."""
@@ -364,6 +373,10 @@ def _plugins() -> tuple[dict[str, Family], str | None]:
         if not isinstance(family, Family) or family.name != point.name:
             return found, (f"{where}: expected a replaytests.families.registry.Family named {point.name!r}, "
                            f"got {family!r:.80}")
+        if missing := [f"its {field} {name!r} names no module that can be imported"
+                       for field in ("outcome", "report_section") if (name := getattr(family, field))
+                       and not _importable(name)]:
+            return found, f"{where}: {'; '.join(missing)}"
         try:
             for kind in SECTIONS:
                 declared(kind, BUILT_IN | found | {point.name: family})
