@@ -3,9 +3,9 @@ the verdict, the headline table, one section per fidelity layer, the plots, the 
 input folded away. Every string that comes from a ledger or the run metadata is HTML-escaped.
 
 Plots (outputs/plots.py): the divergence rates of every headline pair with their Wilson intervals,
-per-layer K and V drift of each headline pair, first-divergence positions, for the rollout families the
-distribution of |delta logp| of every pair per cell, and for the conversation family each headline pair's
-divergence by turn index, one line per cell.
+per-layer K and V drift of each headline pair, first-divergence positions; then each report section's own figures
+(outputs/family_sections.py: for the rollout families the distribution of |delta logp| of every pair per cell, for
+the conversation family each headline pair's divergence by turn index, for the edge sweep each axis value by value).
 """
 
 from __future__ import annotations
