@@ -137,16 +137,19 @@ def figures(report: dict) -> list[str]:
 
 
 def failing(record: Record, gates: Gates) -> list[str]:
-    """The checks an ok sweep fails at every point (gates.sweep_*): its replicas, and its headline pair where the
-    contract requires the cell exact (a cell its sweep gates do not name is not judged here); a record without points
-    fails both (nothing of it was checked). A report's check of its run's pass (report.checked_verdict)."""
-    family = FAMILIES[sweep_report.SWEEP]
-    replicas = any(gates.sweep_replicas(record, pair).failed for pair in family.replicas)
-    judged = record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {})
-    diverged = judged and any(gates.sweep_divergence(record, pair).failed for pair in family.headline)
-    return [name for name, failed in (("sweep replicas (every point)", replicas),
-                                      ("exact-cell continuations (every sweep point)", diverged)) if failed]
+    """The checks an ok sweep fails at every point (its judgements' names; a record without points fails both:
+    nothing of it was checked). A report's check of its run's pass (report.checked_verdict)."""
+    return [name for name, judged in _judged(record, gates).items() if any(j.failed for j in judged)]
 
+
+def _judged(record: Record, gates: Gates) -> dict[str, list]:
+    """A sweep's gates at every point (gates.sweep_*), by check: each replica pair bit-exact, and the headline pair's
+    continuations where the contract requires the cell exact (a cell its sweep gates do not name: not judged here)."""
+    family = FAMILIES[sweep_report.SWEEP]
+    exact = record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {})
+    return {"sweep replicas (every point)": [gates.sweep_replicas(record, pair) for pair in family.replicas],
+            "exact-cell continuations (every sweep point)":
+                [gates.sweep_divergence(record, pair) for pair in family.headline] if exact else []}
 
 # ---- compare: its checks between a baseline run and a new one ----
 
@@ -158,13 +161,8 @@ def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, al
 
 
 def _judgements(record: Record, gates: Gates) -> list:
-    """A sweep's gates at every point (gates.sweep_*): each replica pair bit-exact, and the headline pair's
-    continuations where the contract requires the cell exact (a cell its sweep gates do not name: not judged here)."""
-    family = FAMILIES[sweep_report.SWEEP]
-    judged = [gates.sweep_replicas(record, pair) for pair in family.replicas]
-    if record.precision in gates.suffix_divergence_allowed.get(sweep_report.SWEEP, {}):
-        judged += [gates.sweep_divergence(record, pair) for pair in family.headline]
-    return judged
+    """A sweep's gates at every point, in one list (compare's count of the records that pass them all)."""
+    return [j for judged in _judged(record, gates).values() for j in judged]
 
 
 def _gates(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
