@@ -49,7 +49,7 @@ def test_markdown_puts_verdict_and_headline_first_then_the_layers_in_order(repor
     text = sections.markdown(report)
     found = headings(text)
     layers = [title for title, _ in LAYERS.values()]
-    assert found[:2] == ["## FAIL (10 passed, 1 failed)", "## Headline: every family and precision"], found
+    assert found[:2] == ["## FAIL (1 failed, 10 passed)", "## Headline: every family and precision"], found
     assert found[2:6] == [f"## {n}. {title}" for n, title in enumerate(layers, start=1)], found
     assert found[-2:] == ["## Plots", "## Run details"], found
     first_screen = text[:text.index("## 1.")]

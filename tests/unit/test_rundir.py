@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from replaytests.errors import ConfigError
-from replaytests.outputs import rundir
+from replaytests.outputs import rundir, verdict
+from replaytests.outputs.report import REPORT_FILES
 
 
 @pytest.fixture
@@ -127,11 +128,11 @@ def started(root: Path, name: str, tmp_path: Path) -> subprocess.Popen:
     pytest.fail(f"the run ended before a test passed (exit {proc.returncode})")
 
 
-@pytest.fixture
-def completed(tmp_path) -> Path:
-    """A report root holding one completed run, `first`."""
-    root = tmp_path / "reports"
-    proc = subprocess.run(run_args(root, "first", "1"), cwd=tmp_path, capture_output=True, text=True, check=False)
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory) -> Path:
+    """A report root holding one completed run, `first` (the tests add runs of other names beside it)."""
+    root = tmp_path_factory.mktemp("completed") / "reports"
+    proc = subprocess.run(run_args(root, "first", "1"), cwd=root.parent, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert os.readlink(root / "latest") == "first"
     return root
@@ -176,3 +177,31 @@ def test_a_second_run_into_a_root_in_use_stops_at_once(completed, tmp_path):
                                                      f"writing here (pid {proc.pid}, since "), second.stderr
     assert not (completed / "other").exists(), "the refused run wrote a directory"
     assert snapshot(completed / "first") == before, "the completed run's files changed"
+
+
+@pytest.mark.e2e  # spawns a whole run (the module's)
+def test_a_runs_report_is_the_report_replaytests_report_writes_of_its_directory(completed, tmp_path):
+    """The report a run writes at its end is, byte for byte, the one `replaytests report RUN` writes later of the
+    directory it names: both built from the run.json and ledger the run wrote (run.json's sorted keys, its JSON
+    types), not one of them from the run's objects in memory. And summary.md says the report's verdict."""
+    run = completed / "first"
+    again = tmp_path / "again"
+    proc = subprocess.run([sys.executable, "-m", "replaytests.cli", "report", str(run), "--out", str(again)],
+                          cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    differ = {name: next(n for n, (a, b) in enumerate(zip((run / name).read_text().splitlines(),
+                                                         (again / name).read_text().splitlines(), strict=False))
+                         if a != b) + 1
+              for name in REPORT_FILES if (run / name).read_bytes() != (again / name).read_bytes()}
+    assert not differ, f"the run's report and `replaytests report {run}` differ (file: first line): {differ}"
+    said = (run / "report.md").read_text().splitlines()[2].removeprefix("## ")
+    assert f"    verdict: {said}" in (run / "summary.md").read_text().splitlines(), "summary.md says another verdict"
+
+
+def test_a_verdicts_counts_are_said_in_pytests_order_however_they_were_stored():
+    """A run's verdict holds its counts in OUTCOMES order, its run.json sorted: both are said as pytest says them."""
+    counts = {"passed": 3, "failed": 1, "error": 2, "xfailed": 4, "xpassed": 0, "skipped": 5}
+    assert list(counts) == list(verdict.OUTCOMES), "premise: the counts in the order a run stores them"
+    said = "FAIL (1 failed, 3 passed, 5 skipped, 4 xfailed, 2 error)"
+    for tests in (counts, dict(sorted(counts.items()))):
+        assert verdict.headline({"result": "fail", "tests": tests}) == said, list(tests)

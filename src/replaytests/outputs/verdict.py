@@ -12,6 +12,10 @@ from replaytests.errors import Exit
 from replaytests.outputs.tables import first
 
 OUTCOMES = ("passed", "failed", "error", "xfailed", "xpassed", "skipped")
+# The order a verdict's counts are said in: pytest's own (its last line), whatever order the counts were stored in (a
+# run's in OUTCOMES order, its run.json's sorted), so that a run's terminal, summary.md and report agree with a later
+# `replaytests report` of its directory.
+SAID = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
 
 
 def build(tests: dict[str, int], failures: list[dict], context: dict, interrupted: bool = False) -> dict:
@@ -31,7 +35,9 @@ def exit_status(verdict: dict | None) -> Exit:
 
 def headline(verdict: dict) -> str:
     """`PASS (48 passed)`; a pass the records contradict (report.checked_verdict) says both."""
-    counts = ", ".join(f"{n} {name}" for name, n in verdict["tests"].items() if n) or "no tests ran"
+    tests = verdict["tests"]
+    said = [name for name in SAID if name in tests] + sorted(set(tests) - set(SAID))
+    counts = ", ".join(f"{tests[name]} {name}" for name in said if tests[name]) or "no tests ran"
     if verdict.get("contradicted"):
         return f"{verdict['result'].upper()} (run.json said PASS: {counts}; {verdict['contradicted']})"
     return f"{verdict['result'].upper()} ({counts})"

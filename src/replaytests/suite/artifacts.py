@@ -16,17 +16,20 @@ from replaytests.suite.session import ReplaySession
 
 def write_run(replay: ReplaySession, gathered: Gathered, outcome: dict, run: Path, interrupted: bool,
               started: datetime) -> dict:
-    """Write the run's directory, each file starting with the verdict `outcome` (suite.collector.run_verdict), from
-    the run's statistics computed once (the built report, report.build_report), which it returns for the terminal."""
+    """Write the run's directory, each file starting with the verdict `outcome` (suite.collector.run_verdict): the
+    ledger and run.json, then from them the run's statistics computed once (the built report, report.build_report),
+    which summary.md and the report read and which it returns for the terminal."""
     finished = datetime.now(UTC)
     times = {"started": started.isoformat(timespec="seconds"), "finished": finished.isoformat(timespec="seconds"),
              "seconds": round((finished - started).total_seconds(), 1)}
     meta = run_metadata(replay, outcome) | {"run": {"name": run.name, "interrupted": interrupted, **times,
                                                         "computed": gathered.computed}} | (
         {"audit": summary.audit_line(gathered.audits)} if gathered.audits else {})
-    built = report.build_report(gathered.records, runs.run_meta(meta))
     ledger.write_ledger(run / "ledger.jsonl", gathered.records)
     write_json_atomic(run / "run.json", meta)
+    # The report of the files just written, as `replaytests report RUN` builds it: from run.json read back (its
+    # sorted keys, its JSON types), so that a run's report and a later one of its directory cannot differ.
+    built = report.build_report(gathered.records, runs.report_meta([run]))
     write_atomic(run / "summary.md", summary.markdown(built, header_fields(replay), gathered.audits,
                                                       causal_lines(replay, built), outcome))
     report.write_built(run, built)
