@@ -161,3 +161,23 @@ def test_the_rates_check_of_the_whole_run_decides_the_exit_status(tmp_path, monk
 
     assert [f["check"] for f in collector.verdict["failures"]] == failures, collector.verdict["failures"]
     assert session.exitstatus == status, f"verdict {collector.verdict['result']}, exit {session.exitstatus}"
+
+
+def test_a_worker_that_died_is_named_in_the_verdict_not_xdists_header(tmp_path):
+    """A worker killed mid-test (the OOM killer) leaves xdist's report of the crash, whose text starts with the
+    worker's header line ("[gw0] linux -- Python ..."); the verdict says the crash (a committed vLLM baseline's
+    verdict said only the header)."""
+    config = SimpleNamespace(stash=pytest.Stash())
+    run_state(config).session = SimpleNamespace()
+    nodeid = "test_sweep.py::test_sweep_reference_vs_edge[fp32-smollm2-000]"
+    report = pytest.TestReport(nodeid, ("test_sweep.py", None, "test_sweep.py"), {}, "failed",
+                               f"worker 'gw0' crashed while running {nodeid!r}", "???")  # as xdist.dsession builds it
+    report.node = SimpleNamespace(workerinfo={"id": "gw0", "sysplatform": "linux", "version_info": (3, 11, 7),
+                                              "executable": "/venv/bin/python3"})
+    assert report.longreprtext.startswith("[gw0] linux -- Python 3.11.7 /venv/bin/python3\n"), \
+        f"premise: pytest writes xdist's worker line first: {report.longreprtext!r}"
+    collector = LedgerCollector(config)
+    collector.pytest_runtest_logreport(report)
+    assert collector.gathered.outcomes == {"error": 1}, collector.gathered.outcomes
+    assert collector.gathered.failures == [{"check": "test_sweep_reference_vs_edge[fp32-smollm2-000]",
+                                            "message": f"worker 'gw0' crashed while running {nodeid!r}"}]

@@ -7,6 +7,7 @@ registers one per pytest process; only the controller (or the one process) gathe
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,9 +42,19 @@ def _outcome(report: pytest.TestReport) -> str | None:
     return "passed" if report.when == "call" else None
 
 
+# The line xdist puts first in the text of a report a worker sent ("[gw0] linux -- Python 3.11.7 /path/python"):
+# it says which worker, not what failed.
+_WORKER_LINE = re.compile(r"\[[^\]\s]+\] \S+ -- Python \d+\.\d+\.\d+ ")
+
+
 def _message(report: pytest.TestReport) -> str:
+    """Why a test failed: its exception's message, else its report's text without xdist's worker line (a worker
+    that died has only "worker 'gw0' crashed while running '...'", which the verdict must say)."""
     crash = getattr(report.longrepr, "reprcrash", None)
-    return crash.message if crash is not None else report.longreprtext
+    if crash is not None:
+        return crash.message
+    lines = report.longreprtext.splitlines()
+    return "\n".join(lines[1:] if lines and _WORKER_LINE.match(lines[0]) else lines)
 
 
 class LedgerCollector:
