@@ -15,7 +15,7 @@ from test_report import comparison, crossing, excluded, record, typed
 
 from replaytests.families.registry import LAYERS
 from replaytests.inputs.options import REPO
-from replaytests.outputs import plots, report_html, sections
+from replaytests.outputs import plots, report_html, runs, sections
 from replaytests.outputs.report import build_report
 from replaytests.outputs.stats import wilson
 
@@ -77,6 +77,17 @@ def test_run_details_are_one_compact_table_and_every_input_is_folded(report):
     text = sections.markdown(report)
     assert text.index("<details><summary>Every input</summary>") > text.index("## Run details"), \
         "the full inputs are not folded below the run details"
+
+
+def test_the_run_details_platform_is_the_verdicts_line_without_a_backends_settings():
+    """The run details' platform row is the one line the verdict and the run header say (runs.describe_platform):
+    field names and values in run.json's order; a backend's settings section (runtime.vllm) is the serving premise's,
+    never printed as a Python dict (it was, in every vLLM and llama.cpp report)."""
+    platform = {"software.vllm": "0.32.0", "hardware.device_kind": "cpu", "runtime.vllm": {"block_size": 32},
+                "environment.cpu_isa": "AVX2", "hardware.gpu_name": None}
+    table = dict(sections.details(build_report([], META | {"platform": platform})).rows)
+    assert table["platform"] == "cpu_isa AVX2, device_kind cpu, vllm 0.32.0", table["platform"]
+    assert table["platform"] == runs.describe_platform(dict(reversed(platform.items()))), "the order is the dict's"
 
 
 def test_long_cells_may_wrap_and_short_ones_never(report):

@@ -79,6 +79,14 @@ MANIFEST_DIGESTS = {"bank_sha256": ("bank_sha256",), "model_sha256": ("model", "
                     "tokenizer_sha256": ("tokenizer", "sha256"), "contract_sha256": ("contract", "sha256")}
 
 
+def describe_platform(platform: dict) -> str:
+    """A run's platform in one line, each field's last name and value in the order of its path (run.json's): the
+    verdict's, the run header's and the report's run details. A backend's settings section (runtime.vllm, a dict) is
+    left out: the report shows it in the serving premise (Declaration.report_settings), run.json holds it whole."""
+    return ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in sorted(platform.items())
+                     if value is not None and not isinstance(value, dict))
+
+
 def run_meta(run: dict) -> dict:
     """A run.json for the report's meta: the manifest reduced to its digests, the environment to one line
     each for software and device, the options to those given; every other key as given."""

@@ -19,6 +19,7 @@ from replaytests.files import lookup
 from replaytests.outputs import (
     causal,
     family_sections,
+    runs,
     serving,
     verdict,
 )
@@ -324,8 +325,7 @@ def details(report: dict) -> Table:
     rows = [
         ("contract", f"{contract['name']} ({_short(contract.get('sha256'))}, {contract.get('path')})"
          if contract.get("name") else None),
-        ("platform", ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in meta["platform"].items())
-         if isinstance(meta.get("platform"), dict) else None),
+        ("platform", runs.describe_platform(meta["platform"]) if isinstance(meta.get("platform"), dict) else None),
         ("cpu_isa", (f"{cpu.get('contract')}, " + ("applied" if cpu.get("applied") else "not applied")
                      + (f" ({cpu['note']})" if cpu.get("note") else "")) if cpu else None),
         ("bank", f"{options.get('bank', '-')} ({_short(manifest.get('bank_sha256'))})" if manifest else None),

@@ -67,16 +67,10 @@ def verdict_context(replay: ReplaySession, gathered: Gathered) -> dict:
         + (f", judged at --gate {replay.options.gate}" if replay.options.gate else "")
         if audits else "none of its records audited in this run",
         f"{len(changed)}/{len(audits)} baseline records changed", changed)
-    return {"platform": describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],
+    return {"platform": runs.describe_platform(replay.platform), "cpu_isa": pin_line(replay), "bank": bank[0],
             "baseline": baseline[0], "platform_drift": [line for _, line in (bank, baseline) if line],
             "drift": [str(d) for d in replay.drift],
             "skipped_cells": [f"{name} ({reason})" for name, reason in replay.skipped_cells.items()]}
-
-
-def describe_platform(platform: dict) -> str:
-    """One line: each field's last name and value (a section such as runtime.vllm only in run.json)."""
-    return ", ".join(f"{path.rpartition('.')[2]} {value}" for path, value in platform.items()
-                     if value is not None and not isinstance(value, dict))
 
 
 def pin_line(replay: ReplaySession) -> str:
@@ -138,7 +132,7 @@ def header_fields(replay: ReplaySession) -> dict[str, str]:
         "contract": f"{replay.contract.name} ({replay.options.contract})",
         "backend": f"{replay.backend.name} ({replay.options.backend})",
         "device": replay.device,
-        "platform": describe_platform(replay.platform),
+        "platform": runs.describe_platform(replay.platform),
         "cpu_isa": pin_line(replay),
         "precision": ", ".join(replay.cells),
         **({"shard": f"{replay.options.shard}: {len(replay.plan.sharded_rows)} of the {len(replay.rows)} selected rows"
