@@ -192,6 +192,12 @@ ECHO_SECTION = '''"""A report section module of a family the outputs have never 
 from replaytests.outputs.tables import Table
 
 TERMINAL = True
+HEADLINE_SCOPE = "at every echo"
+HEADLINE_DIVERGENCES = False
+
+
+def headline_comparisons(record, pair):
+    return [record.comparisons["echo~pair"]]
 
 
 def build(records, runtime, cells, pairs):
@@ -241,16 +247,21 @@ def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_
     from replaytests.families.registry import FAMILIES
     from replaytests.outputs import summary
     from replaytests.outputs.compare import compare
+    from replaytests.outputs.shapes import NO_REPLICAS
 
     (tmp_path / "echo_section.py").write_text(ECHO_SECTION)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(FAMILIES, "echo", replace(FAMILIES["crossing"], name="echo", title="Echo",
                                                   report_section="echo_section" if named else ""))
-    records = typed([record("echo", row, "bf16", {"incremental~prefill": comparison()}) for row in ("e1", "e2")])
+    records = typed([record("echo", row, "bf16", {"incremental~prefill": comparison(),
+                                                  "echo~pair": comparison(cache_exact=False)}) for row in ("e1", "e2")])
     built = build_report(records, {})
     page, md = report_html.page(built), sections.markdown(built)
     replica_row = "| echo | bf16 | echo~echo_replica (every echo) | 3/3 |"
-    found = {"report.json": "echoes" in built, "replica row": replica_row in md, "fidelity table": "Echo table" in md,
+    # the headline row reads what the section's headline_comparisons gives (echo~pair: cache differs) and no divergence
+    headline = ["echo", "bf16", "2", "0", NO_REPLICAS, "0/2", "-", "-", "-"]
+    found = {"report.json": "echoes" in built, "headline row": headline in built["headline"]["rows"],
+             "replica row": replica_row in md, "fidelity table": "Echo table" in md,
              "folded table": "Echo folded" in md, "line": "Echo line" in md,
              "summary.md": "Echo summary" in summary.markdown(built, {}),
              "terminal": "Echo summary" in summary.text_table(built), "figure": "<p>echo figure</p>" in page,

@@ -154,9 +154,3 @@ def build(records: list[Record], runtime: str, order: Sequence[str] = ()) -> dic
     cells = [c for c in order if c in by_cell] + sorted(set(by_cell) - set(order))
     return {cell: _cell(by_cell[cell], runtime) for cell in cells}
 
-
-def comparisons(record: Record, pair: str) -> list[Comparison]:
-    """Every comparison of `pair` a record holds: each turn's for a conversation, else the record's one."""
-    if record.family == CONVERSATION and record.turns:
-        return [t.comparisons[pair] for t in record.turns if pair in t.comparisons]
-    return [record.comparisons[pair]] if pair in record.comparisons else []

@@ -13,11 +13,20 @@ from replaytests.inputs.gates import CONVERSATION_CONTROL, Gates
 from replaytests.outputs import conversation_report, plots
 from replaytests.outputs.findings import RATES_REASON, Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Record
-from replaytests.outputs.shapes import DIVERGENCES
+from replaytests.outputs.shapes import DIVERGENCES, own_comparisons
 from replaytests.outputs.stats import INTERVAL, mcnemar_paired
 from replaytests.outputs.tables import Table, fmt_proportion
 
 TERMINAL = True  # its summary table is printed after a run too
+HEADLINE_SCOPE = "at every turn"  # what the headline table's note says of its pairs
+HEADLINE_DIVERGENCES = True
+
+
+def headline_comparisons(record: Record, pair: str) -> list:
+    """What the headline table (outputs/summary.py) reads of a conversation: `pair` at every turn."""
+    if record.turns:
+        return [t.comparisons[pair] for t in record.turns if pair in t.comparisons]
+    return own_comparisons(record, pair)
 
 
 def build(records: list[Record], runtime: str, cells: tuple[str, ...], pairs: list[tuple[str, str]]) -> dict:

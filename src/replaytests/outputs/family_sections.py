@@ -10,6 +10,9 @@ A report section module holds, each reading a built report (report.json's conten
 - `fidelity(report)`: its tables in the fidelity layer, those folded away, and its lines;
 - `summary_table(report)`: its table in summary.md (None where it has nothing), printed after a run too where
   `TERMINAL`;
+- `headline_comparisons(record, pair)`: the comparisons of a headline pair the headline table counts in a record (a
+  conversation's at every turn), `HEADLINE_SCOPE` what the table's note says of that (None: nothing) and
+  `HEADLINE_DIVERGENCES` whether it counts their divergences (a rollout's replays cannot diverge: "-");
 - `figures(report)`: its figures in report.html;
 - `failing(record, gates)`: the names of the checks an ok record of its families fails under the gates (the
   report's check of its run's pass, report.checked_verdict);

@@ -17,11 +17,16 @@ from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE, Gates
 from replaytests.outputs import plots, rollout_families, rollout_report
 from replaytests.outputs.findings import ROLLOUT_RATES_REASON, Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Record
-from replaytests.outputs.shapes import replica_counts
+from replaytests.outputs.shapes import own_comparisons, replica_counts
 from replaytests.outputs.stats import INTERVAL, sign_flip, smallest_p
 from replaytests.outputs.tables import Table, first, fmt_proportion
 
 TERMINAL = False  # its summary table is summary.md's alone
+# The headline table (outputs/summary.py) reads a rollout's own comparisons, and none of its divergence columns: its
+# replays are given the live tokens, so no suffix of theirs can diverge (its table says what does: log-probabilities).
+HEADLINE_SCOPE = None
+HEADLINE_DIVERGENCES = False
+headline_comparisons = own_comparisons
 
 
 def build(records: list[Record], runtime: str, cells: tuple[str, ...], pairs: list[tuple[str, str]]) -> dict:

@@ -69,6 +69,12 @@ def replicas_hold(record: Record) -> bool:
         pair in t.comparisons and bit_exact(t.comparisons[pair]) for t in steps for pair in pairs)
 
 
+def own_comparisons(record: Record, pair: str) -> list:
+    """The record's own comparison of `pair` (none where it lacks the pair): what the headline table reads of a record
+    whose family has no report section, or whose section reads it so."""
+    return [record.comparisons[pair]] if pair in record.comparisons else []
+
+
 def runtime(meta: dict) -> str:
     """The backend that made the records (run.json `options.backend`; the runs' where several were collated)."""
     runs = list((meta.get("runs") or {}).values()) or [meta]

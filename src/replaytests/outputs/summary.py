@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from replaytests.families.registry import CONVERSATION, FAMILIES, ROLLOUT_FAMILIES
+from replaytests.families.registry import FAMILIES
 from replaytests.inputs.gates import (
     Gates,
     replica_pairs,
     unmeasured,
 )
-from replaytests.outputs import causal, conversation_report, family_sections, sweep_report, verdict
+from replaytests.outputs import causal, family_sections, verdict
 from replaytests.outputs.records import Record
-from replaytests.outputs.shapes import NO_REPLICAS, replicas_hold
+from replaytests.outputs.shapes import NO_REPLICAS, own_comparisons, replicas_hold
 from replaytests.outputs.tables import Table, md_cell, plain
 from replaytests.outputs.tables import markdown as md_table
 
-# each family's headline pairs, as the notes under the table name them (a conversation's: at every turn)
+# each family's headline pairs, as the notes under the table name them, with how its report section reads them (a
+# conversation's: at every turn)
 HEADLINE_PAIRS = "; ".join(f"{name}: {' and '.join(f.headline) or 'none'}"
-                           + (", at every turn" if name == CONVERSATION else "")
-                           for name, f in FAMILIES.items())  # a sweep's, at every point: the sweep table's note says so
+                           + (f", {section.HEADLINE_SCOPE}" if (section := family_sections.of(name))
+                              and section.HEADLINE_SCOPE else "")
+                           for name, f in FAMILIES.items())
 HEADLINE_NOTE = (f"Cache and divergence columns compare each family's headline arms ({HEADLINE_PAIRS}); each count "
                  "is k/n over the rows that passed every fail-closed check.")
 COLUMNS = ("family", "precision", "rows", "excluded", "replicas exact", "cache exact",
@@ -49,22 +51,20 @@ def _row(family: str, cell: str, records: list[Record]) -> list[str]:
     if not known.headline:  # no headline pair: nothing to count (a count over no pair would be a vacuous k/n)
         return [family, cell, str(len(records)), str(len(records) - len(ok)), replicas, *["-"] * 4]
     measured = not any(unmeasured(c) for r in ok for p in known.headline for c in _comparisons(r, p))
-    # a rollout's replays are given the live tokens: no suffix of theirs can diverge (the rollout table says
-    # what does, their log-probabilities)
-    divergences = (["-"] * 3 if family in ROLLOUT_FAMILIES else
-                   [_count(ok, some_not(name)) for name in ("suffix_equal", "answer_equal", "correct_equal")])
+    section = family_sections.of(family)
+    divergences = ([_count(ok, some_not(name)) for name in ("suffix_equal", "answer_equal", "correct_equal")]
+                   if section is None or section.HEADLINE_DIVERGENCES else ["-"] * 3)
     return [
         family, cell, str(len(records)), str(len(records) - len(ok)), replicas,
         _count(ok, every("cache_exact", known.headline)) if measured else "not measured", *divergences]
 
 
 def _comparisons(record: Record, pair: str) -> list:
-    """Every comparison of `pair` a record holds that the headline row reads: a conversation's at each turn, an edge
-    sweep's at each point whose premise held (sweep_report.premise), else the record's one."""
-    if record.family == sweep_report.SWEEP and record.sweep:
-        return [p.comparisons[pair] for p in record.sweep
-                if pair in p.comparisons and sweep_report.premise(p)[0] == sweep_report.HELD]
-    return conversation_report.comparisons(record, pair)
+    """Every comparison of `pair` a record holds that the headline row reads: as its family's report section reads it
+    (`headline_comparisons`: a conversation's at each turn, an edge sweep's at each point whose premise held), else the
+    record's one."""
+    section = family_sections.of(record.family)
+    return section.headline_comparisons(record, pair) if section is not None else own_comparisons(record, pair)
 
 
 def replicas_recorded(ok: list[Record]) -> bool:

@@ -13,10 +13,22 @@ from replaytests.inputs.gates import Gates
 from replaytests.outputs import plots, sweep_report
 from replaytests.outputs.findings import RATES_REASON, Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Record
+from replaytests.outputs.shapes import own_comparisons
 from replaytests.outputs.stats import INTERVAL, mcnemar_paired
 from replaytests.outputs.tables import Table, first, fmt_proportion
 
 TERMINAL = True  # its summary table is printed after a run too
+HEADLINE_SCOPE = None  # its pairs at every point: the sweep table's note says so
+HEADLINE_DIVERGENCES = True
+
+
+def headline_comparisons(record: Record, pair: str) -> list:
+    """What the headline table (outputs/summary.py) reads of a sweep: `pair` at every point whose premise held
+    (sweep_report.premise)."""
+    if record.sweep:
+        return [p.comparisons[pair] for p in record.sweep
+                if pair in p.comparisons and sweep_report.premise(p)[0] == sweep_report.HELD]
+    return own_comparisons(record, pair)
 
 
 def build(records: list[Record], runtime: str, cells: tuple[str, ...], pairs: list[tuple[str, str]]) -> dict:
