@@ -229,3 +229,54 @@ def test_a_controls_third_trajectory_fails_only_where_the_splice_moved_no_differ
                                                                                        outcomes, expected):
     judged = tiny_contract.gates.conversation_transplant_row(_control(first_difference, outcomes), "control")
     assert judged.outcome == expected, f"{judged.outcome} ({judged.message}), expected {expected}"
+
+
+def _row(row, role, outcomes, carriers=(None, None), thirds=((), ()), first_difference=15):
+    """A conversation transplant record as its outcome module reads it: per direction (replay<-session, then
+    session<-replay) the whole-history outcome, the carrier turn and the turns whose splice took a third trajectory
+    (their splices end at 10, 20, 30)."""
+    from types import SimpleNamespace
+
+    names = ("replay<-session", "session<-replay")
+    curves = {name: tuple(SimpleNamespace(turn=j, end=10 * j, outcome="third" if j in third else "keeps_own")
+                          for j in (1, 2, 3)) for name, third in zip(names, thirds, strict=True)}
+    splice_ = SimpleNamespace(turn=3, first_kv_difference=first_difference, first_kv_difference_turn=2, curves=curves,
+                              carrier_turn=dict(zip(names, carriers, strict=True)))
+    held = SimpleNamespace(suffix_equal=True)
+    return SimpleNamespace(family="conversation_transplant", row=row, ok=True, role=role, turn_splice=splice_,
+                           title=f"conversation_transplant row {row} (bf16)",
+                           transplants={n: SimpleNamespace(outcome=o) for n, o in zip(names, outcomes, strict=True)},
+                           comparisons=dict.fromkeys(("session_replica<-session~session",
+                                                      "replay_replica<-replay~replay"), held))
+
+
+ROWS = [_row("d1", "divergent", ("follows_donor", "follows_donor"), carriers=(2, 3)),
+        _row("d2", "divergent", ("follows_donor", "keeps_own"), carriers=(3, None)),
+        _row("c1", "control", ("follows_donor", "follows_donor"), thirds=((1,), ())),  # turn 1 ends at 10 < 15: no-op
+        _row("c2", "control", ("follows_donor", "follows_donor"), thirds=((), (2,)))]  # turn 2 ends at 20: mixed
+
+
+def test_the_outcomes_count_donor_recovery_carrier_turns_and_the_thirds_the_gates_bound(tiny_contract):
+    """The report's and the family test's reading of the rows: per direction the divergent rows that follow their
+    donor, their carrier turns, the controls with a third trajectory where no differing K/V moved (what
+    gates.transplant bounds, as the row gate does) apart from those past the first differing position (findings)."""
+    from replaytests.outputs import conversation_transplant_outcome as outcome
+
+    t = outcome.summarize(ROWS, "conversation_transplant")
+    follows, thirds = outcome.counts(t)
+    assert follows == {"replay<-session": (2, 2), "session<-replay": (1, 2)}, follows
+    assert thirds == {"replay<-session": (1, 2), "session<-replay": (0, 2)}, thirds
+    assert {d: v["control_third_mixed"]["k"] for d, v in t["full"].items()} == {"replay<-session": 0,
+                                                                                "session<-replay": 1}, t["full"]
+    assert t["carrier_turn"] == {"replay<-session": {"2": 1, "3": 1}, "session<-replay": {"3": 1, "none": 1}}
+    assert [r["row"] for r in t["by_row"]] == ["d1", "d2", "c1", "c2"], t["by_row"]
+    assert [(r, tiny_contract.gates.conversation_transplant_row(r, r.role).outcome) for r in ROWS[2:]] == [
+        (ROWS[2], "fail"), (ROWS[3], "recorded")], "the row gate reads the controls' thirds otherwise"
+    judged = tiny_contract.gates.transplant_family(follows, thirds)
+    assert [j.outcome for j in judged] == ["fail", "fail"], [j.message for j in judged]
+    lenient = dataclasses.replace(tiny_contract.gates, donor_recovery=0.5, controls_third_trajectory=1)
+    assert [j.outcome for j in lenient.transplant_family(follows, thirds)] == ["pass"]
+    lines = outcome.terminal_lines("conversation_transplant", "bf16", t, tiny_contract.gates)
+    assert "session<-replay 1/2 = 50.0%" in lines[1] and "NOT MET" in lines[4], lines
+    shown = [table.title for table in outcome.tables("conversation_transplant", "bf16", t)]
+    assert shown[0].endswith("bf16: 2 divergent conversations, 2 controls") and "each row" in shown[1], shown

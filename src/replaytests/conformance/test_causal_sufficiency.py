@@ -18,7 +18,7 @@ import pytest
 from replaytests.conformance.helpers import audit_against_baseline, judge, ok
 from replaytests.families.registry import CROSS, FAMILIES
 from replaytests.inputs.gates import replica_pairs
-from replaytests.outputs import causal, transplant_outcome
+from replaytests.outputs import causal, conversation_transplant_outcome, transplant_outcome
 
 pytestmark = pytest.mark.causal
 
@@ -96,21 +96,45 @@ def test_conversation_transplant_recipient_follows_donor(record, replay, causal_
     judge(replay.contract.gates.conversation_transplant_row(result, role))
 
 
+def _conversation_panel(replay, cell) -> tuple:
+    """The conversation transplant's panel in a cell, its roles (row -> role) and its rows in this run's shard;
+    skipped where the backend cannot serve it or the cell's K/V cache is quantized."""
+    family = "conversation_transplant"
+    if reason := replay.unavailable(family):
+        pytest.skip(reason)
+    if not replay.contract.cell(cell).kv_cache.native:
+        pytest.skip(f"{cell}: a position splice of a quantized K/V cache is not defined")
+    panel = replay.panel(family, cell)
+    roles = dict(panel.rows)
+    return panel, roles, [row for row in replay.plan.family_rows(family) if row.id in roles]
+
+
 def test_conversation_transplant_has_something_to_transplant(record, replay, causal_cell):
     """A panel without a testable divergent row checked nothing: "nothing to transplant", recorded, never a pass;
     with one, its divergent rows in this shard are transplanted (their validity controls held)."""
-    if reason := replay.unavailable("conversation_transplant"):
-        pytest.skip(reason)
-    if not replay.contract.cell(causal_cell).kv_cache.native:
-        pytest.skip(f"{causal_cell}: a position splice of a quantized K/V cache is not defined")
-    panel = replay.panel("conversation_transplant", causal_cell)
-    divergent = {row for row, role in panel.rows if role == "divergent"}
-    for row in replay.plan.family_rows("conversation_transplant"):
-        if row.id in divergent:
+    panel, roles, rows = _conversation_panel(replay, causal_cell)
+    for row in rows:
+        if roles[row.id] == "divergent":
             ok(record("conversation_transplant", row, causal_cell))
     candidates = min(replay.plan.panel_size("conversation"), len(replay.rows))
-    judge(replay.contract.gates.conversation_transplant_panel(causal_cell, len(divergent), panel.not_testable,
+    divergent = sum(role == "divergent" for role in roles.values())
+    judge(replay.contract.gates.conversation_transplant_panel(causal_cell, divergent, panel.not_testable,
                                                               candidates))
+
+
+def test_conversation_transplant_family_meets_its_gates(record, replay, causal_cell):
+    """gates.transplant over the conversation transplant's rows in this shard: per direction, the divergent
+    conversations whose recipient given the donor's whole turn-k K/V follows it (transplant.donor_recovery), and the
+    controls whose splice that moved no differing K/V took a third trajectory (transplant.controls_third_trajectory).
+    The per-row tests record a miss the gates allow a share of; this judges the share (a direction with no such row
+    establishes nothing: recorded, never met)."""
+    _, _, rows = _conversation_panel(replay, causal_cell)
+    if not rows:
+        pytest.skip(f"no row of the {causal_cell} conversation transplant panel in this run's rows (an empty panel is "
+                    "recorded by test_conversation_transplant_has_something_to_transplant)")
+    found = [record("conversation_transplant", row, causal_cell) for row in rows]
+    summary = conversation_transplant_outcome.summarize(found, found[0].family)
+    judge(*replay.contract.gates.transplant_family(*conversation_transplant_outcome.counts(summary)))
 
 
 def test_causal_baseline_record_reproduces(audit_record, replay, causal_baseline_record):

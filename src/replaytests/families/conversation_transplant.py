@@ -42,10 +42,10 @@ from replaytests.families.skeleton import arm_record, compare_arms, excluded, re
 from replaytests.families.transplant import outcome
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.blocks import direction
+from replaytests.outputs.conversation_transplant_outcome import divergent_turn, not_testable_reason
 from replaytests.outputs.records import ConversationTurn, Record, as_written, title
 
 FAMILY = FAMILIES["conversation_transplant"]
-PAIR = "session~replay"  # the divergence it transplants (the conversation family's headline pair)
 BUILT = tuple(arm for c in CONVERSATION_SPLICE for arm in (c, f"{c}_replica"))
 ARM_FIELDS = ("suffix", "cache_digest", "logits_digest", "z_sha256")  # what the rebuilt arms must reproduce
 
@@ -53,23 +53,6 @@ ARM_FIELDS = ("suffix", "cache_digest", "logits_digest", "z_sha256")  # what the
 class _Ref(NamedTuple):
     id: str
     prefix_len: int
-
-
-def divergent_turn(record: Record) -> ConversationTurn | None:
-    """A conversation record's first turn whose session and replay assistant turns differ, or None."""
-    return next((t for t in record.turns if not t.comparisons[PAIR].suffix_equal), None)
-
-
-def not_testable_reason(turn: ConversationTurn) -> str | None:
-    """Why a divergent turn cannot be tested by splicing, or None where it can: the spliced state keeps the
-    recipient's boundary logits, so where session and replay choose different first tokens no splice moves that
-    choice."""
-    metrics = turn.comparisons[PAIR]
-    if metrics.first_divergence != 0:
-        return None
-    return (f"turn {turn.turn}: session and replay choose different first tokens (raw argmax "
-            f"{'equal' if metrics.argmax_equal else 'different too'}): a splice keeps the recipient's boundary "
-            "logits and cannot move that choice")
 
 
 def panel(conversation_records: list[Record], cell: str, divergent: int, controls: int) -> Panel:

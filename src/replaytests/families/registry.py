@@ -311,7 +311,7 @@ BUILT_IN = {family.name: family for family in (
            bank_file="conversations",
            panel_schema=Section({"divergent": Value(int, default=12, low=1, high=MAX_COUNT),
                                  "exact_controls": Value(int, default=2, low=1, high=MAX_COUNT)}, default={}),
-           gates="transplant"),
+           gates="transplant", outcome="replaytests.outputs.conversation_transplant_outcome"),
     # Its gates: every point's replicas bit-exact; reference~edge continuations that diverge at a point are recorded
     # where the cell may diverge, a failure where it may not.
     Family("sweep", SWEEP_ARMS, _SWEEP_PAIRS, (SWEEP_HEADLINE,), "sweep", ("replica", "token_identity", "fidelity"),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from replaytests.outputs.records import Comparison, Record
+    from replaytests.outputs.records import Comparison, Record, TurnSplice
 
 BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
 # The rollout families' control and recompute pairs, and the conversation family's control (at turn 1, one call each)
@@ -171,6 +171,16 @@ def point_premise(point) -> tuple[list[str], list[str]]:
                     out.append(f"{where}: {arm} counted {counter} {served.get(counter)}, "
                                f"{'its construction requires' if kind == 'requires' else 'the point needs'} {wanted}")
     return found["requires"], found["premise"]
+
+
+def splice_thirds(splice: TurnSplice) -> dict[str, list[tuple[int, bool]]]:
+    """Per direction of a conversation transplant (a record's `turn_splice`), each turn j whose splice of turns 1..j
+    took a third trajectory, and whether that splice moved no differing K/V (it ends at or before the first position
+    whose K/V differ between session and replay: the recipient's own values, copied; a third trajectory there is what
+    gates.transplant.controls_third_trajectory bounds, one past it a finding)."""
+    differ = splice.first_kv_difference
+    return {name: [(step.turn, differ is None or step.end <= differ) for step in curve if step.outcome == THIRD]
+            for name, curve in splice.curves.items()}
 
 
 def _required(required: bool, message: str, gate: str) -> Judgement:
@@ -465,8 +475,8 @@ class Gates:
                                                             f"follow it: {missed}", "transplant.donor_recovery")
             return PASS
         differ = splice.first_kv_difference
-        third = [(f"{name} over turns 1..{step.turn}", differ is None or step.end <= differ)
-                 for name, curve in splice.curves.items() for step in curve if step.outcome == THIRD]
+        third = [(f"{name} over turns 1..{turn}", copied) for name, steps in splice_thirds(splice).items()
+                 for turn, copied in steps]
         if no_op := [name for name, copied in third if copied]:
             return _required(self.controls_third_trajectory == 0, f"{record.title}: turn {splice.turn}: a splice "
                                                                  f"that moved no differing K/V produced a third "

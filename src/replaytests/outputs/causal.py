@@ -53,12 +53,13 @@ def not_testable_reason(cross: Comparison) -> str | None:
     return f"first suffix tokens differ (raw boundary argmax {argmax}): a transplant cannot move that choice"
 
 
-def validity(records: list[Record]) -> dict:
-    """The validity control over a family's records: rows whose self-transplants reproduced their own
-    trajectories (Wilson), and the rows it excluded (decoding not a function of the cache alone)."""
-    carrying = [r for r in records if r.ok and all(f"{name}~{own}" in r.comparisons for name, own in VALIDITY_PAIRS)]
+def validity(records: list[Record], pairs: tuple[tuple[str, str], ...] = VALIDITY_PAIRS) -> dict:
+    """The validity control over a family's records: rows whose self-transplants (`pairs`: (self-transplant, own),
+    the transplant's by default) reproduced their own trajectories (Wilson), and the rows it excluded (decoding not a
+    function of the cache alone)."""
+    carrying = [r for r in records if r.ok and all(f"{name}~{own}" in r.comparisons for name, own in pairs)]
     return {"reproduced": proportion(carrying, lambda r: all(r.comparisons[f"{name}~{own}"].suffix_equal
-                                                              for name, own in VALIDITY_PAIRS)),
+                                                              for name, own in pairs)),
             "invalid": sorted(r.row for r in records if not r.ok and r.reason.startswith(INVALID))}
 
 
