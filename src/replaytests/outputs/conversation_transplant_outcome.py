@@ -15,14 +15,17 @@ from collections.abc import Callable
 
 from replaytests.families.registry import FAMILIES, SELF_SPLICES, SPLICES
 from replaytests.inputs.gates import FOLLOWS, Gates, splice_thirds
+from replaytests.outputs import transplant_outcome
 from replaytests.outputs.causal import validity, validity_cell, validity_text
 from replaytests.outputs.records import ConversationTurn, Record
 from replaytests.outputs.stats import proportion
 from replaytests.outputs.tables import Table, fmt_proportion
-from replaytests.outputs.transplant_outcome import gate_text
 
 PAIR = "session~replay"  # the divergence it transplants (the conversation family's headline pair)
 TRACKED: tuple[str, ...] = ()  # the history keeps the per-direction outcomes alone
+# As the transplant's: no rows in the replica table (its replicas are judged in its records' own tests), and the
+# history keeps `full`'s donor recovery and (gated) third trajectories per direction.
+replica_rows, tracked = transplant_outcome.replica_rows, transplant_outcome.tracked
 
 
 def divergent_turn(record: Record) -> ConversationTurn | None:
@@ -107,7 +110,8 @@ def terminal_lines(family: str, cell: str, t: dict, gates: Gates) -> list[str]:
             + "; ".join(f"{name} {_carriers(found)}" for name, found in t["carrier_turn"].items()),
             f"  controls with a third trajectory where no differing K/V moved: {each('control_third')}; past the first "
             f"differing position (recorded): {each('control_third_mixed')}",
-            f"  gates.{FAMILIES[family].gate_section}: {gate_text(gates.transplant_family(*counts(t)))}",
+            f"  gates.{FAMILIES[family].gate_section}: "
+            f"{transplant_outcome.gate_text(gates.transplant_family(*counts(t)))}",
             f"  not testable (first tokens differ at the divergent turn): {len(t['not_testable'])}"
             + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"])]
 
@@ -140,14 +144,3 @@ def tables(family: str, cell: str, t: dict) -> list[Table]:
         out.append(Table(f"Conversation transplant, {cell}: divergent conversations not testable", ("row", "reason"),
                          tuple((row, reason) for row, reason in t["not_testable"])))
     return out
-
-
-def replica_rows(family: str, cell: str, t: dict) -> list[tuple[str, ...]]:
-    """None: its replicas are judged in its records' own tests, not counted in the replica table."""
-    return []
-
-
-def tracked(t: dict) -> dict:
-    """Donor recovery and third trajectories (where no differing K/V moved) per direction."""
-    return {"follows_donor": {d: v["follows_donor"] for d, v in t["full"].items()},
-            "control_third": {d: v["control_third"] for d, v in t["full"].items()}}
