@@ -16,7 +16,7 @@ import pytest
 
 from replaytests.cli import main
 from replaytests.errors import ConfigError, LedgerError
-from replaytests.outputs import ledger
+from replaytests.outputs import causal, ledger
 from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
 from replaytests.outputs.report import build_report, write_report
@@ -428,6 +428,29 @@ def test_collate_bad_ledger_is_one_line_error(tmp_path, content, message):
     path = tmp_path / "ledger.jsonl"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(LedgerError, match=f"^{re.escape(str(path) + message)}"):
+        collate([tmp_path])
+
+
+def _committed(family: str) -> dict:
+    """The embedded default's first committed ok record of a causal family, as JSON."""
+    with (Path(__file__).resolve().parents[2] / "fixtures" / "ledgers" / "cpu-tiny" / "ledger.jsonl").open() as lines:
+        return next(record for line in lines if f'"family": "{family}"' in line
+                    and (record := json.loads(line))["family"] == family and record["status"] == "ok")
+
+
+@pytest.mark.parametrize(("family", "field"), [(family, field) for family, module in causal.outcomes().items()
+                                               for field in module.REQUIRED])
+def test_an_ok_causal_record_without_a_field_its_outcomes_read_is_one_line(tmp_path, family, field):
+    """An ok record of a family with causal outcomes lacking a field its outcome module reads (a hand-edited ledger)
+    is refused where the ledger is read, naming the line, the record and the field (it was a traceback in the
+    report: the conversation transplant's `turn_splice`)."""
+    record = _committed(family)
+    assert Record.from_json(record).ok, "premise: the committed record is read"
+    record.pop(field)
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    key = "/".join(record[name] for name in ("family", "row", "precision"))
+    with pytest.raises(LedgerError, match=f"^{re.escape(f'{path}:1: ledger record {key}: field {field!r} missing')}"):
         collate([tmp_path])
 
 

@@ -10,7 +10,9 @@ An outcome module (its family's `outcome`) holds, for a family `family` and a ce
 - `tables(family, cell, summary)`: report.md's tables in the causal layer;
 - `replica_rows(family, cell, summary)`: its rows of the replica layer's table;
 - `tracked(summary)`: what the history keeps of it; `TRACKED`: the fields besides the per-direction outcomes
-  (`follows_donor`, `control_third`) that it keeps, in the history table's order around them.
+  (`follows_donor`, `control_third`) that it keeps, in the history table's order around them;
+- `REQUIRED`: the record fields an ok record of the family must hold for `summarize` (ledger.headline_problem refuses
+  one without, in one line).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from replaytests.outputs.tables import Table, fmt_proportion
 
 PAIR = "session~replay"  # the divergence it transplants (the conversation family's headline pair)
 TRACKED: tuple[str, ...] = ()  # the history keeps the per-direction outcomes alone
+REQUIRED = ("role", "transplants", "turn_splice")  # what an ok record must hold for summarize
 # As the transplant's: no rows in the replica table (its replicas are judged in its records' own tests), and the
 # history keeps `full`'s donor recovery and (gated) third trajectories per direction.
 replica_rows, tracked = transplant_outcome.replica_rows, transplant_outcome.tracked

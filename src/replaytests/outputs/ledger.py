@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import importlib
 import json
 import os
 from collections.abc import Callable
@@ -126,18 +127,21 @@ def read_ledger(path: Path, problem: Callable[[Record], str | None] | None = Non
 
 def headline_problem(record: Record) -> str | None:
     """What makes a record unfit for a reader of its family's headline (the report, compare), or None: an ok
-    record without its family's headline pair."""
+    record without its family's headline pair, or, for a family with causal outcomes, without a field its outcome
+    module reads (its `REQUIRED`: a transplant's `transplants`, a conversation transplant's `turn_splice`)."""
     if not record.ok:
         return None
-    family = record.family
+    family, required = record.family, ()
     if family in SHAPES:  # a headline table's family
         headline = SHAPES[family].headline
     elif family in FAMILIES and FAMILIES[family].outcome:  # one with causal outcomes: its outcome module reads it
-        headline = FAMILIES[family].headline
+        headline, required = FAMILIES[family].headline, importlib.import_module(FAMILIES[family].outcome).REQUIRED
     else:
         headline = ()
     if missing := [pair for pair in headline if pair not in record.comparisons]:
         return f"ledger record {record.label}: comparisons lack the {family} family's pair {missing[0]!r}"
+    if lacking := [name for name in required if getattr(record, name) is None]:
+        return f"ledger record {record.label}: field {lacking[0]!r} missing (an ok {family} record holds it)"
     return None
 
 

@@ -16,6 +16,7 @@ from replaytests.outputs.stats import proportion
 from replaytests.outputs.tables import Table, fmt_proportion
 
 TRACKED = ("divergent", "label")  # the history keeps its divergent rows (first) and its label (last) too
+REQUIRED = ("transplants",)  # what an ok record must hold for summarize
 
 
 def min_exact_controls(family: str, meta: dict | None = None) -> int:

@@ -16,6 +16,7 @@ from replaytests.outputs.stats import proportion
 from replaytests.outputs.tables import Table, fmt_proportion
 
 TRACKED: tuple[str, ...] = ()  # the history keeps the per-direction outcomes alone
+REQUIRED = ("role", "transplants", "parts", "layers")  # what an ok record must hold for summarize
 
 
 def summarize(records: list[Record], family: str, meta: dict | None = None) -> dict:
