@@ -59,9 +59,7 @@ def test_transplant_family_meets_its_gates(record, replay, causal_cell, transpla
     rows = [row for row in shard if row.id in roles]
     replay.records(family, rows, causal_cell)  # under -n N, computed by the workers together (suite.claims)
     summary = transplant_outcome.summarize([record(family, row, causal_cell) for row in rows], family)
-    follows = {name: (v["follows_donor"]["k"], v["follows_donor"]["n"]) for name, v in summary["full"].items()}
-    thirds = {name: (v["control_third"]["k"], v["control_third"]["n"]) for name, v in summary["full"].items()}
-    judge(*replay.contract.gates.transplant_family(follows, thirds))
+    judge(*replay.contract.gates.transplant_family(*transplant_outcome.counts(summary)))
 
 
 def test_replication_on_later_checkpoint(record, replay, causal_cell, replication_row):

@@ -27,6 +27,9 @@ REQUIRED = ("role", "transplants", "turn_splice")  # what an ok record must hold
 # As the transplant's: no rows in the replica table (its replicas are judged in its records' own tests), and the
 # history keeps `full`'s donor recovery and (gated) third trajectories per direction.
 replica_rows, tracked = transplant_outcome.replica_rows, transplant_outcome.tracked
+# What gates.transplant_family judges, as the transplant's: `full`'s donor recovery and its gated third trajectories
+# (here: a control's splice that moved no differing K/V)
+counts = transplant_outcome.counts
 
 
 def divergent_turn(record: Record) -> ConversationTurn | None:
@@ -86,13 +89,6 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> d
 
 def _turn(turn: int | None) -> str:
     return "none" if turn is None else str(turn)
-
-
-def counts(t: dict) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
-    """What gates.transplant_family judges: per direction (k, n) of the divergent rows that follow the donor, and of
-    the controls whose splice that moved no differing K/V took a third trajectory."""
-    return tuple({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
-                 for key in ("follows_donor", "control_third"))
 
 
 def _carriers(found: dict) -> str:

@@ -41,8 +41,13 @@ def _row(family: str, cell: str, records: list[Record]) -> list[str]:
     if known is None:  # a family this version does not know: counts only
         return [family, cell, str(len(records)), str(len(records) - len(ok))] + ["?"] * 5
 
-    def every(field: str, pairs: tuple[str, ...]):  # a conversation's pairs at every turn, a sweep's at every point
-        return lambda r: all(getattr(c, field) for p in pairs for c in _comparisons(r, p))
+    # what the row reads of a record: as its family's report section reads it (`headline_comparisons`: a
+    # conversation's pairs at every turn, a sweep's at every point whose premise held), else the record's own
+    section = family_sections.of(family)
+    read = section.headline_comparisons if section is not None else own_comparisons
+
+    def every(field: str, pairs: tuple[str, ...]):
+        return lambda r: all(getattr(c, field) for p in pairs for c in read(r, p))
 
     def some_not(field: str):
         return lambda r: not every(field, known.headline)(r)
@@ -50,21 +55,12 @@ def _row(family: str, cell: str, records: list[Record]) -> list[str]:
     replicas = "-" if not known.replicas else _count(ok, replicas_hold) if replicas_recorded(ok) else NO_REPLICAS
     if not known.headline:  # no headline pair: nothing to count (a count over no pair would be a vacuous k/n)
         return [family, cell, str(len(records)), str(len(records) - len(ok)), replicas, *["-"] * 4]
-    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in _comparisons(r, p))
-    section = family_sections.of(family)
+    measured = not any(unmeasured(c) for r in ok for p in known.headline for c in read(r, p))
     divergences = ([_count(ok, some_not(name)) for name in ("suffix_equal", "answer_equal", "correct_equal")]
                    if section is None or section.HEADLINE_DIVERGENCES else ["-"] * 3)
     return [
         family, cell, str(len(records)), str(len(records) - len(ok)), replicas,
         _count(ok, every("cache_exact", known.headline)) if measured else "not measured", *divergences]
-
-
-def _comparisons(record: Record, pair: str) -> list:
-    """Every comparison of `pair` a record holds that the headline row reads: as its family's report section reads it
-    (`headline_comparisons`: a conversation's at each turn, an edge sweep's at each point whose premise held), else the
-    record's one."""
-    section = family_sections.of(record.family)
-    return section.headline_comparisons(record, pair) if section is not None else own_comparisons(record, pair)
 
 
 def replicas_recorded(ok: list[Record]) -> bool:

@@ -51,6 +51,13 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> d
     }
 
 
+def counts(t: dict) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """What gates.transplant_family judges of a summary's `full` outcomes: per direction (k, n) of the divergent rows
+    that follow their donor, and of the controls with a (gated) third trajectory."""
+    return tuple({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
+                 for key in ("follows_donor", "control_third"))
+
+
 def gate_text(judgements: list) -> str:
     failed = [j.message for j in judgements if j.failed]
     unsettled = [j.message for j in judgements if j.outcome == "recorded"]
@@ -67,8 +74,7 @@ def terminal_lines(family: str, cell: str, t: dict, gates: Gates) -> list[str]:
                       for name, v in by.items())
     ranges = "; ".join(f"{name} " + (", ".join(f"[{r}] x{n}" for r, n in found.items()) or "-")
                        for name, found in t["minimal_layers"].items())
-    judged = gates.transplant_family(*({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
-                                       for key in ("follows_donor", "control_third")))
+    judged = gates.transplant_family(*counts(t))
     return [f"{family} ({cell}): validity control (self-transplants reproduce their own trajectory): "
             f"{validity_text(t['validity'])}",
             f"  recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
