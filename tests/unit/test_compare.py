@@ -52,12 +52,17 @@ def diverging(family: str, rows: int, divergent: int) -> list[dict]:
 
 
 def transplant(row: str, role: str, *outcomes: str) -> dict:
-    """A transplant record (families/transplant.py) with one outcome per direction."""
+    """A transplant record (families/transplant.py) with one outcome per direction, the same for its K-only and V-only
+    parts; a divergent row's minimal layers where its recipient followed the donor (all 4 layers)."""
     directions = ("prefill<-incremental", "incremental<-prefill")
+    outcome = {d: {"outcome": o, "first_divergence_vs_donor": None, "first_divergence_vs_own": None}
+               for d, o in zip(directions, outcomes, strict=True)}
     return record("transplant", row, "bf16", {"incremental~prefill": comparison(suffix_equal=role == "control")},
-                  role=role, transplants={d: {"outcome": o, "first_divergence_vs_donor": None,
-                                              "first_divergence_vs_own": None}
-                                          for d, o in zip(directions, outcomes, strict=True)})
+                  role=role, transplants=outcome, layers=4,
+                  parts={part: {d: o | {"cache_digest": "0" * 64, "suffix": [1]} for d, o in outcome.items()}
+                         for part in ("k_only", "v_only")},
+                  minimal_layers=None if role == "control" else
+                  {d: [0, 3] if o["outcome"] == "follows_donor" else None for d, o in outcome.items()})
 
 
 def test_identical_runs_pass_with_a_verdict_table():

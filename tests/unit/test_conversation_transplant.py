@@ -280,3 +280,28 @@ def test_the_outcomes_count_donor_recovery_carrier_turns_and_the_thirds_the_gate
     assert "session<-replay 1/2 = 50.0%" in lines[1] and "NOT MET" in lines[4], lines
     shown = [table.title for table in outcome.tables("conversation_transplant", "bf16", t)]
     assert shown[0].endswith("bf16: 2 divergent conversations, 2 controls") and "each row" in shown[1], shown
+
+
+def test_compare_judges_the_family_gate_on_the_new_run_beside_the_baselines_counts(tiny_contract):
+    """`replaytests compare`'s check of the family (its outcome module's `compare`): the transplant's gates over the new
+    run's rows, each direction's count beside the baseline's; where every divergent row follows its donor and no
+    control took a gated third trajectory, the gate holds, and a new run that lost a follower fails it."""
+    from replaytests.outputs import conversation_transplant_outcome as outcome
+    from replaytests.outputs.findings import Findings
+
+    group = ("conversation_transplant", "bf16")
+    held = [_row("d1", "divergent", ("follows_donor", "follows_donor"), carriers=(2, 3)), ROWS[3]]  # mixed third only
+    lost = [_row("d1", "divergent", ("follows_donor", "keeps_own"), carriers=(2, None)), ROWS[3]]
+    for new, expected in ((held, []), (lost, ["transplant gate: conversation_transplant/bf16 session<-replay: follows "
+                                              "donor 0/1 divergent rows, below the donor recovery gate 1"])):
+        out = Findings("bits", None)
+        outcome.compare(out, group, {r.row: r for r in held}, {r.row: r for r in new}, tiny_contract.gates, 0.05)
+        assert out.reasons == expected, out.reasons
+        measures = {m.measure: (m.baseline, m.new, m.ok) for m in out.lines}
+        assert measures["session<-replay follows donor"] == ((1, 1), (int(new is held), 1), new is held), measures
+        assert measures["replay<-session third trajectory"] == ((0, 1), (0, 1), True), measures
+    empty = Findings("bits", None)
+    outcome.compare(empty, group, {}, {r.row: r for r in held[1:]}, tiny_contract.gates, 0.05)
+    assert empty.reasons == [] and empty.notes == [
+        f"transplant gate: conversation_transplant/bf16 {d}: donor recovery not established (0 testable divergent rows)"
+        for d in ("replay<-session", "session<-replay")], (empty.reasons, empty.notes)

@@ -12,7 +12,9 @@ An outcome module (its family's `outcome`) holds, for a family `family` and a ce
 - `tracked(summary)`: what the history keeps of it; `TRACKED`: the fields besides the per-direction outcomes
   (`follows_donor`, `control_third`) that it keeps, in the history table's order around them;
 - `REQUIRED`: the record fields an ok record of the family must hold for `summarize` (ledger.headline_problem refuses
-  one without, in one line).
+  one without, in one line);
+- `compare(out, group, base, new, gates, alpha)`: its checks of one family and cell between a baseline run and a new
+  one (outputs/compare.py), into the Findings `out`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ INVALID = "TransplantInvalid"  # the reason an excluded record begins with when 
 def outcomes() -> dict[str, ModuleType]:
     """The families with causal outcomes, in the registry's order, each with its outcome module."""
     return {name: importlib.import_module(family.outcome) for name, family in FAMILIES.items() if family.outcome}
+
+
+def of(family: str) -> ModuleType | None:
+    """The outcome module of a family, None for a family without one (or one the registry does not know)."""
+    found = FAMILIES.get(family)
+    return importlib.import_module(found.outcome) if found is not None and found.outcome else None
 
 
 def by_cell(records: list[Record], meta: dict) -> dict[str, dict]:

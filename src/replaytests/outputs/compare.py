@@ -16,12 +16,12 @@ family compares), the bridge or a rollout's control (live~incremental) is not bi
 passes the contract's rollout bounds, a conversation fails its gates at some turn (its replicas, the turn-1
 control, assistant turns in a cell the contract requires exact), an edge sweep fails its gates at some point (its
 replicas, continuations in a cell the contract requires exact), a headline pair diverges in a cell where the
-contract forbids it, donor recovery fell below its gate (or more transplant controls than allowed took a third
-trajectory), a whole family/cell of the baseline is missing, rows the baseline judged were excluded
-in the new run (or a family/cell has no testable row), or a cell's definition changed. A cell whose
-gates are unknown is refused (check_cells): never taken for one allowed to diverge. An expected-state
-file (outputs/expected.py) accepts known changes per family and cell, and fails where one no longer
-occurs ("improved"). Rows present in one run only are noted.
+contract forbids it, a transplant family's donor recovery fell below its gate (or more of its controls than allowed
+took a third trajectory: the transplant's, the conversation transplant's), a whole family/cell of the baseline is
+missing, rows the baseline judged were excluded in the new run (or a family/cell has no testable row), or a cell's
+definition changed. A cell whose gates are unknown is refused (check_cells): never taken for one allowed to
+diverge. An expected-state file (outputs/expected.py) accepts known changes per family and cell, and fails where one
+no longer occurs ("improved"). Rows present in one run only are noted.
 
 What the checks find, and its text, are outputs/findings.py's.
 """
@@ -46,7 +46,7 @@ from replaytests.inputs.gates import (
     replica_pairs,
 )
 from replaytests.inputs.platforms import platform_differences, retired
-from replaytests.outputs import family_sections, localization
+from replaytests.outputs import causal, family_sections, localization
 from replaytests.outputs.audit import audit_record
 from replaytests.outputs.expected import Expected
 from replaytests.outputs.findings import RATES_REASON, Findings, Group, Measure, Rows, ok_records
@@ -59,13 +59,6 @@ from replaytests.outputs.stats import mcnemar_paired
 from replaytests.outputs.tables import first
 
 ALPHA = 0.05  # the significance of the rates level (McNemar; the rollouts' sign-flip test)
-TRANSPLANT = "transplant"
-
-
-def transplant_outcomes(record: Record) -> dict[str, str]:
-    """Each direction's outcome ("follows_donor", "keeps_own" or "third") of an ok transplant record
-    (families/transplant.py)."""
-    return {name: result.outcome for name, result in (record.transplants or {}).items()}
 
 
 def gates_of(contract: Path | None = None) -> Gates:
@@ -216,32 +209,6 @@ def _rollout_control(record: Record) -> list[str]:
     return [ROLLOUT_CONTROL] if record.family in ROLLOUT_FAMILIES and ROLLOUT_CONTROL in record.comparisons else []
 
 
-def _outcome_counts(rows: Rows, role: str, outcome: str) -> dict[str, tuple[int, int]]:
-    """Per direction any ok record ran: (records of `role` with `outcome`, records of `role`); a direction
-    with no record of `role` is (0, 0), which establishes nothing."""
-    ok = ok_records(rows)
-    seen = [transplant_outcomes(r) for r in ok if r.role == role]
-    names = sorted({name for r in ok for name in transplant_outcomes(r)})
-    return {name: (sum(o.get(name) == outcome for o in seen), len(seen)) for name in names}
-
-
-def _transplant(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates) -> None:
-    """Donor recovery per direction on the divergent rows, third trajectories on the controls (new run),
-    judged by gates.transplant; a direction with no such row is noted as not established, never met."""
-    follows, thirds = _outcome_counts(new, "divergent", "follows_donor"), _outcome_counts(new, "control", "third")
-    judged = gates.transplant_family(follows, thirds)
-    failed = [j.message for j in judged if j.failed]
-    for label, role, outcome, counts in (("follows donor", "divergent", "follows_donor", follows),
-                                         ("third trajectory", "control", "third", thirds)):
-        before = _outcome_counts(base, role, outcome)
-        for name, (k, n) in counts.items():
-            if n:  # a direction with no such row is noted below (not established), not tabled as ok
-                ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
-                out.lines.append(Measure(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
-    out.reasons += [f"transplant gate: {'/'.join(group)} {message}" for message in failed]
-    out.notes += [f"transplant gate: {'/'.join(group)} {j.message}" for j in judged if j.outcome == "recorded"]
-
-
 def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
     """A (family, cell) of the baseline with no record in the new run fails; rows in one run only
     are noted, one line per family and side (its cells and the first few row ids)."""
@@ -330,10 +297,9 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
         if group[0] in SHAPES:
             _exact_cell_divergence(out, group, current, gates)
             _rates(out, group, base, current, alpha)
-        if (section := family_sections.of(group[0])) is not None:
-            section.compare(out, group, base, current, gates, alpha)
-        if group[0] == TRANSPLANT:
-            _transplant(out, group, base, current, gates)
+        for module in (family_sections.of(group[0]), causal.of(group[0])):  # its report section's, its outcomes'
+            if module is not None:
+                module.compare(out, group, base, current, gates, alpha)
         if runtimes and group[0] in FAMILIES:
             _cross_runtime(out, group, base, current, runtimes)
     if expected is not None:

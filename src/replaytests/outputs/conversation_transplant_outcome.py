@@ -17,6 +17,7 @@ from replaytests.families.registry import FAMILIES, SELF_SPLICES, SPLICES
 from replaytests.inputs.gates import FOLLOWS, Gates, splice_thirds
 from replaytests.outputs import transplant_outcome
 from replaytests.outputs.causal import validity, validity_cell, validity_text
+from replaytests.outputs.findings import Findings, Group, Rows
 from replaytests.outputs.records import ConversationTurn, Record
 from replaytests.outputs.stats import proportion
 from replaytests.outputs.tables import Table, fmt_proportion
@@ -85,6 +86,12 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> d
                     "carrier_turn": {name: r.turn_splice.carrier_turn.get(name) for name in SPLICES}}
                    for r in sorted(ok, key=lambda r: (r.role != "divergent", r.row))],
     }
+
+
+def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
+    """Its checks of one family and cell between a baseline run and a new one (outputs/compare.py): the transplant's
+    gates over its rows, as the transplant's (transplant_outcome.judge_runs)."""
+    transplant_outcome.judge_runs(out, group, base, new, gates, summarize)
 
 
 def _turn(turn: int | None) -> str:

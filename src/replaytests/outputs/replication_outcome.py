@@ -10,6 +10,7 @@ from replaytests.families.registry import CROSS, FAMILIES, TRANSPLANTS
 from replaytests.inputs.contract import SCHEMA
 from replaytests.inputs.gates import Gates
 from replaytests.outputs.causal import not_testable_reason, validity, validity_cell, validity_text
+from replaytests.outputs.findings import Findings, Group, Rows
 from replaytests.outputs.records import Record
 from replaytests.outputs.shapes import replicas_hold
 from replaytests.outputs.stats import proportion
@@ -55,6 +56,11 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> d
         "exact_controls": len(controls), "min_exact_controls": minimum, "control_third": third,
         "replicated": replicated, "strong": replicated and len(controls) >= minimum,
     }
+
+
+def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
+    """Nothing beyond every family's checks: a replication is judged row by row (its conformance test), and its label
+    (strong or not) is a finding its report states, not a gate."""
 
 
 def label(summary: dict) -> str:

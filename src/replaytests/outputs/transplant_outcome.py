@@ -11,6 +11,7 @@ from collections.abc import Callable
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.inputs.gates import Gates
 from replaytests.outputs.causal import PARTIAL, not_testable, validity, validity_cell, validity_text
+from replaytests.outputs.findings import Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Outcome, Record
 from replaytests.outputs.stats import proportion
 from replaytests.outputs.tables import Table, fmt_proportion
@@ -56,6 +57,38 @@ def counts(t: dict) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, in
     that follow their donor, and of the controls with a (gated) third trajectory."""
     return tuple({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
                  for key in ("follows_donor", "control_third"))
+
+
+def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
+    """Its checks of one family and cell between a baseline run and a new one (outputs/compare.py): its family gate on
+    the new run (judge_runs)."""
+    judge_runs(out, group, base, new, gates, summarize)
+
+
+def judge_runs(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates,
+               summarize_cell: Callable[[list[Record], str], dict]) -> None:
+    """gates.transplant_family over the new run's rows of one family and cell (`summarize_cell`: its outcome module's
+    `summarize`, whose `counts` it judges), at every level: per direction, the divergent rows whose recipient follows
+    its donor and the controls with a (gated) third trajectory, each beside the baseline's count; a direction with
+    no such row is noted as not established, never met."""
+    if not ok_records(new):  # compare's `_excluded` says so: nothing to judge
+        return
+    family = group[0]
+    def judged_counts(rows: Rows) -> tuple[dict[str, tuple[int, int]], ...]:  # by direction name, as compare sorts
+        return tuple(dict(sorted(c.items())) for c in counts(summarize_cell(list(rows.values()), family)))
+
+    now = judged_counts(new)
+    then = judged_counts(base) if ok_records(base) else ({}, {})
+    judged = gates.transplant_family(*now)
+    failed = [j.message for j in judged if j.failed]
+    for label, found, before in zip(("follows donor", "third trajectory"), now, then, strict=True):
+        for name, (k, n) in found.items():
+            if n:  # a direction with no such row is noted below (not established), not tabled as ok
+                ok = not any(m.startswith(f"{name}: {label} ") for m in failed)
+                out.lines.append(Measure(group, f"{name} {label}", n, before.get(name), (k, n), None, ok))
+    gate = f"{FAMILIES[family].gate_section} gate: {'/'.join(group)}"
+    out.reasons += [f"{gate} {message}" for message in failed]
+    out.notes += [f"{gate} {j.message}" for j in judged if j.outcome == "recorded"]
 
 
 def gate_text(judgements: list) -> str:
