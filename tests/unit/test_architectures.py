@@ -261,7 +261,7 @@ def test_each_family_replays_its_rollout_bit_exact_by_teacher_forcing(family, ce
         pytest.xfail(KNOWN[family])
     assert record.ok, f"{family} at {cell}: {record.reason}"
     gates = tiny_contract.gates
-    judged = [gates.rollout_control(record)] + [gates.replicas(record, pair) for pair in
+    judged = [gates.control(record)] + [gates.replicas(record, pair) for pair in
                                                 ("live~live_replica", "incremental~incremental_replica",
                                                  "prefill~prefill_replica")]
     failed = [j.message for j in judged if j.outcome != "pass"]

@@ -35,6 +35,9 @@ from replaytests.suite import artifacts, planner, session
 
 # A panel size the planner reads through the family registry: some family declares its path (Family.panel_size).
 PANEL_SIZE = object()
+# A control's gate, read through the family registry: some family judged by that section declares the key its control's
+# (Family.control), which Gates.from_settings reads for each family's control.
+CONTROL_GATE = object()
 # path (as schema_paths spells it) -> the function that reads it (its source must name the key's last part).
 READERS = {
     "name": contract.load_contract,
@@ -71,12 +74,14 @@ READERS = {
     "panels.replication.min_exact_controls": replication_outcome.min_exact_controls,
     **{f"gates.{path}": gates.Gates.from_settings for path in (
         "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
-        "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "bridge.exact",
+        "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed",
         "transplant.donor_recovery", "transplant.controls_third_trajectory", "audit.reproduce",
         "serving.replicas_exact", "serving.suffix_divergence_allowed", "rollout.replicas_exact",
-        "rollout.live_incremental_exact", "rollout.k3_max", "rollout.outside_bounds_max",
+        "rollout.k3_max", "rollout.outside_bounds_max",
         "conversation.replicas_exact", "conversation.control_exact", "conversation.rerendered_ids_equal",
         "sweep.replicas_exact", "sweep.suffix_divergence_allowed")},
+    "gates.bridge.exact": CONTROL_GATE,
+    "gates.rollout.live_incremental_exact": CONTROL_GATE,
     "panels.sweep": PANEL_SIZE,
     "sweep.multiples": sweep.points,
     "sweep.stride": hf_sweep.axes,
@@ -136,6 +141,13 @@ def test_every_contract_key_has_a_reader(path, captured):
         declared = {f.panel_size for f in FAMILIES.values()}
         assert tuple(path.split(".")[1:]) in declared, f"contract key {path!r}: no family declares it its panel_size"
         assert spelled_in_code(planner.Plan.panel_size, "panel_size"), "Plan.panel_size reads no family's panel_size"
+        return
+    if reader is CONTROL_GATE:
+        _, section, key = path.split(".")
+        declared = {(f.gate_section, f.control.gate) for f in FAMILIES.values() if f.control}
+        assert (section, key) in declared, f"contract key {path!r}: no family judged by {section!r} declares it its " \
+                                           "control's gate"
+        assert spelled_in_code(gates.Gates.from_settings, "controls"), "Gates.from_settings reads no family's control"
         return
     assert reader is not None, f"contract key {path!r} has no reader: validation admits more than one value, drift " \
                                f"does not compare it and READERS names no function that reads it"

@@ -76,7 +76,7 @@ def test_teacher_forcing_on_the_live_schedule_and_every_replica_are_bit_exact(re
                                                                               tiny_contract):
     record = records[name, cell]
     gates = tiny_contract.gates
-    assert gates.rollout_control(record).outcome == "pass", gates.rollout_control(record).message
+    assert gates.control(record).outcome == "pass", gates.control(record).message
     for pair in FAMILIES[name].replicas:
         assert gates.replicas(record, pair).outcome == "pass", gates.replicas(record, pair).message
 
@@ -107,7 +107,7 @@ def test_must_fail_a_perturbed_live_number_breaks_the_control(bf16_runtime, bank
 
     monkeypatch.setattr(type(bf16_runtime), "rollout", nudged)
     record = FAMILIES["rollout"].run(bf16_runtime, row, SETTINGS)
-    judgement = tiny_contract.gates.rollout_control(record)
+    judgement = tiny_contract.gates.control(record)
     assert judgement.outcome == "fail" and ROLLOUT_CONTROL in judgement.message, judgement
     assert record.comparisons[ROLLOUT_CONTROL].first_exceeding is None  # one ULP is below any threshold
     assert record.comparisons[ROLLOUT_CONTROL].logprob_tokens_equal == SETTINGS["length"] - 1

@@ -55,7 +55,8 @@ def test_a_disabled_cache_comparison_is_reported_missed(tmp_path, capsys, monkey
     assert main(["selftest", "--out", str(tmp_path)]) == 1
     missed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{MISSED}: ")]
     assert [line.partition(" -> ")[2].partition(":")[0] for line in missed] == [
-        "crossing prefill~prefill_replica cache (gates.replicas)", "bridge live~incremental bit-exact (gates.bridge)"]
+        "crossing prefill~prefill_replica cache (gates.replicas)",
+        "bridge live~incremental bit-exact (gates.bridge.exact)"]
     written = json.loads((tmp_path / "selftest.json").read_text(encoding="utf-8"))
     assert [cell["outcome"] for cell in written["cells"]] == [MISSED, MISSED, DETECTED] and not written["passed"]
 
@@ -67,7 +68,7 @@ def test_a_shifted_position_is_found_by_the_audit_alone(bf16_runtime, tiny_contr
     shifted = faults.shifted_position(bf16_runtime, bench.row.prefix_len // 2)
     record, gates = crossing.run(shifted, bench.row), tiny_contract.gates
     judgements = [gates.replicas(record, pair) for pair in FAMILIES["crossing"].replicas]
-    judgements += [gates.divergence(record, CROSS), gates.bridge(bridge.run(shifted, bench.row))]
+    judgements += [gates.divergence(record, CROSS), gates.control(bridge.run(shifted, bench.row))]
     assert [j.outcome for j in judgements] == ["pass"] * 4, [j.message for j in judgements]
     assert [cell.outcome for cell in trials.position_cells(bench)] == [DETECTED]
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.fidelity
 
 
 def test_bridge_live_equals_incremental(record, replay, panel_row, cell):
-    judge(replay.contract.gates.bridge(ok(record("bridge", panel_row, cell))))
+    judge(replay.contract.gates.control(ok(record("bridge", panel_row, cell))))
 
 
 def test_incremental_vs_prefill_suffix(record, replay, bank_row, cell):
@@ -46,11 +46,11 @@ def test_serving_construction_vs_live(record, replay, serving_row, cell, pair):
 
 
 def test_rollout_teacher_forcing_equals_live(record, replay, rollout_row, cell):
-    judge(replay.contract.gates.rollout_control(ok(record("rollout", rollout_row, cell))))
+    judge(replay.contract.gates.control(ok(record("rollout", rollout_row, cell))))
 
 
 def test_rollout_sampled_teacher_forcing_equals_live(record, replay, rollout_row, cell):
-    judge(replay.contract.gates.rollout_control(ok(record("rollout_sampled", rollout_row, cell))))
+    judge(replay.contract.gates.control(ok(record("rollout_sampled", rollout_row, cell))))
 
 
 def test_rollout_trainer_recompute(record, replay, rollout_row, cell):

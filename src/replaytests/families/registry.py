@@ -20,7 +20,7 @@ from typing import NamedTuple
 from replaytests.errors import ConfigError
 from replaytests.inputs.blocks import direction
 from replaytests.inputs.cells import divergence_gate
-from replaytests.inputs.gates import ROLLOUT_RECOMPUTE
+from replaytests.inputs.gates import ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE
 from replaytests.inputs.schema import MAX_BATCH, MAX_COUNT, NUMBER, ListOf, Section, Value, pin
 
 CROSS = "incremental~prefill"  # the crossing pair, also the transplant's and the replication's headline
@@ -33,6 +33,16 @@ REPLICA_DIRECTIONS = tuple((f"{c}_replica", c) for c in TRANSPLANT_CONSTRUCTIONS
 SELF_TRANSPLANTS = tuple(direction(replica, c) for replica, c in REPLICA_DIRECTIONS)
 VALIDITY_PAIRS = tuple(zip(SELF_TRANSPLANTS, TRANSPLANT_CONSTRUCTIONS, strict=True))  # (self-transplant, own)
 ROLES = ("divergent", "control")  # why a row is in the transplant panel
+
+
+class Control(NamedTuple):
+    """A pair a family's records hold that checks the measurement itself: two constructions that make the same calls,
+    bit-exact in every layer, the logits and the suffix (the bridge's fresh live boundary vs the incremental cache of
+    its tokens; a rollout's teacher-forced replay on the live schedule), judged by gates.control."""
+
+    pair: str
+    gate: str  # the key of its gate section that says whether it must be exact (false: a difference is recorded)
+    name: str  # as compare's table and a report's check name it
 
 
 class Panel(NamedTuple):
@@ -108,6 +118,7 @@ class Family:
     check_settings: Callable[[dict, Callable[[str, str], Exception]], None] | None = None
     gates_schema: Section | None = None  # `gates.<gate_section>`, what its judgements read
     gates: str = ""  # the `gates:` section its judgements read (its name where empty)
+    control: Control | None = None  # the pair that checks its measurement itself, where it has one
 
     @property
     def gate_section(self) -> str:
@@ -251,7 +262,7 @@ BUILT_IN = {family.name: family for family in (
     Family("bridge", ("live", "incremental"), (("live", "incremental"),), ("live~incremental",), "bridge",
            ("fidelity",), title="Bridge: a fresh live boundary vs the incremental cache of its tokens",
            requires=("kv_tensors",), panel_size=("bridge",), row_fixture="panel_row", panel_schema=_BRIDGE_PANEL,
-           gates_schema=_gates(exact=_exact())),
+           gates_schema=_gates(exact=_exact()), control=Control("live~incremental", "exact", "bridge")),
     Family("batch", tuple(f"{c}_{size}" for c in _BATCH for size in ("pair", "singleton")),
            tuple((f"{c}_pair", f"{c}_singleton") for c in _BATCH),
            tuple(f"{c}_pair~{c}_singleton" for c in _BATCH), "bridge", ("token_identity", "fidelity"),
@@ -285,7 +296,8 @@ BUILT_IN = {family.name: family for family in (
              headline_table=False, title=f"Rollout fidelity, {mode}: the trainer's recompute of a live rollout",
              requires=("rollout_logprobs",), settings="rollout", panel_size=("rollout",), row_fixture="rollout_row",
              panel_schema=_ROLLOUT_PANEL, settings_schema=_ROLLOUT_SETTINGS, check_settings=_check_rollout,
-             gates_schema=_ROLLOUT_GATES, gates="rollout", report_section="replaytests.outputs.rollout_section")
+             gates_schema=_ROLLOUT_GATES, gates="rollout", report_section="replaytests.outputs.rollout_section",
+             control=Control(ROLLOUT_CONTROL, "live_incremental_exact", "rollout control"))
       for name, mode in zip(ROLLOUT_FAMILIES, ("greedy", "sampled"), strict=True)),
     # The conversation family (docs/protocol.md §16): `cap`, the content tokens an assistant turn may hold (its
     # conversation bank's manifest must record the same cap: the session reproduces the bank under it); every turn's

@@ -131,6 +131,7 @@ _DIVERGENCE_GATES = (_REFERENCE, *(name for name, node in SCHEMA.keys["gates"].k
                                    if _DIVERGENCE in node.keys and name != _REFERENCE))
 # Each family's `gates:` section (its registry record's gate_section), which Gates judges it by.
 _GATE_SECTIONS = {family.name: family.gate_section for family in registry.FAMILIES.values()}
+_CONTROLS = {family.name: family.control[:2] for family in registry.FAMILIES.values() if family.control}
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class Contract:
     bank = property(lambda self: self.settings["bank"])
     panels = property(lambda self: self.settings["panels"])
     gates = functools.cached_property(lambda self: Gates.from_settings(self.settings["gates"], _GATE_SECTIONS,
-                                                                       _REFERENCE))
+                                                                       _REFERENCE, _CONTROLS))
     cpu_isa = property(lambda self: self.settings["environment"]["cpu_isa"])
     cache = property(lambda self: self.settings["environment"]["cache"])
     visibility = property(lambda self: self.settings["protocol"]["visibility"])
@@ -268,7 +269,7 @@ def default_gates() -> Gates:
     fields = Checker("(contract defaults)")
     gates = fields.check(SCHEMA.keys["gates"], {_REFERENCE: {_DIVERGENCE: cells.PAPER_DIVERGENCE}})
     _fill_divergence(gates, list(cells.PAPER), fields)
-    return Gates.from_settings(gates, _GATE_SECTIONS, _REFERENCE)
+    return Gates.from_settings(gates, _GATE_SECTIONS, _REFERENCE, _CONTROLS)
 
 
 def _merge(base: dict, child: dict) -> dict:

@@ -27,7 +27,6 @@ BIT_EXACT = ("cache_exact", "logits_exact", "suffix_equal")
 ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE = "live~incremental", "live~prefill"
 CONVERSATION_CONTROL = "session~replay"
 REPLICA_SUFFIX = "_replica"
-BRIDGE_PAIR = "live~incremental"
 FOLLOWS, THIRD = "follows_donor", "third"
 
 
@@ -196,24 +195,26 @@ class Gates:
     replicas_exact: dict[str, bool]  # family -> its replicas must be bit-exact (its gate section's replicas_exact)
     # family -> cell -> allowed (its gate section's suffix_divergence_allowed)
     suffix_divergence_allowed: dict[str, dict[str, bool]]
-    bridge_exact: bool
     donor_recovery: float
     controls_third_trajectory: int
     audit_reproduce: bool
     # the family whose divergence gate is the contract's per cell (the crossing: registry.DIVERGENCE_REFERENCE)
     reference: str
-    rollout_control_exact: bool = True  # gates.rollout.live_incremental_exact
     rollout_k3_max: float | None = None  # gates.rollout.k3_max (None: recorded, not gated)
     rollout_outside_max: float | None = None  # gates.rollout.outside_bounds_max
     conversation_control_exact: bool = True  # gates.conversation.control_exact
     conversation_rerendered_equal: bool = False  # gates.conversation.rerendered_ids_equal
     sections: dict[str, str] = dataclasses.field(default_factory=dict)  # family -> the gate section it is judged by
+    # family -> its control (registry Family.control): (pair, its gate as `section.key`, whether it must be exact)
+    controls: dict[str, tuple[str, str, bool]] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, gates: dict, sections: dict[str, str], reference: str) -> Gates:
+    def from_settings(cls, gates: dict, sections: dict[str, str], reference: str,
+                      controls: dict[str, tuple[str, str]]) -> Gates:
         """From a validated `gates:` mapping with every default filled in; `sections`: family -> the gate section it
         is judged by (its registry record's gate_section, which families that judge alike share); `reference`: the
-        family whose divergence gate is the contract's per cell."""
+        family whose divergence gate is the contract's per cell; `controls`: family -> (its control pair, the key of
+        its gate section that says whether it must be exact), from its registry record's `control`."""
         def each(key: str) -> dict:
             return {family: gates[section][key] for family, section in sections.items()
                     if key in gates.get(section, {})}
@@ -222,13 +223,13 @@ class Gates:
             replicas_exact=each("replicas_exact"),
             suffix_divergence_allowed={family: dict(allowed) for family, allowed in
                                        each("suffix_divergence_allowed").items()},
-            bridge_exact=gates["bridge"]["exact"],
             donor_recovery=gates["transplant"]["donor_recovery"],
             controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
             audit_reproduce=gates["audit"]["reproduce"],
             reference=reference,
             sections=dict(sections),
-            rollout_control_exact=gates["rollout"]["live_incremental_exact"],
+            controls={family: (pair, f"{sections[family]}.{key}", gates[sections[family]][key])
+                      for family, (pair, key) in controls.items()},
             rollout_k3_max=gates["rollout"]["k3_max"],
             rollout_outside_max=gates["rollout"]["outside_bounds_max"],
             conversation_control_exact=gates["conversation"]["control_exact"],
@@ -260,22 +261,21 @@ class Gates:
             return self.sweep_replicas(record, pair)
         return self.replicas(record, pair)
 
-    def bridge(self, record: Record) -> Judgement:
-        """Live vs incremental (layer 3): bit-exact in every layer, the logits and the suffix."""
-        problems = differences(record.comparisons[BRIDGE_PAIR], BRIDGE_PAIR)
+    def control(self, record: Record) -> Judgement:
+        """Its family's control pair (layer 3; registry Family.control: the bridge's live~incremental, a rollout's
+        teacher-forced replay on the live schedule): the same calls on both sides, so bit-exact in every layer, the
+        logits and the suffix (a rollout's every log-probability); else the measurement itself is broken (a failure
+        where its gate requires it, the default; recorded where not)."""
+        pair, gate, required = self.controls[record.family]
+        problems = differences(record.comparisons[pair], pair)
         if not problems:
             return PASS
-        return _required(self.bridge_exact, f"{record.title}: {'; '.join(problems)}", "bridge.exact")
+        return _required(required, f"{record.title}: {'; '.join(problems)}", gate)
 
-    def rollout_control(self, record: Record) -> Judgement:
-        """A rollout's teacher-forced replay on the live schedule (live~incremental): the same calls as the live
-        decoder, so every log-probability, the cache over z + response and the next token's logits are the live
-        ones bit for bit; else the measurement itself is broken (gate rollout.live_incremental_exact)."""
-        problems = differences(record.comparisons[ROLLOUT_CONTROL], ROLLOUT_CONTROL)
-        if not problems:
-            return PASS
-        return _required(self.rollout_control_exact, f"{record.title}: {'; '.join(problems)}",
-                         "rollout.live_incremental_exact")
+    def control_pair(self, record: Record) -> str | None:
+        """The control pair an ok record holds (its family's), None where its family has none or it lacks it."""
+        pair = self.controls.get(record.family, (None,))[0]
+        return pair if pair in record.comparisons else None
 
     def rollout_recompute(self, record: Record) -> Judgement:
         """The trainer's recompute (live~prefill) against the rollout gates: the k3 estimate per token and the

@@ -34,17 +34,10 @@ from pathlib import Path
 
 from replaytests.backends import DEFAULT
 from replaytests.errors import ConfigError
-from replaytests.families.registry import FAMILIES, ROLLOUT_FAMILIES
+from replaytests.families.registry import FAMILIES
 from replaytests.files import lookup
 from replaytests.inputs.contract import default_gates, load_contract
-from replaytests.inputs.gates import (
-    BRIDGE_PAIR,
-    LEVELS,
-    ROLLOUT_CONTROL,
-    Gates,
-    inexact,
-    replica_pairs,
-)
+from replaytests.inputs.gates import LEVELS, Gates, inexact, replica_pairs
 from replaytests.inputs.platforms import platform_differences, retired
 from replaytests.outputs import causal, family_sections, localization
 from replaytests.outputs.audit import audit_record
@@ -140,10 +133,6 @@ def _definitions(out: Findings, baseline: list[Record], new: list[Record]) -> No
                                "baseline vs new): its records are of another cell under the same name")
 
 
-def _bridge(record: Record) -> list[str]:
-    return [BRIDGE_PAIR] if record.family == "bridge" and BRIDGE_PAIR in record.comparisons else []
-
-
 def _changes(out: Findings, group: Group, base: Rows, new: Rows) -> None:
     """Every record in both runs reproduces leaf by leaf (level bits) and trajectory by trajectory (level
     trajectories); the first change named is the most telling."""
@@ -203,10 +192,6 @@ def _rates(out: Findings, group: Group, base: Rows, new: Rows, alpha: float) -> 
                             f"{RATES_REASON}: {measure}: baseline "
                             f"{counts[0][0]}/{len(paired)}, new {counts[1][0]}/{len(paired)} (baseline only "
                             f"{test.b}, new only {test.c}), McNemar p = {test.p:.3g} < {alpha:g}")
-
-
-def _rollout_control(record: Record) -> list[str]:
-    return [ROLLOUT_CONTROL] if record.family in ROLLOUT_FAMILIES and ROLLOUT_CONTROL in record.comparisons else []
 
 
 def _presence(out: Findings, base: dict[Group, Rows], new: dict[Group, Rows]) -> None:
@@ -290,9 +275,9 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
         _excluded(out, group, base, current)
         _exactness(out, group, base, current, "replicas exact", _replicas,
                    gates.replicas_exact.get(group[0], True))
-        _exactness(out, group, base, current, "bridge bit exact", _bridge, gates.bridge_exact)
-        _exactness(out, group, base, current, "rollout control bit exact", _rollout_control,
-                   gates.rollout_control_exact)
+        if (control := gates.controls.get(group[0])) is not None:  # the bridge's, a rollout's (registry)
+            _exactness(out, group, base, current, f"{FAMILIES[group[0]].control.name} bit exact",
+                       lambda r: [pair] if (pair := gates.control_pair(r)) else [], control[2])
         _changes(out, group, base, current)
         if group[0] in SHAPES:
             _exact_cell_divergence(out, group, current, gates)

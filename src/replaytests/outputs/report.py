@@ -17,12 +17,7 @@ from replaytests.families.registry import FAMILIES
 from replaytests.files import NotStrictJSON, dumps, lookup, write_set
 from replaytests.inputs import cells
 from replaytests.inputs.contract import default_gates, load_contract
-from replaytests.inputs.gates import (
-    BRIDGE_PAIR,
-    Gates,
-    bit_exact,
-    replica_pairs,
-)
+from replaytests.inputs.gates import Gates, bit_exact, replica_pairs
 from replaytests.outputs import (
     causal,
     family_sections,
@@ -230,16 +225,16 @@ def run_gates(meta: dict) -> Gates:
 
 def _failing(record: Record, gates: Gates) -> list[str]:
     """The exactness checks an ok record fails under `gates`: its replicas (a pair its family compares and the
-    record lacks fails too), for the bridge live~incremental, a headline pair whose suffixes diverge in a cell the
-    gates require exact (a cell they do not name is not judged here), and those of its family's report section
-    (a rollout's control, a conversation's turns, a sweep's points: outputs/family_sections.py)."""
+    record lacks fails too), its family's control (the bridge's, a rollout's: registry Family.control), a headline
+    pair whose suffixes diverge in a cell the gates require exact (a cell they do not name is not judged here), and
+    those of its family's report section (a conversation's turns, a sweep's points: outputs/family_sections.py)."""
     replicas = missing_replicas(record) or any(gates.replicas(record, pair).failed for pair in replica_pairs(record))
-    bridge = record.family == "bridge" and BRIDGE_PAIR in record.comparisons and gates.bridge(record).failed
+    control = gates.control_pair(record) is not None and gates.control(record).failed
     exact = gates.suffix_divergence_allowed.get(record.family, {}).get(record.precision) is False
     headline = SHAPES.get(record.family, Shape()).headline
     diverged = exact and any(gates.divergence(record, pair).failed for pair in headline if pair in record.comparisons)
-    failed = [name for name, failed in (("replicas", replicas), ("the bridge", bridge),
-                                        ("exact-cell suffixes", diverged)) if failed]
+    names = ("replicas", f"the {FAMILIES[record.family].control.name}" if control else "", "exact-cell suffixes")
+    failed = [name for name, failed in zip(names, (replicas, control, diverged), strict=True) if failed]
     return failed + (section.failing(record, gates) if (section := family_sections.of(record.family)) else [])
 
 

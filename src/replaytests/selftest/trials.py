@@ -97,11 +97,11 @@ def ulp_cells(bench: Bench) -> list[Cell]:
     # One K element of the middle layer at the last position (faults.nudged_cache), one ULP up.
     gates, row = bench.contract.gates, bench.row
     replicas = _gate(lambda r: gates.replicas(r, "prefill~prefill_replica"))
-    bridged = _gate(gates.bridge)
+    bridged = _gate(gates.control)
     return [
         judged("K +1 ULP, prefill", "crossing prefill~prefill_replica cache (gates.replicas)",
                replicas(bench.crossing), replicas(bench.nudged)),
-        judged("K +1 ULP, bridge incremental", "bridge live~incremental bit-exact (gates.bridge)",
+        judged("K +1 ULP, bridge incremental", "bridge live~incremental bit-exact (gates.bridge.exact)",
                bridged(bridge.run(bench.runtime, row)),
                bridged(bridge.run(faults.nudged_cache(bench.runtime, "incremental"), row))),
         judged("K +1 ULP, prefill", "ledger audit (outputs/audit.py, gates.audit)",
