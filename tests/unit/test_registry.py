@@ -151,9 +151,9 @@ FAMILY_MENTIONS = {
     "conformance/test_token_identity.py": 2, "engine/backend.py": 1, "engine/checks.py": 6,
     "engine/hf/declaration.py": 1, "engine/llamacpp/declaration.py": 1, "engine/transplant.py": 1,
     "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "inputs/gates.py": 6,
-    "outputs/report_html.py": 1, "outputs/serving.py": 1,
+    "outputs/serving.py": 1,
     "outputs/sweep_report.py": 1, "suite/artifacts.py": 1, "suite/panel_source.py": 1,
-    "suite/parameters.py": 2, "suite/properties.py": 1, "suite/session.py": 1,
+    "suite/parameters.py": 2, "suite/session.py": 1,
 }
 
 

@@ -269,3 +269,16 @@ def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_
              "verdict": "the echo check" in str(build_report(records, {"verdict": {"result": "pass"}})["verdict"])}
     assert found == dict.fromkeys(found, named), f"named {named}: {found}"
     assert "Echo line <b>" not in page and ("Echo line &lt;b&gt;" in page) == named, "a section's line not escaped"
+
+
+def test_the_interval_plot_names_the_pair_of_a_family_with_several_even_one_this_install_does_not_know():
+    """report.html's interval plot labels a row with its pair where the family has several headline pairs: a family of
+    a plugin not installed here shows every pair it holds, each row named (its label was only `family cell`)."""
+    report = json.loads((REPO / "fixtures" / "ledgers" / "cpu-tiny" / "report.json").read_text(encoding="utf-8"))
+    crossing_bf16 = report["families"]["crossing"]["precisions"]["bf16"]
+    pair = next(iter(crossing_bf16["pairs"].values()))
+    report["families"] = {"crossing": report["families"]["crossing"], "ghost": {"precisions": {"bf16": {
+        **crossing_bf16, "pairs": {"a~b": pair, "a~c": pair}}}}}
+    figures, _ = report_html.report_plots(report)
+    labels = re.findall(r'text-anchor="end"[^>]*>([^<]*)<', figures[0])
+    assert {"ghost bf16", "a~b", "a~c"} <= set(labels) and "incremental~prefill" not in labels, labels

@@ -71,8 +71,8 @@ def report_plots(report: dict) -> tuple[list[str], list[str]]:
     """The figures, and the pairs whose drift plot has nothing to draw (exact at every layer)."""
     headline = list(_headline(report))
     names = [name.split("_")[0] for name in DIVERGENCES]
-    rows = [((f"{family} {cell}",) + ((pair,) if len(FAMILIES.get(family, FAMILIES["crossing"]).headline) > 1
-                                          else ()),
+    pairs = {family: {p for f, p, _, _ in headline if f == family} for family, _, _, _ in headline}
+    rows = [((f"{family} {cell}",) + ((pair,) if len(pairs[family]) > 1 else ()),  # the pair where it has several
              [(i, names[i], s.get(name)) for i, name in enumerate(DIVERGENCES)])
             for family, pair, cell, s in headline]
     figures = [plots.interval_plot(f"Divergence of each family's headline pair, per precision, with {INTERVAL} "
