@@ -184,7 +184,7 @@ def markdown(result: dict) -> str:
         for w in result["workers"]:
             ratio = f"{one / w['wall_s']:.2f}x" if one else "-"
             lines.append(f"| {w['workers']} | {w['wall_s']:.1f} | {ratio} | {w['peak_rss_mib'] or '-'} | {w['exit']} | "
-                         f"{'yes' if w['same_ledger'] else 'NO'} |")
+                         f"{'-' if w['same_ledger'] is None else 'yes' if w['same_ledger'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -217,12 +217,15 @@ def main(argv: list[str] | None = None) -> int:
             result["workers"].append(run)
     first = result["workers"][0]["ledger"] if result["workers"] else None
     for run in result["workers"]:
-        run["same_ledger"] = run.pop("ledger") == first and first is not None
+        ledger = run.pop("ledger")
+        run["records"] = len(ledger.splitlines()) if ledger else 0
+        # the same ledger as the first run's; None where a single run has none to be compared with
+        run["same_ledger"] = ledger == first and first is not None if len(result["workers"]) > 1 else None
     write_json_atomic(args.out, result)
     text = markdown(result)
     write_atomic(args.out.with_suffix(".md"), text)
     print(text)
-    return 0 if all(r["exit"] == 0 and r["same_ledger"] for r in result["workers"]) else 1
+    return 0 if all(r["exit"] == 0 and r["records"] and r["same_ledger"] is not False for r in result["workers"]) else 1
 
 
 if __name__ == "__main__":
