@@ -153,7 +153,7 @@ FAMILY_MENTIONS = {
     "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "inputs/gates.py": 6,
     "outputs/serving.py": 1,
     "outputs/sweep_report.py": 1, "suite/artifacts.py": 1, "suite/panel_source.py": 1,
-    "suite/parameters.py": 2, "suite/session.py": 1,
+    "suite/parameters.py": 1, "suite/session.py": 1,
 }
 
 

@@ -164,3 +164,22 @@ def test_a_loaded_model_does_not_change_when_its_file_does(tmp_path):
         handle.write(data)
     changed = [name for name, p in loaded.named_parameters() if not torch.equal(p, before[name])]
     assert not changed, f"parameters {changed[:3]} changed with the file after the model was loaded"
+
+
+@pytest.mark.parametrize(("unserved", "skipped"), [
+    pytest.param(set(), False, id="every-causal-family"),
+    pytest.param({"transplant", "replication"}, False, id="the-conversation-transplant-alone"),
+    pytest.param({"transplant", "replication", "conversation_transplant"}, True, id="none"),
+])
+def test_the_causal_cells_are_skipped_only_where_no_causal_family_can_run(unserved, skipped):
+    """`causal_cell` was skipped with the transplant's reason wherever the transplant could not run: a backend that
+    serves the conversation transplant and not the transplant would have skipped the conversation transplant's
+    tests too. Each causal family's own tests skip with their own reason."""
+    from types import SimpleNamespace
+
+    from replaytests.suite import parameters
+
+    replay = SimpleNamespace(unavailable=lambda family: "lacks x" if family in unserved else None,
+                             causal_cells=("bf16",), skipped_cells={}, options=SimpleNamespace(precision="bf16"))
+    found = parameters.causal_unavailable(replay)
+    assert bool(found) == skipped and (not found or found[0].marks[0].kwargs["reason"] == "lacks x"), found

@@ -25,8 +25,8 @@ def parametrize(metafunc: pytest.Metafunc, replay: ReplaySession) -> None:
     if "cell" in fixtures:
         metafunc.parametrize("cell", cell_params(replay, replay.cells), scope="session")
     if "causal_cell" in fixtures:
-        metafunc.parametrize("causal_cell", unavailable(replay, "transplant")
-                             or cell_params(replay, replay.causal_cells), scope="session")
+        metafunc.parametrize("causal_cell", causal_unavailable(replay) or cell_params(replay, replay.causal_cells),
+                             scope="session")
     for name, family in ROW_FIXTURES.items():
         if name in fixtures:
             metafunc.parametrize(name, row_params(replay, family), scope="session")
@@ -66,6 +66,14 @@ def unavailable(replay: ReplaySession, family: str) -> list:
     if reason := replay.unavailable(family):
         return _skipped("unsupported", reason)
     return no_cell(replay, family)
+
+
+def causal_unavailable(replay: ReplaySession) -> list:
+    """The skipped parameter of `causal_cell` where no family that runs on the cells that may diverge (the causal
+    families) can run here, with the first one's reason; else empty: each family's tests skip with their own reason
+    where it alone cannot run (its row fixture, or the test itself)."""
+    skipped = [unavailable(replay, name) for name, family in FAMILIES.items() if family.divergent_cells_only]
+    return skipped[0] if skipped and all(skipped) else []
 
 
 def row_params(replay: ReplaySession, family: str) -> list:
