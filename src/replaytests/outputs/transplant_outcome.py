@@ -74,6 +74,7 @@ def judge_runs(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates,
     if not ok_records(new):  # compare's `_excluded` says so: nothing to judge
         return
     family = group[0]
+
     def judged_counts(rows: Rows) -> tuple[dict[str, tuple[int, int]], ...]:  # by direction name, as compare sorts
         return tuple(dict(sorted(c.items())) for c in counts(summarize_cell(list(rows.values()), family)))
 
