@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from replaytests.outputs.records import Comparison, Record, TurnSplice
@@ -188,6 +188,14 @@ def _required(required: bool, message: str, gate: str) -> Judgement:
     return Judgement("recorded", f"{message} (gate {gate}: false, recorded)")
 
 
+class ControlGate(NamedTuple):
+    """A family's control as its gates judge it (registry Family.control)."""
+
+    pair: str
+    gate: str  # `section.key`
+    required: bool  # whether the pair must be bit-exact (false: a difference is recorded)
+
+
 @dataclass(frozen=True)
 class Gates:
     """The typed `gates:` section (docs/contract.md)."""
@@ -205,8 +213,7 @@ class Gates:
     conversation_control_exact: bool = True  # gates.conversation.control_exact
     conversation_rerendered_equal: bool = False  # gates.conversation.rerendered_ids_equal
     sections: dict[str, str] = dataclasses.field(default_factory=dict)  # family -> the gate section it is judged by
-    # family -> its control (registry Family.control): (pair, its gate as `section.key`, whether it must be exact)
-    controls: dict[str, tuple[str, str, bool]] = dataclasses.field(default_factory=dict)
+    controls: dict[str, ControlGate] = dataclasses.field(default_factory=dict)  # family -> its control
 
     @classmethod
     def from_settings(cls, gates: dict, sections: dict[str, str], reference: str,
@@ -228,7 +235,7 @@ class Gates:
             audit_reproduce=gates["audit"]["reproduce"],
             reference=reference,
             sections=dict(sections),
-            controls={family: (pair, f"{sections[family]}.{key}", gates[sections[family]][key])
+            controls={family: ControlGate(pair, f"{sections[family]}.{key}", gates[sections[family]][key])
                       for family, (pair, key) in controls.items()},
             rollout_k3_max=gates["rollout"]["k3_max"],
             rollout_outside_max=gates["rollout"]["outside_bounds_max"],
@@ -266,16 +273,16 @@ class Gates:
         teacher-forced replay on the live schedule): the same calls on both sides, so bit-exact in every layer, the
         logits and the suffix (a rollout's every log-probability); else the measurement itself is broken (a failure
         where its gate requires it, the default; recorded where not)."""
-        pair, gate, required = self.controls[record.family]
-        problems = differences(record.comparisons[pair], pair)
+        control = self.controls[record.family]
+        problems = differences(record.comparisons[control.pair], control.pair)
         if not problems:
             return PASS
-        return _required(required, f"{record.title}: {'; '.join(problems)}", gate)
+        return _required(control.required, f"{record.title}: {'; '.join(problems)}", control.gate)
 
     def control_pair(self, record: Record) -> str | None:
         """The control pair an ok record holds (its family's), None where its family has none or it lacks it."""
-        pair = self.controls.get(record.family, (None,))[0]
-        return pair if pair in record.comparisons else None
+        control = self.controls.get(record.family)
+        return control.pair if control is not None and control.pair in record.comparisons else None
 
     def rollout_recompute(self, record: Record) -> Judgement:
         """The trainer's recompute (live~prefill) against the rollout gates: the k3 estimate per token and the

@@ -277,7 +277,7 @@ def compare(baseline: list[Record], new: list[Record], alpha: float = ALPHA, gat
                    gates.replicas_exact.get(group[0], True))
         if (control := gates.controls.get(group[0])) is not None:  # the bridge's, a rollout's (registry)
             _exactness(out, group, base, current, f"{FAMILIES[group[0]].control.name} bit exact",
-                       lambda r: [pair] if (pair := gates.control_pair(r)) else [], control[2])
+                       lambda r: [pair] if (pair := gates.control_pair(r)) else [], control.required)
         _changes(out, group, base, current)
         if group[0] in SHAPES:
             _exact_cell_divergence(out, group, current, gates)
