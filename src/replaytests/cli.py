@@ -142,14 +142,14 @@ def _print_run(run_dir: Path) -> None:
     """A run's verdict (from its run.json) and its reports, as the audit's last lines."""
     from replaytests.errors import LedgerError
     from replaytests.outputs import verdict
-    from replaytests.outputs.runs import read_run
+    from replaytests.outputs.runs import read_run, recorded_verdict
 
     try:
         run = read_run(run_dir) or {} if run_dir.is_dir() else {}
     except LedgerError:
         run = {}
-    if run.get("verdict"):
-        print("\n".join(verdict.lines(run["verdict"])))
+    if (recorded := recorded_verdict(run)) is not None:
+        print("\n".join(verdict.lines(recorded)))
     for name in ("report.md", "report.html"):
         if (run_dir / name).is_file():
             print(f"report: {run_dir / name}")
@@ -226,7 +226,7 @@ def _report(args: argparse.Namespace) -> int:
     report = build_report(records, report_meta(args.inputs))
     for path in write_built(out, report):
         print(path)
-    if report["verdict"]:  # the verdict printed, and the status it gives (contradicted: by the records, a FAIL)
+    if report["verdict"] is not None:  # the verdict printed, and its status (contradicted: by the records, a FAIL)
         print(verdict.lines(report["verdict"])[0])
     return verdict.exit_status(report["verdict"])
 

@@ -30,6 +30,11 @@ def short(value: object, limit: int = 120) -> str:
     return shorten(_REPR.repr(value), limit)
 
 
+def got(value: dict, name: str) -> str:
+    """What a field of an object read from a file holds, for an error message: `got <short repr>`, or `missing`."""
+    return f"got {short(value[name])}" if name in value else "missing"
+
+
 CONTROLS = r"\x00-\x1f\x7f-\x9f"  # C0 and C1 control characters and DEL, as a regex class's body
 CONTROL = re.compile(f"[{CONTROLS}]")
 

@@ -506,6 +506,9 @@ COMMANDS = {
     "report-run-json-verdict-result": Case(lambda w: [str(_run_json(w, '{"verdict": {"result": 3}}')), "--out",
                                                       str(w.root / "out")],
                                            r"run\.json: field 'verdict\.result' must be a string, got 3$", "report"),
+    "report-run-json-verdict-baseline": Case(lambda w: [str(_run_json(
+        w, '{"verdict": {"result": "pass", "tests": {}, "failures": [], "baseline": ["b"]}}')), "--out",
+        str(w.root / "out")], r"run\.json: field 'verdict\.baseline' must be a string, got \['b'\]$", "report"),
     "compare-run-json-verdict-tests": Case(lambda w: [str(DEFAULT_BASELINE_DIR), str(_run_json(
         w, '{"verdict": {"result": "pass", "tests": {"passed": "12"}, "failures": []}}'))],
         r"run\.json: field 'verdict\.tests' must be an object of test counts per outcome, got \{'passed': '12'\}$",

@@ -18,6 +18,7 @@ from replaytests.outputs import compare as comparing
 from replaytests.outputs import conversation_report, conversation_section, findings, report_html, sections, summary
 from replaytests.outputs.report import build_report, checked_verdict
 from replaytests.outputs.stats import wilson
+from replaytests.outputs.verdict import Verdict
 
 FAMILY = FAMILIES["conversation"]
 PAIRS = [f"{a}~{b}" for a, b in FAMILY.pairs]
@@ -128,20 +129,20 @@ def test_re_rendered_mismatches_are_counted_with_why_and_where():
 def test_every_replica_is_checked_at_every_turn_not_only_the_last():
     records = diverging_at(3, {})
     records[1]["turns"][0]["comparisons"]["session~session_replica"]["suffix_equal"] = False  # turn 1 only
-    report = built(records, {"verdict": {"result": "pass"}})
+    report = built(records, {"verdict": {"result": "pass", "tests": {"passed": 1}, "failures": []}})
     cell = report["conversations"]["bf16"]
     assert cell["replicas"]["session~session_replica"]["k"] == 2, cell["replicas"]
     assert report["families"]["conversation"]["precisions"]["bf16"]["replicas_exact"]["k"] == 2
-    assert report["verdict"]["result"] == "fail", "a replica that differs at turn 1 contradicts a pass"
-    assert "conversation replicas (every turn)" in report["verdict"]["contradicted"], report["verdict"]
+    assert report["verdict"].result == "fail", "a replica that differs at turn 1 contradicts a pass"
+    assert "conversation replicas (every turn)" in report["verdict"].contradicted, report["verdict"]
 
 
 def test_a_turn_one_control_that_differs_contradicts_a_pass():
     from replaytests.inputs.contract import default_gates
 
     records = diverging_at(2, {1: 1})  # session~replay differs at turn 1: the control, one call each
-    found = checked_verdict({"result": "pass"}, typed(records), default_gates())
-    assert found["result"] == "fail" and "the conversation control (turn 1)" in found["contradicted"], found
+    found = checked_verdict(Verdict("pass", {"passed": 1}), typed(records), default_gates())
+    assert found.result == "fail" and "the conversation control (turn 1)" in found.contradicted, found
 
 
 # ---- does divergence accumulate? ----
@@ -285,7 +286,7 @@ def test_the_run_s_rates_check_reads_the_conversation_turns():
                              contract=SimpleNamespace(gates=default_gates()),
                              plan=SimpleNamespace(audited=lambda records: records), baseline_platform=[])
     found, _ = baseline_rates(replay, typed(diverging_at(10, {3: 9})))
-    assert found and all("conversation/bf16 turn 3 session~replay" in f["message"] for f in found), found
+    assert found and all("conversation/bf16 turn 3 session~replay" in f.message for f in found), found
 
 
 # ---- the README table ----

@@ -23,6 +23,7 @@ from test_report import typed
 
 from replaytests.inputs.contract import default_gates
 from replaytests.outputs import ledger
+from replaytests.outputs.verdict import Failure, Verdict
 from replaytests.suite import artifacts
 from replaytests.suite.baseline import RATES_CHECK
 from replaytests.suite.collector import RECORDS, LedgerCollector, exit_status
@@ -130,7 +131,7 @@ def test_a_torn_records_file_is_interrupted_and_exits_2(tmp_path):
     pytest.param("fail", 6, 6, id="write-failed-keeps-6"),
 ])
 def test_exit_status_follows_the_verdict(result, status, expected):
-    assert exit_status({"result": result}, status) == expected
+    assert exit_status(Verdict(result, {}), status) == expected
 
 
 @pytest.mark.parametrize(("divergent", "status", "failures"), [
@@ -159,8 +160,8 @@ def test_the_rates_check_of_the_whole_run_decides_the_exit_status(tmp_path, monk
 
     collector.pytest_sessionfinish(session, pytest.ExitCode.OK)
 
-    assert [f["check"] for f in collector.verdict["failures"]] == failures, collector.verdict["failures"]
-    assert session.exitstatus == status, f"verdict {collector.verdict['result']}, exit {session.exitstatus}"
+    assert [f.check for f in collector.verdict.failures] == failures, collector.verdict.failures
+    assert session.exitstatus == status, f"verdict {collector.verdict.result}, exit {session.exitstatus}"
 
 
 def test_a_worker_that_died_is_named_in_the_verdict_not_xdists_header(tmp_path):
@@ -179,5 +180,5 @@ def test_a_worker_that_died_is_named_in_the_verdict_not_xdists_header(tmp_path):
     collector = LedgerCollector(config)
     collector.pytest_runtest_logreport(report)
     assert collector.gathered.outcomes == {"error": 1}, collector.gathered.outcomes
-    assert collector.gathered.failures == [{"check": "test_sweep_reference_vs_edge[fp32-smollm2-000]",
-                                            "message": f"worker 'gw0' crashed while running {nodeid!r}"}]
+    assert collector.gathered.failures == [Failure("test_sweep_reference_vs_edge[fp32-smollm2-000]",
+                                                   f"worker 'gw0' crashed while running {nodeid!r}")]

@@ -246,7 +246,7 @@ def test_a_run_at_gate_rates_checks_the_rates_at_the_end(gate, elsewhere, diverg
         baseline_platform=["hardware.cpu Intel (baseline) vs AMD (here)"] if elsewhere else [])
     found, drift = baseline_rates(replay, typed(diverging("crossing", 20, divergent)))
     assert len(found) == failures and not drift, (found, drift)
-    assert all(f["check"] == "baseline rates" and f["message"].startswith("divergence rate changed beyond chance: "
+    assert all(f.check == "baseline rates" and f.message.startswith("divergence rate changed beyond chance: "
                                                                          "crossing/bf16") for f in found), found
 
 

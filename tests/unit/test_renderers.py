@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_report import comparison, crossing, excluded, record, typed
+from test_report import PASSED, comparison, crossing, excluded, record, typed
 
 from replaytests.families.registry import LAYERS
 from replaytests.inputs.options import REPO
@@ -266,7 +266,7 @@ def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_
              "summary.md": "Echo summary" in summary.markdown(built, {}),
              "terminal": "Echo summary" in summary.text_table(built), "figure": "<p>echo figure</p>" in page,
              "compare": "echo compared echo/bf16: 2 and 2 rows" in compare(records, records).notes,
-             "verdict": "the echo check" in str(build_report(records, {"verdict": {"result": "pass"}})["verdict"])}
+             "verdict": "the echo check" in str(build_report(records, {"verdict": PASSED})["verdict"].contradicted)}
     assert found == dict.fromkeys(found, named), f"named {named}: {found}"
     assert "Echo line <b>" not in page and ("Echo line &lt;b&gt;" in page) == named, "a section's line not escaped"
 

@@ -23,6 +23,7 @@ from replaytests.outputs.report import build_report, write_report
 from replaytests.outputs.runs import report_meta, run_meta
 from replaytests.outputs.sections import markdown
 from replaytests.outputs.stats import wilson
+from replaytests.outputs.verdict import Verdict
 
 LAYERS = 3
 
@@ -618,6 +619,16 @@ def test_collate_refuses_two_definitions_of_one_cell(tmp_path, capsys):
 
 
 PASSED = {"result": "pass", "tests": {"passed": 12}, "failures": []}
+RUN_JSONS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "ledgers").glob("*/run.json"))
+
+
+@pytest.mark.parametrize("run_json", RUN_JSONS, ids=[path.parent.name for path in RUN_JSONS])
+def test_a_recorded_verdict_is_read_and_written_back_as_it_was(run_json):
+    """Every committed run's verdict (a Verdict once read) written back holds the same keys, values and order: the
+    report.json of an older run does not change when its verdict is read by this version."""
+    recorded = json.loads(run_json.read_text(encoding="utf-8"))["verdict"]
+    again = Verdict.from_json(recorded).to_json()
+    assert json.dumps(again) == json.dumps(recorded), f"{run_json}: the verdict written back differs: {again}"
 
 
 @pytest.mark.parametrize(("edit", "code", "said"), [
@@ -655,6 +666,6 @@ def test_a_pass_the_runs_contract_allows_stands(tmp_path, repo):
     records = [crossing("r0"), crossing("r1")]
     records[0]["comparisons"]["prefill~prefill_replica"]["suffix_equal"] = False
     meta = {"verdict": PASSED, "contract": {"path": str(contract), "sha256": load_contract(contract).digest}}
-    assert build_report(typed(records), meta)["verdict"] == PASSED, "a pass its contract allows was overturned"
+    assert build_report(typed(records), meta)["verdict"].to_json() == PASSED, "a pass its contract allowed: overturned"
     moved = meta | {"contract": {"path": str(contract), "sha256": "0" * 64}}
-    assert build_report(typed(records), moved)["verdict"]["result"] == "fail", "judged by a contract that changed"
+    assert build_report(typed(records), moved)["verdict"].result == "fail", "judged by a contract that changed"

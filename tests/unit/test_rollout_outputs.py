@@ -218,7 +218,7 @@ def test_the_rollout_families_are_not_read_as_unknown_or_headline_families():
 def test_a_rollout_control_that_is_not_bit_exact_contradicts_a_passing_verdict():
     records = [rollout("row-0", 0, control=1e-3), *run(2)[1:]]
     verdict = build_report(typed(records), {"verdict": {"result": "pass", "tests": {}, "failures": []}})["verdict"]
-    assert verdict["result"] == "fail" and "the rollout control" in verdict["contradicted"], verdict
+    assert verdict.result == "fail" and "the rollout control" in verdict.contradicted, verdict
 
 
 # ---- compare ----
@@ -308,7 +308,7 @@ def test_the_run_s_rates_check_judges_a_moved_rollout_mismatch_or_records_it_as_
                              contract=SimpleNamespace(gates=default_gates()),
                              plan=SimpleNamespace(audited=lambda records: records), baseline_platform=platform)
     failures, drift = baseline_rates(replay, typed(run(8, scale=0.02)))
-    found, other = ([f["message"] for f in failures], drift) if fails else (drift, failures)
+    found, other = ([f.message for f in failures], drift) if fails else (drift, failures)
     assert found and not other, (failures, drift)  # the k3 per token and the mean |delta logp| both moved
     assert all(m.startswith(f"{findings.ROLLOUT_RATES_REASON}: rollout/bf16 live~prefill") for m in found), found
     assert fails or all(m.endswith("(against a baseline made on another platform: recorded, not judged; --gate "

@@ -204,4 +204,4 @@ def test_a_verdicts_counts_are_said_in_pytests_order_however_they_were_stored():
     assert list(counts) == list(verdict.OUTCOMES), "premise: the counts in the order a run stores them"
     said = "FAIL (1 failed, 3 passed, 5 skipped, 4 xfailed, 2 error)"
     for tests in (counts, dict(sorted(counts.items()))):
-        assert verdict.headline({"result": "fail", "tests": tests}) == said, list(tests)
+        assert verdict.headline(verdict.Verdict("fail", tests)) == said, list(tests)

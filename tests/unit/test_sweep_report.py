@@ -17,6 +17,7 @@ from replaytests.outputs import compare as comparing
 from replaytests.outputs import findings, report_html, sections, summary, sweep_report, sweep_section
 from replaytests.outputs.report import build_report, checked_verdict
 from replaytests.outputs.stats import wilson
+from replaytests.outputs.verdict import Verdict
 
 FAMILY = FAMILIES["sweep"]
 PAIRS = [f"{a}~{b}" for a, b in FAMILY.pairs]
@@ -230,8 +231,8 @@ def test_a_replica_that_differs_at_an_earlier_point_contradicts_a_pass():
 
     records = panel(2, {})
     records[0]["sweep"][0] = point(7, replica=False)
-    found = checked_verdict({"result": "pass"}, typed(records), default_gates())
-    assert found["result"] == "fail" and "sweep replicas (every point)" in found["contradicted"], found
+    found = checked_verdict(Verdict("pass", {"passed": 1}), typed(records), default_gates())
+    assert found.result == "fail" and "sweep replicas (every point)" in found.contradicted, found
 
 
 # ---- what a reader sees ----

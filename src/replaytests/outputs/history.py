@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from replaytests.errors import ReplaytestsError, control_character, short
+from replaytests.errors import ReplaytestsError, control_character, got, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.files import dumps, exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
@@ -105,7 +105,7 @@ def _problem(entry_: dict) -> str | None:
     except ValueError:
         return f"field 'date' is not an ISO 8601 date: {short(entry_['date'])}"
     if not isinstance(entry_.get("label", 0), str | None):  # the table and the page read it, null or not
-        return f"field 'label' must be a string or null, {_got(entry_, 'label')}"
+        return f"field 'label' must be a string or null, {got(entry_, 'label')}"
     if entry_.get("label") and (found := control_character(entry_["label"])):  # it is printed to a terminal
         return f"field 'label' holds a {found}"
     return (_objects(entry_["families"], "families", "precisions",
@@ -156,7 +156,7 @@ def _causal_outcome(outcome: object, where: str) -> str | None:
     if problem := _wilson(outcome.get("divergent"), f"{where}.divergent"):
         return problem
     if not isinstance(outcome.get("label"), str) or control_character(outcome["label"]):
-        return f"field '{where}.label' must be a string of printable characters, {_got(outcome, 'label')}"
+        return f"field '{where}.label' must be a string of printable characters, {got(outcome, 'label')}"
     return None
 
 
@@ -178,19 +178,15 @@ def _wilson(value: object, where: str) -> str | None:
     for name in ("rate", "ci_low", "ci_high") if value["n"] else ():
         number = value.get(name)
         if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number <= 1:
-            return f"field '{where}.{name}' must be a number from 0 to 1, {_got(value, name)}"
+            return f"field '{where}.{name}' must be a number from 0 to 1, {got(value, name)}"
     return None
 
 
 def _count_problem(value: dict, name: str, where: str) -> str | None:
     count = value.get(name)
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        return f"field '{where}.{name}' must be a non-negative integer, {_got(value, name)}"
+        return f"field '{where}.{name}' must be a non-negative integer, {got(value, name)}"
     return None
-
-
-def _got(value: dict, name: str) -> str:
-    return f"got {short(value[name])}" if name in value else "missing"
 
 
 def read_history(path: Path) -> list[dict]:

@@ -8,6 +8,7 @@ their reasons and never enter a denominator.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from replaytests.outputs import (
     flips,
     ledger,
     report_html,
+    runs,
     sections,
     serving,
     summary,
@@ -50,6 +52,7 @@ from replaytests.outputs.stats import (
     wilson,
 )
 from replaytests.outputs.tables import first
+from replaytests.outputs.verdict import Verdict
 
 SCHEMA = "replaytests.report/1"
 REPORT_FILES = ("report.json", "report.md", "report.html")
@@ -191,7 +194,7 @@ def build_report(records: list[Record], meta: dict) -> dict:
     excluded = [{name: getattr(r, name) for name in (*KEY_FIELDS, "reason")}
                 for r in sorted(records, key=lambda r: r.key) if not r.ok]
     return {
-        "verdict": checked_verdict(meta.get("verdict"), records, run_gates(meta)),  # first: did it pass, and why not
+        "verdict": checked_verdict(runs.recorded_verdict(meta), records, run_gates(meta)),  # first: did it pass?
         "schema": SCHEMA,
         "meta": {key: value for key, value in meta.items() if key != "verdict"},
         "statistics": {"interval": "wilson", "level": LEVEL, "paired_test": "mcnemar-exact",
@@ -238,11 +241,11 @@ def _failing(record: Record, gates: Gates) -> list[str]:
     return failed + (section.failing(record, gates) if (section := family_sections.of(record.family)) else [])
 
 
-def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) -> dict | None:
+def checked_verdict(recorded: Verdict | None, records: list[Record], gates: Gates) -> Verdict | None:
     """The run's verdict (run.json's), unless it says pass while the records show a replica or bridge check
     failing (a ledger edited after the run, or collated with another): then a fail whose `contradicted` says
     what the records show, so that the verdict a report prints agrees with its tables."""
-    if not recorded or recorded.get("result") != "pass":
+    if recorded is None or recorded.result != "pass":
         return recorded
     failing: dict[str, list[str]] = defaultdict(list)
     for record in records:
@@ -252,7 +255,12 @@ def checked_verdict(recorded: dict | None, records: list[Record], gates: Gates) 
         return recorded
     shown = "; ".join(f"{name} failing in {len(rows)} row{'s' * (len(rows) > 1)} ({first(rows, 3)})"
                       for name, rows in failing.items())
-    return recorded | {"result": "fail", "contradicted": f"the records show {shown}"}
+    return replace(recorded, result="fail", contradicted=f"the records show {shown}")
+
+
+def as_json(report: dict) -> dict:
+    """A built report as report.json holds it: its verdict (a Verdict) as run.json writes it."""
+    return report | {"verdict": verdict.to_json() if (verdict := report["verdict"]) is not None else None}
 
 
 def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Path]:
@@ -265,7 +273,7 @@ def write_built(report_dir: Path, report: dict) -> list[Path]:
     report_dir = Path(report_dir)
     paths = [report_dir / name for name in REPORT_FILES]
     try:  # as one set: a report.json never stands beside another run's report.html
-        write_set({paths[0]: dumps(report, indent=2) + "\n", paths[1]: sections.markdown(report),
+        write_set({paths[0]: dumps(as_json(report), indent=2) + "\n", paths[1]: sections.markdown(report),
                    paths[2]: report_html.page(report)})
     except NotStrictJSON as exc:  # a number the ledger's finite ones overflowed to (a mean of 1e308s)
         raise LedgerError(f"{paths[0]}: cannot write report: {exc}") from None

@@ -92,7 +92,7 @@ def report_plots(report: dict) -> tuple[list[str], list[str]]:
 
 def page(report: dict) -> str:
     head, lines = sections.verdict_head(report)
-    result = ((report.get("verdict") or {}).get("result") or "unknown")
+    result = report["verdict"].result if report["verdict"] is not None else "unknown"
     body = [f"<h1>{escape(sections.title(report))}</h1>",
             f'<section class="verdict {escape(result)}"><h2>{escape(head)}</h2><ul>'
             + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul></section>"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from replaytests.errors import LedgerError, short
 from replaytests.files import lookup, read_json
 from replaytests.outputs.rundir import ledger_of
+from replaytests.outputs.verdict import Verdict, VerdictError
 
 # The fields run.json's readers read, by type.
 RUN_SCHEMA = "replaytests.run/1"
@@ -33,33 +34,19 @@ def read_run(path: Path) -> dict | None:
     for name, kind in RUN_FIELDS.items():
         if run.get(name) is not None and not isinstance(run[name], kind):
             raise LedgerError(f"{run_json}: field {name!r} must be a {kind.__name__}, got {short(run[name])}")
-    if problem := _verdict_problem(run.get("verdict")) or _environment_problem(run.get("environment")):
+    try:
+        recorded_verdict(run)
+    except VerdictError as exc:
+        raise LedgerError(f"{run_json}: {exc}") from None
+    if problem := _environment_problem(run.get("environment")):
         raise LedgerError(f"{run_json}: {problem}")
     return run
 
 
-def _verdict_problem(verdict: dict | None) -> str | None:
-    """What makes a recorded verdict unprintable (verdict.lines reads every field below), or None; an absent or
-    empty verdict is "not recorded"."""
-    if not verdict:
-        return None
-    if not isinstance(verdict.get("result"), str):
-        return f"field 'verdict.result' must be a string, {_got(verdict, 'result')}"
-    tests = verdict.get("tests")
-    if not isinstance(tests, dict) or not all(isinstance(n, int) and not isinstance(n, bool) for n in tests.values()):
-        return f"field 'verdict.tests' must be an object of test counts per outcome, {_got(verdict, 'tests')}"
-    failures = verdict.get("failures")
-    if not isinstance(failures, list):
-        return f"field 'verdict.failures' must be a list, {_got(verdict, 'failures')}"
-    for index, failure in enumerate(failures):
-        if not (isinstance(failure, dict) and all(isinstance(failure.get(k), str) for k in ("check", "message"))):
-            return f"field 'verdict.failures[{index}]' must be an object with the strings check and message, got " \
-                   f"{short(failure)}"
-    for name in ("platform_drift", "drift"):
-        lines = verdict.get(name, [])
-        if not (isinstance(lines, list) and all(isinstance(line, str) for line in lines)):
-            return f"field 'verdict.{name}' must be a list of strings, got {short(lines)}"
-    return None
+def recorded_verdict(meta: dict) -> Verdict | None:
+    """The verdict a run.json (or a report's meta, which carries it) holds, read (Verdict.from_json: a
+    VerdictError names the field); None where it holds none (records collated from ledgers)."""
+    return Verdict.from_json(meta["verdict"]) if meta.get("verdict") else None
 
 
 def _environment_problem(environment: dict | None) -> str | None:
@@ -68,10 +55,6 @@ def _environment_problem(environment: dict | None) -> str | None:
         if not isinstance((environment or {}).get(name) or {}, dict):
             return f"field 'environment.{name}' must be an object, got {short(environment[name])}"
     return None
-
-
-def _got(value: dict, name: str) -> str:
-    return f"got {short(value[name])}" if name in value else "missing"
 
 
 # The bank manifest as a report shows it: its digests (the full manifest stays in run.json).

@@ -47,7 +47,7 @@ def title(report: dict) -> str:
 
 def verdict_head(report: dict) -> tuple[str, list[str]]:
     """The verdict's first line (PASS/FAIL and the test counts) and its other lines."""
-    if not report.get("verdict"):
+    if report["verdict"] is None:
         return "Verdict not recorded", ["these records were collated from ledgers: no test outcomes"]
     lines = verdict.lines(report["verdict"])
     return lines[0].removeprefix("verdict: "), [line.strip() for line in lines[1:]]
@@ -105,12 +105,12 @@ def _replica(report: dict) -> Section:
              for row in outcome.replica_rows(family, cell, summaries[family])]
     table = Table("Replica pairs bit-exact (cache, logits and suffix)", ("family", "precision", "pair", "bit exact"),
                   tuple(rows))
-    v = report.get("verdict") or {}
-    audit = [f"Ledger audit: baseline {v['baseline']}" if v.get("baseline") else
-             "Ledger audit: no baseline given (pass --baseline LEDGER)" if v else
+    v = report["verdict"]
+    audit = [f"Ledger audit: baseline {v.line('baseline')}" if v is not None and v.line("baseline") else
+             "Ledger audit: no baseline given (pass --baseline LEDGER)" if v is not None else
              "Ledger audit: not recorded (these records were collated from ledgers)"]
     return Section(LAYERS["replica"][0], LAYERS["replica"][1], (table,) if rows else (),
-                   (*audit, *(f"Platform drift: {line}" for line in v.get("platform_drift", []))))
+                   (*audit, *(f"Platform drift: {line}" for line in (v.lines_of("platform_drift") if v else []))))
 
 
 # ---- layer 2: token identity ----

@@ -10,11 +10,12 @@ from pathlib import Path
 
 from replaytests.files import write_atomic, write_json_atomic
 from replaytests.outputs import ledger, report, runs, summary, verdict
+from replaytests.outputs.verdict import Verdict
 from replaytests.suite.gathered import Gathered
 from replaytests.suite.session import ReplaySession
 
 
-def write_run(replay: ReplaySession, gathered: Gathered, outcome: dict, run: Path, interrupted: bool,
+def write_run(replay: ReplaySession, gathered: Gathered, outcome: Verdict, run: Path, interrupted: bool,
               started: datetime) -> dict:
     """Write the run's directory, each file starting with the verdict `outcome` (suite.collector.run_verdict): the
     ledger and run.json, then from them the run's statistics computed once (the built report, report.build_report),
@@ -36,7 +37,7 @@ def write_run(replay: ReplaySession, gathered: Gathered, outcome: dict, run: Pat
     return built
 
 
-def terminal_lines(replay: ReplaySession, gathered: Gathered, built: dict, outcome: dict | None,
+def terminal_lines(replay: ReplaySession, gathered: Gathered, built: dict, outcome: Verdict | None,
                    run: Path | None) -> list[str]:
     """The terminal's replaytests summary from the run's built report: the verdict first, then the table and the
     causal lines."""
@@ -83,13 +84,13 @@ def pin_line(replay: ReplaySession) -> str:
             f"{replay.environment['environment']['cpu_isa']}")
 
 
-def run_metadata(replay: ReplaySession, outcome: dict | None = None) -> dict:
+def run_metadata(replay: ReplaySession, outcome: Verdict | None = None) -> dict:
     """What a report needs besides the records: the verdict, the inputs, their digests, the platform
     and the environment."""
     contract = replay.contract
     return {
         "schema": runs.RUN_SCHEMA,
-        **({"verdict": outcome} if outcome else {}),
+        **({"verdict": outcome.to_json()} if outcome is not None else {}),
         "options": {name: _json_option(value) for name, value in vars(replay.options).items()},
         "contract": {"name": contract.name, "path": str(contract.path), "sha256": contract.digest,
                      "description": contract.settings["description"]},

@@ -11,6 +11,7 @@ from replaytests.inputs.gates import Judgement, artifact, gated
 from replaytests.outputs import compare, findings
 from replaytests.outputs.records import Record
 from replaytests.outputs.runs import read_run
+from replaytests.outputs.verdict import Failure
 
 if TYPE_CHECKING:
     from replaytests.suite.session import ReplaySession
@@ -66,10 +67,10 @@ def judge_against_baseline(replay: ReplaySession, problem: str | None, level: st
 
 
 class Rates(NamedTuple):
-    """The run's rates check against its baseline: its failures ({check, message}, as the verdict lists them), and
+    """The run's rates check against its baseline: its failures (as the verdict lists them), and
     the changes it records as platform drift (lines)."""
 
-    failures: list[dict]
+    failures: list[Failure]
     drift: list[str]
 
 
@@ -87,6 +88,6 @@ def baseline_rates(replay: ReplaySession, records: list[Record]) -> Rates:
     found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
     reasons = [reason for reason in found.reasons if reason.startswith(findings.RATES_REASONS)]
     drift = [reason for reason in reasons if across and reason.startswith(findings.ROLLOUT_RATES_REASON)]
-    return Rates([{"check": RATES_CHECK, "message": reason} for reason in reasons if reason not in drift],
+    return Rates([Failure(RATES_CHECK, reason) for reason in reasons if reason not in drift],
                  [f"{reason} (against a baseline made on another platform: recorded, not judged; --gate rates "
                   "judges it)" for reason in drift])

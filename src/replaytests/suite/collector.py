@@ -18,6 +18,7 @@ import pytest
 from replaytests.errors import Exit, ReplaytestsError
 from replaytests.families.registry import FAMILIES
 from replaytests.outputs import ledger, rundir, verdict
+from replaytests.outputs.verdict import Verdict
 from replaytests.suite.command_line import selects_conformance
 from replaytests.suite.fixtures import AUDIT_PROPERTY, RECORD_PROPERTY
 from replaytests.suite.gathered import Gathered
@@ -65,7 +66,7 @@ class LedgerCollector:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.gathered = None
-        self.verdict: dict | None = None
+        self.verdict: Verdict | None = None
         self.built: dict = {}  # the run's statistics, computed once when its files are written (report.build_report)
         self.run: Path | None = None
         self.progress = None  # suite.progress.Progress, in the controller of a conformance run
@@ -195,7 +196,7 @@ class LedgerCollector:
         for line in terminal_lines(replay_session(self.config), self.gathered, self.built, self.verdict, self.run):
             terminalreporter.write_line(line)
         outcomes = self.gathered.outcomes
-        if self.verdict["result"] == "fail" and not outcomes.get("failed") and not outcomes.get("error"):
+        if self.verdict.failed and not outcomes.get("failed") and not outcomes.get("error"):
             terminalreporter.write_line("exit status 1: the verdict is FAIL although no test failed (a check of the "
                                         "whole run, listed above)", red=True)
 
@@ -214,7 +215,7 @@ def run_verdict(replay: ReplaySession, gathered: Gathered, interrupted: bool) ->
     return verdict.build(gathered.outcomes, gathered.failures + rates.failures, context, interrupted)
 
 
-def exit_status(outcome: dict, status: int) -> int:
+def exit_status(outcome: Verdict, status: int) -> int:
     """The exit status follows the verdict (docs/ci.md): a FAIL is never 0, whatever produced it (a test, or
     a run-level check the controller makes after the tests, such as the baseline's rates); a run the verdict
     calls interrupted (a torn records file) exits 2 where pytest saw nothing wrong. A status pytest already

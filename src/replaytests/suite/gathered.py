@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 
 from replaytests.outputs.records import Record
+from replaytests.outputs.verdict import Failure
 
 
 @dataclass
@@ -18,7 +19,7 @@ class Gathered:
     facts: list[dict] = field(default_factory=list)  # the key facts of each record a test read (properties.facts)
     audits: list[dict] = field(default_factory=list)  # {key, leaves, changes} per audited baseline record
     outcomes: dict[str, int] = field(default_factory=dict)  # pytest outcome -> count
-    failures: list[dict] = field(default_factory=list)  # verdict.failure of each failing test
+    failures: list[Failure] = field(default_factory=list)  # verdict.failure of each failing test
     skips: set[str] = field(default_factory=set)  # the distinct skip reasons
 
     def add(self, properties: list[tuple[str, str]], record_property: str, audit_property: str) -> None:
