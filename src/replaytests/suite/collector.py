@@ -123,7 +123,8 @@ class LedgerCollector:
         if progress is None:
             return
         completed = [r for r in records if progress.record(*r["key"])]
-        progress.finished += finished
+        if finished:
+            progress.finish()
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
