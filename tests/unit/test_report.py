@@ -622,6 +622,11 @@ PASSED = {"result": "pass", "tests": {"passed": 12}, "failures": []}
 RUN_JSONS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "ledgers").glob("*/run.json"))
 
 
+def test_every_committed_ledger_has_the_run_json_whose_verdict_is_read_back():
+    ledgers = sorted(path.parent for path in RUN_JSONS[0].parent.parent.glob("*/ledger.jsonl")) if RUN_JSONS else []
+    assert RUN_JSONS and [path.parent for path in RUN_JSONS] == ledgers, f"run.json beside {ledgers}: {RUN_JSONS}"
+
+
 @pytest.mark.parametrize("run_json", RUN_JSONS, ids=[path.parent.name for path in RUN_JSONS])
 def test_a_recorded_verdict_is_read_and_written_back_as_it_was(run_json):
     """Every committed run's verdict (a Verdict once read) written back holds the same keys, values and order: the

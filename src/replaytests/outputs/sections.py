@@ -106,11 +106,14 @@ def _replica(report: dict) -> Section:
     table = Table("Replica pairs bit-exact (cache, logits and suffix)", ("family", "precision", "pair", "bit exact"),
                   tuple(rows))
     v = report["verdict"]
-    audit = [f"Ledger audit: baseline {v.line('baseline')}" if v is not None and v.line("baseline") else
-             "Ledger audit: no baseline given (pass --baseline LEDGER)" if v is not None else
-             "Ledger audit: not recorded (these records were collated from ledgers)"]
-    return Section(LAYERS["replica"][0], LAYERS["replica"][1], (table,) if rows else (),
-                   (*audit, *(f"Platform drift: {line}" for line in (v.lines_of("platform_drift") if v else []))))
+    if v is None:
+        audit = ["Ledger audit: not recorded (these records were collated from ledgers)"]
+    else:
+        baseline = v.line("baseline")
+        audit = [f"Ledger audit: baseline {baseline}" if baseline else
+                 "Ledger audit: no baseline given (pass --baseline LEDGER)",
+                 *(f"Platform drift: {line}" for line in v.lines_of("platform_drift"))]
+    return Section(LAYERS["replica"][0], LAYERS["replica"][1], (table,) if rows else (), tuple(audit))
 
 
 # ---- layer 2: token identity ----

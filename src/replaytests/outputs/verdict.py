@@ -9,7 +9,7 @@ an artifact made elsewhere) are counted apart from failures.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from replaytests.errors import Exit, got, short
 from replaytests.outputs.tables import first
@@ -35,7 +35,7 @@ class Failure:
     message: str
 
     def to_json(self) -> dict:
-        return {"check": self.check, "message": self.message}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
