@@ -49,7 +49,7 @@ from replaytests.outputs.report import build_report  # noqa: E402
 from replaytests.outputs.runs import report_meta  # noqa: E402
 from replaytests.outputs.sections import fmt_paired  # noqa: E402
 from replaytests.outputs.serving import premise  # noqa: E402
-from replaytests.outputs.stats import wilson  # noqa: E402
+from replaytests.outputs.stats import Proportion, wilson  # noqa: E402
 
 LEDGERS = REPO / "fixtures" / "ledgers"
 # column label: (the vLLM run, the transformers run of the same bank at the same pin, or None)
@@ -219,11 +219,11 @@ def flips_table() -> str:
         if found is None:
             rows.append([label, _cell(0, len(ok)), *["-"] * 6, _tied_steps(ok)])
             continue
-        bins = {n: _cell(b["k"], b["n"]) for n, b in found["bins"].items()}
-        rate = found["trigger_rate"]
-        rows.append([label, _cell(found["divergent"], found["rows"]), bins["tie"], bins["bf16_step"], bins["apart"],
-                     ", ".join(a["row"] for a in found["apart_rows"]) or "none", f"{found['threshold']:g}",
-                     _cell(rate["k"], rate["n"]) if rate else "not recorded", _tied_steps(ok)])
+        bins = {n: _cell(b.k, b.n) for n, b in found.bins.items()}
+        rate = found.trigger_rate
+        rows.append([label, _cell(found.divergent, found.rows), bins["tie"], bins["bf16_step"], bins["apart"],
+                     ", ".join(a.row for a in found.apart_rows) or "none", f"{found.threshold:g}",
+                     _cell(rate.k, rate.n) if rate else "not recorded", _tied_steps(ok)])
     return _markdown(rows)
 
 
@@ -238,8 +238,8 @@ DIVERGENCE_LABELS = {"suffix_divergence": "suffixes differ", "answer_divergence"
                      "correctness_divergence": "correctness labels differ"}
 
 
-def _proportion(p: dict | None) -> str:
-    return _cell(p["k"], p["n"]) if p else "-"
+def _proportion(p: Proportion | None) -> str:
+    return _cell(p.k, p.n) if p else "-"
 
 
 def _behaviour(summary: dict, cell: str) -> list[str]:
@@ -292,7 +292,7 @@ def _cell_row(report: dict, cell: str) -> list[str]:
     pair = crossing["pairs"][PAIR]
     live = report["families"].get("live", {}).get("precisions", {}).get(cell, {}).get("pairs", {}).get("live~prefill")
     transplant = report.get("causal_cells", {}).get(cell, {}).get("transplant")
-    follows = " / ".join(_proportion(v["follows_donor"]) for v in transplant["full"].values()) if transplant else "-"
+    follows = " / ".join(_proportion(v["follows_donor"]) for v in transplant.full.values()) if transplant else "-"
     paired = next((r for r in report["families"]["crossing"].get("reductions", {}).get(PAIR, []) if r["from"] == cell),
                   None)
     versus = "-" if paired is None else f"vs {paired['to']}: " + fmt_paired(
@@ -376,7 +376,7 @@ def _accumulated(found: dict) -> str:
     if not found["rows"]:
         return "-"
     m = found["mcnemar"]
-    return f"last only {m['b']}, first only {m['c']}, p = {m['p']:.3g}" + (" (too few)" if found["note"] else "")
+    return f"last only {m.b}, first only {m.c}, p = {m.p:.3g}" + (" (too few)" if found["note"] else "")
 
 
 def _conversation_rows(model: str, runtime: str, cell: str, found: dict) -> list[list[str]]:
@@ -432,7 +432,7 @@ def _sweep_rows(model: str, runtime: str, cell: str, axis: str, found: dict) -> 
     def total(name: str) -> str:
         if any(p[name] is None for p in points if p["counted"]):
             return "not measured"
-        return _cell(sum(p[name]["k"] for p in points if p[name]), counted)
+        return _cell(sum(p[name].k for p in points if p[name]), counted)
 
     rows_diverging = {row for p in points for row in p["diverging_rows"]}
     first = found["first_suffix_divergence"]

@@ -78,14 +78,14 @@ def test_each_turn_counts_the_conversations_that_diverge_there_with_a_wilson_int
     cell = built(diverging_at(case.rows, case.at))["conversations"]["bf16"]
     for t in cell["turns"]:
         found = t["pairs"][REPLAY]["suffix_divergence"]
-        expected = wilson(case.at.get(t["turn"], 0), case.rows).to_json()
+        expected = wilson(case.at.get(t["turn"], 0), case.rows)
         assert found == expected, f"turn {t['turn']}: {found}, expected {expected}"
 
 
 def test_the_interval_is_the_reference_wilson_interval():
     # 2 of 5 conversations, Wilson 95% (R: binom::binom.confint(2, 5, methods = "wilson")): [0.1176, 0.7693]
     found = built(diverging_at(5, {3: 2}))["conversations"]["bf16"]["turns"][2]["pairs"][REPLAY]["suffix_divergence"]
-    assert (found["ci_low"], found["ci_high"]) == pytest.approx((0.1176, 0.7693), abs=5e-5), found
+    assert (found.ci_low, found.ci_high) == pytest.approx((0.1176, 0.7693), abs=5e-5), found
 
 
 @pytest.mark.parametrize("measure, edit", [("answer_divergence", {"answers": (RERENDERED,)}),
@@ -95,8 +95,8 @@ def test_the_interval_is_the_reference_wilson_interval():
 def test_each_measure_counts_only_its_own_field(measure, edit):
     records = [conversation("c0", [turn(1), turn(2, **edit), turn(3)]), conversation("c1", [turn(1), turn(2), turn(3)])]
     turns = built(records)["conversations"]["bf16"]["turns"]
-    assert [t["pairs"][RERENDERED][measure]["k"] for t in turns] == [0, 1, 0], measure
-    assert [t["pairs"][RERENDERED]["suffix_divergence"]["k"] for t in turns] == [0, 0, 0], "no assistant turn differs"
+    assert [t["pairs"][RERENDERED][measure].k for t in turns] == [0, 1, 0], measure
+    assert [t["pairs"][RERENDERED]["suffix_divergence"].k for t in turns] == [0, 0, 0], "no assistant turn differs"
 
 
 def test_a_cache_not_measured_is_not_counted_as_exact_or_not():
@@ -112,7 +112,7 @@ def test_a_cache_not_measured_is_not_counted_as_exact_or_not():
 def test_a_conversation_with_fewer_turns_counts_only_at_the_turns_it_reached():
     records = [*diverging_at(2, {2: 2}), conversation("short", [turn(1), turn(2, (REPLAY,))])]
     turns = built(records)["conversations"]["bf16"]["turns"]
-    assert [(t["rows"], t["pairs"][REPLAY]["suffix_divergence"]["k"]) for t in turns] == [(3, 0), (3, 3), (2, 0)]
+    assert [(t["rows"], t["pairs"][REPLAY]["suffix_divergence"].k) for t in turns] == [(3, 0), (3, 3), (2, 0)]
 
 
 def test_re_rendered_mismatches_are_counted_with_why_and_where():
@@ -121,7 +121,7 @@ def test_re_rendered_mismatches_are_counted_with_why_and_where():
                conversation("c1", [turn(1), turn(2, ids=rerendered("template: dropped <|/answer|>", 2, "user")),
                                    turn(3)])]
     turns = built(records)["conversations"]["bf16"]["turns"]
-    assert [t["rerendered"]["differ"]["k"] for t in turns] == [0, 2, 1]
+    assert [t["rerendered"]["differ"].k for t in turns] == [0, 2, 1]
     assert turns[1]["rerendered"]["reasons"] == {"lossy decode": 1, "template": 1}, turns[1]["rerendered"]
     assert turns[1]["rerendered"]["segments"] == {"turn 1 assistant": 1, "turn 2 user": 1}, turns[1]["rerendered"]
 
@@ -131,8 +131,8 @@ def test_every_replica_is_checked_at_every_turn_not_only_the_last():
     records[1]["turns"][0]["comparisons"]["session~session_replica"]["suffix_equal"] = False  # turn 1 only
     report = built(records, {"verdict": {"result": "pass", "tests": {"passed": 1}, "failures": []}})
     cell = report["conversations"]["bf16"]
-    assert cell["replicas"]["session~session_replica"]["k"] == 2, cell["replicas"]
-    assert report["families"]["conversation"]["precisions"]["bf16"]["replicas_exact"]["k"] == 2
+    assert cell["replicas"]["session~session_replica"].k == 2, cell["replicas"]
+    assert report["families"]["conversation"]["precisions"]["bf16"]["replicas_exact"].k == 2
     assert report["verdict"].result == "fail", "a replica that differs at turn 1 contradicts a pass"
     assert "conversation replicas (every turn)" in report["verdict"].contradicted, report["verdict"]
 
@@ -176,8 +176,8 @@ def test_the_accumulation_test_pairs_each_conversation_s_first_and_last_turn(cas
         records[0]["turns"][0] = turn(1, (REPLAY,))
     found = built(records)["conversations"]["bf16"]["accumulation"][REPLAY]
     m = found["mcnemar"]
-    assert (m["b"], m["c"]) == (case.b, case.c), f"last only {m['b']}, first only {m['c']}"
-    assert m["p"] == pytest.approx(case.p, rel=1e-9), m
+    assert (m.b, m.c) == (case.b, case.c), f"last only {m.b}, first only {m.c}"
+    assert m.p == pytest.approx(case.p, rel=1e-9), m
     assert found["reading"] == case.reading, found["reading"]
     assert (found["note"] is not None) == case.too_few, found["note"]
     if case.too_few:

@@ -266,10 +266,10 @@ def test_the_outcomes_count_donor_recovery_carrier_turns_and_the_thirds_the_gate
     follows, thirds = outcome.counts(t)
     assert follows == {"replay<-session": (2, 2), "session<-replay": (1, 2)}, follows
     assert thirds == {"replay<-session": (1, 2), "session<-replay": (0, 2)}, thirds
-    assert {d: v["control_third_mixed"]["k"] for d, v in t["full"].items()} == {"replay<-session": 0,
-                                                                                "session<-replay": 1}, t["full"]
-    assert t["carrier_turn"] == {"replay<-session": {"2": 1, "3": 1}, "session<-replay": {"3": 1, "none": 1}}
-    assert [r["row"] for r in t["by_row"]] == ["d1", "d2", "c1", "c2"], t["by_row"]
+    assert {d: v["control_third_mixed"].k for d, v in t.full.items()} == {"replay<-session": 0,
+                                                                                "session<-replay": 1}, t.full
+    assert t.carrier_turn == {"replay<-session": {"2": 1, "3": 1}, "session<-replay": {"3": 1, "none": 1}}
+    assert [r["row"] for r in t.by_row] == ["d1", "d2", "c1", "c2"], t.by_row
     assert [(r, tiny_contract.gates.conversation_transplant_row(r, r.role).outcome) for r in ROWS[2:]] == [
         (ROWS[2], "fail"), (ROWS[3], "recorded")], "the row gate reads the controls' thirds otherwise"
     judged = tiny_contract.gates.transplant_family(follows, thirds)

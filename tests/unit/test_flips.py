@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_report import comparison, record, typed
 
-from replaytests.outputs.flips import bf16_step, bin_of, flips, pair_flips
+from replaytests.outputs.flips import ApartRow, bf16_step, bin_of, flips, pair_flips
 from replaytests.outputs.records import Record
 
 PAIR = "incremental~prefill"
@@ -46,13 +46,13 @@ def test_flips_name_the_clear_rows_and_the_verifier_threshold_and_rate():
     records = [_crossing("r0", [0.0, 0.25], [8.0, 8.0]), _crossing("r1", [0.5, 0.5], [8.0, 8.0]),
                _crossing("r2", [0.03125, 0.5], [8.0, 8.0]), _crossing("r3")]
     found = pair_flips(records, PAIR)
-    assert found["divergent"] == 3 and found["rows"] == 4, found
-    assert {name: b["k"] for name, b in found["bins"].items()} == {"tie": 1, "bf16_step": 1, "apart": 1,
-                                                                     "unknown": 0}, found["bins"]
-    assert found["apart_rows"] == [{"row": "r1", "margins": [0.5, 0.5]}], found["apart_rows"]
+    assert found.divergent == 3 and found.rows == 4, found
+    assert {name: b.k for name, b in found.bins.items()} == {"tie": 1, "bf16_step": 1, "apart": 1,
+                                                             "unknown": 0}, found.bins
+    assert found.apart_rows == (ApartRow("r1", (0.5, 0.5)),), found.apart_rows
     # the largest margin at which the reference (incremental) flipped: 0.5; steps with a choice at or
     # below it: none of 1.0, 2.0, 3.0 on any of the 4 rows (the forced step, null, is not counted)
-    assert found["threshold"] == 0.5 and (found["trigger_rate"]["k"], found["trigger_rate"]["n"]) == (0, 12)
+    assert found.threshold == 0.5 and (found.trigger_rate.k, found.trigger_rate.n) == (0, 12)
 
 
 def test_no_divergence_no_flips_and_an_older_ledger_has_no_trigger_rate():
@@ -62,4 +62,4 @@ def test_no_divergence_no_flips_and_an_older_ledger_has_no_trigger_rate():
     for arm in older["arms"].values():
         del arm["margins"]
     del older["comparisons"][PAIR]["top1_at_divergence"]
-    assert pair_flips(typed([older]), PAIR)["trigger_rate"] is None
+    assert pair_flips(typed([older]), PAIR).trigger_rate is None

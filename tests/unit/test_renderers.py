@@ -15,7 +15,7 @@ from test_report import PASSED, comparison, crossing, excluded, record, typed
 
 from replaytests.families.registry import LAYERS
 from replaytests.inputs.options import REPO
-from replaytests.outputs import plots, report_html, runs, sections
+from replaytests.outputs import ledger, plots, report_html, runs, sections
 from replaytests.outputs.report import build_report
 from replaytests.outputs.stats import wilson
 
@@ -116,9 +116,9 @@ def overlaps(boxes) -> list[tuple[str, str]]:
             if abs(a[2] - b[2]) < plots.FONT and a[0] < b[1] and b[0] < a[1]]
 
 
-LONG_LABELS = [(("batch bf16", "incremental_pair~incremental_singleton"), [(0, "suffix", wilson(0, 12).to_json())]),
-               (("crossing bf16",), [(0, "suffix", wilson(2, 48).to_json()), (1, "answer", wilson(0, 48).to_json())]),
-               *(((f"family{i} fp32",), [(0, "suffix", wilson(i, 12).to_json())]) for i in range(8))]
+LONG_LABELS = [(("batch bf16", "incremental_pair~incremental_singleton"), [(0, "suffix", wilson(0, 12))]),
+               (("crossing bf16",), [(0, "suffix", wilson(2, 48)), (1, "answer", wilson(0, 48))]),
+               *(((f"family{i} fp32",), [(0, "suffix", wilson(i, 12))]) for i in range(8))]
 
 
 @pytest.mark.parametrize("svg", [
@@ -128,7 +128,7 @@ LONG_LABELS = [(("batch bf16", "incremental_pair~incremental_singleton"), [(0, "
                                             ("fp32", "K"): [1e-7, 4e-7, 5e-7], ("fp32", "V"): [1e-7, 4e-7, 5e-7]}),
                  id="drift-plot"),
     pytest.param(plots.time_plot("history", [f"2026-12-{d:02d} 02:00" for d in range(1, 31)],
-                                 {"bf16 suffix": [wilson(d % 5, 48).to_json() for d in range(30)]}), id="time-plot"),
+                                 {"bf16 suffix": [wilson(d % 5, 48) for d in range(30)]}), id="time-plot"),
 ])
 def test_no_two_labels_overlap(svg):
     assert not overlaps(label_boxes(svg)), f"overlapping labels: {overlaps(label_boxes(svg))}"
@@ -274,7 +274,8 @@ def test_a_family_naming_a_report_section_module_is_shown_by_every_renderer(tmp_
 def test_the_interval_plot_names_the_pair_of_a_family_with_several_even_one_this_install_does_not_know():
     """report.html's interval plot labels a row with its pair where the family has several headline pairs: a family of
     a plugin not installed here shows every pair it holds, each row named (its label was only `family cell`)."""
-    report = json.loads((REPO / "fixtures" / "ledgers" / "cpu-tiny" / "report.json").read_text(encoding="utf-8"))
+    tiny = REPO / "fixtures" / "ledgers" / "cpu-tiny"
+    report = build_report(ledger.collate([tiny / "ledger.jsonl"]), runs.report_meta([tiny]))
     crossing_bf16 = report["families"]["crossing"]["precisions"]["bf16"]
     pair = next(iter(crossing_bf16["pairs"].values()))
     report["families"] = {"crossing": report["families"]["crossing"], "ghost": {"precisions": {"bf16": {

@@ -15,7 +15,7 @@ from replaytests.families.panels import spaced
 from replaytests.families.registry import FAMILIES, TRANSPLANTS, VALIDITY_PAIRS
 from replaytests.files import sha256_file
 from replaytests.inputs.bank import BankRow
-from replaytests.outputs import replication_outcome
+from replaytests.outputs import replication_outcome, stats
 from replaytests.outputs.records import Record
 
 
@@ -97,7 +97,7 @@ def panel_records(divergent: int, controls: int, **first_divergent) -> list[Reco
 ])
 def test_summarize_labels_strong_replication(records, replicated, strong):
     summary = replication_outcome.summarize([*records, replication_record("x", True, status="excluded")], "replication")
-    found = (summary["replicated"], summary["strong"])
+    found = (summary.replicated, summary.strong)
     assert found == (replicated, strong), f"(replicated, strong) = {found}, expected {(replicated, strong)}: {summary}"
 
 
@@ -105,12 +105,12 @@ def test_summarize_counts():
     records = panel_records(40, 6, first_token_equal=False, outcomes=(KEEP, KEEP))
     run = {"panels": {"replication": {"min_exact_controls": 7}}}  # the run's run.json
     summary = replication_outcome.summarize(records, "replication", run)
-    divergent, recovery = summary["divergent"], summary["donor_recovery"]["prefill<-incremental"]
-    assert (divergent["k"], divergent["n"]) == (40, 46), summary
-    assert summary["not_testable"] == [["d0", "first suffix tokens differ (raw boundary argmax equal): a transplant "
-                                               "cannot move that choice"]], summary["not_testable"]
-    assert (recovery["k"], recovery["n"]) == (39, 39), f"donor recovery {recovery}"
-    assert (summary["exact_controls"], summary["min_exact_controls"], summary["strong"]) == (6, 7, False), summary
+    divergent, recovery = summary.divergent, summary.donor_recovery["prefill<-incremental"]
+    assert (divergent.k, divergent.n) == (40, 46), summary
+    assert summary.not_testable == [["d0", "first suffix tokens differ (raw boundary argmax equal): a transplant "
+                                               "cannot move that choice"]], summary.not_testable
+    assert (recovery.k, recovery.n) == (39, 39), f"donor recovery {recovery}"
+    assert (summary.exact_controls, summary.min_exact_controls, summary.strong) == (6, 7, False), summary
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,9 +168,9 @@ def test_a_family_naming_an_outcome_module_is_shown_by_every_output(monkeypatch,
         assert not found and not lines and "Replication again" not in page and not tracked, (found, lines, tracked)
         return
     assert found == {AGAIN: replication_outcome.summarize(records, AGAIN)}, found
-    assert found[AGAIN]["strong"] and found[AGAIN]["rows"] == 46, found[AGAIN]
+    assert found[AGAIN].strong and found[AGAIN].rows == 46, found[AGAIN]
     assert lines == replication_outcome.terminal_lines(AGAIN, "bf16", found[AGAIN], run_gates({})), lines
     assert lines[0].startswith(f"{AGAIN} (bf16): validity control") and "strong replication" in lines[0], lines
     assert "### Replication again, bf16" in page and f"| {AGAIN} | bf16 | both constructions | 46/46" in page, page
-    assert tracked == {AGAIN: replication_outcome.tracked(found[AGAIN])} and tracked[AGAIN]["label"] == \
+    assert tracked == {AGAIN: stats.as_json(replication_outcome.tracked(found[AGAIN]))} and tracked[AGAIN]["label"] == \
         "strong replication", tracked

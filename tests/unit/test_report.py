@@ -16,13 +16,14 @@ import pytest
 
 from replaytests.cli import main
 from replaytests.errors import ConfigError, LedgerError
+from replaytests.files import dumps
 from replaytests.outputs import causal, ledger
 from replaytests.outputs.ledger import collate
 from replaytests.outputs.records import Record
 from replaytests.outputs.report import build_report, write_report
 from replaytests.outputs.runs import report_meta, run_meta
 from replaytests.outputs.sections import markdown
-from replaytests.outputs.stats import wilson
+from replaytests.outputs.stats import as_json, wilson
 from replaytests.outputs.verdict import Verdict
 
 LAYERS = 3
@@ -105,10 +106,6 @@ def at(report: dict, *path: str):
     return report
 
 
-def wilson_json(k: int, n: int) -> dict:
-    return wilson(k, n).to_json()
-
-
 @pytest.mark.parametrize(("path", "k", "n"), [
     pytest.param(("crossing", "bf16", "replicas_exact"), 200, 200, id="crossing-bf16-replicas"),
     pytest.param(("crossing", "bf16", "pairs", "incremental~prefill", "cache_exact"), 0, 200, id="crossing-bf16-cache"),
@@ -129,7 +126,7 @@ def wilson_json(k: int, n: int) -> dict:
 def test_paper_counts_are_wilson_proportions(paper, path, k, n):
     family, precision, *rest = path
     got = at(paper, "families", family, "precisions", precision, *rest)
-    assert got == wilson_json(k, n), f"{'/'.join(path)}: {got}, expected {k}/{n} with its Wilson interval"
+    assert got == wilson(k, n), f"{'/'.join(path)}: {got}, expected {k}/{n} with its Wilson interval"
 
 
 @pytest.mark.parametrize(("family", "pair"), [pytest.param("crossing", "incremental~prefill", id="crossing"),
@@ -143,22 +140,22 @@ def test_paired_reduction_bf16_to_fp32_matches_paper(paper, family, pair, metric
     (reduction,) = at(paper, "families", family, "reductions", pair)
     test = reduction["metrics"][metric]
     assert (reduction["from"], reduction["to"], reduction["rows"]) == ("bf16", "fp32", 200), reduction
-    assert (test["mcnemar"]["b"], test["mcnemar"]["c"]) == (b, 0), f"{metric}: discordant counts {test['mcnemar']}"
-    assert test["mcnemar"]["p"] == pytest.approx(p, rel=5e-3), f"{metric}: McNemar p {test['mcnemar']['p']}, paper {p}"
+    assert (test["mcnemar"].b, test["mcnemar"].c) == (b, 0), f"{metric}: discordant counts {test['mcnemar']}"
+    assert test["mcnemar"].p == pytest.approx(p, rel=5e-3), f"{metric}: McNemar p {test['mcnemar'].p}, paper {p}"
     boot = test["difference"]
-    assert boot["diff"] == pytest.approx(diff, abs=1e-12), f"{metric}: difference {boot['diff']}, paper {diff}"
-    assert (boot["ci_low"], boot["ci_high"]) == pytest.approx(ci, abs=0.015), f"{metric}: CI vs paper {ci}: {boot}"
-    assert (boot["seed"], boot["resamples"]) == (0, 10_000), f"{metric}: bootstrap seed/resamples {boot}"
+    assert boot.diff == pytest.approx(diff, abs=1e-12), f"{metric}: difference {boot.diff}, paper {diff}"
+    assert (boot.ci_low, boot.ci_high) == pytest.approx(ci, abs=0.015), f"{metric}: CI vs paper {ci}: {boot}"
+    assert (boot.seed, boot.resamples) == (0, 10_000), f"{metric}: bootstrap seed/resamples {boot}"
 
 
 def test_live_accuracy_difference_matches_paper_exp1(paper):
     accuracy = at(paper, "families", "live", "precisions", "bf16", "accuracy")
     assert (accuracy["x"], accuracy["y"]) == ("prefill", "live"), accuracy
     mcnemar, boot = accuracy["mcnemar"], accuracy["difference"]
-    assert (mcnemar["b"], mcnemar["c"]) == (11, 9), f"discordant (prefill only, live only) {mcnemar}"
-    assert mcnemar["p"] == pytest.approx(0.824, abs=5e-4), f"McNemar p {mcnemar['p']}, paper 0.824"
-    assert boot["diff"] == pytest.approx(0.01, abs=1e-12), f"prefill - live {boot['diff']}, paper +1.0 pp"
-    assert (boot["ci_low"], boot["ci_high"]) == pytest.approx((-0.035, 0.055), abs=0.015), f"CI {boot}"
+    assert (mcnemar.b, mcnemar.c) == (11, 9), f"discordant (prefill only, live only) {mcnemar}"
+    assert mcnemar.p == pytest.approx(0.824, abs=5e-4), f"McNemar p {mcnemar.p}, paper 0.824"
+    assert boot.diff == pytest.approx(0.01, abs=1e-12), f"prefill - live {boot.diff}, paper +1.0 pp"
+    assert (boot.ci_low, boot.ci_high) == pytest.approx((-0.035, 0.055), abs=0.015), f"CI {boot}"
 
 
 @pytest.mark.parametrize(("precision", "name", "stat", "expected"), [
@@ -200,7 +197,7 @@ def test_excluded_rows_are_listed_and_in_no_denominator():
     report = build_report(typed(records), {})
     summary = at(report, "families", "crossing", "precisions", "bf16")
     assert (summary["rows"], summary["ok"], summary["excluded"]) == (3, 2, 1), summary
-    assert summary["pairs"]["incremental~prefill"]["suffix_divergence"] == wilson_json(1, 2), "denominator is ok rows"
+    assert summary["pairs"]["incremental~prefill"]["suffix_divergence"] == wilson(1, 2), "denominator is ok rows"
     assert report["excluded"] == [{"family": "crossing", "row": "c", "precision": "bf16",
                                    "reason": "PhysicalBatchDesync: step 4 differs"}], report["excluded"]
     assert report["records"] == {"total": 3, "ok": 2, "excluded": 1}, report["records"]
@@ -214,7 +211,7 @@ def test_reductions_pair_rows_by_id_present_at_both_precisions():
     (reduction,) = at(build_report(typed(records), {}), "families", "crossing", "reductions", "incremental~prefill")
     suffix = reduction["metrics"]["suffix_divergence"]
     assert reduction["rows"] == 1, f"only row a is ok at both precisions: {reduction['rows']}"
-    assert (suffix["bf16"], suffix["fp32"]) == (wilson_json(1, 1), wilson_json(0, 1)), suffix
+    assert (suffix["bf16"], suffix["fp32"]) == (wilson(1, 1), wilson(0, 1)), suffix
 
 
 def test_no_reductions_with_one_precision():
@@ -234,15 +231,15 @@ def bridge(row: str, **headline) -> dict:
 def test_bridge_bit_exact_needs_cache_logits_and_suffix():
     records = [bridge("a"), bridge("b", suffix_equal=False, first_divergence=0), bridge("c", cache_exact=False)]
     summary = at(build_report(typed(records), {}), "families", "bridge", "precisions", "bf16")
-    assert summary["pairs"]["live~incremental"]["bit_exact"] == wilson_json(1, 3), summary["pairs"]
-    assert summary["z_matches_bank"] == wilson_json(3, 3), summary["z_matches_bank"]
+    assert summary["pairs"]["live~incremental"]["bit_exact"] == wilson(1, 3), summary["pairs"]
+    assert summary["z_matches_bank"] == wilson(3, 3), summary["z_matches_bank"]
 
 
 def test_batch_counts_per_pair():
     pairs = {"incremental_pair~incremental_singleton": comparison(),
              "prefill_pair~prefill_singleton": comparison(cache_exact=False, suffix_equal=False, first_divergence=2)}
     family = at(build_report(typed([record("batch", "a", "fp32", pairs)]), {}), "families", "batch")
-    got = {name: (p["cache_exact"]["k"], p["logits_exact"]["k"], p["suffix_divergence"]["k"])
+    got = {name: (p["cache_exact"].k, p["logits_exact"].k, p["suffix_divergence"].k)
            for name, p in family["precisions"]["fp32"]["pairs"].items()}
     expected = {"incremental_pair~incremental_singleton": (1, 1, 0), "prefill_pair~prefill_singleton": (0, 0, 1)}
     assert got == expected, f"(cache exact, logits exact, suffix divergent) per pair: {got}"
@@ -257,7 +254,7 @@ def test_unknown_family_is_rendered_generically():
     pair = family["precisions"]["bf16"]["pairs"]["incremental~prefill_recipient"]
     assert (family["known"], family["precisions"]["bf16"]["excluded"]) == (False, 1), family
     found = (pair["rows"], pair["cache_exact"], pair["suffix_divergence"])
-    assert found == (1, wilson_json(1, 1), wilson_json(1, 1)), pair
+    assert found == (1, wilson(1, 1), wilson(1, 1)), pair
     assert "## future: every pair" in markdown(report), "generic table missing from report.md"
 
 
@@ -272,11 +269,12 @@ def iter_objects(value):
 def test_every_statistic_in_report_json_has_the_documented_shape(paper):
     shapes = {"wilson": {"k", "n", "rate", "ci_low", "ci_high", "method"}, "mcnemar-exact": {"b", "c", "p", "method"},
               "paired-percentile-bootstrap": {"diff", "ci_low", "ci_high", "seed", "resamples", "n", "level", "method"}}
-    found = {obj["method"]: obj for obj in iter_objects(json.loads(json.dumps(paper))) if "method" in obj}
+    written = json.loads(dumps(as_json(paper)))  # as report.json holds it
+    found = {obj["method"]: obj for obj in iter_objects(written) if "method" in obj}
     assert set(found) == set(shapes), f"statistic kinds {sorted(found)}"
-    bad = [obj for obj in iter_objects(paper) if obj.get("method") in shapes and set(obj) != shapes[obj["method"]]]
+    bad = [obj for obj in iter_objects(written) if obj.get("method") in shapes and set(obj) != shapes[obj["method"]]]
     assert not bad, f"statistics with other keys than documented: {bad[:2]}"
-    fractions = [obj for obj in iter_objects(paper) if obj.get("method") == "wilson"
+    fractions = [obj for obj in iter_objects(written) if obj.get("method") == "wilson"
                  and not 0 <= obj["ci_low"] <= obj["rate"] <= obj["ci_high"] <= 1]
     assert not fractions, f"Wilson objects outside [0, 1] or unordered: {fractions[:2]}"
 
@@ -568,9 +566,9 @@ def test_transplant_and_replication_outcomes_are_tabled(repo):
     records = collate([repo / "fixtures" / "ledgers" / "cpu-tiny-xeon"])
     report = build_report(typed(records), {"panels": {"replication": {"min_exact_controls": 6}}})
     causal = report["causal"]
-    recovery = causal["transplant"]["full"]["prefill<-incremental"]["follows_donor"]
-    assert (recovery["k"], recovery["n"]) == (causal["transplant"]["divergent"],) * 2, recovery
-    assert causal["replication"]["min_exact_controls"] == 6, causal["replication"]
+    recovery = causal["transplant"].full["prefill<-incremental"]["follows_donor"]
+    assert (recovery.k, recovery.n) == (causal["transplant"].divergent,) * 2, recovery
+    assert causal["replication"].min_exact_controls == 6, causal["replication"]
     text = markdown(report)
     for title in ("### Transplant (Table 5), bf16:", "### Replication on a later checkpoint (Table 6), bf16"):
         assert title in text, f"report.md lacks {title!r}"
@@ -602,7 +600,7 @@ def test_a_record_lacking_one_replica_pair_is_not_counted_exact():
     records[0] = no_replicas(records[0], kept=("incremental~incremental_replica",))
     report = build_report(typed(records), {})
     exact = at(report, "families", "crossing", "precisions", "bf16", "replicas_exact")
-    assert (exact["k"], exact["n"]) == (3, 4), exact
+    assert (exact.k, exact.n) == (3, 4), exact
     assert report["headline"]["rows"][0][4] == "3/4", report["headline"]["rows"][0]
 
 

@@ -383,7 +383,7 @@ def test_the_report_keeps_the_rollout_replicas_count_for_the_history():
     records = run(3)
     records[1]["comparisons"]["live~live_replica"]["suffix_equal"] = False
     found = build_report(typed(records), {})["families"]["rollout"]["precisions"]["bf16"]["replicas_exact"]
-    assert (found["k"], found["n"]) == (2, 3), f"rows whose every replica pair is exact: {found}"
+    assert (found.k, found.n) == (2, 3), f"rows whose every replica pair is exact: {found}"
 
 
 # ---- cells against cells ----
@@ -400,6 +400,6 @@ def test_each_cell_pair_is_compared_on_the_rows_both_cells_ran():
     k3 = {cell: np.mean([r["comparisons"]["live~prefill"]["k3"] for r in records
                          if r["precision"] == cell and r["row"] != "row-x"]) for cell in ("kv-hqq4", "bf16")}
     assert found["k3"]["means"] == pytest.approx([k3["kv-hqq4"], k3["bf16"]], rel=1e-12)
-    assert found["k3"]["test"]["p"] <= 2 / 2**6 + 1e-12, found["k3"]["test"]  # every row moved the same way
+    assert found["k3"]["test"].p <= 2 / 2**6 + 1e-12, found["k3"]["test"]  # every row moved the same way
     same = rollout_families.cell_pairs([Record.of(r) for r in run(6) + run(6, precision="fp32")], [("fp32", "bf16")])
-    assert same["rollout"]["fp32 -> bf16"]["k3"]["test"]["p"] == 1.0, same  # equal rows: no difference at all
+    assert same["rollout"]["fp32 -> bf16"]["k3"]["test"].p == 1.0, same  # equal rows: no difference at all

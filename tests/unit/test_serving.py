@@ -208,8 +208,8 @@ def test_the_premise_counts_what_the_engine_counted():
     records = [_record(row="r0"), _record(hit_cached=64, row="r1"), _record(chunked_steps=1, row="r2"),
                _record(fresh_cached=32, row="r3")]
     found = premise(records)["bf16"]
-    assert (found["hit_covers_decode"]["k"], found["hit_covers_decode"]["n"]) == (3, 4), found
+    assert (found["hit_covers_decode"].k, found["hit_covers_decode"].n) == (3, 4), found
     assert found["hit_cached_tokens"] == {"n": 4, "median": 96, "min": 64, "max": 96}, found
     assert found["hit_past_prompt_block"]["min"] == 0 and found["hit_past_prompt_block"]["max"] == 32, found
-    assert (found["chunked_split"]["k"], found["chunked_split"]["n"]) == (3, 4), found
+    assert (found["chunked_split"].k, found["chunked_split"].n) == (3, 4), found
     assert found["fresh_read_cache"] == ["r3"], found

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from replaytests.outputs.stats import BootstrapCI, mcnemar_exact, paired_bootstrap, wilson
+from replaytests.files import dumps
+from replaytests.outputs.flips import ApartRow, Flips
+from replaytests.outputs.stats import BootstrapCI, Proportion, as_json, mcnemar_exact, paired_bootstrap, wilson
 
 
 class WilsonCase(NamedTuple):
@@ -95,6 +97,28 @@ def test_wilson_json_types_are_plain_python():
     got = wilson(np.int64(3), np.int64(9)).to_json()
     types = {name: type(value) for name, value in got.items()}
     assert types == {"k": int, "n": int, "rate": float, "ci_low": float, "ci_high": float, "method": str}, types
+
+
+@pytest.mark.parametrize("level", [0.95, 0.9])
+def test_a_proportion_keeps_its_level_which_report_json_states_once(level):
+    """The object carries its level (report.json states it once, in `statistics`, not in each proportion); read back
+    at that level it is the same object."""
+    found = wilson(3, 9, level)
+    assert found.level == level and "level" not in found.to_json(), found
+    assert Proportion.from_json(found.to_json(), level) == found, found.to_json()
+    assert (Proportion.from_json(found.to_json()) == found) == (level == 0.95), "the level is part of the proportion"
+
+
+def test_as_json_writes_every_result_object_nested_in_a_report_and_leaves_any_other_object_to_be_refused():
+    flips = Flips(4, 1, {"apart": wilson(1, 4)}, (ApartRow("r1", (0.5, 0.25)),), "incremental", 0.5, None)
+    report = {"families": {"crossing": [wilson(0, 2), (mcnemar_exact(1, 0),)]}, "flips": {"bf16": flips}, "n": 3}
+    assert as_json(report) == {
+        "families": {"crossing": [wilson(0, 2).to_json(), [mcnemar_exact(1, 0).to_json()]]},
+        "flips": {"bf16": {"rows": 4, "divergent": 1, "bins": {"apart": wilson(1, 4).to_json()},
+                           "apart_rows": [{"row": "r1", "margins": [0.5, 0.25]}], "reference": "incremental",
+                           "threshold": 0.5, "trigger_rate": None}}, "n": 3}, as_json(report)
+    with pytest.raises(TypeError, match="not JSON serializable"):  # not a result object: never written silently
+        dumps(as_json({"x": object()}))
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -85,29 +85,29 @@ def test_each_value_counts_the_rows_that_differ_there_with_a_wilson_interval(cas
     found = axis_of(built(panel(4, case.at, case.measure)))
     assert [p["value"] for p in found["points"]] == [7, 8, 9]
     for p in found["points"]:
-        expected = wilson(case.at.get(p["value"], 0), 4).to_json()
+        expected = wilson(case.at.get(p["value"], 0), 4)
         assert p[case.name] == expected, f"value {p['value']}: {p[case.name]}, expected {expected}"
-        others = {name: p[name]["k"] for name in sweep_report.MEASURES if name != case.name}
+        others = {name: p[name].k for name in sweep_report.MEASURES if name != case.name}
         assert not any(others.values()), f"value {p['value']}: only {case.name} differs, not {others}"
 
 
 def test_the_interval_is_the_reference_wilson_interval():
     # 2 of 5 rows, Wilson 95% (R: binom::binom.confint(2, 5, methods = "wilson")): [0.1176, 0.7693]
     found = axis_of(built(panel(5, {8: 2})))["points"][1]["suffix_divergence"]
-    assert (found["k"], found["n"]) == (2, 5) and (found["ci_low"], found["ci_high"]) == pytest.approx(
+    assert (found.k, found.n) == (2, 5) and (found.ci_low, found.ci_high) == pytest.approx(
         (0.1176, 0.7693), abs=5e-5), found
 
 
 def test_a_value_counts_only_the_rows_that_swept_it():
     records = [*panel(3, {9: 3}), sweep("short", [point(7), point(8)])]  # a shorter prefix: no point 9
     found = axis_of(built(records))["points"]
-    assert [(p["value"], p["rows"], p["suffix_divergence"]["n"]) for p in found] == [(7, 4, 4), (8, 4, 4), (9, 3, 3)]
+    assert [(p["value"], p["rows"], p["suffix_divergence"].n) for p in found] == [(7, 4, 4), (8, 4, 4), (9, 3, 3)]
 
 
 def test_a_runtime_without_kv_reports_the_cache_as_not_measured_never_as_exact():
     report = built(panel(3, {8: 2}, "logits", cache=None))
     for p in axis_of(report)["points"]:
-        assert p["cache_differs"] is None and p["logits_differ"]["n"] == 3, p
+        assert p["cache_differs"] is None and p["logits_differ"].n == 3, p
     row = next(line for line in sections.markdown(report).splitlines() if line.startswith("| 8 |"))
     assert "not measured" in row and "2/3" in row and "0/3" in row, row
 
@@ -155,7 +155,7 @@ def test_a_point_whose_premise_did_not_hold_is_counted_apart_never_as_agreement(
     apart = case.state != sweep_report.HELD
     assert sweep_report.premise(typed([records[3]])[0].sweep[1]) == (case.state, case.why)
     assert (found["rows"], found["counted"]) == (4, 3 if apart else 4), found
-    assert found["suffix_divergence"] == wilson(2, 3 if apart else 4).to_json(), found["suffix_divergence"]
+    assert found["suffix_divergence"] == wilson(2, 3 if apart else 4), found["suffix_divergence"]
     assert found["why"] == ({case.why: 1} if apart else {}), found["why"]
     assert (found["vacuous"], found["unreadable"]) == ((case.state == sweep_report.VACUOUS,
                                                         case.state == sweep_report.UNREADABLE)), found
@@ -165,7 +165,7 @@ def test_a_point_every_row_of_which_is_vacuous_shows_nothing_counted():
     records = panel(2, {}, values=(7, 8), served=VACUOUS)
     report = built(records)
     found = axis_of(report)["points"]
-    assert all(p["counted"] == 0 and p["suffix_divergence"]["n"] == 0 for p in found), found
+    assert all(p["counted"] == 0 and p["suffix_divergence"].n == 0 for p in found), found
     assert axis_of(report)["first_difference"] is None
     text = sections.markdown(report)
     assert "| 7 | runtime.x.block_size 8 x1 | 2 | 2 (vacuous 2) |" in text, text
@@ -221,8 +221,8 @@ def test_every_replica_is_checked_at_every_point_not_only_the_last():
     records[1]["sweep"][0] = point(7, replica=False)  # the first point only; the record's own comparisons are the last
     report = built(records)
     cell = report["sweeps"]["bf16"]
-    assert cell["replicas"]["edge~edge_replica"]["k"] == 2 and cell["replicas"]["reference~reference_replica"]["k"] == 3
-    assert [p["replicas_exact"]["k"] for p in cell["axes"]["position"]["points"]] == [2, 3, 3]
+    assert cell["replicas"]["edge~edge_replica"].k == 2 and cell["replicas"]["reference~reference_replica"].k == 3
+    assert [p["replicas_exact"].k for p in cell["axes"]["position"]["points"]] == [2, 3, 3]
     assert "| sweep | bf16 | edge~edge_replica (every point) | 2/3" in sections.markdown(report)
 
 
@@ -244,7 +244,7 @@ def test_the_headline_row_counts_every_point_whose_premise_held_not_only_the_las
     columns = dict(zip(summary.COLUMNS, summary.table_rows(typed(records))[0], strict=True))
     assert (columns["suffix div."], columns["replicas exact"]) == ("2/4", "3/4"), columns
     report = built(records)
-    assert report["families"]["sweep"]["precisions"]["bf16"]["replicas_exact"]["k"] == 3
+    assert report["families"]["sweep"]["precisions"]["bf16"]["replicas_exact"].k == 3
 
 
 

@@ -411,13 +411,13 @@ def test_summarize_counts_outcomes_and_layer_ranges(divergent_record):
     excluded = Record.of(excluded_record("transplant", "r9", "bf16", invalid) | {"role": "divergent"})
     crossing = Record.of(record("crossing", "r0", "fp32", {"incremental~prefill": comparison()}))
     summary = transplant_outcome.summarize([divergent_record, control, excluded, crossing], "transplant")
-    assert (summary["rows"], summary["excluded"], summary["divergent"], summary["controls"]) == (3, 1, 1, 1), summary
-    reproduced = summary["validity"]["reproduced"]
-    assert ((reproduced["k"], reproduced["n"]), summary["validity"]["invalid"]) == ((1, 1), ["r9"]), summary["validity"]
+    assert (summary.rows, summary.excluded, summary.divergent, summary.controls) == (3, 1, 1, 1), summary
+    reproduced = summary.validity.reproduced
+    assert ((reproduced.k, reproduced.n), summary.validity.invalid) == ((1, 1), ("r9",)), summary.validity
     for name in TRANSPLANTS:
-        follows, third_rate = summary["full"][name]["follows_donor"], summary["full"][name]["control_third"]
-        assert (follows["k"], follows["n"], third_rate["k"], third_rate["n"]) == (1, 1, 1, 1), summary["full"][name]
+        follows, third_rate = summary.full[name]["follows_donor"], summary.full[name]["control_third"]
+        assert (follows.k, follows.n, third_rate.k, third_rate.n) == (1, 1, 1, 1), summary.full[name]
         minimal = divergent_record.minimal_layers[name]
         key = "none" if minimal is None else f"{minimal[0]}-{minimal[1]}"
-        assert summary["minimal_layers"][name] == {key: 1}, summary["minimal_layers"][name]
-        assert len(summary["layer_frequency"][name]) == 4, summary["layer_frequency"][name]
+        assert summary.minimal_layers[name] == {key: 1}, summary.minimal_layers[name]
+        assert len(summary.layer_frequency[name]) == 4, summary.layer_frequency[name]

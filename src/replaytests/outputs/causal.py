@@ -5,7 +5,8 @@ and gates share it.
 
 An outcome module (its family's `outcome`) holds, for a family `family` and a cell:
 - `summarize(records, family, meta)`: its outcomes from the cell's records (every family's: a transplant reads the
-  crossing's), with Wilson intervals; `meta` is the run's (run.json), for the settings it was run with;
+  crossing's), with Wilson intervals, as a frozen result object whose `to_json` report.json holds (stats.as_json);
+  `meta` is the run's (run.json), for the settings it was run with;
 - `terminal_lines(family, cell, summary, gates)`: the terminal's and summary.md's lines;
 - `tables(family, cell, summary)`: report.md's tables in the causal layer;
 - `replica_rows(family, cell, summary)`: its rows of the replica layer's table;
@@ -20,12 +21,13 @@ An outcome module (its family's `outcome`) holds, for a family `family` and a ce
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 
 from replaytests.families.registry import CROSS, FAMILIES, VALIDITY_PAIRS
 from replaytests.inputs.cells import PAPER
 from replaytests.outputs.records import Comparison, Record
-from replaytests.outputs.stats import proportion
+from replaytests.outputs.stats import Proportion, fields_of, proportion
 from replaytests.outputs.tables import fmt_proportion
 
 PARTIAL = ("k_only", "v_only")  # the partial transplants (K or V alone) a transplant record holds
@@ -63,14 +65,24 @@ def not_testable_reason(cross: Comparison) -> str | None:
     return f"first suffix tokens differ (raw boundary argmax {argmax}): a transplant cannot move that choice"
 
 
-def validity(records: list[Record], pairs: tuple[tuple[str, str], ...] = VALIDITY_PAIRS) -> dict:
-    """The validity control over a family's records: rows whose self-transplants (`pairs`: (self-transplant, own),
-    the transplant's by default) reproduced their own trajectories (Wilson), and the rows it excluded (decoding not a
-    function of the cache alone)."""
+@dataclass(frozen=True)
+class Validity:
+    """The validity control over a family's records: the rows whose self-transplants reproduced their own trajectories,
+    and the rows it excluded (decoding not a function of the cache alone)."""
+
+    reproduced: Proportion
+    invalid: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return fields_of(self)
+
+
+def validity(records: list[Record], pairs: tuple[tuple[str, str], ...] = VALIDITY_PAIRS) -> Validity:
+    """The validity control over a family's records (`pairs`: (self-transplant, own), the transplant's by default)."""
     carrying = [r for r in records if r.ok and all(f"{name}~{own}" in r.comparisons for name, own in pairs)]
-    return {"reproduced": proportion(carrying, lambda r: all(r.comparisons[f"{name}~{own}"].suffix_equal
-                                                              for name, own in pairs)),
-            "invalid": sorted(r.row for r in records if not r.ok and r.reason.startswith(INVALID))}
+    return Validity(proportion(carrying, lambda r: all(r.comparisons[f"{name}~{own}"].suffix_equal
+                                                       for name, own in pairs)),
+                    tuple(sorted(r.row for r in records if not r.ok and r.reason.startswith(INVALID))))
 
 
 def cells(records: list[Record], family: str) -> list[str]:
@@ -93,20 +105,18 @@ def not_testable(records: list[Record], family: str) -> list[list[str]]:
             and (reason := not_testable_reason(r.comparisons[CROSS]))]
 
 
-def validity_text(validity: dict) -> str:
+def validity_text(validity: Validity) -> str:
     """The validity control in the terminal's words."""
-    invalid = validity["invalid"]
-    return fmt_proportion(validity["reproduced"]) + (
+    invalid = validity.invalid
+    return fmt_proportion(validity.reproduced) + (
         f"; INVALID HERE on {len(invalid)} rows ({', '.join(invalid)}): decoding is not a function of the cache "
         "values alone, no transplant outcome counts" if invalid else "")
 
 
-def validity_cell(validity: dict | None) -> str:
-    """The validity control in a report's words (a record written before it was kept: not recorded)."""
-    if validity is None:
-        return "not recorded"
-    text = f"{fmt_proportion(validity['reproduced'])} rows reproduce"
-    if validity["invalid"]:
-        text += (f"; INVALID HERE on {', '.join(validity['invalid'])}: decoding is not a function of the cache values "
+def validity_cell(validity: Validity) -> str:
+    """The validity control in a report's words."""
+    text = f"{fmt_proportion(validity.reproduced)} rows reproduce"
+    if validity.invalid:
+        text += (f"; INVALID HERE on {', '.join(validity.invalid)}: decoding is not a function of the cache values "
                  "alone, no transplant outcome counts")
     return text

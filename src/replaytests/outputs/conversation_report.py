@@ -55,7 +55,7 @@ def _measured(comps: list[Comparison], name: str) -> bool:
 
 def _pair(comps: list[Comparison]) -> dict:
     out: dict = {"rows": len(comps)}
-    out |= {name: wilson(sum(diverges(c, name) for c in comps), len(comps)).to_json()
+    out |= {name: wilson(sum(diverges(c, name) for c in comps), len(comps))
             for name in MEASURES if _measured(comps, name)}
     return out
 
@@ -68,7 +68,7 @@ def reason_kind(reason: str | None) -> str:
 
 def _rerendered(turns: list) -> dict:
     differ = [t for t in turns if not t.rerendered.ids_equal]
-    return {"differ": wilson(len(differ), len(turns)).to_json(),
+    return {"differ": wilson(len(differ), len(turns)),
             "reasons": dict(Counter(reason_kind(t.rerendered.reason) for t in differ).most_common()),
             "segments": dict(Counter(f"turn {t.rerendered.turn} {t.rerendered.segment}" for t in differ)
                              .most_common())}
@@ -83,8 +83,8 @@ def _turn(k: int, ok: list[Record]) -> dict:
     return {"turn": k, "rows": len(turns),
             "pairs": {pair: _pair([t.comparisons[pair] for t in turns if pair in t.comparisons]) for pair in pairs},
             "rerendered": _rerendered(turns),
-            "session_correct": wilson(sum(labelled), len(labelled)).to_json() if labelled else None,
-            "session_matches_bank": wilson(sum(t.session_matches_bank for t in turns), len(turns)).to_json()}
+            "session_correct": wilson(sum(labelled), len(labelled)) if labelled else None,
+            "session_matches_bank": wilson(sum(t.session_matches_bank for t in turns), len(turns))}
 
 
 def replicas_hold(record: Record, pair: str) -> bool:
@@ -105,8 +105,8 @@ def accumulation(ok: list[Record], pair: str, alpha: float = ALPHA) -> dict:
     test = mcnemar_exact(sum(a and not b for a, b in zip(last, first, strict=True)),
                          sum(b and not a for a, b in zip(last, first, strict=True)))
     out = {"rows": len(held), "last_turns": sorted({len(r.turns) for r in held}),
-           "first": wilson(sum(first), len(held)).to_json(), "last": wilson(sum(last), len(held)).to_json(),
-           "difference": paired_bootstrap(last, first).to_json(), "mcnemar": test.to_json(), "alpha": alpha,
+           "first": wilson(sum(first), len(held)), "last": wilson(sum(last), len(held)),
+           "difference": paired_bootstrap(last, first), "mcnemar": test, "alpha": alpha,
            "reading": reading(test.b, test.c, test.p, alpha), "note": None}
     if not held:
         out["note"] = "no conversation with two turns or more: not tested"
@@ -137,7 +137,7 @@ def _cell(records: list[Record], runtime: str) -> dict:
                    if not pair.endswith(REPLICA_SUFFIX)]
     return {"runtime": runtime, "rows": len(records), "ok": len(ok), "excluded": len(records) - len(ok),
             "turns": [_turn(k, ok) for k in range(1, depth + 1)],
-            "replicas": {pair: wilson(sum(replicas_hold(r, pair) for r in ok), len(ok)).to_json()
+            "replicas": {pair: wilson(sum(replicas_hold(r, pair) for r in ok), len(ok))
                          for pair in replicas},
             "accumulation": {pair: accumulation(ok, pair) for pair in accumulated}}
 

@@ -86,7 +86,7 @@ def _accumulation_table(conversations: dict) -> Table:
     for cell, found in conversations.items():
         for pair, a in found["accumulation"].items():
             m = a["mcnemar"]
-            test = "-" if not a["rows"] else f"{m['b']} / {m['c']}, p = {m['p']:.3g}"
+            test = "-" if not a["rows"] else f"{m.b} / {m.c}, p = {m.p:.3g}"
             rows.append((cell, pair, str(a["rows"]), fmt_proportion(a["first"]), fmt_proportion(a["last"]), test,
                          a["reading"] + (f" ({a['note']})" if a["note"] else "")))
     return Table("Conversations: does divergence accumulate? (first turn against last, paired by conversation)",
@@ -98,7 +98,7 @@ def _accumulation_table(conversations: dict) -> Table:
 
 
 def _per_turn(turns: list[dict], read) -> str:
-    return ", ".join("-" if (p := read(t)) is None else f"{p['k']}/{p['n']}" for t in turns)
+    return ", ".join("-" if (p := read(t)) is None else f"{p.k}/{p.n}" for t in turns)
 
 
 def summary_table(built: dict) -> Table | None:
@@ -116,7 +116,7 @@ def summary_table(built: dict) -> Table | None:
             rows.append((cell, pair, *(_per_turn(turns, lambda t, n=name, p=pair: t["pairs"].get(p, {}).get(n))
                                        for name in DIVERGENCES),
                          rerendered, "-" if not a or not a["rows"] else
-                         f"{a['reading']}, p = {a['mcnemar']['p']:.3g}" + (" (too few conversations)" if a["note"]
+                         f"{a['reading']}, p = {a['mcnemar'].p:.3g}" + (" (too few conversations)" if a["note"]
                                                                             else "")))
     if not rows:
         return None

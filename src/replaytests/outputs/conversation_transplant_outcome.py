@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from replaytests.families.registry import FAMILIES, SELF_SPLICES, SPLICES
 from replaytests.inputs.gates import FOLLOWS, Gates, splice_thirds
 from replaytests.outputs import transplant_outcome
-from replaytests.outputs.causal import validity, validity_cell, validity_text
+from replaytests.outputs.causal import Validity, validity, validity_cell, validity_text
 from replaytests.outputs.findings import Findings, Group, Rows
 from replaytests.outputs.records import ConversationTurn, Record
-from replaytests.outputs.stats import proportion
+from replaytests.outputs.stats import fields_of, proportion
 from replaytests.outputs.tables import Table, fmt_proportion
 
 PAIR = "session~replay"  # the divergence it transplants (the conversation family's headline pair)
@@ -57,7 +58,29 @@ def not_testable(records: list[Record], family: str) -> list[list[str]]:
             and (turn := divergent_turn(r)) is not None and (reason := not_testable_reason(turn))]
 
 
-def summarize(records: list[Record], family: str, meta: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class ConversationTransplantOutcome:
+    """A conversation transplant family's outcomes in one cell: its rows (`rows` with `excluded` among them, `divergent`
+    and `controls` among the ok ones), the validity control, the divergent conversations no splice can test ([row,
+    reason]), per direction the divergent conversations that follow their donor and the controls' third trajectories
+    (`full`: follows_donor, control_third where no differing K/V moved (gated), control_third_mixed past the first
+    differing position (recorded)), the carrier turns per direction, and each ok row."""
+
+    rows: int
+    excluded: int
+    divergent: int
+    controls: int
+    validity: Validity
+    not_testable: list[list[str]]
+    full: transplant_outcome.Directions
+    carrier_turn: dict[str, dict[str, int]]
+    by_row: list[dict]
+
+    def to_json(self) -> dict:
+        return fields_of(self)
+
+
+def summarize(records: list[Record], family: str, meta: dict | None = None) -> ConversationTransplantOutcome:
     """Counts with Wilson intervals over the family's records of one cell (`records`: the cell's, every family's: the
     conversations no splice can test are the conversation family's)."""
     mine = [r for r in records if r.family == family]
@@ -68,24 +91,20 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> d
     def third(name: str, moved_none: bool) -> Callable[[Record], bool]:
         return lambda r: any(copied == moved_none for _, copied in splice_thirds(r.turn_splice).get(name, ()))
 
-    return {
-        "rows": len(mine), "excluded": len(mine) - len(ok), "divergent": len(divergent), "controls": len(controls),
-        "validity": validity(mine, SELF_SPLICES),
-        "not_testable": not_testable(records, family),
-        # follows_donor: given the donor's whole turn-k K/V; control_third: a splice that moved no differing K/V (the
-        # gated count); control_third_mixed: one past the first differing position (recorded)
-        "full": {name: {"follows_donor": proportion(divergent, lambda r, n=name: r.transplants[n].outcome == FOLLOWS),
-                        "control_third": proportion(controls, third(name, True)),
-                        "control_third_mixed": proportion(controls, third(name, False))} for name in SPLICES},
-        "carrier_turn": {name: dict(sorted(Counter(_turn(r.turn_splice.carrier_turn.get(name)) for r in divergent)
-                                           .items())) for name in SPLICES},
-        "by_row": [{"row": r.row, "role": r.role, "turn": r.turn_splice.turn,
-                    "first_kv_difference": r.turn_splice.first_kv_difference,
-                    "first_kv_difference_turn": r.turn_splice.first_kv_difference_turn,
-                    "outcome": {name: r.transplants[name].outcome for name in SPLICES},
-                    "carrier_turn": {name: r.turn_splice.carrier_turn.get(name) for name in SPLICES}}
-                   for r in sorted(ok, key=lambda r: (r.role != "divergent", r.row))],
-    }
+    return ConversationTransplantOutcome(
+        rows=len(mine), excluded=len(mine) - len(ok), divergent=len(divergent), controls=len(controls),
+        validity=validity(mine, SELF_SPLICES), not_testable=not_testable(records, family),
+        full={name: {"follows_donor": proportion(divergent, lambda r, n=name: r.transplants[n].outcome == FOLLOWS),
+                     "control_third": proportion(controls, third(name, True)),
+                     "control_third_mixed": proportion(controls, third(name, False))} for name in SPLICES},
+        carrier_turn={name: dict(sorted(Counter(_turn(r.turn_splice.carrier_turn.get(name)) for r in divergent)
+                                        .items())) for name in SPLICES},
+        by_row=[{"row": r.row, "role": r.role, "turn": r.turn_splice.turn,
+                 "first_kv_difference": r.turn_splice.first_kv_difference,
+                 "first_kv_difference_turn": r.turn_splice.first_kv_difference_turn,
+                 "outcome": {name: r.transplants[name].outcome for name in SPLICES},
+                 "carrier_turn": {name: r.turn_splice.carrier_turn.get(name) for name in SPLICES}}
+                for r in sorted(ok, key=lambda r: (r.role != "divergent", r.row))])
 
 
 def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, alpha: float) -> None:
@@ -102,31 +121,31 @@ def _carriers(found: dict) -> str:
     return ", ".join(f"turn {turn}: {n}" if turn != "none" else f"none: {n}" for turn, n in found.items()) or "-"
 
 
-def terminal_lines(family: str, cell: str, t: dict, gates: Gates) -> list[str]:
+def terminal_lines(family: str, cell: str, t: ConversationTransplantOutcome, gates: Gates) -> list[str]:
     """The outcomes with Wilson 95% intervals and the verdict of the transplant's gates over the family's rows."""
     def each(key: str) -> str:
-        return "; ".join(f"{name} {fmt_proportion(v[key])}" for name, v in t["full"].items())
+        return "; ".join(f"{name} {fmt_proportion(v[key])}" for name, v in t.full.items())
 
     return [f"{family} ({cell}): validity control (self-splices reproduce their own assistant turn): "
-            f"{validity_text(t['validity'])}",
+            f"{validity_text(t.validity)}",
             f"  recipient given the donor's whole turn-k K/V follows it: {each('follows_donor')}",
             "  earliest turn whose K/V carries the divergence: "
-            + "; ".join(f"{name} {_carriers(found)}" for name, found in t["carrier_turn"].items()),
+            + "; ".join(f"{name} {_carriers(found)}" for name, found in t.carrier_turn.items()),
             f"  controls with a third trajectory where no differing K/V moved: {each('control_third')}; past the first "
             f"differing position (recorded): {each('control_third_mixed')}",
             f"  gates.{FAMILIES[family].gate_section}: "
             f"{transplant_outcome.gate_text(gates.transplant_family(*counts(t)))}",
-            f"  not testable (first tokens differ at the divergent turn): {len(t['not_testable'])}"
-            + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"])]
+            f"  not testable (first tokens differ at the divergent turn): {len(t.not_testable)}"
+            + "".join(f"; {row}: {reason}" for row, reason in t.not_testable)]
 
 
-def tables(family: str, cell: str, t: dict) -> list[Table]:
+def tables(family: str, cell: str, t: ConversationTransplantOutcome) -> list[Table]:
     """Per direction, the divergent conversations whose recipient follows its donor, their carrier turns and the
     controls' third trajectories; then each row; then the divergent conversations no splice can test."""
-    directions = tuple((name, fmt_proportion(v["follows_donor"]), _carriers(t["carrier_turn"][name]),
+    directions = tuple((name, fmt_proportion(v["follows_donor"]), _carriers(t.carrier_turn[name]),
                         fmt_proportion(v["control_third"]), fmt_proportion(v["control_third_mixed"]))
-                       for name, v in t["full"].items())
-    out = [Table(f"{FAMILIES[family].title}, {cell}: {t['divergent']} divergent conversations, {t['controls']} "
+                       for name, v in t.full.items())
+    out = [Table(f"{FAMILIES[family].title}, {cell}: {t.divergent} divergent conversations, {t.controls} "
                  "controls", ("recipient<-donor", "follows donor (whole turn-k K/V)", "carrier turn (divergent rows)",
                               "controls: third trajectory, no differing K/V moved",
                               "controls: third trajectory past the first K/V difference"), directions,
@@ -134,17 +153,17 @@ def tables(family: str, cell: str, t: dict) -> list[Table]:
                  "their first tokens there agreeing; controls agree at every turn and run at the last. The carrier "
                  "turn is the earliest j whose splice of turns 1..j follows the donor. Validity control (each "
                  f"construction's whole turn-k K/V in its own replica reproduces its assistant turn): "
-                 f"{validity_cell(t.get('validity'))}.")]
-    if t["by_row"]:
+                 f"{validity_cell(t.validity)}.")]
+    if t.by_row:
         out.append(Table(f"Conversation transplant, {cell}: each row", (
             "row", "role", "turn k", "first K/V difference (position, turn)",
-            *(f"{name}: outcome, carrier turn" for name in t["full"])), tuple(
+            *(f"{name}: outcome, carrier turn" for name in t.full)), tuple(
             (r["row"], r["role"], str(r["turn"]),
              "none" if r["first_kv_difference"] is None else f"{r['first_kv_difference']}, turn "
                                                              f"{r['first_kv_difference_turn']}",
-             *(f"{r['outcome'][name]}, {_turn(r['carrier_turn'][name])}" for name in t["full"]))
-            for r in t["by_row"])))
-    if t["not_testable"]:
+             *(f"{r['outcome'][name]}, {_turn(r['carrier_turn'][name])}" for name in t.full))
+            for r in t.by_row)))
+    if t.not_testable:
         out.append(Table(f"Conversation transplant, {cell}: divergent conversations not testable", ("row", "reason"),
-                         tuple((row, reason) for row, reason in t["not_testable"])))
+                         tuple((row, reason) for row, reason in t.not_testable)))
     return out

@@ -3,7 +3,8 @@ families, the conversation family, the edge sweep): each family's registry recor
 (`Family.report_section`), and every renderer reads a built report through those modules, in the registry's order,
 so that none names those families.
 
-A report section module holds, each reading a built report (report.json's content):
+A report section module holds, each reading a built report (report.json's content, its statistics as result
+objects: report.py):
 - `build(records, runtime, cells, pairs)`: its report.json keys (each only where the run holds something for it),
   from the run's records, its runtime, the cells in their order and the contract's pairs of cells;
 - `replica_rows(report)`: its rows of the replica layer's table (family, cell, pair, bit exact);

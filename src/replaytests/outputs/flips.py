@@ -19,9 +19,10 @@ whose margin lies at or below it (ledger/4: every step's margin is recorded). Re
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from replaytests.outputs.records import Record
-from replaytests.outputs.stats import proportion
+from replaytests.outputs.stats import Proportion, fields_of, proportion
 
 BINS = ("tie", "bf16_step", "apart", "unknown")
 BF16_MANTISSA_BITS = 7  # explicit fraction bits of bfloat16
@@ -53,7 +54,36 @@ def step_margins(records: list[Record], arm: str) -> list[float] | None:
     return [m for r in records for m in r.arms[arm].margins if m is not None]
 
 
-def pair_flips(records: list[Record], pair: str) -> dict | None:
+@dataclass(frozen=True)
+class ApartRow:
+    """A flip clearly apart in both constructions: its row and its two margins."""
+
+    row: str
+    margins: tuple[float, ...]
+
+    def to_json(self) -> dict:
+        return {"row": self.row, "margins": list(self.margins)}
+
+
+@dataclass(frozen=True)
+class Flips:
+    """The flips of one pair: of its `rows` (the ok records carrying it), the `divergent` ones binned by margin, the
+    rows clearly apart, and the verifier's threshold (the largest margin at which the `reference` construction
+    flipped) with its trigger rate (None where the records do not carry every step's margin)."""
+
+    rows: int
+    divergent: int
+    bins: dict[str, Proportion]
+    apart_rows: tuple[ApartRow, ...]
+    reference: str
+    threshold: float
+    trigger_rate: Proportion | None
+
+    def to_json(self) -> dict:
+        return fields_of(self)
+
+
+def pair_flips(records: list[Record], pair: str) -> Flips | None:
     """The flips of one pair over the ok records carrying it (None where none diverges)."""
     carrying = [r for r in records if pair in r.comparisons]
     flips = [(r.row, c) for r in carrying if not (c := r.comparisons[pair]).suffix_equal and c.margins_at_divergence]
@@ -63,16 +93,12 @@ def pair_flips(records: list[Record], pair: str) -> dict | None:
     reference = pair.split("~")[0]
     threshold = max(c.margins_at_divergence[0] for _, c in flips)
     steps = step_margins(carrying, reference)
-    return {
-        "rows": len(carrying),
-        "divergent": len(flips),
-        "bins": {name: proportion(carrying, lambda r, n=name: binned.get(r.row) == n) for name in BINS},
-        "apart_rows": [{"row": row, "margins": list(c.margins_at_divergence)} for row, c in flips
-                       if binned[row] == "apart"],
-        "reference": reference,
-        "threshold": threshold,
-        "trigger_rate": None if steps is None else proportion(steps, lambda m: m <= threshold),
-    }
+    return Flips(rows=len(carrying), divergent=len(flips),
+                 bins={name: proportion(carrying, lambda r, n=name: binned.get(r.row) == n) for name in BINS},
+                 apart_rows=tuple(ApartRow(row, tuple(c.margins_at_divergence)) for row, c in flips
+                                  if binned[row] == "apart"),
+                 reference=reference, threshold=threshold,
+                 trigger_rate=None if steps is None else proportion(steps, lambda m: m <= threshold))
 
 
 def flips(records: list[Record], headlines: dict[str, tuple[str, ...]]) -> dict:

@@ -19,11 +19,11 @@ from replaytests.errors import ReplaytestsError, control_character, got, short
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.files import dumps, exclusive, read_text, sha256_file, write_atomic
 from replaytests.inputs import cells
-from replaytests.outputs import causal, ledger, plots, report, report_html, runs
+from replaytests.outputs import causal, ledger, plots, report, report_html, runs, stats
 from replaytests.outputs.records import Record
 from replaytests.outputs.rundir import ledger_of
 from replaytests.outputs.shapes import DIVERGENCES
-from replaytests.outputs.stats import INTERVAL
+from replaytests.outputs.stats import INTERVAL, Proportion
 from replaytests.outputs.tables import Table, plain
 from replaytests.outputs.tables import html as html_table
 
@@ -39,7 +39,7 @@ class HistoryError(ReplaytestsError):
 def summarize(records: list[Record]) -> tuple[dict, dict]:
     """family -> cell -> rows, excluded, replicas_exact (where the family has replicas) and, per
     headline pair, the Wilson objects of its divergences; and the causal outcomes (transplant, replication):
-    the report's numbers (docs/report.md)."""
+    the report's numbers (docs/report.md), as a history line holds them (JSON)."""
     built = report.build_report(records, {})
     families = {family: {cell: {"rows": s["rows"], "excluded": s["excluded"],
                                      **({"replicas_exact": s["replicas_exact"]} if "replicas_exact" in s else {}),
@@ -48,7 +48,7 @@ def summarize(records: list[Record]) -> tuple[dict, dict]:
                                                for pair in _headline(family, s)}}
                          for cell, s in summary["precisions"].items()}
                 for family, summary in built["families"].items()}
-    return families, _causal(built["causal"])
+    return stats.as_json(families), stats.as_json(_causal(built["causal"]))
 
 
 def _headline(family: str, summary: dict) -> list[str]:
@@ -353,12 +353,13 @@ def family_tables(entries: list[dict]) -> list[Table]:
     return out
 
 
-def _series(entries: list[dict]) -> dict[str, dict[str, list[dict | None]]]:
+def _series(entries: list[dict]) -> dict[str, dict[str, list[Proportion | None]]]:
     """Per family and headline pair (or causal family): measure -> its proportion in each run (None: absent)."""
     out: dict[str, dict[str, list]] = {}
     for i, e in enumerate(entries):
-        def put(plot: str, measure: str, value: dict | None, index: int = i) -> None:
-            out.setdefault(plot, {}).setdefault(measure, [None] * len(entries))[index] = value
+        def put(plot: str, measure: str, value: dict | None, index: int = i) -> None:  # a line's, checked (_wilson)
+            out.setdefault(plot, {}).setdefault(measure, [None] * len(entries))[index] = (
+                None if value is None else Proportion.from_json(value))
 
         for _, family, cell, pair, s in _lines([e]):
             for name in ("suffix_divergence", "answer_divergence"):

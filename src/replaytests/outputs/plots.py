@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from replaytests.outputs.stats import INTERVAL
+from replaytests.outputs.stats import INTERVAL, Proportion
 
 WIDTH = 640
 FONT = 13  # px in the viewBox; the page's stylesheet gives the family
@@ -173,7 +173,7 @@ def histogram(title: str, positions: list[int], bins: int = 20) -> str:
     return figure(svg(caption, WIDTH, frame.height, axes + bars), caption)
 
 
-def interval_plot(caption: str, rows: list[tuple[tuple[str, ...], list[tuple[int, str, dict]]]],
+def interval_plot(caption: str, rows: list[tuple[tuple[str, ...], list[tuple[int, str, Proportion | None]]]],
                   measures: list[str]) -> str:
     """Proportions with Wilson intervals as horizontal dot-and-whisker lines: one band per row, its
     label (one or two lines) at the left, one line per (measure index, name, proportion) in it."""
@@ -192,13 +192,13 @@ def interval_plot(caption: str, rows: list[tuple[tuple[str, ...], list[tuple[int
         if r:
             body.append(f'<line x1="8" x2="{frame.right}" y1="{top:.1f}" y2="{top:.1f}" stroke="{GRID}"/>')
         for index, name, p in points:
-            if not p or not p["n"]:
+            if not p or not p.n:
                 continue
             colour, shape, _ = SERIES[index % len(SERIES)]
             cy = top + 13 + 14 * index
-            body.append(f'<line x1="{x(p["ci_low"]):.1f}" x2="{x(p["ci_high"]):.1f}" y1="{cy:.1f}" y2="{cy:.1f}" '
+            body.append(f'<line x1="{x(p.ci_low):.1f}" x2="{x(p.ci_high):.1f}" y1="{cy:.1f}" y2="{cy:.1f}" '
                         f'stroke="{colour}" stroke-width="2"/>')
-            body.append(marker(shape, x(p["rate"]), cy, colour, tip=f"{' '.join(label)} {name}: {p['k']}/{p['n']}"))
+            body.append(marker(shape, x(p.rate), cy, colour, tip=f"{' '.join(label)} {name}: {p.k}/{p.n}"))
     grid = "".join(f'<line x1="{x(t / 4):.1f}" x2="{x(t / 4):.1f}" y1="{frame.top}" y2="{frame.bottom_y}" '
                    f'stroke="{GRID}"/>' for t in range(1, 5))
     axes = frame.axes([], [(x(t / 4), f"{25 * t}%") for t in range(5)], f"rows that diverge ({INTERVAL} interval)",
@@ -207,7 +207,7 @@ def interval_plot(caption: str, rows: list[tuple[tuple[str, ...], list[tuple[int
                   wide=True)
 
 
-def time_plot(caption: str, runs: list[str], series: dict[str, list[dict | None]],
+def time_plot(caption: str, runs: list[str], series: dict[str, list[Proportion | None]],
               names: list[str] | None = None, x_title: str = "run", y_title: str = "rows") -> str:
     """Proportions over runs in order (or any ordered steps, named by `x_title`): a line and markers per measure,
     its Wilson interval as a band, on a y axis of `y_title`; x ticks name the runs by `runs` (as many as fit without
@@ -223,15 +223,15 @@ def time_plot(caption: str, runs: list[str], series: dict[str, list[dict | None]
     body = []
     for index, name in enumerate(measures):
         colour, shape, dash = SERIES[index % len(SERIES)]
-        points = [(i, p) for i, p in enumerate(series[name]) if p and p["n"]]
+        points = [(i, p) for i, p in enumerate(series[name]) if p and p.n]
         if not points:
             continue
-        band = [f"{x(i):.1f},{y(p['ci_high']):.1f}" for i, p in points] + [
-            f"{x(i):.1f},{y(p['ci_low']):.1f}" for i, p in reversed(points)]
+        band = [f"{x(i):.1f},{y(p.ci_high):.1f}" for i, p in points] + [
+            f"{x(i):.1f},{y(p.ci_low):.1f}" for i, p in reversed(points)]
         body.append(f'<polygon points="{" ".join(band)}" fill="{colour}" fill-opacity="0.1" stroke="none"/>')
         body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}" points="'
-                    + " ".join(f"{x(i):.1f},{y(p['rate']):.1f}" for i, p in points) + '"/>')
-        body += [marker(shape, x(i), y(p["rate"]), colour, 4, f"{names_[i]} {name}: {p['k']}/{p['n']}")
+                    + " ".join(f"{x(i):.1f},{y(p.rate):.1f}" for i, p in points) + '"/>')
+        body += [marker(shape, x(i), y(p.rate), colour, 4, f"{names_[i]} {name}: {p.k}/{p.n}")
                  for i, p in points]
     room = max(1, int((frame.right - frame.left) / (CHAR * max(map(len, runs)) + 16)) - 1)
     shown = ticks(0, len(runs) - 1, room) if len(runs) > 1 else [0]
@@ -278,7 +278,7 @@ def cdf_plot(title: str, series: dict[str, dict], exact: list[str]) -> str:
     return figure(svg(caption, WIDTH, frame.height + key_height + 4, axes + "".join(body) + key), caption)
 
 
-def sweep_plot(caption: str, panels: list[tuple[str, dict[str, list[tuple[int, dict | None, str]]]]],
+def sweep_plot(caption: str, panels: list[tuple[str, dict[str, list[tuple[int, Proportion | None, str]]]]],
                edges: dict[int, str], x_title: str, y_title: str = "rows") -> str:
     """Proportions against a swept value on a linear axis, one panel per measure stacked over one x range: a line
     and markers per series (a cell), its Wilson interval as a band, `edges` (value -> the edge sitting there, in
@@ -306,15 +306,15 @@ def sweep_plot(caption: str, panels: list[tuple[str, dict[str, list[tuple[int, d
         for name, points in series.items():
             index = names.index(name)
             colour, shape, dash = SERIES[index % len(SERIES)]
-            drawn = sorted((v, p, tip) for v, p, tip in points if p and p["n"])
+            drawn = sorted((v, p, tip) for v, p, tip in points if p and p.n)
             if not drawn:
                 continue
-            band = [f"{x(v):.1f},{y(p['ci_high']):.1f}" for v, p, _ in drawn] + [
-                f"{x(v):.1f},{y(p['ci_low']):.1f}" for v, p, _ in reversed(drawn)]
+            band = [f"{x(v):.1f},{y(p.ci_high):.1f}" for v, p, _ in drawn] + [
+                f"{x(v):.1f},{y(p.ci_low):.1f}" for v, p, _ in reversed(drawn)]
             body.append(f'<polygon points="{" ".join(band)}" fill="{colour}" fill-opacity="0.1" stroke="none"/>')
             body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}" points="'
-                        + " ".join(f"{x(v):.1f},{y(p['rate']):.1f}" for v, p, _ in drawn) + '"/>')
-            body += [marker(shape, x(v), y(p["rate"]), colour, 3.5, f"{tip} {name}: {p['k']}/{p['n']}")
+                        + " ".join(f"{x(v):.1f},{y(p.rate):.1f}" for v, p, _ in drawn) + '"/>')
+            body += [marker(shape, x(v), y(p.rate), colour, 3.5, f"{tip} {name}: {p.k}/{p.n}")
                      for v, p, tip in drawn]
         shown = ticks(lo, hi, room) if hi > lo else [lo]
         body.append(frame.axes([(y(t / 4), f"{25 * t}%") for t in range(5)], [(x(v), str(v)) for v in shown],

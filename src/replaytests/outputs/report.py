@@ -1,8 +1,11 @@
 """The report (docs/report.md): report.json, its Markdown twin report.md and report.html with plots.
 
-`build_report` turns ledger records into the report.json content; the Markdown and HTML tables are
-rendered from that content alone, so the three files cannot disagree. Excluded rows are listed with
-their reasons and never enter a denominator.
+`build_report` turns ledger records into the report.json content, its statistics as the frozen result objects of
+outputs/stats.py (a proportion with its interval and level, McNemar, the bootstrap intervals) and its verdict a
+Verdict: the run's statistics computed once, which every renderer reads (the terminal, summary.md, report.md,
+report.html, the history) and `stats.as_json` writes as report.json; the Markdown and HTML tables are rendered from that
+content alone, so the three files cannot disagree. Excluded rows are listed with their reasons and never enter a
+denominator.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from replaytests.outputs import (
     runs,
     sections,
     serving,
+    stats,
     summary,
 )
 from replaytests.outputs.records import KEY_FIELDS, Comparison, Record
@@ -94,8 +98,8 @@ def _pair(comps: list[Comparison]) -> dict:
 
 def _paired(names: tuple[str, str], x: list[bool], y: list[bool]) -> dict:
     """mean(x) - mean(y) over paired rows with its bootstrap interval, and McNemar on (x only, y only)."""
-    return {"x": names[0], "y": names[1], "difference": paired_bootstrap(x, y).to_json(),
-            "mcnemar": mcnemar_paired(x, y).to_json()}
+    return {"x": names[0], "y": names[1], "difference": paired_bootstrap(x, y),
+            "mcnemar": mcnemar_paired(x, y)}
 
 
 def _label(record: Record, arm: str) -> bool | None:
@@ -108,7 +112,7 @@ def _accuracy(ok: list[Record], first: str, second: str) -> dict | None:
     if not any(labels.values()):
         return None
     both = [r for r in ok if _label(r, first) is not None and _label(r, second) is not None]
-    return {"arms": {arm: wilson(sum(v), len(v)).to_json() for arm, v in labels.items()},
+    return {"arms": {arm: wilson(sum(v), len(v)) for arm, v in labels.items()},
             **_paired((second, first), [_label(r, second) for r in both], [_label(r, first) for r in both])}
 
 
@@ -121,8 +125,8 @@ def _reduction(by_cell: dict[str, list[Record]], pair: str, cell_pair: tuple[str
     for name in DIVERGENCES:
         field = FLAGS[name][0]
         x, y = [not getattr(before[r], field) for r in rows], [not getattr(after[r], field) for r in rows]
-        metrics[name] = {cell_pair[0]: wilson(sum(x), len(rows)).to_json(),
-                         cell_pair[1]: wilson(sum(y), len(rows)).to_json(), **_paired(cell_pair, x, y)}
+        metrics[name] = {cell_pair[0]: wilson(sum(x), len(rows)),
+                         cell_pair[1]: wilson(sum(y), len(rows)), **_paired(cell_pair, x, y)}
     return {"from": cell_pair[0], "to": cell_pair[1], "rows": len(rows), "metrics": metrics}
 
 
@@ -258,11 +262,6 @@ def checked_verdict(recorded: Verdict | None, records: list[Record], gates: Gate
     return replace(recorded, result="fail", contradicted=f"the records show {shown}")
 
 
-def as_json(report: dict) -> dict:
-    """A built report as report.json holds it: its verdict (a Verdict) as run.json writes it."""
-    return report | {"verdict": verdict.to_json() if (verdict := report["verdict"]) is not None else None}
-
-
 def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Path]:
     """Write report.json, report.md and report.html (each atomically); returns their paths."""
     return write_built(report_dir, build_report(records, meta))
@@ -273,7 +272,7 @@ def write_built(report_dir: Path, report: dict) -> list[Path]:
     report_dir = Path(report_dir)
     paths = [report_dir / name for name in REPORT_FILES]
     try:  # as one set: a report.json never stands beside another run's report.html
-        write_set({paths[0]: dumps(as_json(report), indent=2) + "\n", paths[1]: sections.markdown(report),
+        write_set({paths[0]: dumps(stats.as_json(report), indent=2) + "\n", paths[1]: sections.markdown(report),
                    paths[2]: report_html.page(report)})
     except NotStrictJSON as exc:  # a number the ledger's finite ones overflowed to (a mean of 1e308s)
         raise LedgerError(f"{paths[0]}: cannot write report: {exc}") from None

@@ -158,6 +158,6 @@ def cell_pairs(records: list[Record], pairs: Sequence[tuple[str, str]]) -> dict:
             for name, read in (("k3", _k3), ("abs_delta_mean", _abs_delta_mean)):
                 x, y = ([read(by_key[family, cell, row]) for row in rows] for cell in (a, b))
                 measured[name] = {"means": [float(np.mean(x)), float(np.mean(y))],
-                                  "test": stats.sign_flip(x, y).to_json()}
+                                  "test": stats.sign_flip(x, y)}
             out.setdefault(family, {})[f"{a} -> {b}"] = {"rows": len(rows), **measured}
     return out

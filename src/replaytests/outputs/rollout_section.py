@@ -88,8 +88,8 @@ def _cell_pairs(family: str, paired: dict) -> Table:
     """The trainer's recompute of each pair of cells, paired by row (outputs/rollout_families.cell_pairs)."""
     def cell(measured: dict) -> str:
         test = measured["test"]
-        return (f"{measured['means'][0]:.3g} vs {measured['means'][1]:.3g} (difference {test['diff']:.3g}, "
-                f"p {test['p']:.3g})")
+        return (f"{measured['means'][0]:.3g} vs {measured['means'][1]:.3g} (difference {test.diff:.3g}, "
+                f"p {test.p:.3g})")
 
     rows = tuple((pair, str(m["rows"]), cell(m["k3"]), cell(m["abs_delta_mean"])) for pair, m in paired.items())
     return Table(f"Rollout fidelity ({family}): the trainer's recompute, cell against cell (paired rows)",

@@ -23,6 +23,7 @@ from replaytests.outputs import (
     serving,
     verdict,
 )
+from replaytests.outputs.flips import Flips
 from replaytests.outputs.records import KEY_FIELDS
 from replaytests.outputs.shapes import DIVERGENCES, NO_REPLICAS, SHAPES, replica_counts, runtime
 from replaytests.outputs.stats import INTERVAL, LEVEL
@@ -150,10 +151,10 @@ def fmt_paired(test: dict | None) -> str:
     if test is None:
         return "-"
     d, m = test["difference"], test["mcnemar"]
-    if d["n"] == 0:
+    if d.n == 0:
         return "no paired rows"
-    return (f"{100 * d['diff']:+.1f} pp [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}], p = {m['p']:.3g}; "
-            f"{test['x']} only {m['b']}, {test['y']} only {m['c']} ({d['n']} rows)")
+    return (f"{100 * d.diff:+.1f} pp [{100 * d.ci_low:+.1f}, {100 * d.ci_high:+.1f}], p = {m.p:.3g}; "
+            f"{test['x']} only {m.b}, {test['y']} only {m.c} ({d.n} rows)")
 
 
 def fmt_positions(spread: dict | None) -> str:
@@ -250,19 +251,19 @@ FLIP_COLUMNS = ("family", "precision", "pair", "suffixes diverge", "exact tie", 
                 "steps at or below it")
 
 
-def _flips_table(found: dict) -> Table:
+def _flips_table(found: dict[str, dict[str, dict[str, Flips]]]) -> Table:
     """Every flip in the run attributed to its margin (outputs/flips.py)."""
     rows = []
     for family, cells in found.items():
         for cell, pairs in cells.items():
             for pair, f in pairs.items():
-                unknown = f["bins"]["unknown"]["k"]
-                rows.append((family, cell, pair, f"{f['divergent']}/{f['rows']}",
-                             *(fmt_proportion(f["bins"][name]) for name in ("tie", "bf16_step", "apart")),
-                             ", ".join(f"{a['row']} ({' / '.join(f'{m:g}' for m in a['margins'])})"
-                                       for a in f["apart_rows"]) or ("none" if not unknown else f"{unknown} unknown"),
-                             f"{f['threshold']:g} ({f['reference']})",
-                             fmt_proportion(f["trigger_rate"]) if f["trigger_rate"] else "not recorded"))
+                unknown = f.bins["unknown"].k
+                rows.append((family, cell, pair, f"{f.divergent}/{f.rows}",
+                             *(fmt_proportion(f.bins[name]) for name in ("tie", "bf16_step", "apart")),
+                             ", ".join(f"{a.row} ({' / '.join(f'{m:g}' for m in a.margins)})"
+                                       for a in f.apart_rows) or ("none" if not unknown else f"{unknown} unknown"),
+                             f"{f.threshold:g} ({f.reference})",
+                             fmt_proportion(f.trigger_rate) if f.trigger_rate else "not recorded"))
     return Table("Flips attributed to their margins", FLIP_COLUMNS, tuple(rows),
                  "Each divergence binned by the top-1 minus top-2 masked logit margin at the first difference, in "
                  "both constructions: an exact tie in either (broken differently), within one BF16 step of the "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from numbers import Integral
 from statistics import NormalDist
 
@@ -23,15 +23,24 @@ SEED = 0
 
 @dataclass(frozen=True)
 class Proportion:
+    """k of n with its Wilson interval at `level`. report.json states the level once (`statistics.level`), not in
+    each proportion: `to_json` leaves it out, `from_json` takes it back."""
+
     k: int
     n: int
     rate: float | None
     ci_low: float | None
     ci_high: float | None
     method: str = "wilson"
+    level: float = LEVEL
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {name: value for name, value in asdict(self).items() if name != "level"}
+
+    @classmethod
+    def from_json(cls, value: dict, level: float = LEVEL) -> Proportion:
+        """A proportion as report.json (or a history line, checked as it is read) holds it."""
+        return cls(**value, level=level)
 
 
 @dataclass(frozen=True)
@@ -98,13 +107,13 @@ def wilson(k: int, n: int, level: float = LEVEL) -> Proportion:
         raise ValueError(f"k must be at most n, got k={k!r}, n={n!r}")
     z = _z(_check_level(level))
     if n == 0:
-        return Proportion(k, n, None, None, None)
-    return Proportion(k, n, k / n, *_wilson_bounds(k, n, z))
+        return Proportion(k, n, None, None, None, level=level)
+    return Proportion(k, n, k / n, *_wilson_bounds(k, n, z), level=level)
 
 
-def proportion(items: list, test) -> dict:
-    """The Wilson proportion (JSON) of the items that pass `test`."""
-    return wilson(sum(1 for item in items if test(item)), len(items)).to_json()
+def proportion(items: list, test) -> Proportion:
+    """The Wilson proportion of the items that pass `test`."""
+    return wilson(sum(1 for item in items if test(item)), len(items))
 
 
 def _two_sided_sign_test(b: int, c: int) -> float:
@@ -271,3 +280,22 @@ def sign_flip(x: Sequence[float], y: Sequence[float], seed: int = SEED, resample
         signs = rng.choice(np.array([-1.0, 1.0]), size=(min(CHUNK, resamples - start), n))
         hits += int(np.sum(np.abs(signs @ d) / n >= floor))
     return PermutationTest(float(d.mean()), (1 + hits) / (1 + resamples), n, False, seed, resamples)
+
+
+def fields_of(result: object) -> dict:
+    """A result object's fields in their declared order (report.json's), as they are: `as_json` writes the objects
+    among them. The `to_json` of a result object that holds others."""
+    return {field.name: getattr(result, field.name) for field in fields(result)}
+
+
+def as_json(value: object) -> object:
+    """`value` (a built report's content: dicts, lists and tuples of JSON values and result objects) with every result
+    object (a frozen dataclass with a `to_json`: these, flips.Flips, verdict.Verdict, ...) as its `to_json()`, itself
+    converted: what report.json and a history line hold. Any other object is left for the JSON writer to refuse."""
+    if is_dataclass(value) and not isinstance(value, type) and hasattr(value, "to_json"):
+        return as_json(value.to_json())
+    if isinstance(value, dict):
+        return {key: as_json(inner) for key, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_json(inner) for inner in value]
+    return value

@@ -21,7 +21,7 @@ from replaytests.errors import short
 from replaytests.families.registry import FAMILIES, SWEEP_HEADLINE
 from replaytests.inputs.gates import bit_exact, point_premise
 from replaytests.outputs.records import Comparison, Record, SweepPoint
-from replaytests.outputs.stats import wilson
+from replaytests.outputs.stats import Proportion, wilson
 
 SWEEP = "sweep"
 FAMILY = FAMILIES[SWEEP]
@@ -103,11 +103,11 @@ def _point(axis: str, value: int | None, held: list[tuple[Record, SweepPoint]]) 
            "unreadable": sum(state == UNREADABLE for _, _, (state, _) in judged),
            "why": dict(Counter(why for _, _, (state, why) in judged if state != HELD).most_common()),
            "replicas": {pair: wilson(sum(pair in p.comparisons and bit_exact(p.comparisons[pair])
-                                         for _, p in counted), len(counted)).to_json() for pair in replicas},
+                                         for _, p in counted), len(counted)) for pair in replicas},
            "replicas_exact": wilson(sum(all(pair in p.comparisons and bit_exact(p.comparisons[pair])
-                                            for pair in FAMILY.replicas) for _, p in counted), len(counted)).to_json(),
+                                            for pair in FAMILY.replicas) for _, p in counted), len(counted)),
            "headline_rows": len(comps)}
-    out |= {name: wilson(sum(diverges(c, name) for c in comps), len(comps)).to_json() if _measured(comps, name)
+    out |= {name: wilson(sum(diverges(c, name) for c in comps), len(comps)) if _measured(comps, name)
             else None for name in MEASURES}
     out["diverging_rows"] = sorted(record.row for record, point in counted if HEADLINE in point.comparisons
                                    and diverges(point.comparisons[HEADLINE], "suffix_divergence"))
@@ -116,7 +116,12 @@ def _point(axis: str, value: int | None, held: list[tuple[Record, SweepPoint]]) 
 
 def differs(point: dict) -> list[str]:
     """What of the headline differs in some counted row at a point (a report.json point): the measures' names."""
-    return [NAMES[name] for name in MEASURES if (point.get(name) or {}).get("k")]
+    return [NAMES[name] for name in MEASURES if _some(point.get(name))]
+
+
+def _some(p: Proportion | None) -> bool:
+    """Some row counted (a proportion with k > 0; None where the measure was not measured)."""
+    return p is not None and p.k > 0
 
 
 def _axis(axis: str, ok: list[Record]) -> dict:
@@ -130,7 +135,7 @@ def _axis(axis: str, ok: list[Record]) -> dict:
                 (whole if point.edge is None else by_value[point.value]).append((record, point))
     found = [_point(axis, value, by_value[value]) for value in sorted(by_value)]
     first = next((p for p in found if differs(p)), None)
-    first_suffix = next((p for p in found if (p["suffix_divergence"] or {}).get("k")), None)
+    first_suffix = next((p for p in found if _some(p["suffix_divergence"])), None)
     return {"rows": len({record.row for held in [*by_value.values(), whole] for record, _ in held}),
             "points": found, **({"whole_prefix": _point(axis, None, whole)} if whole else {}),
             "first_difference": None if first is None else {"value": first["value"], "edge": first["edge"],
@@ -143,7 +148,7 @@ def _cell(records: list[Record], runtime: str) -> dict:
     axes = list(dict.fromkeys(point.axis for record in ok for point in points_of(record)))  # in the order swept
     return {"runtime": runtime, "rows": len(records), "ok": len(ok), "excluded": len(records) - len(ok),
             "without_points": sorted(r.row for r in ok if not points_of(r)),
-            "replicas": {pair: wilson(sum(replicas_hold(r, pair) for r in ok), len(ok)).to_json()
+            "replicas": {pair: wilson(sum(replicas_hold(r, pair) for r in ok), len(ok))
                          for pair in FAMILY.replicas},
             "axes": {axis: _axis(axis, ok) for axis in axes}}
 
@@ -173,6 +178,6 @@ def compact(axis: dict) -> tuple[str, str, str, str, str]:
     found = axis["points"]
     first = axis["first_difference"]
     apart = sum(p["vacuous"] + p["unreadable"] for p in found)
-    return (str(len(found)), str(sum(bool((p["logits_differ"] or {}).get("k")) for p in found)),
-            str(sum(bool((p["suffix_divergence"] or {}).get("k")) for p in found)),
+    return (str(len(found)), str(sum(_some(p["logits_differ"]) for p in found)),
+            str(sum(_some(p["suffix_divergence"]) for p in found)),
             "none" if first is None else f"{first['value']} ({', '.join(first['what'])})", str(apart))

@@ -6,8 +6,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from html import escape
+from typing import TYPE_CHECKING
 
 from replaytests.errors import CONTROL
+
+if TYPE_CHECKING:  # stats imports numpy, which a table does not need
+    from replaytests.outputs.stats import Proportion
 
 
 def first(items: list[str], n: int = 5) -> str:
@@ -23,13 +27,13 @@ class Table:
     note: str = ""
 
 
-def fmt_proportion(p: dict | None) -> str:
+def fmt_proportion(p: Proportion | None) -> str:
     """`k/n = rate% [low, high]` of a Wilson proportion (stats.proportion), `-` where there is none."""
     if p is None:
         return "-"
-    if p["n"] == 0:
+    if p.n == 0:
         return "0/0"
-    return f"{p['k']}/{p['n']} = {100 * p['rate']:.1f}% [{100 * p['ci_low']:.1f}, {100 * p['ci_high']:.1f}]"
+    return f"{p.k}/{p.n} = {100 * p.rate:.1f}% [{100 * p.ci_low:.1f}, {100 * p.ci_high:.1f}]"
 
 
 def fmt_number(value: float | None) -> str:

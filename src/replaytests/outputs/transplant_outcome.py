@@ -7,20 +7,54 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.inputs.gates import Gates
-from replaytests.outputs.causal import PARTIAL, not_testable, validity, validity_cell, validity_text
+from replaytests.outputs.causal import PARTIAL, Validity, not_testable, validity, validity_cell, validity_text
 from replaytests.outputs.findings import Findings, Group, Measure, Rows, ok_records
 from replaytests.outputs.records import Outcome, Record
-from replaytests.outputs.stats import proportion
+from replaytests.outputs.stats import Proportion, fields_of, proportion
 from replaytests.outputs.tables import Table, fmt_proportion
 
 TRACKED: tuple[str, ...] = ()  # the history keeps the per-direction outcomes alone
 REQUIRED = ("role", "transplants", "parts", "layers")  # what an ok record must hold for summarize
 
 
-def summarize(records: list[Record], family: str, meta: dict | None = None) -> dict:
+Directions = dict[str, dict[str, Proportion]]  # direction -> outcome (follows_donor, control_third) -> its count
+
+
+@dataclass(frozen=True)
+class TransplantOutcome:
+    """A transplant family's outcomes in one cell (the paper's Table 5): its rows (`rows` with `excluded` among them,
+    `divergent` and exact `controls` among the ok ones), the validity control, the divergent rows no transplant can
+    test ([row, reason]), per direction the recipients that follow their donor and the controls with a third
+    trajectory (`full`: all layers; `parts`: K only, V only), the minimal layer ranges and how often each layer is in
+    one."""
+
+    rows: int
+    excluded: int
+    divergent: int
+    controls: int
+    validity: Validity
+    not_testable: list[list[str]]
+    full: Directions
+    parts: dict[str, Directions]
+    minimal_layers: dict[str, dict[str, int]]
+    layer_frequency: dict[str, list[int]]
+
+    def to_json(self) -> dict:
+        return fields_of(self)
+
+
+class Judged(Protocol):
+    """What the transplant's gates and history read of an outcome (a conversation transplant's too)."""
+
+    full: Directions
+
+
+def summarize(records: list[Record], family: str, meta: dict | None = None) -> TransplantOutcome:
     """Counts with Wilson intervals over the family's records of one cell (`records`: the cell's, every
     family's: the divergent rows no transplant can test are the crossing's)."""
     mine = [r for r in records if r.family == family]
@@ -28,7 +62,7 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> d
     divergent = [r for r in ok if r.role == "divergent"]
     controls = [r for r in ok if r.role == "control"]
 
-    def both(get: Callable[[Record, str], Outcome]) -> dict:
+    def both(get: Callable[[Record, str], Outcome]) -> Directions:
         def outcome_is(wanted: str, name: str) -> Callable[[Record], bool]:
             return lambda r: get(r, name).outcome == wanted
 
@@ -39,23 +73,22 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> d
     # Only rows whose all-layer transplant followed the donor were searched.
     minimal = {name: [r.minimal_layers[name] for r in divergent
                       if r.transplants[name].outcome == "follows_donor"] for name in TRANSPLANTS}
-    return {
-        "rows": len(mine), "excluded": len(mine) - len(ok), "divergent": len(divergent), "controls": len(controls),
-        "validity": validity(mine),
-        "not_testable": not_testable(records, family),
-        "full": both(lambda r, n: r.transplants[n]),
-        "parts": {part: both(lambda r, n, p=part: r.parts[p][n]) for part in PARTIAL},
-        "minimal_layers": {name: dict(Counter("none" if m is None else f"{m[0]}-{m[1]}" for m in ranges))
-                           for name, ranges in minimal.items()},
-        "layer_frequency": {name: [sum(1 for m in ranges if m is not None and m[0] <= i <= m[1])
-                                   for i in range(n_layers)] for name, ranges in minimal.items()},
-    }
+    return TransplantOutcome(
+        rows=len(mine), excluded=len(mine) - len(ok), divergent=len(divergent), controls=len(controls),
+        validity=validity(mine), not_testable=not_testable(records, family),
+        full=both(lambda r, n: r.transplants[n]),
+        parts={part: both(lambda r, n, p=part: r.parts[p][n]) for part in PARTIAL},
+        minimal_layers={name: dict(Counter("none" if m is None else f"{m[0]}-{m[1]}" for m in ranges))
+                        for name, ranges in minimal.items()},
+        layer_frequency={name: [sum(1 for m in ranges if m is not None and m[0] <= i <= m[1])
+                                for i in range(n_layers)] for name, ranges in minimal.items()})
 
 
-def counts(t: dict) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
-    """What gates.transplant_family judges of a summary's `full` outcomes: per direction (k, n) of the divergent rows
-    that follow their donor, and of the controls with a (gated) third trajectory."""
-    return tuple({name: (v[key]["k"], v[key]["n"]) for name, v in t["full"].items()}
+def counts(t: Judged) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """What gates.transplant_family judges of an outcome's `full` counts (a conversation transplant's too): per
+    direction (k, n) of the divergent rows that follow their donor, and of the controls with a (gated) third
+    trajectory."""
+    return tuple({name: (v[key].k, v[key].n) for name, v in t.full.items()}
                  for key in ("follows_donor", "control_third"))
 
 
@@ -66,7 +99,7 @@ def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, al
 
 
 def judge_runs(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates,
-               summarize_cell: Callable[[list[Record], str], dict]) -> None:
+               summarize_cell: Callable[[list[Record], str], Judged]) -> None:
     """gates.transplant_family over the new run's rows of one family and cell (`summarize_cell`: its outcome module's
     `summarize`, whose `counts` it judges), at every level: per direction, the divergent rows whose recipient follows
     its donor and the controls with a (gated) third trajectory, each beside the baseline's count; a direction with
@@ -100,50 +133,50 @@ def gate_text(judgements: list) -> str:
     return "not established: " + "; ".join(unsettled) if unsettled else "met"
 
 
-def terminal_lines(family: str, cell: str, t: dict, gates: Gates) -> list[str]:
+def terminal_lines(family: str, cell: str, t: TransplantOutcome, gates: Gates) -> list[str]:
     """The outcomes with Wilson 95% intervals and the verdict of its gates (gates.transplant)."""
-    full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t["full"].items())
-    third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t["full"].items())
-    parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t["parts"].items()
+    full = "; ".join(f"{name} {fmt_proportion(v['follows_donor'])}" for name, v in t.full.items())
+    third = "; ".join(f"{name} {fmt_proportion(v['control_third'])}" for name, v in t.full.items())
+    parts = "; ".join(f"{part} {name} {fmt_proportion(v['follows_donor'])}" for part, by in t.parts.items()
                       for name, v in by.items())
     ranges = "; ".join(f"{name} " + (", ".join(f"[{r}] x{n}" for r, n in found.items()) or "-")
-                       for name, found in t["minimal_layers"].items())
+                       for name, found in t.minimal_layers.items())
     judged = gates.transplant_family(*counts(t))
     return [f"{family} ({cell}): validity control (self-transplants reproduce their own trajectory): "
-            f"{validity_text(t['validity'])}",
+            f"{validity_text(t.validity)}",
             f"  recipient follows donor: {full}", f"  controls with a third trajectory: {third}",
             f"  gates.{FAMILIES[family].gate_section}: {gate_text(judged)}",
-            f"  not testable (first suffix tokens differ): {len(t['not_testable'])}"
-            + "".join(f"; {row}: {reason}" for row, reason in t["not_testable"]),
+            f"  not testable (first suffix tokens differ): {len(t.not_testable)}"
+            + "".join(f"; {row}: {reason}" for row, reason in t.not_testable),
             f"  partial transplants follow donor: {parts}", f"  minimal layer ranges: {ranges}"]
 
 
-def tables(family: str, cell: str, t: dict) -> list[Table]:
+def tables(family: str, cell: str, t: TransplantOutcome) -> list[Table]:
     """Table 5: per direction, the recipients that follow their donor (all layers, K only, V only), the controls
     with a third trajectory and the minimal layer ranges; then the divergent rows no transplant can test."""
-    rows = tuple((direction, fmt_proportion(t["full"][direction]["follows_donor"]),
-                  *(fmt_proportion(t["parts"][part][direction]["follows_donor"]) for part in sorted(t["parts"])),
-                  fmt_proportion(t["full"][direction]["control_third"]),
-                  ", ".join(f"{r}: {n}" for r, n in t["minimal_layers"][direction].items()) or "-")
-                 for direction in t["full"])
-    out = [Table(f"{FAMILIES[family].title}, {cell}: {t['divergent']} divergent rows, {t['controls']} exact controls",
-                 ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t["parts"])),
+    rows = tuple((direction, fmt_proportion(t.full[direction]["follows_donor"]),
+                  *(fmt_proportion(t.parts[part][direction]["follows_donor"]) for part in sorted(t.parts)),
+                  fmt_proportion(t.full[direction]["control_third"]),
+                  ", ".join(f"{r}: {n}" for r, n in t.minimal_layers[direction].items()) or "-")
+                 for direction in t.full)
+    out = [Table(f"{FAMILIES[family].title}, {cell}: {t.divergent} divergent rows, {t.controls} exact controls",
+                 ("recipient<-donor", "follows donor", *(f"{p} follows donor" for p in sorted(t.parts)),
                   "controls: third trajectory", "minimal layer ranges (rows)"), rows,
                  "Divergent rows: incremental and prefill suffixes differ, first suffix tokens agree. "
                  f"Validity control (each construction's cache in its own replica reproduces its "
-                 f"trajectory): {validity_cell(t.get('validity'))}.")]
-    if t.get("not_testable"):
+                 f"trajectory): {validity_cell(t.validity)}.")]
+    if t.not_testable:
         out.append(Table(f"Transplant, {cell}: divergent rows not testable", ("row", "reason"),
-                         tuple((row, reason) for row, reason in t["not_testable"])))
+                         tuple((row, reason) for row, reason in t.not_testable)))
     return out
 
 
-def replica_rows(family: str, cell: str, t: dict) -> list[tuple[str, ...]]:
+def replica_rows(family: str, cell: str, t: Judged) -> list[tuple[str, ...]]:
     """None: its replicas are judged in its records' own tests, not counted in the replica table."""
     return []
 
 
-def tracked(t: dict) -> dict:
+def tracked(t: Judged) -> dict:
     """Donor recovery and third trajectories per direction."""
-    return {"follows_donor": {d: v["follows_donor"] for d, v in t["full"].items()},
-            "control_third": {d: v["control_third"] for d, v in t["full"].items()}}
+    return {"follows_donor": {d: v["follows_donor"] for d, v in t.full.items()},
+            "control_third": {d: v["control_third"] for d, v in t.full.items()}}
