@@ -151,6 +151,22 @@ def test_show_writes_a_standalone_page_with_a_plot_per_series(filled, tmp_path, 
     assert not re.search(r"<script\b|\s(src|href)=", html), "the page is not standalone"
 
 
+def test_a_line_another_version_wrote_is_drawn_from_what_it_holds(nights, tmp_path, capsys):
+    """A history line whose proportions hold a key this version does not know, or at n = 0 no rate (the reader
+    requires one only where n > 0), is shown and drawn all the same."""
+    into = tmp_path / "history.jsonl"
+    history.append(nights[0], into, "night 1", "2026-01-02T02:00:00+00:00")
+    (entry,) = lines(into)
+    pairs = entry["families"]["crossing"]["bf16"]["pairs"]["incremental~prefill"]
+    pairs["suffix_divergence"] |= {"note": "a later version's field"}
+    pairs["answer_divergence"] = {"k": 0, "n": 0}
+    into.write_text(json.dumps(entry) + "\n", encoding="utf-8")
+    page = tmp_path / "history.html"
+    assert main(["history", "show", str(into), "--html", str(page)]) == 0, capsys.readouterr().err
+    assert "night 1 bf16 suffix: 3/12" in page.read_text(encoding="utf-8"), "the suffix series is not drawn"
+    assert " 0/0 " in capsys.readouterr().out.splitlines()[1] + " ", "the answer count at n = 0 is not shown"
+
+
 def test_show_over_a_page_needs_force(filled, tmp_path, capsys):
     """An --html page that exists is a user's file: refused in one line, replaced only with --force."""
     page = tmp_path / "history.html"

@@ -39,8 +39,10 @@ class Proportion:
 
     @classmethod
     def from_json(cls, value: dict, level: float = LEVEL) -> Proportion:
-        """A proportion as report.json (or a history line, checked as it is read) holds it."""
-        return cls(**value, level=level)
+        """A proportion as report.json or a history line holds it (a line is checked as it is read: k and n, and
+        where n > 0 the rate and its bounds); keys this version does not know are left."""
+        return cls(value["k"], value["n"], value.get("rate"), value.get("ci_low"), value.get("ci_high"),
+                   value.get("method", "wilson"), level)
 
 
 @dataclass(frozen=True)
