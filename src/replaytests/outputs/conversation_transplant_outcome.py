@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from replaytests.families.registry import FAMILIES, SELF_SPLICES, SPLICES
 from replaytests.inputs.gates import FOLLOWS, Gates, splice_thirds
 from replaytests.outputs import transplant_outcome
-from replaytests.outputs.causal import Validity, validity, validity_cell, validity_text
+from replaytests.outputs.causal import validity, validity_cell, validity_text
 from replaytests.outputs.findings import Findings, Group, Rows
 from replaytests.outputs.records import ConversationTurn, Record
-from replaytests.outputs.stats import fields_of, proportion
+from replaytests.outputs.stats import proportion
 from replaytests.outputs.tables import Table, fmt_proportion
 
 PAIR = "session~replay"  # the divergence it transplants (the conversation family's headline pair)
@@ -59,25 +59,14 @@ def not_testable(records: list[Record], family: str) -> list[list[str]]:
 
 
 @dataclass(frozen=True)
-class ConversationTransplantOutcome:
-    """A conversation transplant family's outcomes in one cell: its rows (`rows` with `excluded` among them, `divergent`
-    and `controls` among the ok ones), the validity control, the divergent conversations no splice can test ([row,
-    reason]), per direction the divergent conversations that follow their donor and the controls' third trajectories
-    (`full`: follows_donor, control_third where no differing K/V moved (gated), control_third_mixed past the first
-    differing position (recorded)), the carrier turns per direction, and each ok row."""
+class ConversationTransplantOutcome(transplant_outcome.PanelOutcome):
+    """A conversation transplant family's outcomes in one cell, as the transplant's (its rows are conversations, its
+    transplants splices; `full`: follows_donor, control_third where no differing K/V moved (gated), and
+    control_third_mixed past the first differing position (recorded)), with the carrier turns per direction and each
+    ok row."""
 
-    rows: int
-    excluded: int
-    divergent: int
-    controls: int
-    validity: Validity
-    not_testable: list[list[str]]
-    full: transplant_outcome.Directions
     carrier_turn: dict[str, dict[str, int]]
     by_row: list[dict]
-
-    def to_json(self) -> dict:
-        return fields_of(self)
 
 
 def summarize(records: list[Record], family: str, meta: dict | None = None) -> ConversationTransplantOutcome:

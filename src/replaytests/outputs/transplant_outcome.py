@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from replaytests.families.registry import FAMILIES, TRANSPLANTS
 from replaytests.inputs.gates import Gates
@@ -26,12 +25,11 @@ Directions = dict[str, dict[str, Proportion]]  # direction -> outcome (follows_d
 
 
 @dataclass(frozen=True)
-class TransplantOutcome:
-    """A transplant family's outcomes in one cell (the paper's Table 5): its rows (`rows` with `excluded` among them,
-    `divergent` and exact `controls` among the ok ones), the validity control, the divergent rows no transplant can
-    test ([row, reason]), per direction the recipients that follow their donor and the controls with a third
-    trajectory (`full`: all layers; `parts`: K only, V only), the minimal layer ranges and how often each layer is in
-    one."""
+class PanelOutcome:
+    """What a transplant family's outcomes in one cell hold (a conversation transplant's too), and its gates and the
+    history read: its rows (`rows` with `excluded` among them, `divergent` and exact `controls` among the ok ones),
+    the validity control, the divergent rows no transplant can test ([row, reason]), and per direction the
+    recipients that follow their donor and the controls with a third trajectory (`full`)."""
 
     rows: int
     excluded: int
@@ -40,18 +38,19 @@ class TransplantOutcome:
     validity: Validity
     not_testable: list[list[str]]
     full: Directions
-    parts: dict[str, Directions]
-    minimal_layers: dict[str, dict[str, int]]
-    layer_frequency: dict[str, list[int]]
 
     def to_json(self) -> dict:
         return fields_of(self)
 
 
-class Judged(Protocol):
-    """What the transplant's gates and history read of an outcome (a conversation transplant's too)."""
+@dataclass(frozen=True)
+class TransplantOutcome(PanelOutcome):
+    """The transplant's outcomes in one cell (the paper's Table 5): `full` over all layers, `parts` K only and V only,
+    the minimal layer ranges and how often each layer is in one."""
 
-    full: Directions
+    parts: dict[str, Directions]
+    minimal_layers: dict[str, dict[str, int]]
+    layer_frequency: dict[str, list[int]]
 
 
 def summarize(records: list[Record], family: str, meta: dict | None = None) -> TransplantOutcome:
@@ -84,7 +83,7 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> T
                                 for i in range(n_layers)] for name, ranges in minimal.items()})
 
 
-def counts(t: Judged) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+def counts(t: PanelOutcome) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
     """What gates.transplant_family judges of an outcome's `full` counts (a conversation transplant's too): per
     direction (k, n) of the divergent rows that follow their donor, and of the controls with a (gated) third
     trajectory."""
@@ -99,7 +98,7 @@ def compare(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates, al
 
 
 def judge_runs(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates,
-               summarize_cell: Callable[[list[Record], str], Judged]) -> None:
+               summarize_cell: Callable[[list[Record], str], PanelOutcome]) -> None:
     """gates.transplant_family over the new run's rows of one family and cell (`summarize_cell`: its outcome module's
     `summarize`, whose `counts` it judges), at every level: per direction, the divergent rows whose recipient follows
     its donor and the controls with a (gated) third trajectory, each beside the baseline's count; a direction with
@@ -171,12 +170,12 @@ def tables(family: str, cell: str, t: TransplantOutcome) -> list[Table]:
     return out
 
 
-def replica_rows(family: str, cell: str, t: Judged) -> list[tuple[str, ...]]:
+def replica_rows(family: str, cell: str, t: PanelOutcome) -> list[tuple[str, ...]]:
     """None: its replicas are judged in its records' own tests, not counted in the replica table."""
     return []
 
 
-def tracked(t: Judged) -> dict:
+def tracked(t: PanelOutcome) -> dict:
     """Donor recovery and third trajectories per direction."""
     return {"follows_donor": {d: v["follows_donor"] for d, v in t.full.items()},
             "control_third": {d: v["control_third"] for d, v in t.full.items()}}
