@@ -62,7 +62,7 @@ class ApartRow:
     margins: tuple[float, ...]
 
     def to_json(self) -> dict:
-        return {"row": self.row, "margins": list(self.margins)}
+        return fields_of(self)
 
 
 @dataclass(frozen=True)

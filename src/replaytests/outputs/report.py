@@ -1,11 +1,11 @@
 """The report (docs/report.md): report.json, its Markdown twin report.md and report.html with plots.
 
-`build_report` turns ledger records into the report.json content, its statistics as the frozen result objects of
-outputs/stats.py (a proportion with its interval and level, McNemar, the bootstrap intervals) and its verdict a
-Verdict: the run's statistics computed once, which every renderer reads (the terminal, summary.md, report.md,
-report.html, the history) and `stats.as_json` writes as report.json; the Markdown and HTML tables are rendered from that
-content alone, so the three files cannot disagree. Excluded rows are listed with their reasons and never enter a
-denominator.
+`build_report` turns ledger records into the report.json content, its statistics as frozen result objects
+(outputs/stats.py's proportions with their interval and level, McNemar and bootstrap tests; the flips; each causal
+family's outcomes) and its verdict a Verdict: the run's statistics computed once, which every renderer reads (the
+terminal, summary.md, report.md, report.html, the history) and `stats.as_json` writes as report.json; the Markdown
+and HTML tables are rendered from that content alone, so the three files cannot disagree. Excluded rows are listed
+with their reasons and never enter a denominator.
 """
 
 from __future__ import annotations
