@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_compare import diverging
+from test_compare import diverging, make
 from test_report import typed
 
 from replaytests.inputs.contract import default_gates
@@ -26,7 +26,7 @@ from replaytests.outputs import ledger
 from replaytests.outputs.verdict import Failure, Verdict
 from replaytests.suite import artifacts
 from replaytests.suite.baseline import RATES_CHECK
-from replaytests.suite.collector import RECORDS, LedgerCollector, exit_status
+from replaytests.suite.collector import RECORDS, RECORDS_CHECK, LedgerCollector, exit_status
 from replaytests.suite.gathered import Gathered
 from replaytests.suite.state import run_state
 
@@ -134,34 +134,65 @@ def test_exit_status_follows_the_verdict(result, status, expected):
     assert exit_status(Verdict(result, {}), status) == expected
 
 
-@pytest.mark.parametrize(("divergent", "status", "failures"), [
-    pytest.param(10, pytest.ExitCode.TESTS_FAILED, [RATES_CHECK], id="rates-changed-exits-1"),
-    pytest.param(0, pytest.ExitCode.OK, [], id="rates-held-exits-0"),
-])
-def test_the_rates_check_of_the_whole_run_decides_the_exit_status(tmp_path, monkeypatch, divergent, status, failures):
-    """The controller's end of a run at --gate rates whose every test passed: its BF16 crossing diverges on
-    `divergent` of 20 rows, the baseline's on none. Only the check of the whole run can fail it, and the
-    status pytest exits with is the one the collector leaves on the session. The files are not written here
-    (artifacts.write_run; the end-to-end tests above write them)."""
-    replay = SimpleNamespace(options=SimpleNamespace(gate="rates"), baseline=typed(diverging("crossing", 20, 0)),
+def end_of_run(tmp_path, monkeypatch, records: list[dict], gate: str | None, failures: list[Failure] = ()):
+    """The controller's end of a run (suite.collector) whose every test passed, besides `failures`, on `records`,
+    against a baseline whose BF16 crossing diverges on none of 20 rows: its collector and the session whose exit
+    status it leaves. The files are not written here (artifacts.write_run; the end-to-end tests above write
+    them)."""
+    replay = SimpleNamespace(options=SimpleNamespace(gate=gate), baseline=typed(diverging("crossing", 20, 0)),
                              contract=SimpleNamespace(gates=default_gates()),
                              plan=SimpleNamespace(audited=lambda records: records), baseline_platform=[])
     config = SimpleNamespace(stash=pytest.Stash())
     state = run_state(config)
     state.session, state.run_dir = replay, tmp_path
     state.root = SimpleNamespace(publish=lambda run: None, release=lambda: None)
-    for record in typed(diverging("crossing", 20, divergent)):
+    for record in typed(records):
         ledger.append_record(tmp_path / RECORDS, record)
     monkeypatch.setattr(artifacts, "verdict_context", lambda replay, gathered: {"platform_drift": []})
     monkeypatch.setattr(artifacts, "write_run", lambda *args: {})
     collector = LedgerCollector(config)
-    collector.gathered = Gathered(outcomes={"passed": 20})
+    collector.gathered = Gathered(outcomes={"passed": len(records)} | ({"failed": 1} if failures else {}),
+                                  failures=list(failures))
     session = SimpleNamespace(shouldstop=False, shouldfail=False, exitstatus=pytest.ExitCode.OK)
-
     collector.pytest_sessionfinish(session, pytest.ExitCode.OK)
+    return collector, session
 
+
+@pytest.mark.parametrize(("divergent", "status", "failures"), [
+    pytest.param(10, pytest.ExitCode.TESTS_FAILED, [RATES_CHECK], id="rates-changed-exits-1"),
+    pytest.param(0, pytest.ExitCode.OK, [], id="rates-held-exits-0"),
+])
+def test_the_rates_check_of_the_whole_run_decides_the_exit_status(tmp_path, monkeypatch, divergent, status, failures):
+    """A run at --gate rates whose every test passed: its BF16 crossing diverges on `divergent` of 20 rows, the
+    baseline's on none. Only the check of the whole run can fail it, and the status pytest exits with is the one
+    the collector leaves on the session."""
+    collector, session = end_of_run(tmp_path, monkeypatch, diverging("crossing", 20, divergent), "rates")
     assert [f.check for f in collector.verdict.failures] == failures, collector.verdict.failures
     assert session.exitstatus == status, f"verdict {collector.verdict.result}, exit {session.exitstatus}"
+
+
+@pytest.mark.parametrize(("replica", "failed", "status", "failures"), [
+    pytest.param({"cache_exact": False}, False, pytest.ExitCode.TESTS_FAILED, [RECORDS_CHECK],
+                 id="unchecked-replica-fails-exits-1"),
+    pytest.param({}, False, pytest.ExitCode.OK, [], id="replicas-exact-exits-0"),
+    pytest.param({"cache_exact": False}, True, pytest.ExitCode.TESTS_FAILED, ["test_replica_exact[...]"],
+                 id="a-test-that-failed-says-it-alone"),
+])
+def test_what_the_records_show_failing_and_no_selected_test_checked_fails_the_run(tmp_path, monkeypatch, replica,
+                                                                                    failed, status, failures):
+    """A run whose selected tests passed (a -k or -m that left out the replica tests) while the records it computed
+    show a replica inexact: its report would say FAIL (report.checked_verdict), so its verdict does, and it exits 1
+    (it exited 0 with PASS on the terminal while its report.md said FAIL); the control: exact replicas, exit 0; where
+    the replica test ran and failed, its failure is the verdict's alone."""
+    records = [make("crossing", "r00", replica=replica), *diverging("crossing", 3, 0)[1:]]
+    tested = [Failure("test_replica_exact[...]", "replicas differ")] if failed else []
+    collector, session = end_of_run(tmp_path, monkeypatch, records, None, tested)
+    assert [f.check for f in collector.verdict.failures] == failures, collector.verdict.failures
+    assert session.exitstatus == status, f"verdict {collector.verdict.result}, exit {session.exitstatus}"
+    if failures == [RECORDS_CHECK]:
+        (found,) = collector.verdict.failures
+        assert found.message == ("the records show replicas failing in 1 row (crossing/r00/bf16), which no selected "
+                                 "test checked"), found.message
 
 
 def test_a_worker_that_died_is_named_in_the_verdict_not_xdists_header(tmp_path):

@@ -266,6 +266,34 @@ def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank
     assert again.returncode == 1 and "1 failed" in again.stdout.splitlines()[-1], again.stdout[-2000:]
 
 
+@pytest.mark.e2e  # spawns two runs
+def test_a_selection_that_leaves_out_the_failing_check_of_records_it_computed_fails(pytester, tmp_path, bank_rows,
+                                                                                      divergent_row):
+    """The same row and strict contract, with a -k that selects the crossing's token-identity test alone: the
+    crossing record is computed, and no selected test judges its divergence. The run's verdict judges its records
+    as its report does, so it fails (exit 1), saying what they show and that no test failed; its report agrees (no
+    "run.json said PASS"). The control: the same selection under the contract as committed passes, exit 0."""
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(CONTRACT.read_text().replace("bf16: true, fp32: false", "bf16: false, fp32: false"))
+    index = bank_rows.index(divergent_row)
+    for contract, status in ((CONTRACT, 0), (strict, 1)):
+        report = tmp_path / f"report-{status}"
+        result = pytester.runpytest_subprocess(
+            "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(contract),
+            "--rows", f"{index}:{index + 1}", "--precision", "bf16", "-k", "crossing_arms_consume_bank_row",
+            "--report-dir", str(report))
+        result.assert_outcomes(passed=1)
+        assert result.ret == status, f"{contract.name}: exit {result.ret}\n" + "\n".join(result.outlines[-30:])
+        head = (report / "latest" / "report.md").read_text(encoding="utf-8").splitlines()[2]
+        if status == 0:
+            assert head == "## PASS (1 passed)", head
+            continue
+        result.stdout.fnmatch_lines([f"*FAILED the run's records: the records show exact-cell suffixes failing in 1 "
+                                     f"row (crossing/{divergent_row.id}/bf16), which no selected test checked*",
+                                     "exit status 1: the verdict is FAIL although no test failed*"])
+        assert head.startswith("## FAIL (1 passed)") and "run.json said" not in head, head
+
+
 def pinned_torch_contract(tmp_path):
     """cpu-tiny, but promising a torch version no machine has."""
     contract = tmp_path / "pinned.yaml"

@@ -245,21 +245,28 @@ def _failing(record: Record, gates: Gates) -> list[str]:
     return failed + (section.failing(record, gates) if (section := family_sections.of(record.family)) else [])
 
 
-def checked_verdict(recorded: Verdict | None, records: list[Record], gates: Gates) -> Verdict | None:
-    """The run's verdict (run.json's), unless it says pass while the records show a replica or bridge check
-    failing (a ledger edited after the run, or collated with another): then a fail whose `contradicted` says
-    what the records show, so that the verdict a report prints agrees with its tables."""
-    if recorded is None or recorded.result != "pass":
-        return recorded
+def failing_checks(records: list[Record], gates: Gates) -> str | None:
+    """What the ok records show failing (`_failing`: replicas, a family's control, exact-cell suffixes, a report
+    section's checks) under `gates`, in words, `the records show ...`; None where nothing fails."""
     failing: dict[str, list[str]] = defaultdict(list)
     for record in records:
         for name in _failing(record, gates) if record.ok else ():
             failing[name].append(record.label)
     if not failing:
+        return None
+    return "the records show " + "; ".join(f"{name} failing in {len(rows)} row{'s' * (len(rows) > 1)} "
+                                           f"({first(rows, 3)})" for name, rows in failing.items())
+
+
+def checked_verdict(recorded: Verdict | None, records: list[Record], gates: Gates) -> Verdict | None:
+    """The run's verdict (run.json's), unless it says pass while the records show a replica or bridge check
+    failing (a ledger edited after the run, or collated with another; a run's own verdict checks its records:
+    suite.collector.run_verdict): then a fail whose `contradicted` says what the records show, so that the verdict
+    a report prints agrees with its tables."""
+    if recorded is None or recorded.result != "pass":
         return recorded
-    shown = "; ".join(f"{name} failing in {len(rows)} row{'s' * (len(rows) > 1)} ({first(rows, 3)})"
-                      for name, rows in failing.items())
-    return replace(recorded, result="fail", contradicted=f"the records show {shown}")
+    shown = failing_checks(records, gates)
+    return recorded if shown is None else replace(recorded, result="fail", contradicted=shown)
 
 
 def write_report(report_dir: Path, records: list[Record], meta: dict) -> list[Path]:

@@ -18,7 +18,7 @@ import pytest
 from replaytests.errors import Exit, ReplaytestsError
 from replaytests.families.registry import FAMILIES
 from replaytests.outputs import ledger, rundir, verdict
-from replaytests.outputs.verdict import Verdict
+from replaytests.outputs.verdict import Failure, Verdict
 from replaytests.suite.command_line import selects_conformance
 from replaytests.suite.fixtures import AUDIT_PROPERTY, RECORD_PROPERTY
 from replaytests.suite.gathered import Gathered
@@ -202,18 +202,29 @@ class LedgerCollector:
                                         "whole run, listed above)", red=True)
 
 
-def run_verdict(replay: ReplaySession, gathered: Gathered, interrupted: bool) -> dict:
+RECORDS_CHECK = "the run's records"  # the check of what no selected test checked, by its name in the verdict
+
+
+def run_verdict(replay: ReplaySession, gathered: Gathered, interrupted: bool) -> Verdict:
     """The run's verdict, which the exit status follows: the tests' outcomes and failures, and the failures of
-    the check of the whole run, made here once every test has reported, on the run's records: the baseline's
+    the checks of the whole run, made here once every test has reported, on the run's records: the baseline's
     rates (suite.baseline.baseline_rates), which need every row of a family at once, so no one test (on one
-    xdist worker, under a -k that selects part of the run) can make them."""
+    xdist worker, under a -k that selects part of the run) can make them; and, where the rest passes, the checks
+    its report makes of the records (outputs.report.failing_checks: replicas, a family's control, exact-cell
+    suffixes), which a -k or -m can leave to no selected test while the records were computed: a report that
+    says FAIL of a run that exited 0 would let a CI gate pass."""
+    from replaytests.outputs.report import failing_checks
     from replaytests.suite.artifacts import verdict_context
     from replaytests.suite.baseline import baseline_rates
 
     rates = baseline_rates(replay, gathered.records)
     context = verdict_context(replay, gathered)
     context["platform_drift"] += rates.drift
-    return verdict.build(gathered.outcomes, gathered.failures + rates.failures, context, interrupted)
+    outcome = verdict.build(gathered.outcomes, gathered.failures + rates.failures, context, interrupted)
+    if outcome.result != "pass" or (shown := failing_checks(gathered.records, replay.contract.gates)) is None:
+        return outcome
+    unchecked = Failure(RECORDS_CHECK, f"{shown}, which no selected test checked")
+    return verdict.build(gathered.outcomes, [*outcome.failures, unchecked], context, interrupted)
 
 
 def exit_status(outcome: Verdict, status: int) -> int:
