@@ -11,6 +11,7 @@ on the tokenizer, the config or hand-built tensors. Each test is of one kind or 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -31,6 +32,7 @@ from replaytests.engine.protocol import DELIMITER_NAMES, Caps, Delimiters, Gramm
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.contract import Contract, load_contract
+from replaytests.inputs.gates import Gates
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "fixtures" / "models" / "tiny-qwen2"
@@ -238,6 +240,13 @@ def fake_cache():
 def layers_factory():
     """layers_factory(n_layers=3, seq=5, seed=0, dtype=float32) -> [(K, V), ...] of [2, 2, seq, 4]."""
     return random_layers
+
+
+def regated(gates: Gates, section: str, **values) -> Gates:
+    """`gates` with keys of one `gates:` section set, as a contract that sets them reads: every family judged by that
+    section (Gates.sections) reads them."""
+    return dataclasses.replace(gates, settings={family: {**found, **values} if gates.sections[family] == section
+                                                else found for family, found in gates.settings.items()})
 
 
 @pytest.fixture(scope="session")

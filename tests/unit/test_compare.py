@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from test_report import comparison, record, typed, write_ledger_file
 
+from conftest import regated
 from replaytests.cli import main
 from replaytests.inputs.contract import default_gates
 from replaytests.outputs import compare as comparing
@@ -161,7 +162,7 @@ def test_divergence_rate_change_fails_only_beyond_chance(family, divergent, leve
 ])
 def test_donor_recovery_below_its_gate_fails(outcomes, gates, expected):
     records = [transplant(f"d{i}", "divergent", "follows_donor", o) for i, o in enumerate(outcomes)]
-    gate = None if gates is None else dataclasses.replace(default_gates(), donor_recovery=gates)
+    gate = None if gates is None else regated(default_gates(), "transplant", donor_recovery=gates)
     result = compare(records, records, gates=gate)
     assert result.reasons == expected, result.reasons
 
@@ -176,9 +177,12 @@ def test_control_with_a_third_trajectory_fails():
 
 def test_transplant_gates_come_from_the_contract_or_its_defaults():
     gates = gates_of()
-    assert (gates.donor_recovery, gates.controls_third_trajectory) == (1.0, 0), gates
+    for family in ("transplant", "replication", "conversation_transplant"):
+        assert [gates.setting(family, key) for key in ("donor_recovery", "controls_third_trajectory")] == \
+            [(1.0, "transplant.donor_recovery"), (0, "transplant.controls_third_trajectory")], (family, gates)
     tiny = gates_of(CONTRACT)
-    assert (tiny.donor_recovery, tiny.controls_third_trajectory) == (1.0, 0), "cpu-tiny keeps the default gates"
+    assert tiny.settings["transplant"] == {"donor_recovery": 1.0, "controls_third_trajectory": 0}, \
+        "cpu-tiny keeps the default gates"
 
 
 def test_missing_rows_are_noted_and_a_vanished_precision_fails():
@@ -313,7 +317,7 @@ def test_a_transplant_gate_on_no_rows_is_not_established(follows, thirds, outcom
     """0/0 is no evidence: the gate says "not established", never "met"."""
     from replaytests.outputs.transplant_outcome import gate_text
 
-    judged = default_gates().transplant_family(follows, thirds)
+    judged = default_gates().transplant_family("transplant", follows, thirds)
     assert [j.outcome for j in judged] == outcomes, judged
     text = gate_text(judged)
     assert text.startswith({"pass": "met", "recorded": "not established"}.get(outcomes[0], "NOT MET")), text

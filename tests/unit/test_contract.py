@@ -82,7 +82,7 @@ def test_paper_contract_loads(repo):
            c.cells["fp32"].tf32_matmul, c.cells["fp32"].cudnn_tf32,
            c.cells["fp32"].float32_matmul_precision, c.software["torch"], c.hardware["compute_capability"],
            c.bank, c.panels["transplant"]["divergent"], c.panels["replication"]["min_exact_controls"],
-           tuple(c.settings["boundary_checks"]), c.gates.donor_recovery)
+           tuple(c.settings["boundary_checks"]), c.gates.settings["transplant"]["donor_recovery"])
     expected = ("paper-b200", "cuda", Caps(768, 512, 64), 2, {"bf16": True, "fp32": False},
                 False, True, False, False, "highest", "2.10.0+cu128", "10.0",
                 {"rows": 200, "prefix_len": {"min": 1025, "max": 5080}}, 24, 6, BOUNDARY_CHECKS, 1.0)

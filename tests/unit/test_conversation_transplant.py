@@ -11,6 +11,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from conftest import regated
 from replaytests.engine.backend import CAPABILITIES, missing
 from replaytests.engine.boundary import Boundary
 from replaytests.engine.turn_splice import first_kv_difference, splice
@@ -211,7 +212,8 @@ def _control(first_difference, outcomes):
 
     steps = tuple(SimpleNamespace(turn=j, end=10 * j, outcome=o) for j, o in enumerate(outcomes, start=1))
     splice_ = SimpleNamespace(turn=len(steps), first_kv_difference=first_difference, curves={"replay<-session": steps})
-    return SimpleNamespace(title="conversation_transplant row c (bf16)", turn_splice=splice_, transplants={})
+    return SimpleNamespace(family="conversation_transplant", title="conversation_transplant row c (bf16)",
+                           turn_splice=splice_, transplants={})
 
 
 CONTROLS = [
@@ -272,10 +274,10 @@ def test_the_outcomes_count_donor_recovery_carrier_turns_and_the_thirds_the_gate
     assert [r["row"] for r in t.by_row] == ["d1", "d2", "c1", "c2"], t.by_row
     assert [(r, tiny_contract.gates.conversation_transplant_row(r, r.role).outcome) for r in ROWS[2:]] == [
         (ROWS[2], "fail"), (ROWS[3], "recorded")], "the row gate reads the controls' thirds otherwise"
-    judged = tiny_contract.gates.transplant_family(follows, thirds)
+    judged = tiny_contract.gates.transplant_family("conversation_transplant", follows, thirds)
     assert [j.outcome for j in judged] == ["fail", "fail"], [j.message for j in judged]
-    lenient = dataclasses.replace(tiny_contract.gates, donor_recovery=0.5, controls_third_trajectory=1)
-    assert [j.outcome for j in lenient.transplant_family(follows, thirds)] == ["pass"]
+    lenient = regated(tiny_contract.gates, "transplant", donor_recovery=0.5, controls_third_trajectory=1)
+    assert [j.outcome for j in lenient.transplant_family("conversation_transplant", follows, thirds)] == ["pass"]
     lines = outcome.terminal_lines("conversation_transplant", "bf16", t, tiny_contract.gates)
     assert "session<-replay 1/2 = 50.0%" in lines[1] and "NOT MET" in lines[4], lines
     shown = [table.title for table in outcome.tables("conversation_transplant", "bf16", t)]

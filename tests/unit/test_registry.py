@@ -150,10 +150,7 @@ FAMILY_MENTIONS = {
     "conformance/test_causal_sufficiency.py": 12, "conformance/test_live_state_fidelity.py": 13,
     "conformance/test_token_identity.py": 2, "engine/backend.py": 1, "engine/checks.py": 6,
     "engine/hf/declaration.py": 1, "engine/llamacpp/declaration.py": 1, "engine/transplant.py": 1,
-    "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "inputs/gates.py": 6,
-    "outputs/serving.py": 1,
-    "outputs/sweep_report.py": 1, "suite/artifacts.py": 1, "suite/panel_source.py": 1,
-    "suite/parameters.py": 1, "suite/session.py": 1,
+    "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "outputs/serving.py": 1, "outputs/sweep_report.py": 1,
 }
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import regated
 from replaytests.cli import main
 from replaytests.engine.rollout import row_seed
 from replaytests.families.registry import FAMILIES, ROLLOUT_FAMILIES
@@ -113,10 +114,6 @@ def test_must_fail_a_perturbed_live_number_breaks_the_control(bf16_runtime, bank
     assert record.comparisons[ROLLOUT_CONTROL].logprob_tokens_equal == SETTINGS["length"] - 1
 
 
-def _gated(gates, **bounds):
-    return dataclasses.replace(gates, **bounds)
-
-
 @pytest.mark.model
 def test_the_trainer_recompute_is_judged_by_the_contract_bounds(records, tiny_contract):
     record = records["rollout", "bf16"]
@@ -125,12 +122,12 @@ def test_the_trainer_recompute_is_judged_by_the_contract_bounds(records, tiny_co
         pytest.skip("live~prefill is bit-exact at BF16 on this platform: no bound can be crossed")
     gates = tiny_contract.gates
     assert gates.rollout_recompute(record).outcome == "recorded"  # no bound set: data
-    assert _gated(gates, rollout_k3_max=pair.k3).rollout_recompute(record).outcome == "pass"
-    below = _gated(gates, rollout_k3_max=math.nextafter(pair.k3, 0)).rollout_recompute(record)
+    assert regated(gates, "rollout", k3_max=pair.k3).rollout_recompute(record).outcome == "pass"
+    below = regated(gates, "rollout", k3_max=math.nextafter(pair.k3, 0)).rollout_recompute(record)
     assert below.outcome == "fail" and "rollout.k3_max" in below.message, below
     share = pair.outside_bounds / pair.logprob_tokens
     if share:
-        failing = _gated(gates, rollout_outside_max=math.nextafter(share, 0)).rollout_recompute(record)
+        failing = regated(gates, "rollout", outside_bounds_max=math.nextafter(share, 0)).rollout_recompute(record)
         assert failing.outcome == "fail" and "outside_bounds_max" in failing.message, failing
 
 

@@ -59,7 +59,7 @@ def test_transplant_family_meets_its_gates(record, replay, causal_cell, transpla
     rows = [row for row in shard if row.id in roles]
     replay.records(family, rows, causal_cell)  # under -n N, computed by the workers together (suite.claims)
     summary = transplant_outcome.summarize([record(family, row, causal_cell) for row in rows], family)
-    judge(*replay.contract.gates.transplant_family(*transplant_outcome.counts(summary)))
+    judge(*replay.contract.gates.transplant_family(family, *transplant_outcome.counts(summary)))
 
 
 def test_replication_on_later_checkpoint(record, replay, causal_cell, replication_row):
@@ -130,9 +130,9 @@ def test_conversation_transplant_family_meets_its_gates(record, replay, causal_c
     if not rows:
         pytest.skip(f"no row of the {causal_cell} conversation transplant panel in this run's rows (an empty panel is "
                     "recorded by test_conversation_transplant_has_something_to_transplant)")
-    found = [record("conversation_transplant", row, causal_cell) for row in rows]
-    summary = conversation_transplant_outcome.summarize(found, found[0].family)
-    judge(*replay.contract.gates.transplant_family(*conversation_transplant_outcome.counts(summary)))
+    family = "conversation_transplant"
+    summary = conversation_transplant_outcome.summarize([record(family, row, causal_cell) for row in rows], family)
+    judge(*replay.contract.gates.transplant_family(family, *conversation_transplant_outcome.counts(summary)))
 
 
 def test_causal_baseline_record_reproduces(audit_record, replay, causal_baseline_record):

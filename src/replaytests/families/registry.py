@@ -165,6 +165,8 @@ _DIVERGENCE_GATES = _gates(replicas_exact=_exact(), suffix_divergence_allowed=di
 # The family whose divergence gate is the contract's per cell (Contract.may_diverge): every other family's
 # `suffix_divergence_allowed` takes its value for a cell it leaves unnamed.
 DIVERGENCE_REFERENCE = "crossing"
+# The family whose finished records of earlier runs `--panel-from` supplies: the transplant's panel is drawn from them
+PANEL_SOURCE = "crossing"
 _BRIDGE_PANEL = Value(int, default=12, low=1, high=MAX_COUNT)
 
 _CROSSING_PAIRS = (("incremental", "incremental_replica"), ("prefill", "prefill_replica"), ("incremental", "prefill"))

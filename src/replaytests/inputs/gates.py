@@ -28,6 +28,8 @@ ROLLOUT_CONTROL, ROLLOUT_RECOMPUTE = "live~incremental", "live~prefill"
 CONVERSATION_CONTROL = "session~replay"
 REPLICA_SUFFIX = "_replica"
 FOLLOWS, THIRD = "follows_donor", "third"
+# A transplant gate's key -> its value that allows no miss: there, one row's miss fails (Gates.transplant_row)
+_NO_MISS = {"donor_recovery": 1, "controls_third_trajectory": 0}
 
 
 # The levels a change between two runs is judged at, strictest first (outputs/compare.py): a gate at a
@@ -203,17 +205,14 @@ class Gates:
     replicas_exact: dict[str, bool]  # family -> its replicas must be bit-exact (its gate section's replicas_exact)
     # family -> cell -> allowed (its gate section's suffix_divergence_allowed)
     suffix_divergence_allowed: dict[str, dict[str, bool]]
-    donor_recovery: float
-    controls_third_trajectory: int
     audit_reproduce: bool
     # the family whose divergence gate is the contract's per cell (the crossing: registry.DIVERGENCE_REFERENCE)
     reference: str
-    rollout_k3_max: float | None = None  # gates.rollout.k3_max (None: recorded, not gated)
-    rollout_outside_max: float | None = None  # gates.rollout.outside_bounds_max
-    conversation_control_exact: bool = True  # gates.conversation.control_exact
-    conversation_rerendered_equal: bool = False  # gates.conversation.rerendered_ids_equal
     sections: dict[str, str] = dataclasses.field(default_factory=dict)  # family -> the gate section it is judged by
     controls: dict[str, ControlGate] = dataclasses.field(default_factory=dict)  # family -> its control
+    # family -> the values of the gate section it is judged by (its registry record's gates_schema), which its own
+    # judgements read by key: a rollout's k3_max, the transplant's donor_recovery (None: recorded, not gated)
+    settings: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, gates: dict, sections: dict[str, str], reference: str,
@@ -230,18 +229,18 @@ class Gates:
             replicas_exact=each("replicas_exact"),
             suffix_divergence_allowed={family: dict(allowed) for family, allowed in
                                        each("suffix_divergence_allowed").items()},
-            donor_recovery=gates["transplant"]["donor_recovery"],
-            controls_third_trajectory=gates["transplant"]["controls_third_trajectory"],
             audit_reproduce=gates["audit"]["reproduce"],
             reference=reference,
             sections=dict(sections),
             controls={family: ControlGate(pair, f"{sections[family]}.{key}", gates[sections[family]][key])
                       for family, (pair, key) in controls.items()},
-            rollout_k3_max=gates["rollout"]["k3_max"],
-            rollout_outside_max=gates["rollout"]["outside_bounds_max"],
-            conversation_control_exact=gates["conversation"]["control_exact"],
-            conversation_rerendered_equal=gates["conversation"]["rerendered_ids_equal"],
+            settings={family: dict(gates[section]) for family, section in sections.items() if section in gates},
         )
+
+    def setting(self, family: str, key: str) -> tuple[object, str]:
+        """A key of the gate section `family` is judged by: its value and its name as a message says it
+        (`section.key`)."""
+        return self.settings[family][key], f"{self.sections.get(family, family)}.{key}"
 
     @property
     def may_diverge(self) -> dict[str, bool]:
@@ -293,18 +292,17 @@ class Gates:
         if metrics.logprobs_exact:
             return PASS
         detail = f"{record.title}: {ROLLOUT_RECOMPUTE}: {_mismatch(metrics)}"
-        share = metrics.outside_bounds / metrics.logprob_tokens
-        over = []
-        if self.rollout_k3_max is not None and metrics.k3 > self.rollout_k3_max:
-            over.append(f"k3 {metrics.k3:.3g} above gate rollout.k3_max {self.rollout_k3_max:g}")
-        if self.rollout_outside_max is not None and share > self.rollout_outside_max:
-            over.append(f"share outside the ratio bounds {share:.3g} above gate rollout.outside_bounds_max "
-                        f"{self.rollout_outside_max:g}")
+        found = {"k3_max": ("k3", metrics.k3),
+                 "outside_bounds_max": ("share outside the ratio bounds",
+                                        metrics.outside_bounds / metrics.logprob_tokens)}
+        bounds = {key: self.setting(record.family, key) for key in found}
+        over = [f"{what} {value:.3g} above gate {gate} {bound:g}" for key, (bound, gate) in bounds.items()
+                for what, value in [found[key]] if bound is not None and value > bound]
         if over:
             return Judgement("fail", f"{detail}; {'; '.join(over)}")
-        if self.rollout_k3_max is None and self.rollout_outside_max is None:
-            return Judgement("recorded", f"mismatch recorded (gates rollout.k3_max and outside_bounds_max unset): "
-                                         f"{detail}")
+        if all(bound is None for bound, _ in bounds.values()):
+            unset = " and ".join(gate for _, gate in bounds.values())
+            return Judgement("recorded", f"mismatch recorded (gates {unset} unset): {detail}")
         return PASS
 
     def conversation_replicas(self, record: Record, pair: str) -> Judgement:
@@ -320,8 +318,8 @@ class Gates:
         problems = differences(record.turns[0].comparisons[CONVERSATION_CONTROL], CONVERSATION_CONTROL)
         if not problems:
             return PASS
-        return _required(self.conversation_control_exact, f"{record.title}: turn 1: {'; '.join(problems)}",
-                         "conversation.control_exact")
+        required, gate = self.setting(record.family, "control_exact")
+        return _required(required, f"{record.title}: turn 1: {'; '.join(problems)}", gate)
 
     def conversation_turns(self, record: Record, pair: str) -> Judgement:
         """A headline pair at every turn after the first: divergent assistant turns are recorded where the
@@ -367,8 +365,9 @@ class Gates:
         if not found:
             return PASS
         message = f"{record.title}: re-rendered ids differ from the generated ones: {'; '.join(found)}"
-        if self.conversation_rerendered_equal:
-            return Judgement("fail", f"{message} (gate conversation.rerendered_ids_equal: required)")
+        required, gate = self.setting(record.family, "rerendered_ids_equal")
+        if required:
+            return Judgement("fail", f"{message} (gate {gate}: required)")
         return Judgement("recorded", message)
 
     def divergence(self, record: Record, pair: str) -> Judgement:
@@ -455,15 +454,20 @@ class Gates:
         if role == "divergent":
             missed = {name: o for name, o in outcomes.items() if o != FOLLOWS}
             if missed:
-                return _required(self.donor_recovery >= 1, f"{record.title}: the recipient did not follow its "
-                                                            f"donor: {missed}", "transplant.donor_recovery")
+                return self._every_row(record.family, "donor_recovery", f"{record.title}: the recipient did not "
+                                                                        f"follow its donor: {missed}")
             return PASS
         third = {name: record.transplants[name].to_json() for name, o in outcomes.items() if o == THIRD}
         if third:
-            return _required(self.controls_third_trajectory == 0, f"{record.title}: a transplant between exact "
-                                                                 f"arms produced a third trajectory: {third}",
-                             "transplant.controls_third_trajectory")
+            return self._every_row(record.family, "controls_third_trajectory", f"{record.title}: a transplant "
+                                   f"between exact arms produced a third trajectory: {third}")
         return PASS
+
+    def _every_row(self, family: str, key: str, message: str) -> Judgement:
+        """A transplant row's miss: a failure where the gate allows none (_NO_MISS), else recorded here and judged as
+        a share over the family (transplant_family)."""
+        value, gate = self.setting(family, key)
+        return _required(value == _NO_MISS[key], message, gate)
 
     def conversation_transplant_row(self, record: Record, role: str) -> Judgement:
         """One conversation transplant row (layer 4), under the transplant's gates: a divergent row's recipient
@@ -477,18 +481,17 @@ class Gates:
         if role == "divergent":
             missed = {name: t.outcome for name, t in record.transplants.items() if t.outcome != FOLLOWS}
             if missed:
-                return _required(self.donor_recovery >= 1, f"{record.title}: turn {splice.turn}: given the donor's "
-                                                            f"whole turn-{splice.turn} K/V the recipient did not "
-                                                            f"follow it: {missed}", "transplant.donor_recovery")
+                return self._every_row(record.family, "donor_recovery", f"{record.title}: turn {splice.turn}: given "
+                                       f"the donor's whole turn-{splice.turn} K/V the recipient did not follow it: "
+                                       f"{missed}")
             return PASS
         differ = splice.first_kv_difference
         third = [(f"{name} over turns 1..{turn}", copied) for name, steps in splice_thirds(splice).items()
                  for turn, copied in steps]
         if no_op := [name for name, copied in third if copied]:
-            return _required(self.controls_third_trajectory == 0, f"{record.title}: turn {splice.turn}: a splice "
-                                                                 f"that moved no differing K/V produced a third "
-                                                                 f"trajectory: {', '.join(no_op)}",
-                             "transplant.controls_third_trajectory")
+            return self._every_row(record.family, "controls_third_trajectory", f"{record.title}: turn {splice.turn}: "
+                                   f"a splice that moved no differing K/V produced a third trajectory: "
+                                   f"{', '.join(no_op)}")
         if third:
             return Judgement("recorded", f"{record.title}: turn {splice.turn}: the K/V of agreeing constructions, "
                                          f"which differ bitwise from position {differ}, mixed by a splice, take a "
@@ -509,27 +512,29 @@ class Gates:
         return Judgement("recorded", f"conversation transplant ({cell}): nothing to transplant: {why} among the "
                                      f"{candidates} conversation(s) of the panel")
 
-    def transplant_family(self, follows: dict[str, tuple[int, int]],
+    def transplant_family(self, family: str, follows: dict[str, tuple[int, int]],
                           thirds: dict[str, tuple[int, int]]) -> list[Judgement]:
-        """Per direction: the share of divergent rows whose recipient follows its donor (k, n) against
-        gates.transplant.donor_recovery, and the controls with a third trajectory against
-        gates.transplant.controls_third_trajectory. A direction with no testable divergent row (or no
+        """Per direction of a transplant `family` (a conversation transplant's too): the share of divergent rows
+        whose recipient follows its donor (k, n) against its gate section's donor_recovery, and the controls with a
+        third trajectory against its controls_third_trajectory. A direction with no testable divergent row (or no
         control) establishes nothing: it is recorded as not established, never as met."""
+        recovery, _ = self.setting(family, "donor_recovery")
+        thirds_allowed, _ = self.setting(family, "controls_third_trajectory")
         out = []
         for name, (k, n) in follows.items():
             if not n:
                 out.append(Judgement("recorded", f"{name}: donor recovery not established (0 testable divergent "
                                                  "rows)"))
-            elif k / n < self.donor_recovery:
+            elif k / n < recovery:
                 out.append(Judgement("fail", f"{name}: follows donor {k}/{n} divergent rows, below the donor "
-                                             f"recovery gate {self.donor_recovery:g}"))
+                                             f"recovery gate {recovery:g}"))
         for name, (k, n) in thirds.items():
             if not n:
                 out.append(Judgement("recorded", f"{name}: controls' third trajectory not established (0 control "
                                                  "rows)"))
-            elif k > self.controls_third_trajectory:
+            elif k > thirds_allowed:
                 out.append(Judgement("fail", f"{name}: third trajectory {k}/{n} control rows, above the gate "
-                                             f"{self.controls_third_trajectory}"))
+                                             f"{thirds_allowed}"))
         return out or [PASS]
 
 

@@ -123,7 +123,7 @@ def terminal_lines(family: str, cell: str, t: ConversationTransplantOutcome, gat
             f"  controls with a third trajectory where no differing K/V moved: {each('control_third')}; past the first "
             f"differing position (recorded): {each('control_third_mixed')}",
             f"  gates.{FAMILIES[family].gate_section}: "
-            f"{transplant_outcome.gate_text(gates.transplant_family(*counts(t)))}",
+            f"{transplant_outcome.gate_text(gates.transplant_family(family, *counts(t)))}",
             f"  not testable (first tokens differ at the divergent turn): {len(t.not_testable)}"
             + "".join(f"; {row}: {reason}" for row, reason in t.not_testable)]
 

@@ -112,7 +112,7 @@ def judge_runs(out: Findings, group: Group, base: Rows, new: Rows, gates: Gates,
 
     now = judged_counts(new)
     then = judged_counts(base) if ok_records(base) else ({}, {})
-    judged = gates.transplant_family(*now)
+    judged = gates.transplant_family(family, *now)
     failed = [j.message for j in judged if j.failed]
     for label, found, before in zip(("follows donor", "third trajectory"), now, then, strict=True):
         for name, (k, n) in found.items():
@@ -140,7 +140,7 @@ def terminal_lines(family: str, cell: str, t: TransplantOutcome, gates: Gates) -
                       for name, v in by.items())
     ranges = "; ".join(f"{name} " + (", ".join(f"[{r}] x{n}" for r, n in found.items()) or "-")
                        for name, found in t.minimal_layers.items())
-    judged = gates.transplant_family(*counts(t))
+    judged = gates.transplant_family(family, *counts(t))
     return [f"{family} ({cell}): validity control (self-transplants reproduce their own trajectory): "
             f"{validity_text(t.validity)}",
             f"  recipient follows donor: {full}", f"  controls with a third trajectory: {third}",

@@ -108,9 +108,10 @@ def run_metadata(replay: ReplaySession, outcome: Verdict | None = None) -> dict:
         "environment": replay.environment,
         "drift": [str(d) for d in replay.drift],
         "overridden": replay.integrity.overridden,
-        # Only when the transplant ran: its panel, and the divergent rows it could not test.
-        **({"transplant_panels": drawn} if (drawn := {cell: panel._asdict() for (family, cell), panel
-                                                      in replay.panels.items() if family == "transplant"}) else {}),
+        # Each family whose panel was drawn (a transplant's): `<family>_panels`, cell -> its panel, with the divergent
+        # rows it could not test.
+        **{f"{family}_panels": {cell: panel._asdict() for (drawn, cell), panel in replay.panels.items()
+                                if drawn == family} for family in dict.fromkeys(family for family, _ in replay.panels)},
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from replaytests.errors import ConfigError
+from replaytests.families.registry import PANEL_SOURCE
 from replaytests.files import lookup
 from replaytests.inputs.bank import BankRow
 from replaytests.inputs.contract import Contract
@@ -25,8 +26,8 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
     for path in paths:
         run = read_run(path) or {}
         if lookup(run, "run", "interrupted") and not accept_interrupted:
-            raise ConfigError(f"{where}: {path} is an interrupted run; a panel is drawn from a finished crossing only "
-                              "(--accept-interrupted to use what it finished)")
+            raise ConfigError(f"{where}: {path} is an interrupted run; a panel is drawn from a finished {PANEL_SOURCE} "
+                              "only (--accept-interrupted to use what it finished)")
         for name, (field_path, actual) in {"bank": (("manifest", "bank_sha256"), integrity.actual.get("bank")),
                                            "model": (("manifest", "model", "sha256"), integrity.actual.get("model"))
                                            }.items():
@@ -38,11 +39,11 @@ def read_panel_source(paths: tuple[Path, ...], rows: list[BankRow], integrity: I
         if recorded is not None and recorded != contract.digest:
             raise ConfigError(f"{where}: {path} was run under another contract ({lookup(run, 'contract', 'name')}, "
                               f"sha256 {recorded[:12]}…; this run's {contract.name}, {contract.digest[:12]}…): its "
-                              "crossing is not this run's")
-    records = {(r.precision, r.row): r for r in collate(list(paths)) if r.family == "crossing"}
+                              f"{PANEL_SOURCE} is not this run's")
+    records = {(r.precision, r.row): r for r in collate(list(paths)) if r.family == PANEL_SOURCE}
     for cell in cell_names:
         if missing := [row.id for row in rows if not ((cell, row.id) in records and records[(cell, row.id)].ok)]:
-            raise ConfigError(f"{where}: no finished {cell} crossing record of {len(missing)} selected row(s) "
-                              f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the crossing "
-                              "of every selected row first")
+            raise ConfigError(f"{where}: no finished {cell} {PANEL_SOURCE} record of {len(missing)} selected row(s) "
+                              f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); run the "
+                              f"{PANEL_SOURCE} of every selected row first")
     return {(cell, row.id): records[(cell, row.id)] for cell in cell_names for row in rows}

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 def parametrize(metafunc: pytest.Metafunc, replay: ReplaySession) -> None:
     """Each parameter a conformance test asks for: `cell`, `causal_cell`, a row fixture per family
-    (planner.ROW_FIXTURES), the replica layer's (family, row, pair), `transplant_family`, and the baseline
-    records it audits."""
+    (planner.ROW_FIXTURES), the replica layer's (family, row, pair), `<family>_family` (a test over a family's whole
+    panel), and the baseline records it audits."""
     fixtures = set(metafunc.fixturenames)
     if "cell" in fixtures:
         metafunc.parametrize("cell", cell_params(replay, replay.cells), scope="session")
@@ -32,8 +32,9 @@ def parametrize(metafunc: pytest.Metafunc, replay: ReplaySession) -> None:
             metafunc.parametrize(name, row_params(replay, family), scope="session")
     if set(REPLICA) <= fixtures:
         metafunc.parametrize(REPLICA, replica_params(replay), scope="session")
-    if "transplant_family" in fixtures:
-        metafunc.parametrize("transplant_family", unavailable(replay, "transplant") or ["all-rows"])
+    for name in FAMILIES:  # a test over a family's whole panel (`<family>_family`): once, where the family runs
+        if f"{name}_family" in fixtures:
+            metafunc.parametrize(f"{name}_family", unavailable(replay, name) or ["all-rows"])
     for name, causal in (("baseline_record", False), ("causal_baseline_record", True)):
         if name in fixtures:
             metafunc.parametrize(name, audit_params(replay, causal))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from replaytests.engine import backend, environment
 from replaytests.errors import ConfigError, RecordNotKept
-from replaytests.families.registry import FAMILIES, ROLES, Panel
+from replaytests.families.registry import FAMILIES, PANEL_SOURCE, ROLES, Panel
 from replaytests.files import lookup
 from replaytests.inputs import cells, conversations, cpu_isa, platforms
 from replaytests.inputs.bank import BankRow, model_digest, read_bank
@@ -304,7 +304,7 @@ class ReplaySession:
     def read(self, family: str, rows: list[BankRow], cell: str) -> list[Record]:
         """The records another family reads: from --panel-from where given (a finished crossing), else
         this run's own."""
-        if self.panel_source is not None and family == "crossing" and cell in self.causal_cells:
+        if self.panel_source is not None and family == PANEL_SOURCE and cell in self.causal_cells:
             return [self.panel_source[(cell, row.id)] for row in rows]
         return self.records(family, rows, cell)
 
