@@ -242,11 +242,16 @@ def layers_factory():
     return random_layers
 
 
-def regated(gates: Gates, section: str, **values) -> Gates:
-    """`gates` with keys of one `gates:` section set, as a contract that sets them reads: every family judged by that
-    section (Gates.sections) reads them."""
+def _regated(gates: Gates, section: str, **values) -> Gates:
     return dataclasses.replace(gates, settings={family: {**found, **values} if gates.sections[family] == section
                                                 else found for family, found in gates.settings.items()})
+
+
+@pytest.fixture(scope="session")
+def regated():
+    """regated(gates, section, **values): `gates` with keys of one `gates:` section set, as a contract that sets them
+    reads: every family judged by that section (Gates.sections) reads them."""
+    return _regated
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from test_report import comparison, record, typed, write_ledger_file
 
-from conftest import regated
 from replaytests.cli import main
 from replaytests.inputs.contract import default_gates
 from replaytests.outputs import compare as comparing
@@ -160,7 +159,7 @@ def test_divergence_rate_change_fails_only_beyond_chance(family, divergent, leve
                   "donor recovery gate 1"], id="one-keeps-own"),
     pytest.param(["follows_donor"] * 3 + ["third"], 0.75, [], id="3-of-4-at-gate-0.75"),
 ])
-def test_donor_recovery_below_its_gate_fails(outcomes, gates, expected):
+def test_donor_recovery_below_its_gate_fails(outcomes, gates, expected, regated):
     records = [transplant(f"d{i}", "divergent", "follows_donor", o) for i, o in enumerate(outcomes)]
     gate = None if gates is None else regated(default_gates(), "transplant", donor_recovery=gates)
     result = compare(records, records, gates=gate)

@@ -11,7 +11,6 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from conftest import regated
 from replaytests.engine.backend import CAPABILITIES, missing
 from replaytests.engine.boundary import Boundary
 from replaytests.engine.turn_splice import first_kv_difference, splice
@@ -258,7 +257,7 @@ ROWS = [_row("d1", "divergent", ("follows_donor", "follows_donor"), carriers=(2,
         _row("c2", "control", ("follows_donor", "follows_donor"), thirds=((), (2,)))]  # turn 2 ends at 20: mixed
 
 
-def test_the_outcomes_count_donor_recovery_carrier_turns_and_the_thirds_the_gates_bound(tiny_contract):
+def test_the_outcomes_count_donor_recovery_carrier_turns_and_the_thirds_the_gates_bound(tiny_contract, regated):
     """The report's and the family test's reading of the rows: per direction the divergent rows that follow their
     donor, their carrier turns, the controls with a third trajectory where no differing K/V moved (what
     gates.transplant bounds, as the row gate does) apart from those past the first differing position (findings)."""

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import regated
 from replaytests.cli import main
 from replaytests.engine.rollout import row_seed
 from replaytests.families.registry import FAMILIES, ROLLOUT_FAMILIES
@@ -115,7 +114,7 @@ def test_must_fail_a_perturbed_live_number_breaks_the_control(bf16_runtime, bank
 
 
 @pytest.mark.model
-def test_the_trainer_recompute_is_judged_by_the_contract_bounds(records, tiny_contract):
+def test_the_trainer_recompute_is_judged_by_the_contract_bounds(records, tiny_contract, regated):
     record = records["rollout", "bf16"]
     pair = record.comparisons[ROLLOUT_RECOMPUTE]
     if pair.logprobs_exact:
