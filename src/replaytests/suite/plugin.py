@@ -76,7 +76,11 @@ def pytest_configure_node(node) -> None:
     lifecycle.hand_to_worker(node)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker's groups on file before its collection reaches the controller: xdist's worker sends it in its own
+    pytest_collection_finish, which pluggy calls before this plugin's (registered earlier) unless this one goes
+    first; the controller schedules as soon as every worker has sent one, and found no file, it split every group."""
     scheduling.publish(session)
 
 

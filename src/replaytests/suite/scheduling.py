@@ -4,8 +4,9 @@
 pytest 9.2 (structured node ids) that suffix no longer takes (pytest-dev/pytest-xdist#1386): every
 test becomes its own group, two workers compute the same records, and `-n 2` is no faster than one.
 Here each worker also writes the groups it collected (node id -> group, from the `xdist_group` marks)
-to a file the controller named in its workerinput, and the controller's scheduler reads them there;
-a test missing from the file is grouped as xdist would group it.
+to a file the controller named in its workerinput, before it sends its collection (the plugin's
+pytest_collection_finish goes first), and the controller's scheduler reads them there; a test missing
+from the file is grouped as xdist would group it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,50 @@
+"""suite.scheduling: a worker's xdist groups are on file before the controller schedules by them."""
+
+import json
+
+import pytest
+
+from replaytests.suite.scheduling import GROUPS_KEY
+
+
+class Announcer:
+    """Stands in for xdist's WorkerInteractor, which a worker registers after the plugins it loaded (the replaytests
+    plugin among them), so that pluggy calls its pytest_collection_finish first: there it sends the worker's
+    collection to the controller, whose scheduler reads the groups file once every worker has sent one."""
+
+    def __init__(self, path):
+        self.path, self.on_file = path, None
+
+    def pytest_collection_finish(self, session):
+        self.on_file = self.path.is_file()
+
+
+class Worker:
+    """Makes the in-process run a worker's: its workerinput names the groups file (before the replaytests plugin
+    configures), and the announcer is registered as late as xdist registers its own."""
+
+    def __init__(self, announcer):
+        self.announcer = announcer
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config):
+        config.workerinput = {GROUPS_KEY: str(self.announcer.path)}
+        config.pluginmanager.register(self.announcer, "announcer")
+
+
+def test_a_worker_writes_its_groups_before_it_announces_its_collection(pytester, tmp_path):
+    """Written after the announcement, the file can be missing when the controller schedules: every test then is its
+    own group, a (cell, row) group splits over the workers and both compute its records (a real checkpoint's
+    crossing, set up once per worker, ran twice in the README command)."""
+    pytester.makepyfile(test_grouped="""
+        import pytest
+
+        @pytest.mark.xdist_group("tiny-001")
+        def test_one():
+            pass
+    """)
+    announcer = Announcer(tmp_path / "groups.json")
+    result = pytester.inline_run("--collect-only", "-p", "no:xdist", plugins=[Worker(announcer)])
+    assert result.ret == 0, result.getreports()
+    assert announcer.on_file, "the worker announced its collection before it wrote its groups"
+    assert json.loads(announcer.path.read_text()) == {"test_grouped.py::test_one": "tiny-001"}
