@@ -342,7 +342,8 @@ def named_kinds(nodeid: str) -> set[str]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its kind: from the fixtures it needs, or as KINDS names it (named_kinds)."""
+    """Mark each test with its kind: from the fixtures it needs, or as KINDS names it (named_kinds); and with the
+    xdist group of the fixtures it shares (shared_groups)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         kinds = named_kinds(item.nodeid)
@@ -352,6 +353,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if "data" in kinds:
             item.add_marker(pytest.mark.data)
+    for item, group in shared_groups(items, UNIT).items():
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+SHARED_SESSION = {"two_row_run"}  # session fixtures that run replaytests whole, for tests of several modules
+
+
+def shared(item: pytest.Item) -> set[str]:
+    """The fixtures a unit test shares with others, computed once per process: the module-scoped fixtures of its own
+    module (a whole run, a model, a frozen bank: why they are module-scoped) and SHARED_SESSION."""
+    module = item.nodeid.split("::", 1)[0]
+    found = getattr(item, "_fixtureinfo", None)
+    return {f"{module}::{name}" if defs[-1].scope == "module" else name
+            for name, defs in (found.name2fixturedefs.items() if found else ())
+            if defs and (name in SHARED_SESSION or (defs[-1].scope == "module" and defs[-1].baseid == module))}
+
+
+def shared_groups(items: list[pytest.Item], under: Path) -> dict[pytest.Item, str]:
+    """Each test `under` a folder that shares a fixture -> its xdist group: the tests sharing one fixture (and,
+    through a test that uses two, those sharing the other) run on one worker under `--dist loadgroup`, which computes
+    it once; spread over both workers, both computed it (every test its own group otherwise)."""
+    unit = [(item, shared(item)) for item in items if under in Path(item.path).parents]
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            name = parent[name]
+        return name
+
+    for _, names in unit:
+        first, *others = sorted(names) or [None]
+        for other in others:
+            parent[root(other)] = root(first)
+    return {item: root(min(names)) for item, names in unit if names}
 
 
 _RUNNING: list[pytest.Item] = []  # the test being set up, run or torn down (its fixtures of every scope with it)

@@ -120,3 +120,45 @@ def test_every_test_kinds_names_exists():
     assert not _exists("test_records.py::no_such_test[one]") and not _exists("test_no_such_module.py")
     stale = [where for where in KINDS if not _exists(where)]
     assert not stale, f"KINDS names tests that do not exist: {stale}"
+
+
+def test_the_tests_that_share_a_fixture_are_one_xdist_group(pytester):
+    """A module fixture (a whole run, a model) and a session fixture that runs replaytests (SHARED_SESSION) are
+    computed once per worker: the tests sharing one are one group, merged where a test shares two; a module's
+    function fixtures and another module's fixture of the same name group nothing."""
+    pytester.makeconftest("""
+        import pytest
+
+        @pytest.fixture(scope="session")
+        def two_row_run():
+            return 0
+    """)
+    shared = """
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def run():
+            return 0
+
+        @pytest.fixture(scope="module")
+        def other():
+            return 0
+
+        @pytest.fixture
+        def each():
+            return 0
+    """
+    pytester.makepyfile(test_one=shared + """
+        def test_a(run): pass
+        def test_b(run, other): pass
+        def test_c(other): pass
+        def test_d(each): pass
+        def test_e(two_row_run): pass
+    """, test_two=shared + """
+        def test_f(run): pass
+        def test_g(two_row_run): pass
+    """)
+    items, _ = pytester.inline_genitems("-p", "no:xdist")
+    groups = {item.name: group for item, group in conftest.shared_groups(items, pytester.path.parent).items()}
+    assert groups == {"test_a": "test_one.py::other", "test_b": "test_one.py::other", "test_c": "test_one.py::other",
+                      "test_e": "two_row_run", "test_f": "test_two.py::run", "test_g": "two_row_run"}, groups
