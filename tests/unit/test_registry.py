@@ -148,13 +148,13 @@ def test_a_bad_family_entry_point_stops_the_cli_and_pytest_in_one_line(tmp_path,
 # (CROSS, CONVERSATION, SWEEP, ...) is not counted. A count may fall, never rise: lower it here when it does.
 # What remains: the conformance tests (their names and the records they read: tests, user-visible ids); words a family
 # shares with the engine (the boundary check `bridge`, the backend capability `conversation`, the function
-# `transplant`); the family-owned modules outside families/ (outputs/serving.py, outputs/sweep_report.py) and the
-# vLLM backend's check of the sweep settings it cannot take (engine/vllm/sweep.py).
+# `transplant`) and the vLLM backend's check of the sweep settings it cannot take (engine/vllm/sweep.py: engine/ does
+# not import the registry).
 FAMILY_MENTIONS = {
     "conformance/test_causal_sufficiency.py": 12, "conformance/test_live_state_fidelity.py": 13,
     "conformance/test_token_identity.py": 2, "engine/backend.py": 1, "engine/checks.py": 6,
     "engine/hf/declaration.py": 1, "engine/llamacpp/declaration.py": 1, "engine/transplant.py": 1,
-    "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1, "outputs/serving.py": 1, "outputs/sweep_report.py": 1,
+    "engine/vllm/declaration.py": 1, "engine/vllm/sweep.py": 1,
 }
 
 

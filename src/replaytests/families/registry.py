@@ -174,6 +174,7 @@ _TRANSPLANT_PAIRS = (*((direction(r, d), d) for r, d in DIRECTIONS), *VALIDITY_P
 _BATCH = ("incremental", "prefill")
 # The serving family's arms, in the order its requests run: the prefix hit right after the live request
 # whose cache it reads; every other reconstruction on an empty cache (engine.vllm.runtime).
+SERVING = "serving"
 SERVING_ARMS = ("live", "prefix_hit", "live_replica", "prefill", "prefill_replica", "chunked", "batched")
 _SERVING_PAIRS = (("live", "live_replica"), ("prefill", "prefill_replica"), ("live", "prefix_hit"),
                   ("live", "prefill"), ("prefill", "chunked"), ("prefill", "batched"))
@@ -231,6 +232,7 @@ _SPLICE_PAIRS = (("session", "replay"), *((c, f"{c}_replica") for c in CONVERSAT
 # The edge sweep (families/sweep.py): at each point of an axis the backend sweeps (engine.backend.Axis), its reference
 # construction and the construction whose edge the axis moves across, each with a replica, and a short continuation
 # decoded from each; reference~edge is the headline, at every point.
+SWEEP = "sweep"
 SWEEP_ARMS = _with_replicas("reference", "edge")
 SWEEP_HEADLINE = "reference~edge"
 _SWEEP_PAIRS = (("reference", "reference_replica"), ("edge", "edge_replica"), ("reference", "edge"))
@@ -290,7 +292,7 @@ BUILT_IN = {family.name: family for family in (
            panel_schema=Section({"rows": Value(int, default=48, low=1, high=MAX_COUNT),
                                  "min_exact_controls": Value(int, default=6, low=1, high=MAX_COUNT)}, default={}),
            gates="transplant"),
-    Family("serving", SERVING_ARMS, _SERVING_PAIRS, tuple(f"{a}~{b}" for a, b in _SERVING_PAIRS[2:]), "all",
+    Family(SERVING, SERVING_ARMS, _SERVING_PAIRS, tuple(f"{a}~{b}" for a, b in _SERVING_PAIRS[2:]), "all",
            ("replica", "fidelity"), accuracy=("live", "prefill"), reductions=True,
            title="Serving engine: prefix-cache hit, fresh, chunked and batched prefill vs live",
            requires=("prefix_cache", "chunked_prefill"), gates_schema=_DIVERGENCE_GATES),
@@ -328,7 +330,7 @@ BUILT_IN = {family.name: family for family in (
            gates="transplant", outcome="replaytests.outputs.conversation_transplant_outcome"),
     # Its gates: every point's replicas bit-exact; reference~edge continuations that diverge at a point are recorded
     # where the cell may diverge, a failure where it may not.
-    Family("sweep", SWEEP_ARMS, _SWEEP_PAIRS, (SWEEP_HEADLINE,), "sweep", ("replica", "token_identity", "fidelity"),
+    Family(SWEEP, SWEEP_ARMS, _SWEEP_PAIRS, (SWEEP_HEADLINE,), "sweep", ("replica", "token_identity", "fidelity"),
            headline_table=False, title="Edge sweep: where a replay breaks, along each edge of the engine",
            requires=("edge_sweep",), settings="sweep", panel_size=("sweep",), bank_file="rows",
            panel_schema=Value(int, default=4, low=1, high=MAX_COUNT),  # its rows, each a sweep of every axis

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import statistics
 
+from replaytests.families.registry import SERVING
 from replaytests.outputs.records import Record, Served
 from replaytests.outputs.stats import proportion
 
-FAMILY = "serving"
+FAMILY = SERVING
 FRESH = ("live_replica", "prefill", "prefill_replica", "chunked", "batched")  # requests on an emptied cache
 
 

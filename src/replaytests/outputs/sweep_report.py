@@ -18,12 +18,11 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 
 from replaytests.errors import short
-from replaytests.families.registry import FAMILIES, SWEEP_HEADLINE
+from replaytests.families.registry import FAMILIES, SWEEP, SWEEP_HEADLINE
 from replaytests.inputs.gates import bit_exact, point_premise
 from replaytests.outputs.records import Comparison, Record, SweepPoint
 from replaytests.outputs.stats import Proportion, wilson
 
-SWEEP = "sweep"
 FAMILY = FAMILIES[SWEEP]
 HEADLINE = SWEEP_HEADLINE  # reference~edge
 # report name: (comparison field, whether the count is of the rows where the field is false), as shapes.FLAGS
