@@ -1,10 +1,11 @@
 """suite.scheduling: a worker's xdist groups are on file before the controller schedules by them."""
 
 import json
+import warnings
 
 import pytest
 
-from replaytests.suite.scheduling import GROUPS_KEY
+from replaytests.suite.scheduling import GROUPS_KEY, make_scheduler
 
 
 class Announcer:
@@ -48,3 +49,18 @@ def test_a_worker_writes_its_groups_before_it_announces_its_collection(pytester,
     assert result.ret == 0, result.getreports()
     assert announcer.on_file, "the worker announced its collection before it wrote its groups"
     assert json.loads(announcer.path.read_text()) == {"test_grouped.py::test_one": "tiny-001"}
+
+
+@pytest.mark.parametrize("written", [True, False], ids=["groups-on-file", "no-groups"])
+def test_the_scheduler_groups_by_the_workers_file_and_says_where_there_is_none(pytester, tmp_path, written):
+    """Without the file every test is its own group: only slower, so the scheduler says so rather than going on
+    silently."""
+    path = tmp_path / "groups.json"
+    if written:
+        path.write_text(json.dumps({"test_a.py::test_one": "tiny-001"}))
+    scheduler = make_scheduler(pytester.parseconfig("--tx", "2*popen", "--dist", "loadgroup"), None, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scope = scheduler._split_scope("test_a.py::test_one")
+    said = [str(w.message) for w in caught if "no worker wrote its xdist groups" in str(w.message)]
+    assert (scope, len(said)) == (("tiny-001", 0) if written else ("test_a.py::test_one", 1)), (scope, said)

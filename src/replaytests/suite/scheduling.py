@@ -12,6 +12,7 @@ from the file is grouped as xdist would group it.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,9 @@ def make_scheduler(config: pytest.Config, log, path: Path):
 
         def _split_scope(self, nodeid: str) -> str:
             if self._groups is None:
+                if not path.is_file():
+                    warnings.warn(f"replaytests: no worker wrote its xdist groups ({path}): every test is its own "
+                                  "group, and a (cell, row) group may run on two workers", stacklevel=1)
                 self._groups = json.loads(path.read_text()) if path.is_file() else {}
             return self._groups.get(nodeid) or super()._split_scope(nodeid)
 
