@@ -1,6 +1,7 @@
 """suite.scheduling: a worker's xdist groups are on file before the controller schedules by them."""
 
 import json
+import re
 import warnings
 
 import pytest
@@ -64,3 +65,25 @@ def test_the_scheduler_groups_by_the_workers_file_and_says_where_there_is_none(p
         scope = scheduler._split_scope("test_a.py::test_one")
     said = [str(w.message) for w in caught if "no worker wrote its xdist groups" in str(w.message)]
     assert (scope, len(said)) == (("tiny-001", 0) if written else ("test_a.py::test_one", 1)), (scope, said)
+
+
+GROUPED = """
+    import pytest
+
+    @pytest.mark.parametrize("n", range(6))
+    @pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xdist_group(g)) for g in "ab"])
+    def test_in(group, n):
+        pass
+"""
+
+
+def test_a_project_that_opts_in_keeps_its_groups_under_loadgroup(pytester):
+    """A project's own tests (no replay run) keep their xdist groups under `--dist loadgroup` where its ini sets
+    replaytests_xdist_groups: each group on one worker (pytest 9.2 broke xdist's own grouping: every test its own)."""
+    pytester.makeini("[pytest]\nreplaytests_xdist_groups = true\n")
+    pytester.makepyfile(test_grouped=GROUPED)
+    result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=12)
+    ran = re.findall(r"^\[(gw\d)\] .*PASSED .*test_in\[(a|b)-", result.stdout.str(), re.MULTILINE)
+    on = {group: {worker for worker, g in ran if g == group} for group in "ab"}
+    assert len(ran) == 12 and all(len(workers) == 1 for workers in on.values()), on

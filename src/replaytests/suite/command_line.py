@@ -24,6 +24,9 @@ def spelled(field: str, namespaced: bool = True) -> str:
     return f"--replay-{name}" if namespaced else f"--{name}"
 
 
+GROUPS_INI = "replaytests_xdist_groups"  # a project's opt-in: its own tests' xdist groups kept (suite/scheduling.py)
+
+
 def register(parser: pytest.Parser) -> None:
     """Every option of a run under its namespaced spelling, and --replay-progress (how the terminal shows
     a run, not one of its Options)."""
@@ -34,6 +37,9 @@ def register(parser: pytest.Parser) -> None:
                     help="progress of a conformance run: a plain line every 30 s and as each family and cell "
                          "completes ('lines'), one line rewritten in place instead of the test letters ('bar', for "
                          "a terminal; `replaytests audit` picks it there), or none. Default: %(default)s")
+    parser.addini(GROUPS_INI, type="bool", default=False,
+                  help="under --dist loadgroup, hand xdist the xdist_group marks of this project's own tests too "
+                       "(pytest 9.2 broke xdist's own grouping; a replay run gets it always): suite/scheduling.py")
 
 
 def _registered(parser: pytest.Parser) -> set[str]:

@@ -23,7 +23,7 @@ from replaytests.families.registry import MARKERS, check_plugins
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.contract import load_contract
 from replaytests.suite import collector, command_line, fixtures, lifecycle, parameters, rerun, scheduling
-from replaytests.suite.command_line import selects_conformance, user_gave_options
+from replaytests.suite.command_line import GROUPS_INI, selects_conformance, user_gave_options
 from replaytests.suite.state import replay_session, run_state
 
 
@@ -55,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(fixtures, "replaytests-fixtures")  # pytest reads fixtures from plugins
     config.pluginmanager.register(collector.LedgerCollector(config), "replaytests-ledger")
     if (scheduling.loadgroup(config) and not hasattr(config, "workerinput")
-            and (selects_conformance(config) or user_gave_options(config))):
+            and (selects_conformance(config) or user_gave_options(config) or config.getini(GROUPS_INI))):
         lifecycle.make_groups_file(config)
 
 
@@ -65,8 +65,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under `--dist loadgroup` in a replay run: loadgroup that keeps each group on one worker on every
-    pytest (suite.scheduling)."""
+    """Under `--dist loadgroup` in a replay run (or a project's that sets `replaytests_xdist_groups`): loadgroup that
+    keeps each group on one worker on every pytest (suite.scheduling)."""
     path = run_state(config).groups_file
     return None if path is None else scheduling.make_scheduler(config, log, path)
 
