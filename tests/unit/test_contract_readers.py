@@ -72,11 +72,11 @@ READERS = {
     "panels.conversation_transplant.exact_controls": session.ReplaySession.panel,
     "panels.replication.rows": PANEL_SIZE,
     "panels.replication.min_exact_controls": replication_outcome.min_exact_controls,
-    **{f"gates.{path}": gates.Gates.from_settings for path in (
-        "crossing.replicas_exact", "crossing.suffix_divergence_allowed", "live.replicas_exact",
-        "live.suffix_divergence_allowed", "batch.suffix_divergence_allowed", "audit.reproduce",
-        "serving.replicas_exact", "serving.suffix_divergence_allowed", "rollout.replicas_exact",
-        "conversation.replicas_exact", "sweep.replicas_exact", "sweep.suffix_divergence_allowed")},
+    "gates.audit.reproduce": gates.Gates.from_settings,
+    **{f"gates.{section}.replicas_exact": gates.Gates.replicas_exact.fget
+       for section in ("crossing", "live", "serving", "rollout", "conversation", "sweep")},
+    **{f"gates.{section}.suffix_divergence_allowed": gates.Gates.suffix_divergence_allowed.fget
+       for section in ("crossing", "live", "batch", "serving", "sweep")},
     # a family's own gate keys, read by key (Gates.setting) where it is judged
     "gates.transplant.donor_recovery": gates.Gates.transplant_family,
     "gates.transplant.controls_third_trajectory": gates.Gates.transplant_family,

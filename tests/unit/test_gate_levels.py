@@ -93,14 +93,10 @@ def test_an_fp32_divergence_fails_at_every_gate(gate):
                               "index 3 (gate crossing.suffix_divergence_allowed.fp32: false)"], result.reasons
 
 
-def test_a_contract_that_allows_fp32_divergence_lets_it_pass():
-    import dataclasses
-
+def test_a_contract_that_allows_fp32_divergence_lets_it_pass(regated):
     from replaytests.inputs.contract import default_gates
 
-    gates = default_gates()
-    allowing = dataclasses.replace(gates, suffix_divergence_allowed={
-        **gates.suffix_divergence_allowed, "crossing": {"bf16": True, "fp32": True}})
+    allowing = regated(default_gates(), "crossing", suffix_divergence_allowed={"bf16": True, "fp32": True})
     records = [make("crossing", "r0", "fp32", suffix_equal=False, first_divergence=3)]
     assert compare(records, records, gates=allowing).passed
 

@@ -83,8 +83,8 @@ def test_the_gates_judge_every_point_and_name_the_points_that_fail():
 
 
 @pytest.mark.parametrize(("precision", "outcome"), [("fp32", "fail"), ("bf16", "recorded")])
-def test_a_divergent_continuation_is_judged_by_the_cells_gate(precision, outcome):
-    gates = dataclasses.replace(default_gates(), suffix_divergence_allowed={"sweep": {"bf16": True, "fp32": False}})
+def test_a_divergent_continuation_is_judged_by_the_cells_gate(precision, outcome, regated):
+    gates = regated(default_gates(), "sweep", suffix_divergence_allowed={"bf16": True, "fp32": False})
     judged = gates.sweep_divergence(_record(precision, False), "reference~edge")
     assert judged.outcome == outcome, judged
     assert "forced" in judged.message, "a forced step's margin (None) is named, not formatted as a number"
@@ -123,8 +123,8 @@ def test_the_premise_gate_reads_the_engines_counters_at_every_point(served, outc
     assert default_gates().sweep_premise(_record("bf16")).outcome == "fail", "a record without points is no pass"
 
 
-def test_a_vacuous_point_is_not_judged_for_divergence():
-    gates = dataclasses.replace(default_gates(), suffix_divergence_allowed={"sweep": {"fp32": False}})
+def test_a_vacuous_point_is_not_judged_for_divergence(regated):
+    gates = regated(default_gates(), "sweep", suffix_divergence_allowed={"fp32": False})
     vacuous = {"edge": {"calls": 1, "premise": {"calls": [3, 3]}}}
     record = _record("fp32", False)
     only_vacuous = dataclasses.replace(record, sweep=(dataclasses.replace(record.sweep[0], served=vacuous),))

@@ -202,9 +202,6 @@ class ControlGate(NamedTuple):
 class Gates:
     """The typed `gates:` section (docs/contract.md)."""
 
-    replicas_exact: dict[str, bool]  # family -> its replicas must be bit-exact (its gate section's replicas_exact)
-    # family -> cell -> allowed (its gate section's suffix_divergence_allowed)
-    suffix_divergence_allowed: dict[str, dict[str, bool]]
     audit_reproduce: bool
     # the family whose divergence gate is the contract's per cell (the crossing: registry.DIVERGENCE_REFERENCE)
     reference: str
@@ -221,14 +218,7 @@ class Gates:
         is judged by (its registry record's gate_section, which families that judge alike share); `reference`: the
         family whose divergence gate is the contract's per cell; `controls`: family -> (its control pair, the key of
         its gate section that says whether it must be exact), from its registry record's `control`."""
-        def each(key: str) -> dict:
-            return {family: gates[section][key] for family, section in sections.items()
-                    if key in gates.get(section, {})}
-
         return cls(
-            replicas_exact=each("replicas_exact"),
-            suffix_divergence_allowed={family: dict(allowed) for family, allowed in
-                                       each("suffix_divergence_allowed").items()},
             audit_reproduce=gates["audit"]["reproduce"],
             reference=reference,
             sections=dict(sections),
@@ -236,6 +226,20 @@ class Gates:
                       for family, (pair, key) in controls.items()},
             settings={family: dict(gates[section]) for family, section in sections.items() if section in gates},
         )
+
+    def _each(self, key: str) -> dict:
+        """family -> its gate section's `key`, for each family whose section has it."""
+        return {family: found[key] for family, found in self.settings.items() if key in found}
+
+    @property
+    def replicas_exact(self) -> dict[str, bool]:
+        """family -> whether its replicas must be bit-exact (its gate section's replicas_exact)."""
+        return self._each("replicas_exact")
+
+    @property
+    def suffix_divergence_allowed(self) -> dict[str, dict[str, bool]]:
+        """family -> cell -> whether its suffixes may diverge (its gate section's suffix_divergence_allowed)."""
+        return self._each("suffix_divergence_allowed")
 
     def setting(self, family: str, key: str) -> tuple[object, str]:
         """A key of the gate section `family` is judged by: its value and its name as a message says it
@@ -292,17 +296,19 @@ class Gates:
         if metrics.logprobs_exact:
             return PASS
         detail = f"{record.title}: {ROLLOUT_RECOMPUTE}: {_mismatch(metrics)}"
-        found = {"k3_max": ("k3", metrics.k3),
-                 "outside_bounds_max": ("share outside the ratio bounds",
-                                        metrics.outside_bounds / metrics.logprob_tokens)}
-        bounds = {key: self.setting(record.family, key) for key in found}
-        over = [f"{what} {value:.3g} above gate {gate} {bound:g}" for key, (bound, gate) in bounds.items()
-                for what, value in [found[key]] if bound is not None and value > bound]
+        share = metrics.outside_bounds / metrics.logprob_tokens
+        over, unset = [], []
+        for key, what, value in (("k3_max", "k3", metrics.k3),
+                                 ("outside_bounds_max", "share outside the ratio bounds", share)):
+            bound, gate = self.setting(record.family, key)
+            if bound is None:
+                unset.append(gate)
+            elif value > bound:
+                over.append(f"{what} {value:.3g} above gate {gate} {bound:g}")
         if over:
             return Judgement("fail", f"{detail}; {'; '.join(over)}")
-        if all(bound is None for bound, _ in bounds.values()):
-            unset = " and ".join(gate for _, gate in bounds.values())
-            return Judgement("recorded", f"mismatch recorded (gates {unset} unset): {detail}")
+        if len(unset) == 2:
+            return Judgement("recorded", f"mismatch recorded (gates {' and '.join(unset)} unset): {detail}")
         return PASS
 
     def conversation_replicas(self, record: Record, pair: str) -> Judgement:

@@ -88,6 +88,11 @@ def run_metadata(replay: ReplaySession, outcome: Verdict | None = None) -> dict:
     """What a report needs besides the records: the verdict, the inputs, their digests, the platform
     and the environment."""
     contract = replay.contract
+    # Each family whose panel was drawn (a transplant's): `<family>_panels`, cell -> its panel, with the divergent rows
+    # it could not test.
+    drawn: dict[str, dict] = {}
+    for (family, cell), panel in replay.panels.items():
+        drawn.setdefault(f"{family}_panels", {})[cell] = panel._asdict()
     return {
         "schema": runs.RUN_SCHEMA,
         **({"verdict": outcome.to_json()} if outcome is not None else {}),
@@ -108,10 +113,7 @@ def run_metadata(replay: ReplaySession, outcome: Verdict | None = None) -> dict:
         "environment": replay.environment,
         "drift": [str(d) for d in replay.drift],
         "overridden": replay.integrity.overridden,
-        # Each family whose panel was drawn (a transplant's): `<family>_panels`, cell -> its panel, with the divergent
-        # rows it could not test.
-        **{f"{family}_panels": {cell: panel._asdict() for (drawn, cell), panel in replay.panels.items()
-                                if drawn == family} for family in dict.fromkeys(family for family, _ in replay.panels)},
+        **drawn,
     }
 
 
