@@ -25,6 +25,7 @@ from replaytests.inputs.options import Options, parse_shard, select_rows
 from replaytests.outputs import ledger
 from replaytests.outputs.records import Record
 from replaytests.outputs.runs import read_run
+from replaytests.suite import heap
 from replaytests.suite.baseline import check_baseline
 from replaytests.suite.claims import Claims
 from replaytests.suite.devices import check_device, pinned_device
@@ -58,6 +59,11 @@ class ReplaySession:
         """Validate every input before any model work: contract, CPU instruction set, tokenizer, config,
         bank, manifest. `pinned` is the contract's CPU level as the caller already applied it (the
         pytest plugin does so before torch starts); else it is applied here."""
+        with heap.kept_for_the_run():  # the libraries it imports (torch, the backend's)
+            return cls._open(options, pinned)
+
+    @classmethod
+    def _open(cls, options: Options, pinned: cpu_isa.Pin | None) -> ReplaySession:
         parse_shard(options.shard)
         check_device(options.device)
         backend_class = backend.resolve(options.backend)
@@ -184,7 +190,8 @@ class ReplaySession:
     def runtime(self, cell: str, model: Path | None = None) -> backend.Backend:
         key = (model or self.options.model, cell)
         if key not in self._runtimes:
-            loaded = self.backend.load(key[0], self.contract, cell, self.device)
+            with heap.kept_for_the_run():
+                loaded = self.backend.load(key[0], self.contract, cell, self.device)
             self._check_unchanged(key[0])
             self._runtimes[key] = loaded
         return self._runtimes[key]
