@@ -59,7 +59,8 @@ class ReplaySession:
         """Validate every input before any model work: contract, CPU instruction set, tokenizer, config,
         bank, manifest. `pinned` is the contract's CPU level as the caller already applied it (the
         pytest plugin does so before torch starts); else it is applied here."""
-        with heap.kept_for_the_run():  # the libraries it imports (torch, the backend's)
+        # what it imports (the backend's libraries) kept; torch, imported with this module, is frozen with them
+        with heap.kept_for_the_run():
             return cls._open(options, pinned)
 
     @classmethod
