@@ -73,9 +73,9 @@ READERS = {
     "panels.replication.rows": PANEL_SIZE,
     "panels.replication.min_exact_controls": replication_outcome.min_exact_controls,
     "gates.audit.reproduce": gates.Gates.from_settings,
-    **{f"gates.{section}.replicas_exact": gates.Gates.replicas_exact.fget
+    **{f"gates.{section}.replicas_exact": gates.Gates.replicas_exact.func
        for section in ("crossing", "live", "serving", "rollout", "conversation", "sweep")},
-    **{f"gates.{section}.suffix_divergence_allowed": gates.Gates.suffix_divergence_allowed.fget
+    **{f"gates.{section}.suffix_divergence_allowed": gates.Gates.suffix_divergence_allowed.func
        for section in ("crossing", "live", "batch", "serving", "sweep")},
     # a family's own gate keys, read by key (Gates.setting) where it is judged
     "gates.transplant.donor_recovery": gates.Gates.transplant_family,

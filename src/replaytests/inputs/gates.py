@@ -16,6 +16,7 @@ suffix all are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -231,12 +232,12 @@ class Gates:
         """family -> its gate section's `key`, for each family whose section has it."""
         return {family: found[key] for family, found in self.settings.items() if key in found}
 
-    @property
+    @functools.cached_property  # read per record by the judgements and the report: built once
     def replicas_exact(self) -> dict[str, bool]:
         """family -> whether its replicas must be bit-exact (its gate section's replicas_exact)."""
         return self._each("replicas_exact")
 
-    @property
+    @functools.cached_property
     def suffix_divergence_allowed(self) -> dict[str, dict[str, bool]]:
         """family -> cell -> whether its suffixes may diverge (its gate section's suffix_divergence_allowed)."""
         return self._each("suffix_divergence_allowed")
@@ -296,10 +297,11 @@ class Gates:
         if metrics.logprobs_exact:
             return PASS
         detail = f"{record.title}: {ROLLOUT_RECOMPUTE}: {_mismatch(metrics)}"
-        share = metrics.outside_bounds / metrics.logprob_tokens
+        measured = (("k3_max", "k3", metrics.k3),
+                    ("outside_bounds_max", "share outside the ratio bounds",
+                     metrics.outside_bounds / metrics.logprob_tokens))
         over, unset = [], []
-        for key, what, value in (("k3_max", "k3", metrics.k3),
-                                 ("outside_bounds_max", "share outside the ratio bounds", share)):
+        for key, what, value in measured:
             bound, gate = self.setting(record.family, key)
             if bound is None:
                 unset.append(gate)
@@ -307,7 +309,7 @@ class Gates:
                 over.append(f"{what} {value:.3g} above gate {gate} {bound:g}")
         if over:
             return Judgement("fail", f"{detail}; {'; '.join(over)}")
-        if len(unset) == 2:
+        if len(unset) == len(measured):
             return Judgement("recorded", f"mismatch recorded (gates {' and '.join(unset)} unset): {detail}")
         return PASS
 

@@ -37,10 +37,12 @@ def make_scheduler(config: pytest.Config, log, path: Path):
 
         def _split_scope(self, nodeid: str) -> str:
             if self._groups is None:
-                if not path.is_file():
+                if path.is_file():
+                    self._groups = json.loads(path.read_text())
+                else:
                     warnings.warn(f"replaytests: no worker wrote its xdist groups ({path}): every test is its own "
                                   "group, and a (cell, row) group may run on two workers", stacklevel=1)
-                self._groups = json.loads(path.read_text()) if path.is_file() else {}
+                    self._groups = {}
             return self._groups.get(nodeid) or super()._split_scope(nodeid)
 
     return RowGroupScheduling(config, log)
