@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 
@@ -273,11 +273,8 @@ def conformance_run(directory, *args):
     root = directory / "report"
     defaults = [part for option, value in zip(ROWS[::2], ROWS[1::2], strict=True) if option not in args
                 for part in (option, value)]  # an option is given once (a repeated one is refused)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider",
-         "--report-dir", str(root), *defaults, *args],
-        cwd=directory, capture_output=True, text=True, check=False,
-    )
+    proc = forkserver.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p",
+                           "no:cacheprovider", "--report-dir", str(root), *defaults, *args], cwd=directory)
     return proc, root / "latest"
 
 
@@ -296,7 +293,7 @@ E2E_FIXTURES = {"pytester", "two_row_run"}  # two_row_run: a whole conformance r
 KINDS = {"test_architectures.py": "model", "test_backend.py": "model", "test_causal_visibility.py": "model",
          "test_runner.py": "e2e", "test_signals.py": "e2e", "test_write_failures.py": "e2e",
          "test_closed_pipe.py": "e2e", "test_guest.py": "e2e", "test_benchmarks.py": "e2e", "test_rundir.py": "e2e",
-         "test_models.py": "e2e", "test_claims.py": "e2e",
+         "test_models.py": "e2e", "test_claims.py": "e2e", "test_forkserver.py": "e2e",
          "test_selftest.py::test_every_fault_is_detected_on_the_embedded_default": "model",
          "test_selftest.py::test_a_disabled_cache_comparison_is_reported_missed": "model",
          "test_cells.py::test_a_run_over_five_cells_reports_compares_and_tracks_every_cell": "e2e",

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 
 from replaytests.backends import REGISTRY
@@ -91,10 +92,10 @@ def toy_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     root = tmp_path_factory.mktemp("toy")
     path = (str(BACKENDS), str(NEW_FAMILY_DIR), os.environ.get("PYTHONPATH"))
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
          "no:xdist", "-rA", "--backend", TOY, "--rows", "2", "--precision", "fp32", "--report-dir", str(root),
-         "--run-name", "toy"], cwd=root, env=env, capture_output=True, text=True, check=False)
+         "--run-name", "toy"], cwd=root, env=env)
     return proc, root / "toy"
 
 

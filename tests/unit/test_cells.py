@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import forkserver
 import pytest
 import torch
 import yaml
@@ -189,11 +190,10 @@ def test_a_run_over_five_cells_reports_compares_and_tracks_every_cell(repo, tmp_
     """--precision all on the cells contract: every record names its cell and its digest, the report's
     tables and reductions cover every cell, compare and history read it."""
     out = tmp_path / "reports"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs",
                            "replaytests.conformance", "--contract", str(repo / "contracts" / "cpu-tiny-cells.yaml"),
                            "--precision", "all", "--rows", "0:1", "--report-dir", str(out), "-q", "-m", "not causal",
-                           "-k", "not conversation and not sweep"],
-                          cwd=repo, capture_output=True, text=True, timeout=900)
+                           "-k", "not conversation and not sweep"], cwd=repo, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     run = json.loads((out / "latest" / "run.json").read_text(encoding="utf-8"))
     records = [json.loads(line) for line in (out / "latest" / "ledger.jsonl").read_text(encoding="utf-8").splitlines()]

@@ -7,6 +7,7 @@ import io
 import json
 import re
 
+import forkserver
 import pytest
 
 from replaytests.cli import main
@@ -136,14 +137,12 @@ def test_freeze_over_a_bank_is_refused_and_force_replaces_it(frozen, tmp_path, c
 def test_audit_prints_the_header_first_and_the_verdict_last(tmp_path, capsys):
     """`replaytests audit` (a child pytest): the inputs, platform and drift before any test runs, the
     verdict and the report paths at the end."""
-    import subprocess
     import sys
 
     report = tmp_path / "report" / "quick"
-    proc = subprocess.run([sys.executable, "-m", "replaytests.cli", "audit", "--rows", "1", "--precision", "fp32",
+    proc = forkserver.run([sys.executable, "-m", "replaytests.cli", "audit", "--rows", "1", "--precision", "fp32",
                            "--workers", "1", "--report-dir", str(report.parent), "--run-name", "quick", "--", "-k",
-                           "replica_exact and crossing"],
-                          capture_output=True, text=True, check=False, cwd=tmp_path)
+                           "replica_exact and crossing"], cwd=tmp_path)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout[-3000:]
     header = [i for i, line in enumerate(lines) if line.startswith(("replaytests platform:", "replaytests drift:"))]

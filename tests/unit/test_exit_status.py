@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import forkserver
 import pytest
 from test_compare import diverging, make
 from test_report import typed
@@ -36,9 +37,9 @@ RATES = "FAILED baseline rates: divergence rate changed beyond chance: crossing/
 
 
 def conformance(root: Path, name: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS,
+    proc = forkserver.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS,
                            "-p", "no:xdist", "-k", "crossing", "--report-dir", str(root), "--run-name", name, *args],
-                          cwd=root.parent, capture_output=True, text=True, check=False)
+                          cwd=root.parent)
     return proc, root / name
 
 
@@ -86,10 +87,9 @@ def test_the_same_run_against_its_own_baseline_passes_with_exit_0(first, tmp_pat
 @pytest.mark.e2e
 def test_a_rates_fail_exits_1_from_replaytests_audit(first, tmp_path):
     baseline = all_divergent(first, tmp_path / "baseline")
-    proc = subprocess.run([sys.executable, "-m", "replaytests.cli", "audit", "--rows", "0:8", "--precision", "bf16",
+    proc = forkserver.run([sys.executable, "-m", "replaytests.cli", "audit", "--rows", "0:8", "--precision", "bf16",
                            "--workers", "1", "--baseline", str(baseline), "--gate", "rates",
-                           "--report-dir", str(tmp_path / "r"), "--", "-k", "crossing"],
-                          cwd=tmp_path, capture_output=True, text=True, check=False)
+                           "--report-dir", str(tmp_path / "r"), "--", "-k", "crossing"], cwd=tmp_path)
     assert RATES in proc.stdout, proc.stdout[-3000:]
     assert proc.returncode == 1, f"verdict FAIL but exit {proc.returncode}:\n{proc.stdout[-3000:]}"
 
@@ -109,11 +109,10 @@ def pytest_sessionfinish(session):
 @pytest.mark.e2e
 def test_a_torn_records_file_is_interrupted_and_exits_2(tmp_path):
     (tmp_path / "tear.py").write_text(TORN)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "tear",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "tear",
                            "-p", "no:cacheprovider", "-p", "no:xdist", "--rows", "1", "--precision", "fp32",
                            "-k", "replica and crossing", "--report-dir", str(tmp_path / "r")],
-                          cwd=tmp_path, capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert "verdict: INTERRUPTED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 2, f"verdict INTERRUPTED but exit {proc.returncode}:\n{proc.stdout[-2000:]}"
     runs = [p for p in (tmp_path / "r").iterdir() if p.is_dir()]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import subprocess
 import sys
 import tomllib
 
+import forkserver
 import pytest
 
 import conftest
@@ -47,12 +47,11 @@ def test_the_conformance_suite_loads_its_model_after_a_unit_test_in_one_session(
     """README's test command runs the unit tests and the conformance suite in one session, where this conftest's
     guard (installed by the first unit test) sees the conformance tests too: their loads are theirs by design, never
     refused. Seen failing before the guard kept to tests/unit: each conformance test, "loads the model"."""
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
+    proc = forkserver.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
                            f"{__file__}::test_a_load_in_a_test_without_the_model_mark_is_refused",
                            str(REPO / "src" / "replaytests" / "conformance" / "test_replica_stability.py"),
                            "--rows", "0:1", "--precision", "fp32", "-k", "model_mark or (replica_exact and crossing)",
-                           "--report-dir", str(tmp_path / "r")],
-                          cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
+                           "--report-dir", str(tmp_path / "r")], cwd=REPO, timeout=600)
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     assert proc.returncode == 0 and "failed" not in last and " passed" in last, proc.stdout[-3000:]
     assert "loads the model" not in proc.stdout, proc.stdout[-3000:]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 
@@ -261,8 +262,7 @@ def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank
     assert f"--replay-rows {index}:{index + 1}" in rerun and "--replay-precision bf16" in rerun, rerun
     test = f"test_incremental_vs_prefill_suffix[bf16-{divergent_row.id}]"
     assert f"--replay-contract {strict}" in rerun and f"-k '{test}'" in rerun, rerun
-    again = subprocess.run([sys.executable, "-m", *shlex.split(rerun)], cwd=tmp_path, capture_output=True, text=True,
-                           check=False)
+    again = forkserver.run([sys.executable, "-m", *shlex.split(rerun)], cwd=tmp_path)
     assert again.returncode == 1 and "1 failed" in again.stdout.splitlines()[-1], again.stdout[-2000:]
 
 

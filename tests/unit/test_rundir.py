@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 
 from replaytests.errors import ConfigError
@@ -132,7 +133,7 @@ def started(root: Path, name: str, tmp_path: Path) -> subprocess.Popen:
 def completed(tmp_path_factory) -> Path:
     """A report root holding one completed run, `first` (the tests add runs of other names beside it)."""
     root = tmp_path_factory.mktemp("completed") / "reports"
-    proc = subprocess.run(run_args(root, "first", "1"), cwd=root.parent, capture_output=True, text=True, check=False)
+    proc = forkserver.run(run_args(root, "first", "1"), cwd=root.parent)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert os.readlink(root / "latest") == "first"
     return root
@@ -166,8 +167,7 @@ def test_a_second_run_into_a_root_in_use_stops_at_once(completed, tmp_path):
     before = snapshot(completed / "first")
     proc = started(completed, "long", tmp_path)
     try:
-        second = subprocess.run(run_args(completed, "other", "1"), cwd=tmp_path, capture_output=True, text=True,
-                                check=False, timeout=120)
+        second = forkserver.run(run_args(completed, "other", "1"), cwd=tmp_path, timeout=120)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
@@ -186,8 +186,8 @@ def test_a_runs_report_is_the_report_replaytests_report_writes_of_its_directory(
     types), not one of them from the run's objects in memory. And summary.md says the report's verdict."""
     run = completed / "first"
     again = tmp_path / "again"
-    proc = subprocess.run([sys.executable, "-m", "replaytests.cli", "report", str(run), "--out", str(again)],
-                          cwd=tmp_path, capture_output=True, text=True, check=False)
+    proc = forkserver.run([sys.executable, "-m", "replaytests.cli", "report", str(run), "--out", str(again)],
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     differ = {name: next(n for n, (a, b) in enumerate(zip((run / name).read_text().splitlines(),
                                                          (again / name).read_text().splitlines(), strict=False))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 
 from replaytests.outputs import ledger
@@ -27,9 +28,8 @@ ROWS = ("--rows", "4:6", "--precision", "bf16", "-p", "no:cacheprovider",
 
 def run(root: Path, name: str, *args: str, workers: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
     xdist = ("-n", str(workers), "--dist", "loadgroup") if workers > 1 else ("-p", "no:xdist")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS, *xdist,
-                           "--report-dir", str(root), "--run-name", name, *args],
-                          cwd=root.parent, capture_output=True, text=True, check=False)
+    proc = forkserver.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", *ROWS, *xdist,
+                           "--report-dir", str(root), "--run-name", name, *args], cwd=root.parent)
     return proc, root / name
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 
+import forkserver
 import pytest
 
 from replaytests.inputs.gates import point_premise
@@ -43,11 +43,11 @@ def test_a_forbidden_sweep_divergence_fails_the_run(tmp_path):
     strict = tmp_path / "strict.yaml"
     strict.write_text(f"extends: {CELLS}\nname: cpu-tiny-cells-strict-sweep\n"
                       f"gates:\n  sweep:\n    suffix_divergence_allowed: {{{CELL}: false}}\n", encoding="utf-8")
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "-p",
          "no:xdist", "-rA", "--contract", str(strict), "--precision", CELL, "--rows", f"{index}:{index + 1}",
          "-k", "sweep and not baseline", "--report-dir", str(tmp_path / "reports"), "--run-name", "strict"],
-        cwd=tmp_path, capture_output=True, text=True, check=False)
+        cwd=tmp_path)
     records = [r for r in ledger.read_ledger(tmp_path / "reports" / "strict" / "ledger.jsonl") if r.family == "sweep"]
     assert len(records) == 1 and records[0].ok, f"no sweep record of {row} at {CELL}:\n{proc.stdout[-3000:]}"
     split = diverged(records[0])
