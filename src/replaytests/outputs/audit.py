@@ -10,7 +10,7 @@ schema did not have is not a change), so an old baseline still audits every numb
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import math
 from dataclasses import dataclass
 
 from replaytests.errors import shorten
@@ -21,6 +21,7 @@ from replaytests.outputs.records import Record, bit_fields
 ORDER = ("schema", "family", "row", "precision", "status", "reason", "prefix_len", "expected_answer",
          "z_matches_bank", "arms", "z_sha256", "cache_digest", "logits_digest", "suffix", "answer", "correct",
          "comparisons")
+RANK = {name: index for index, name in enumerate(ORDER)}  # a field's place in ORDER; others after, by name
 _ABSENT = object()
 
 # The fields that fingerprint numbers (records.BITS, declared with each field): a leaf under one of them that
@@ -33,20 +34,40 @@ def numeric(path: str) -> bool:
     return any(part.partition("[")[0] in NUMERIC_FIELDS for part in path.split("."))
 
 
-def leaves(value: object, path: str = "") -> Iterator[tuple[str, object]]:
-    """Every scalar leaf of a JSON value with its path, e.g. `arms.prefill.suffix[3]`."""
-    if isinstance(value, dict):
-        for name in sorted(value, key=lambda k: (ORDER.index(k) if k in ORDER else len(ORDER), k)):
-            yield from leaves(value[name], f"{path}.{name}" if path else name)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from leaves(item, f"{path}[{index}]")
+def leaves(value: object, path: str = "") -> dict[str, object]:
+    """Every scalar leaf of a JSON value by its path, e.g. `arms.prefill.suffix[3]`, in ORDER's order (a record has
+    a million and a half: one call per container, none per scalar)."""
+    found: dict[str, object] = {}
+    if isinstance(value, (dict, list)):
+        _collect(value, path, found)
     else:
-        yield path, value
+        found[path] = value
+    return found
+
+
+def _collect(value: dict | list, path: str, found: dict[str, object]) -> None:
+    if isinstance(value, dict):
+        items = ((f"{path}.{name}" if path else name, value[name])
+                 for name in sorted(value, key=lambda k: (RANK.get(k, len(ORDER)), k)))
+    else:
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    for where, item in items:
+        if isinstance(item, (dict, list)):
+            _collect(item, where, found)
+        else:
+            found[where] = item
 
 
 def _text(value: object) -> str:
     return "(absent)" if value is _ABSENT else json.dumps(value)
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two leaves are written alike (their JSON text): at once where both are of one type, equal, and, for
+    floats, of one sign (0.0 and -0.0 are equal but written apart); from their text otherwise (NaN, 1 and 1.0)."""
+    if type(a) is type(b) and a == b and (type(a) is not float or math.copysign(1.0, a) == math.copysign(1.0, b)):
+        return True
+    return _text(a) == _text(b)
 
 
 @dataclass(frozen=True)
@@ -83,12 +104,12 @@ def audit_record(baseline: Record, current: Record) -> Audit:
 
 def compare_leaves(baseline: dict, current: dict) -> Audit:
     """Two ledger lines (JSON objects), leaf by leaf."""
-    old, new = dict(leaves(baseline)), dict(leaves(current))
+    old, new = leaves(baseline), leaves(current)
     if baseline.get("schema") != current.get("schema"):  # an earlier schema: its own leaves, not its version
         old.pop("schema", None)
         paths = list(old)
     else:
         paths = list(old) + [path for path in new if path not in old]
     changes = [Change(p, old.get(p, _ABSENT), new.get(p, _ABSENT)) for p in paths
-               if _text(old.get(p, _ABSENT)) != _text(new.get(p, _ABSENT))]
+               if not _same(old.get(p, _ABSENT), new.get(p, _ABSENT))]
     return Audit(len(old), changes)
