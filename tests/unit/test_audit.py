@@ -89,3 +89,19 @@ def test_only_what_a_trajectory_is_counts_as_one(field, value, trajectory):
     current = changed(f"comparisons.incremental~prefill.{field}", value)
     result = compare_leaves(RECORD, current)
     assert result.changes and bool(result.trajectory_changes) == trajectory, (field, result.trajectory_changes)
+
+
+@pytest.mark.parametrize(("baseline", "current", "same"), [
+    pytest.param(0.001, 0.001, True, id="equal-floats"),
+    pytest.param(float("nan"), float("nan"), True, id="nan-is-written-alike"),
+    pytest.param(0.0, -0.0, False, id="signed-zero"),
+    pytest.param(1, 1.0, False, id="int-vs-float"),
+    pytest.param(True, 1, False, id="bool-vs-int"),
+    pytest.param(None, 0, False, id="null-vs-zero"),
+    pytest.param("42", "42", True, id="equal-strings"),
+])
+def test_a_leaf_is_reproduced_where_its_json_text_is(baseline, current, same):
+    """Leaves compare as the ledger writes them: a value equal in Python but written otherwise is a change."""
+    leaf = "comparisons.incremental~prefill.k_rel_l2"
+    result = compare_leaves(changed(leaf, baseline), changed(leaf, current))
+    assert result.reproduced is same, f"{baseline!r} vs {current!r}: {[str(c) for c in result.changes]}"
