@@ -1,11 +1,11 @@
 """Whole runs of replaytests in child processes forked from a server that imported torch and transformers once.
 
 A test that runs replaytests whole (`python -m pytest --pyargs replaytests.conformance ...`, `python -m
-replaytests.cli ...`) starts a child process, and most of a short child's time is its imports, torch and
-transformers' model code: a one-row run takes 5.7 s from a fresh interpreter and 2.1 s forked from the server on
-the 2-core machines, and the test command starts about forty such runs. Here each test process (each xdist
-worker) starts one server, which imports them and waits; each run is a child forked from it: a process of its
-own, with its own working directory, environment, arguments, standard streams and exit status, ended by the
+replaytests.cli ...`, a benchmark's script) starts a child process, and most of a short child's time is its
+imports, torch and transformers' model code: a one-row run takes 5.7 s from a fresh interpreter and 2.1 s forked
+from the server on the 2-core machines, and the test command starts about forty such runs. Here each test process
+(each xdist worker) starts one server, which imports them and waits; each run is a child forked from it: a process
+of its own, with its own working directory, environment, arguments, standard streams and exit status, ended by the
 interpreter's own shutdown (atexit handlers, flushed streams), as `python -m MODULE` would be. What it shares
 with the server is what the server imported, and nothing there has run a kernel: the CPU level a child's contract
 pins, read when torch dispatches its first kernel, is the child's own, and replaytests reads it back
@@ -15,10 +15,11 @@ on other kernels.
 What a child can tell: the modules the server imported are imported (a test of what a process imports starts its
 own), and the warnings their imports gave are not given again (a fresh child under pytest lists torch's deprecation
 warnings in its warnings summary; a forked one does not). Where a child would differ in more, `run` starts a fresh
-interpreter instead (subprocess.run, as before): a command that is not `sys.executable -m MODULE`, or an
-environment that differs from the server's in a variable other than those read at run time (RUNTIME_VARIABLES:
-replaytests' own, the CPU level's, pytest's) and PYTHONPATH (whose entries go where the interpreter's startup puts
-them, after the working directory). Tests that signal a child, or feed it, start their own.
+interpreter instead (subprocess.run, as before): a command that is not `sys.executable -m MODULE` or
+`sys.executable SCRIPT.py`, or an environment that differs from the server's in a variable other than those read
+at run time (RUNTIME_VARIABLES: replaytests' own, the CPU level's, pytest's) and PYTHONPATH (whose entries go where
+the interpreter's startup puts them, after the working directory or the script's). Tests that signal a child, or
+feed it, start their own.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _entries(env: dict) -> list[str]:
 
 
 def _child(request: dict, prefix: int) -> None:
-    """In the forked child: become `python -m MODULE ARGS` in the request's directory, environment and files."""
+    """In the forked child: become `python COMMAND` (`-m MODULE ARGS` or `SCRIPT ARGS`) in the request's directory,
+    environment and files."""
     os.chdir(request["cwd"])
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
                             (2, request["stderr"], os.O_WRONLY | os.O_TRUNC)):
@@ -62,15 +64,20 @@ def _child(request: dict, prefix: int) -> None:
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's own stdin, kept open)
     os.environ.clear()
     os.environ.update(request["env"])
-    module, args = request["module"], request["args"]
-    sys.argv = [module, *args]
-    sys.orig_argv = [sys.executable, "-m", module, *args]
-    sys.path[:prefix] = [os.getcwd(), *_entries(request["env"])]  # as `python -m` and PYTHONPATH set them
+    command = request["command"]
+    sys.orig_argv = [sys.executable, *command]
+    module = command[1] if command[0] == "-m" else None
+    sys.argv = [module, *command[2:]] if module else list(command)
+    first = os.getcwd() if module else os.path.dirname(os.path.abspath(command[0]))
+    sys.path[:prefix] = [first, *_entries(request["env"])]  # as the interpreter's startup and PYTHONPATH set them
     if "numpy" in sys.modules:  # a fresh interpreter seeds numpy's global generator from the OS (random reseeds itself)
         sys.modules["numpy"].random.seed()
     import runpy
 
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    if module:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(command[0], run_name="__main__")
     raise SystemExit(0)
 
 
@@ -141,13 +148,12 @@ class Server:
         line, _, self.pending = self.pending.partition(b"\n")
         return line.decode()
 
-    def run(self, argv: list[str], module: str, args: list[str], cwd: str, env: dict,
-            timeout: float | None) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], cwd: str, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="forkserver-") as scratch:
             out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
             out.touch()
             err.touch()
-            request = {"module": module, "args": args, "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err)}
+            request = {"command": argv[1:], "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err)}
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             self.process.stdin.flush()
             pid = int(self._line(None))
@@ -172,19 +178,18 @@ _server: Server | None = None
 def run(argv: list[str], *, cwd: str | Path | None = None, env: dict | None = None,
         timeout: float | None = None) -> subprocess.CompletedProcess:
     """subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False), its
-    child forked from this process's server where argv is `sys.executable -m MODULE ...` and env differs from the
-    server's only in variables read at run time; otherwise started fresh."""
+    child forked from this process's server where argv is `sys.executable -m MODULE ...` or `sys.executable
+    SCRIPT.py ...` and env differs from the server's only in variables read at run time; otherwise started fresh."""
     global _server
     env = dict(os.environ if env is None else env)
     cwd = str(Path.cwd() if cwd is None else cwd)
-    if len(argv) < 3 or argv[:2] != [sys.executable, "-m"] or (_server is not None and not _server.serves(env)):
-        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    if _server is None:
+    forkable = len(argv) > 1 and argv[0] == sys.executable and ((argv[1] == "-m" and len(argv) > 2)
+                                                                 or argv[1].endswith(".py"))
+    if forkable and _server is None:
         _server = Server()
-        if not _server.serves(env):
-            return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                                  check=False)
-    return _server.run(argv, argv[2], list(argv[3:]), cwd, env, timeout)
+    if not forkable or not _server.serves(env):
+        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return _server.run(argv, cwd, env, timeout)
 
 
 if __name__ == "__main__":

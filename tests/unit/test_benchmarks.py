@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 
 from replaytests.inputs.contract import load_contract
@@ -27,8 +27,8 @@ def _load(name: str):
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "smoke.json"
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "run.py"), "--smoke", "--precision", "fp32",
-                           "--out", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
+    proc = forkserver.run([sys.executable, str(BENCHMARKS / "run.py"), "--smoke", "--precision", "fp32",
+                           "--out", str(out)], cwd=REPO)
     return proc, out
 
 
@@ -72,8 +72,8 @@ def test_smoke_json_holds_environment_and_every_measurement(smoke_run):
 @pytest.mark.e2e  # spawns a whole (one-row) audit
 def test_audit_benchmark_profiles_every_family_and_times_a_worker_run(tmp_path):
     out = tmp_path / "audit.json"
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "audit.py"), "--rows", "1", "--workers", "1",
-                           "--out", str(out)], capture_output=True, text=True, check=False, cwd=REPO)
+    proc = forkserver.run([sys.executable, str(BENCHMARKS / "audit.py"), "--rows", "1", "--workers", "1",
+                           "--out", str(out)], cwd=REPO)
     assert proc.returncode == 0, f"benchmarks/audit.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     result = json.loads(out.read_text(encoding="utf-8"))
     profiled = {(f["family"], f["precision"]) for f in result["profile"]["families"]}
@@ -142,9 +142,8 @@ def test_audit_extrapolation_scales_each_family_and_names_what_it_did_not_time(t
 @pytest.mark.e2e  # spawns a run of the model
 def test_the_rollout_family_benchmark_runs_at_toy_sizes_and_writes_its_table(tmp_path):
     out = tmp_path / "family.json"
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "rollout_family.py"), "--rows", "1", "--repeats", "1",
-                           "--cells", "fp32", "--length", "4", "--out", str(out)], capture_output=True, text=True,
-                          check=False, cwd=REPO)
+    proc = forkserver.run([sys.executable, str(BENCHMARKS / "rollout_family.py"), "--rows", "1", "--repeats", "1",
+                           "--cells", "fp32", "--length", "4", "--out", str(out)], cwd=REPO)
     assert proc.returncode == 0, f"benchmarks/rollout_family.py failed:\n{proc.stderr[-3000:]}"
     result = json.loads(out.read_text(encoding="utf-8"))
     measured = result["cells"]["fp32"]
@@ -156,9 +155,8 @@ def test_the_rollout_family_benchmark_runs_at_toy_sizes_and_writes_its_table(tmp
 @pytest.mark.e2e  # builds models in a subprocess
 def test_the_rollout_architecture_benchmark_runs_at_toy_sizes(tmp_path):
     out = tmp_path / "arch.json"
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / "rollout_architectures.py"), "--families", "llama,mixtral",
-                           "--cells", "bf16", "--rows", "1", "--out", str(out)], capture_output=True, text=True,
-                          check=False, cwd=REPO)
+    proc = forkserver.run([sys.executable, str(BENCHMARKS / "rollout_architectures.py"), "--families", "llama,mixtral",
+                           "--cells", "bf16", "--rows", "1", "--out", str(out)], cwd=REPO)
     assert proc.returncode == 0, f"benchmarks/rollout_architectures.py failed:\n{proc.stderr[-3000:]}"
     measured = {(m["family"], m["cell"]): m for m in json.loads(out.read_text(encoding="utf-8"))["measured"]}
     assert set(measured) == {("llama", "bf16"), ("mixtral", "bf16")}

@@ -41,8 +41,11 @@ def _report(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout.splitlines()[0])
 
 
-def test_a_forked_child_is_the_process_a_fresh_interpreter_is(probe, tmp_path):
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_a_forked_child_is_the_process_a_fresh_interpreter_is(probe, tmp_path, how):
     argv, env = probe
+    if how == "script":
+        argv = [sys.executable, str(tmp_path / "lib" / "probe.py")]
     fresh = subprocess.run([*argv, "plain", "a b"], cwd=tmp_path / "cwd", env=env, capture_output=True, text=True,
                            check=False)
     forked = forkserver.run([*argv, "plain", "a b"], cwd=tmp_path / "cwd", env=env)

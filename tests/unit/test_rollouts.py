@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 import scipy.special
@@ -380,13 +381,11 @@ def test_a_dump_error_names_the_file(tmp_path):
 
 @pytest.mark.e2e
 def test_the_benchmark_runs_at_toy_sizes_and_writes_its_tables(tmp_path):
-    import subprocess
     import sys
 
     out = tmp_path / "rollouts.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rollouts.py"), "--rows", "2", "--length", "8",
-                           "--prompt", "4", "--repeats", "1", "--precision", "fp32", "--out", str(out)],
-                          capture_output=True, text=True, check=False, cwd=REPO)
+    proc = forkserver.run([sys.executable, str(REPO / "benchmarks" / "rollouts.py"), "--rows", "2", "--length", "8",
+                           "--prompt", "4", "--repeats", "1", "--precision", "fp32", "--out", str(out)], cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["tokens"] == 16 and set(result["ratio_to_bare"]) == {"bare", "recompute", "check"}
