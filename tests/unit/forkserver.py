@@ -29,6 +29,7 @@ import importlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -159,7 +160,7 @@ class Server:
             pid = int(self._line(None))
             status = self._line(None if timeout is None else time.monotonic() + timeout)
             if status is None:
-                os.kill(pid, 9)
+                os.kill(pid, signal.SIGKILL)
                 self._line(None)
                 raise subprocess.TimeoutExpired(argv, timeout, out.read_text(errors="replace"),
                                                 err.read_text(errors="replace"))
