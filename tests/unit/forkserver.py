@@ -56,13 +56,14 @@ def _entries(env: dict) -> list[str]:
 def _child(request: dict, prefix: int) -> None:
     """In the forked child: become `python COMMAND` (`-m MODULE ARGS` or `SCRIPT ARGS`) in the request's directory,
     environment and files."""
-    os.chdir(request["cwd"])
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_TRUNC),
-                            (2, request["stderr"], os.O_WRONLY | os.O_TRUNC)):
-        opened = os.open(path, flags)
+    written = os.O_WRONLY | os.O_CREAT | os.O_TRUNC  # first: what fails after it reaches the child's own stderr
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], written),
+                            (2, request["stderr"], written)):
+        opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's own stdin, kept open)
+    os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     command = request["command"]
@@ -152,8 +153,6 @@ class Server:
     def run(self, argv: list[str], cwd: str, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
         with self.lock, tempfile.TemporaryDirectory(prefix="forkserver-") as scratch:
             out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
-            out.touch()
-            err.touch()
             request = {"command": argv[1:], "cwd": cwd, "env": env, "stdout": str(out), "stderr": str(err)}
             self.process.stdin.write(json.dumps(request).encode() + b"\n")
             self.process.stdin.flush()
