@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -276,6 +277,16 @@ def conformance_run(directory, *args):
     proc = forkserver.run([sys.executable, "-m", "pytest", "--pyargs", "replaytests.conformance", "-p",
                            "no:cacheprovider", "--report-dir", str(root), *defaults, *args], cwd=directory)
     return proc, root / "latest"
+
+
+def forked_pytest(directory, *args) -> pytest.RunResult:
+    """`python -m pytest ARGS` in `directory`, forked as conformance_run's runs are, read as pytester reads a run
+    (`ret`, `stdout.fnmatch_lines`, `assert_outcomes`). pytester's runpytest_subprocess starts a fresh interpreter
+    each time: it sets HOME, which the server's imports read (forkserver.run then starts afresh)."""
+    started = time.monotonic()
+    proc = forkserver.run([sys.executable, "-m", "pytest", *args], cwd=directory)
+    return pytest.RunResult(proc.returncode, proc.stdout.splitlines(), proc.stderr.splitlines(),
+                            time.monotonic() - started)
 
 
 @pytest.fixture(scope="session")

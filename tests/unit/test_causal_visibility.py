@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conftest import forked_pytest
 from replaytests.engine import protocol
 from replaytests.engine.checks import check_mask
 from replaytests.engine.protocol import VISIBILITIES, Visibility, visibility_rows
@@ -73,7 +74,7 @@ def test_the_mask_check_fails_when_the_mask_is_not_the_promised_one(fp32_runtime
 
 
 @pytest.mark.e2e  # freezes three rows and starts a whole run
-def test_a_causal_bank_is_frozen_and_replayed_end_to_end(pytester, tmp_path, bank_rows_json):
+def test_a_causal_bank_is_frozen_and_replayed_end_to_end(tmp_path, bank_rows_json):
     from replaytests.cli import main
 
     contract, problems, bank = _causal_contract(tmp_path), tmp_path / "problems.jsonl", tmp_path / "causal.jsonl"
@@ -85,8 +86,8 @@ def test_a_causal_bank_is_frozen_and_replayed_end_to_end(pytester, tmp_path, ban
     moved = [row["id"] for row, roles_row in zip(frozen, bank_rows_json, strict=False)
              if row["tokens"] != roles_row["tokens"]]
     assert moved, f"no causal row differs from its roles row in {DEFAULT_BANK}: causal visibility did nothing"
-    result = pytester.runpytest_subprocess(
-        "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(contract),
+    result = forked_pytest(
+        tmp_path, "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(contract),
         "--bank", str(bank), "--precision", "bf16", "--report-dir", str(tmp_path / "report"), "-rs")
     outcomes = result.parseoutcomes()
     assert result.ret == 0 and not outcomes.get("failed"), result.stdout.str()[-3000:]

@@ -14,7 +14,7 @@ import forkserver
 import pytest
 import torch
 
-from conftest import ROWS, conformance_run
+from conftest import ROWS, conformance_run, forked_pytest
 from replaytests.inputs import cpu_isa
 from replaytests.inputs.cpu_isa import cpu_flags
 from replaytests.inputs.options import DEFAULT_CONTRACT as CONTRACT
@@ -241,14 +241,14 @@ def test_bad_input_is_one_line_usage_error(pytester, option, value, message):
 
 
 @pytest.mark.e2e  # spawns a whole run
-def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank_rows, divergent_row):
+def test_divergence_fails_where_the_contract_forbids_it(tmp_path, bank_rows, divergent_row):
     """A row that diverges at BF16 on this platform (found by the search, never named): a contract
     that demands exact BF16 suffixes turns that recorded divergence into a failure naming the row."""
     strict = tmp_path / "strict.yaml"
     strict.write_text(CONTRACT.read_text().replace("bf16: true, fp32: false", "bf16: false, fp32: false"))
     index = bank_rows.index(divergent_row)
-    result = pytester.runpytest_subprocess(
-        "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(strict),
+    result = forked_pytest(
+        tmp_path, "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(strict),
         "--rows", f"{index}:{index + 1}", "--precision", "bf16", "-k", "incremental_vs_prefill",
         "--report-dir", str(tmp_path / "report"),
     )
@@ -267,7 +267,7 @@ def test_divergence_fails_where_the_contract_forbids_it(pytester, tmp_path, bank
 
 
 @pytest.mark.e2e  # spawns two runs
-def test_a_selection_that_leaves_out_the_failing_check_of_records_it_computed_fails(pytester, tmp_path, bank_rows,
+def test_a_selection_that_leaves_out_the_failing_check_of_records_it_computed_fails(tmp_path, bank_rows,
                                                                                       divergent_row):
     """The same row and strict contract, with a -k that selects the crossing's token-identity test alone: the
     crossing record is computed, and no selected test judges its divergence. The run's verdict judges its records
@@ -278,8 +278,8 @@ def test_a_selection_that_leaves_out_the_failing_check_of_records_it_computed_fa
     index = bank_rows.index(divergent_row)
     for contract, status in ((CONTRACT, 0), (strict, 1)):
         report = tmp_path / f"report-{status}"
-        result = pytester.runpytest_subprocess(
-            "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(contract),
+        result = forked_pytest(
+            tmp_path, "--pyargs", "replaytests.conformance", "-p", "no:cacheprovider", "--contract", str(contract),
             "--rows", f"{index}:{index + 1}", "--precision", "bf16", "-k", "crossing_arms_consume_bank_row",
             "--report-dir", str(report))
         result.assert_outcomes(passed=1)
@@ -381,10 +381,10 @@ def _user_dispatch(monkeypatch, **variables) -> None:
 
 @pytest.mark.e2e  # spawns a whole run
 @needs_avx2
-def test_a_forced_dispatch_level_is_drift_in_the_verdict(pytester, monkeypatch):
+def test_a_forced_dispatch_level_is_drift_in_the_verdict(tmp_path, monkeypatch):
     skip_where_bf16_cannot_run_at_default()
     _user_dispatch(monkeypatch, ATEN_CPU_CAPABILITY="default", ONEDNN_MAX_CPU_ISA="DEFAULT")
-    result = pytester.runpytest_subprocess("--pyargs", "replaytests.conformance", *PLATFORM_TESTS)
+    result = forked_pytest(tmp_path, "--pyargs", "replaytests.conformance", *PLATFORM_TESTS)
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines([
         "*replaytests summary*", "verdict: PASS*",
@@ -396,9 +396,9 @@ def test_a_forced_dispatch_level_is_drift_in_the_verdict(pytester, monkeypatch):
 
 @pytest.mark.e2e  # spawns a whole run
 @needs_avx2
-def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatch):
+def test_a_forced_dispatch_level_fails_a_strict_run_at_once(tmp_path, monkeypatch):
     _user_dispatch(monkeypatch, ATEN_CPU_CAPABILITY="default")
-    result = pytester.runpytest_subprocess("--pyargs", "replaytests.conformance", *PLATFORM_TESTS, "--strict-contract")
+    result = forked_pytest(tmp_path, "--pyargs", "replaytests.conformance", *PLATFORM_TESTS, "--strict-contract")
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-3000:]
     result.stderr.fnmatch_lines(["ERROR: --strict-contract: the environment differs from contract cpu-tiny in 1 "
                                  "field(s): environment.cpu_isa: contract AVX2, actual DEFAULT*"])
@@ -407,15 +407,15 @@ def test_a_forced_dispatch_level_fails_a_strict_run_at_once(pytester, monkeypatc
 @pytest.mark.e2e  # spawns a whole run
 @needs_avx2
 @pytest.mark.parametrize("strict", [pytest.param(False, id="drift-is-data"), pytest.param(True, id="strict-fails")])
-def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_path, monkeypatch, strict):
+def test_a_contract_pinning_another_level_reports_platform_drift(tmp_path, monkeypatch, strict):
     """A contract copy pinning DEFAULT runs at DEFAULT (no contract drift), against a bank and baseline
     made at AVX2: platform drift in the verdict, a failure only with --strict-contract."""
     skip_where_bf16_cannot_run_at_default()
     _user_dispatch(monkeypatch)
     contract = tmp_path / "default.yaml"
     contract.write_text(f"extends: {CONTRACT}\nname: cpu-default\nenvironment: {{cpu_isa: DEFAULT}}\n")
-    result = pytester.runpytest_subprocess("--pyargs", "replaytests.conformance", *PLATFORM_TESTS,
-                                           "--contract", str(contract), *(["--strict-contract"] if strict else []))
+    result = forked_pytest(tmp_path, "--pyargs", "replaytests.conformance", *PLATFORM_TESTS,
+                           "--contract", str(contract), *(["--strict-contract"] if strict else []))
     assert result.ret == (pytest.ExitCode.TESTS_FAILED if strict else pytest.ExitCode.OK), result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["cpu_isa: DEFAULT, pinned by contract cpu-default",
                                  "bank: *, made on another platform (environment.cpu_isa AVX2 (bank) vs DEFAULT "
@@ -427,13 +427,13 @@ def test_a_contract_pinning_another_level_reports_platform_drift(pytester, tmp_p
 
 @pytest.mark.e2e  # spawns a whole run
 @needs_avx2
-def test_torch_that_ran_before_the_contract_is_one_line(pytester, monkeypatch):
+def test_torch_that_ran_before_the_contract_is_one_line(tmp_path, monkeypatch):
     """A plugin that made torch dispatch a kernel (at DEFAULT) before replaytests read the contract."""
     _user_dispatch(monkeypatch)
-    pytester.makepyfile(early_torch="import os\nos.environ['ATEN_CPU_CAPABILITY'] = 'default'\nimport torch\n"
-                                    "torch.zeros(2).add_(1)\ndel os.environ['ATEN_CPU_CAPABILITY']\n")
-    result = pytester.runpytest_subprocess("-p", "early_torch", "--pyargs", "replaytests.conformance", *ROWS,
-                                           "--collect-only")
+    (tmp_path / "early_torch.py").write_text("import os\nos.environ['ATEN_CPU_CAPABILITY'] = 'default'\nimport torch\n"
+                                             "torch.zeros(2).add_(1)\ndel os.environ['ATEN_CPU_CAPABILITY']\n")
+    result = forked_pytest(tmp_path, "-p", "early_torch", "--pyargs", "replaytests.conformance", *ROWS,
+                           "--collect-only")
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-3000:]
     result.stderr.fnmatch_lines(["ERROR: contract cpu-tiny (*) pins cpu_isa AVX2, but torch already dispatches its CPU "
                                  "kernels to DEFAULT* run again with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
