@@ -76,26 +76,6 @@ def test_summary_markdown_is_written(two_row_run):
     assert "| crossing | fp32 | 2 | 0 | 2/2 |" in text, f"summary.md table row missing:\n{text}"
 
 
-@pytest.mark.e2e  # spawns a whole run
-def test_xdist_workers_write_the_same_ledger(two_row_run, tmp_path):
-    """pytest -n 2 gives the same records as one process (on the crossing and bridge tests: records
-    do not depend on which other tests ran), and every test of one (precision, row) group runs on one
-    worker, so no record is computed twice."""
-    _, single_dir = two_row_run
-    proc, report_dir = conformance_run(tmp_path, "-n", "2", "--dist", "loadgroup", "-v", "-k", "crossing or bridge")
-    assert proc.returncode == 0, f"xdist run failed:\n{proc.stdout[-3000:]}"
-    assert "2 workers" in proc.stdout, f"xdist did not start two workers:\n{proc.stdout[:2000]}"
-    workers: dict[str, set[str]] = {}  # every test here is FP32: its row names its group
-    for worker, row in re.findall(r"^\[(gw\d+)\] .*PASSED .*\[.*(tiny-\d+).*\]", proc.stdout, re.MULTILINE):
-        workers.setdefault(row, set()).add(worker)
-    assert set(workers) == {"tiny-000", "tiny-001"}, f"rows {sorted(workers)} in:\n{proc.stdout[-3000:]}"
-    assert all(len(ran_on) == 1 for ran_on in workers.values()), f"a (precision, row) ran on two workers: {workers}"
-    single = [line for line in (single_dir / "ledger.jsonl").read_text().splitlines()
-              if json.loads(line)["family"] in ("crossing", "bridge")]
-    parallel = (report_dir / "ledger.jsonl").read_text().splitlines()
-    assert len(single) == 4 and parallel == single, "the xdist ledger differs from the single-process one"
-
-
 def _baseline_beside(report_dir, tmp_path, suffix: bool = False, **platform) -> tuple[Path, dict]:
     """The run's ledger with one cache digest altered (and with `suffix`, one suffix token too), beside
     its run.json with `platform` changed; and the run's own platform. Its live, crossing, bridge and batch

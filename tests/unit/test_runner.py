@@ -6,6 +6,7 @@ ledger one run writes."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,9 +61,15 @@ def test_a_selection_of_the_transplant_writes_the_same_transplant_records(whole,
 @pytest.mark.e2e
 def test_two_workers_compute_each_record_once_and_write_the_ledger_of_one_process(whole, tmp_path):
     """Under -n 2 the transplant's panel and family gate read records of rows another worker's tests
-    own: they are shared (suite.claims), not computed twice, and the ledger is one process's."""
-    proc, run_dir = run(tmp_path / "r", "n2", workers=2)
+    own: they are shared (suite.claims), not computed twice, and the ledger is one process's. Every test of one
+    (cell, row) group runs on one worker (here every test is BF16: its row names its group)."""
+    proc, run_dir = run(tmp_path / "r", "n2", "-v", workers=2)
     assert proc.returncode == 0 and "2 workers" in proc.stdout, proc.stdout[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, row in re.findall(r"^\[(gw\d+)\] .*PASSED .*\[.*(tiny-\d+).*\]", proc.stdout, re.MULTILINE):
+        workers.setdefault(row, set()).add(worker)
+    assert set(workers) == {"tiny-004", "tiny-005"}, f"rows {sorted(workers)} in:\n{proc.stdout[-3000:]}"
+    assert all(len(ran_on) == 1 for ran_on in workers.values()), f"a (cell, row) ran on two workers: {workers}"
     got = records(run_dir)
     assert got == records(whole), (f"the two workers' ledger differs from one process's in "
                                    f"{sorted(set(got) ^ set(records(whole)))} or in values")
