@@ -274,9 +274,14 @@ def test_a_cell_the_committed_baseline_lacks_is_run_without_an_audit():
     from replaytests.inputs.options import Options
     from replaytests.suite.session import ReplaySession
 
+    committed = Options().baseline_ledger
     session = ReplaySession.open(Options(precision="fp16", rows="0:2"))
-    assert session.cells == ("fp16",) and session.baseline, "the committed baseline was not read"
-    assert not session.plan.audited(session.baseline), "an fp16 record was found in the committed baseline"
+    assert session.cells == ("fp16",) and session.options.baseline_ledger == committed, (
+        f"the run is not audited against the committed baseline: {session.options.baseline_ledger}")
+    assert not session.baseline, f"fp16 records read from the committed baseline: {session.baseline[:1]}"
+    control = ReplaySession.open(Options(precision="bf16", rows="0:2"))
+    assert control.baseline and {r.precision for r in control.baseline} == {"bf16"}, (
+        "premise: the same rows at bf16 read no record of the committed baseline")
 
 
 def test_a_declared_cell_whose_library_is_missing_does_not_stop_the_paper_cells(monkeypatch):

@@ -137,6 +137,29 @@ def test_a_malformed_record_is_refused_naming_its_field(family, change, field, p
     assert problem in caught.value.problem, f"said {caught.value.problem!r}, expected {problem!r}"
 
 
+def test_a_keyed_read_reads_those_records_and_refuses_a_malformed_one_among_them(tmp_path):
+    """ledger.read_ledger(keys=...): the records of those keys, as a whole read gives them; a malformed record
+    outside them is not read (a run reads the baseline records it audits), one among them is refused naming its
+    line and field, and every line is still JSON of a readable schema."""
+    from replaytests.errors import LedgerError
+    from replaytests.outputs import ledger
+
+    lines = EMBEDDED.read_text(encoding="utf-8").splitlines(keepends=True)[:40]
+    whole = ledger.parse_records(EMBEDDED, "".join(lines))
+    keys = {whole[3].key, whole[7].key, ("crossing", "tiny-999", "bf16")}
+    assert ledger.parse_records(EMBEDDED, "".join(lines), keys=keys) == [whole[3], whole[7]]
+    broken = json.loads(lines[5])
+    broken.pop("prefix_len")
+    path = tmp_path / "ledger.jsonl"
+    path.write_text("".join(lines[:5]) + json.dumps(broken) + "\n" + "".join(lines[6:]), encoding="utf-8")
+    assert ledger.read_ledger(path, keys=keys) == [whole[3], whole[7]], "a record outside the keys was read"
+    with pytest.raises(LedgerError, match=r"ledger\.jsonl:6: ledger record .*field 'prefix_len': missing"):
+        ledger.read_ledger(path, keys=keys | {whole[5].key})
+    path.write_text("".join(lines[:5]) + '{"schema": 1}\n' + "".join(lines[6:]), encoding="utf-8")
+    with pytest.raises(LedgerError, match=r"ledger\.jsonl:6: field 'schema' is 1, expected"):
+        ledger.read_ledger(path, keys=keys)
+
+
 def _records(run: str) -> list[Record]:
     path = REPO / "fixtures" / "ledgers" / run / "ledger.jsonl"
     return [Record.from_json(json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines()]

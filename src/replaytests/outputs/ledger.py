@@ -13,7 +13,7 @@ import fcntl
 import importlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
 
 from replaytests.errors import LedgerError, short
@@ -103,12 +103,17 @@ def versioned_objects(path: Path, text: str, schema: str | tuple[str, ...],
     return objects
 
 
-def parse_records(path: Path, text: str, problem: Callable[[Record], str | None] | None = None) -> list[Record]:
+def parse_records(path: Path, text: str, problem: Callable[[Record], str | None] | None = None,
+                  keys: Container[tuple] | None = None) -> list[Record]:
     """The records of a ledger's text, each read by records.Record and, given `problem` (what makes a record
     unfit for its reader, or None), accepted by it; else a LedgerError naming the file, the line and the
-    field."""
+    field. Given `keys`, only the lines whose (family, row, precision) it holds are read as records (every
+    line is still JSON with a readable schema): a run reads the baseline records it audits, not a whole
+    ledger's (most of a short run's start went to reading records it never looked at)."""
     records = []
     for number, value in versioned_objects(path, text, READABLE, LedgerError):
+        if keys is not None and tuple(value.get(name) for name in KEY_FIELDS) not in keys:
+            continue
         try:
             record = Record.from_json(value)
         except RecordError as exc:
@@ -120,9 +125,10 @@ def parse_records(path: Path, text: str, problem: Callable[[Record], str | None]
     return records
 
 
-def read_ledger(path: Path, problem: Callable[[Record], str | None] | None = None) -> list[Record]:
-    """A ledger's records (parse_records)."""
-    return parse_records(path, read_text(path, "ledger", LedgerError), problem)
+def read_ledger(path: Path, problem: Callable[[Record], str | None] | None = None,
+                keys: Container[tuple] | None = None) -> list[Record]:
+    """A ledger's records (parse_records), or those of `keys`."""
+    return parse_records(path, read_text(path, "ledger", LedgerError), problem, keys)
 
 
 def headline_problem(record: Record) -> str | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from replaytests.errors import ConfigError
 from replaytests.files import lookup
 from replaytests.inputs.gates import Judgement, artifact, gated
-from replaytests.outputs import compare, findings
+from replaytests.outputs import compare, findings, ledger
 from replaytests.outputs.records import Record
 from replaytests.outputs.runs import read_run
 from replaytests.outputs.verdict import Failure
@@ -32,10 +32,11 @@ def check_baseline(replay: ReplaySession) -> None:
     if lookup(read_run(path) or {}, "run", "interrupted") and not replay.options.accept_interrupted:
         raise ConfigError(f"--baseline {path}: an interrupted run (it holds only what it finished); pass "
                           "--accept-interrupted to audit against it anyway")
-    if not replay.plan.audited(replay.baseline) and replay.options.baseline is not None:
-        theirs = sorted({r.row for r in replay.baseline})
+    if not replay.baseline and replay.options.baseline is not None:
+        every = ledger.read_ledger(path)  # read whole only to say what it holds
+        theirs = sorted({r.row for r in every})
         ours = [r.id for r in replay.plan.sharded_rows]
-        raise ConfigError(f"--baseline {path}: none of its {len(replay.baseline)} records is one this run computes "
+        raise ConfigError(f"--baseline {path}: none of its {len(every)} records is one this run computes "
                           f"(its rows {_some(theirs)}; this run's {_some(ours)}, cells "
                           f"{', '.join(replay.cells)}): nothing would be audited")
 
@@ -85,7 +86,7 @@ def baseline_rates(replay: ReplaySession, records: list[Record]) -> Rates:
     across = replay.options.gate is None and bool(replay.baseline_platform)
     if (replay.options.gate != "rates" and not across) or not replay.baseline:
         return Rates([], [])
-    found = compare.compare(replay.plan.audited(replay.baseline), records, gates=replay.contract.gates, gate="rates")
+    found = compare.compare(replay.baseline, records, gates=replay.contract.gates, gate="rates")
     reasons = [reason for reason in found.reasons if reason.startswith(findings.RATES_REASONS)]
     drift = [reason for reason in reasons if across and reason.startswith(findings.ROLLOUT_RATES_REASON)]
     return Rates([Failure(RATES_CHECK, reason) for reason in reasons if reason not in drift],

@@ -108,7 +108,7 @@ def audit_params(replay: ReplaySession, causal: bool) -> list:
     so that `-m "not causal"` then `-m causal --panel-from` splits a run in two phases), or the others."""
     if not replay.options.baseline_ledger:
         return _skipped("no-baseline", "no baseline ledger: pass --baseline LEDGER")
-    records = [r for r in replay.plan.audited(replay.baseline) if ("causal" in FAMILIES[r.family].layers) == causal]
+    records = [r for r in replay.baseline if ("causal" in FAMILIES[r.family].layers) == causal]
     if not records:
         return _skipped("no-records", f"the baseline holds no record of this run's rows, families and cells "
                                       f"({replay.options.baseline_ledger})")

@@ -57,10 +57,9 @@ class Plan:
         size = self.panel_size(family)
         return self.rows if size is None else spaced(self.rows, size)
 
-    def audited(self, baseline: list[Record]) -> list[Record]:
-        """The baseline records this run recomputes: its families, cells and rows."""
-        wanted = {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in (self.cells or {}).get(f, ())}
-        return [record for record in baseline if record.key in wanted]
+    def audited_keys(self) -> set[tuple[str, str, str]]:
+        """The (family, row, cell) of every record this run recomputes: its families, cells and rows."""
+        return {(f, r.id, p) for f in FAMILIES for r in self.family_rows(f) for p in (self.cells or {}).get(f, ())}
 
 
 def worker_group(params: dict) -> str | None:

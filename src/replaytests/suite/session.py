@@ -39,7 +39,7 @@ class ReplaySession:
     contract: Contract
     rows: list[BankRow]
     integrity: Integrity
-    baseline: list[Record]
+    baseline: list[Record]  # the baseline's records this run recomputes (the only ones read: Plan.audited_keys)
     pinned: cpu_isa.Pin
     backend: type  # the backend class (engine.backend.resolve)
     cells: tuple[str, ...]  # the cells this run computes (--precision), in the contract's order
@@ -89,8 +89,7 @@ class ReplaySession:
             backend.check_window(backend_class.inspect(options.later_model, contract,
                                                        "--replication-model"),
                                  longest)
-        baseline = ledger.read_ledger(options.baseline_ledger) if options.baseline_ledger else []
-        session = cls(options, contract, rows, integrity, baseline, pinned, backend_class,
+        session = cls(options, contract, rows, integrity, [], pinned, backend_class,
                       tuple(name for name in selected if name not in skipped), skipped)
         session.verified = {options.model: integrity.actual["model"]} | (
             {options.later_model: model_digest(options.later_model)["sha256"]} if options.later_model else {})
@@ -100,6 +99,7 @@ class ReplaySession:
             raise ConfigError(f"--shard {options.shard}: this shard holds none of the {len(rows)} selected row(s); "
                               "use fewer shards (an empty shard would pass having checked nothing)")
         if options.baseline_ledger is not None:
+            session.baseline = ledger.read_ledger(options.baseline_ledger, keys=session.plan.audited_keys())
             check_baseline(session)
         return session
 
