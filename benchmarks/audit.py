@@ -126,12 +126,15 @@ PEAK = ("import resource, subprocess, sys; code = subprocess.call(sys.argv[1:]);
         "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)")
 
 
-def workers_run(count: str, rows: str | None, inputs: dict[str, Path], directory: Path) -> dict:
-    """`replaytests audit --workers N` in a child process: wall time, peak RSS, exit status, ledger."""
+def workers_run(count: str, rows: str | None, inputs: dict[str, Path], directory: Path,
+                select: str | None = None) -> dict:
+    """`replaytests audit --workers N` (its tests those `-k select` picks, given one) in a child process: wall time,
+    peak RSS, exit status, ledger."""
     audit = [sys.executable, "-c", "import sys; from replaytests.cli import main; sys.exit(main())", "audit",
              "--workers", count, "--report-dir", str(directory), "--run-name", f"workers-{count}"]
     audit += ["--rows", rows] if rows else []
     audit += [part for name, path in inputs.items() for part in (f"--{name.replace('_', '-')}", str(path))]
+    audit += ["--", "-k", select] if select else []
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", PEAK, *audit], capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
@@ -178,8 +181,10 @@ def markdown(result: dict) -> str:
             lines[-1] += (" Not profiled here, so left out of every figure: "
                           + ", ".join(f"{key} ({n} records)" for key, n in extra["left_out"].items()) + ".")
     if result["workers"]:
-        lines += ["", "| workers | wall s | speed-up over 1 | peak RSS MiB (largest process) | exit "
-                      "| ledger as the first |", "|---|---|---|---|---|---|"]
+        lines += ["", (f"Worker runs of the tests `-k {result['select']}` picks:" if result.get("select") else
+                       "Worker runs of every test:"), "",
+                  "| workers | wall s | speed-up over 1 | peak RSS MiB (largest process) | exit "
+                  "| ledger as the first |", "|---|---|---|---|---|---|"]
         one = next((w["wall_s"] for w in result["workers"] if w["workers"] == "1"), None)
         for w in result["workers"]:
             ratio = f"{one / w['wall_s']:.2f}x" if one else "-"
@@ -193,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=None, help="bank rows (a count N or a slice A:B). Default: all")
     parser.add_argument("--workers", default="1,2", help="worker counts to run side by side ('' for none). "
                                                           "Default: %(default)s")
+    parser.add_argument("--select", default=None, metavar="EXPR",
+                        help="the worker runs' tests: those pytest -k EXPR picks (the profile computes every record "
+                             "regardless). Default: every test")
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu-tiny-qwen2-audit.json")
     for name in INPUTS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=Path, default=None,
@@ -203,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     inputs = {name: getattr(args, name) for name in INPUTS if getattr(args, name) is not None}
     result = {"schema": SCHEMA, "created": datetime.now(UTC).isoformat(timespec="seconds"), "rows": args.rows,
+              "select": args.select,
               "command": " ".join(["python", "benchmarks/audit.py", *(argv if argv is not None else sys.argv[1:])])}
     result["inputs"] = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in inputs.items())
     result["profile"] = profile(args.rows, inputs)
@@ -212,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     result["workers"] = []
     with tempfile.TemporaryDirectory() as scratch:
         for count in filter(None, args.workers.split(",")):
-            run = workers_run(count.strip(), args.rows, inputs, Path(scratch))
+            run = workers_run(count.strip(), args.rows, inputs, Path(scratch), args.select)
             print(f"workers {count}: {run['wall_s']:.1f} s, exit {run['exit']}", flush=True)
             result["workers"].append(run)
     first = result["workers"][0]["ledger"] if result["workers"] else None

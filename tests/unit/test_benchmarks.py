@@ -69,11 +69,11 @@ def test_smoke_json_holds_environment_and_every_measurement(smoke_run):
     assert set(result["fits"]["fp32"]) >= {"suite_outside_per_step_slope", "row_wall_slope", "row_held_bytes_slope"}
 
 
-@pytest.mark.e2e  # spawns a whole (one-row) audit
+@pytest.mark.e2e  # spawns a one-row audit of the crossing tests (the profile computes every family itself)
 def test_audit_benchmark_profiles_every_family_and_times_a_worker_run(tmp_path):
     out = tmp_path / "audit.json"
     proc = forkserver.run([sys.executable, str(BENCHMARKS / "audit.py"), "--rows", "1", "--workers", "1",
-                           "--out", str(out)], cwd=REPO)
+                           "--select", "crossing", "--out", str(out)], cwd=REPO)
     assert proc.returncode == 0, f"benchmarks/audit.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     result = json.loads(out.read_text(encoding="utf-8"))
     profiled = {(f["family"], f["precision"]) for f in result["profile"]["families"]}
@@ -85,6 +85,8 @@ def test_audit_benchmark_profiles_every_family_and_times_a_worker_run(tmp_path):
     assert platform["environment.cpu_isa"] and platform["machine_cpu_isa"], f"CPU capability not recorded: {platform}"
     (run,) = result["workers"]  # one run: no other ledger to be the same as (same_ledger None, not true)
     assert run["exit"] == 0 and run["records"] > 0 and run["same_ledger"] is None and run["wall_s"] > 0, run
+    assert result["select"] == "crossing" and "`-k crossing` picks" in (
+        out.with_suffix(".md").read_text(encoding="utf-8")), "the worker run's selection is not reported"
 
 
 @pytest.mark.parametrize(("argv", "message"), [
