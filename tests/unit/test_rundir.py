@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import forkserver
 import pytest
@@ -144,15 +145,33 @@ def snapshot(directory: Path) -> dict[str, bytes]:
             and p.name != rundir.LOCK}
 
 
-@pytest.mark.e2e  # spawns a whole run
-def test_an_interrupted_run_keeps_its_records_and_leaves_latest(completed, tmp_path):
+class Busy(NamedTuple):
+    before: dict[str, bytes]  # the completed run's files before the longer run started
+    stopped: subprocess.Popen  # the longer run, `second`, after Ctrl-C
+    output: str  # what it printed after its first test passed
+    refused: subprocess.CompletedProcess  # another run into the root while `second` ran
+
+
+@pytest.fixture(scope="module")
+def busy(completed, tmp_path_factory) -> Busy:
+    """A longer run, `second`, started in the completed root; while it runs, another run into that root (`other`);
+    then `second` stopped by Ctrl-C. One longer run for both tests that need one (each a fresh interpreter)."""
     before = snapshot(completed / "first")
-    proc = started(completed, "second", tmp_path)
-    proc.send_signal(signal.SIGINT)
-    rest = proc.communicate(timeout=120)[0]
-    assert proc.returncode == pytest.ExitCode.INTERRUPTED, rest[-3000:]
+    cwd = tmp_path_factory.mktemp("busy")
+    proc = started(completed, "second", cwd)
+    try:
+        refused = forkserver.run(run_args(completed, "other", "1"), cwd=cwd, timeout=120)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=120)[0]
+    return Busy(before, proc, rest, refused)
+
+
+@pytest.mark.e2e  # spawns a whole run
+def test_an_interrupted_run_keeps_its_records_and_leaves_latest(completed, busy):
+    assert busy.stopped.returncode == pytest.ExitCode.INTERRUPTED, busy.output[-3000:]
     assert os.readlink(completed / "latest") == "first", "an interrupted run moved latest"
-    assert snapshot(completed / "first") == before, "an interrupted run changed the previous run's files"
+    assert snapshot(completed / "first") == busy.before, "an interrupted run changed the previous run's files"
     run = json.loads((completed / "second" / "run.json").read_text())
     assert (run["run"]["name"], run["run"]["interrupted"], run["verdict"]["result"]) == ("second", True,
                                                                                           "interrupted"), run["run"]
@@ -163,20 +182,14 @@ def test_an_interrupted_run_keeps_its_records_and_leaves_latest(completed, tmp_p
 
 
 @pytest.mark.e2e  # spawns a whole run
-def test_a_second_run_into_a_root_in_use_stops_at_once(completed, tmp_path):
-    before = snapshot(completed / "first")
-    proc = started(completed, "long", tmp_path)
-    try:
-        second = forkserver.run(run_args(completed, "other", "1"), cwd=tmp_path, timeout=120)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
+def test_a_second_run_into_a_root_in_use_stops_at_once(completed, busy):
+    second = busy.refused
     assert second.returncode == pytest.ExitCode.USAGE_ERROR, second.stdout[-2000:]
     errors = [line for line in second.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith(f"ERROR: --report-dir {completed}: another replaytests run is "
-                                                     f"writing here (pid {proc.pid}, since "), second.stderr
+                                                     f"writing here (pid {busy.stopped.pid}, since "), second.stderr
     assert not (completed / "other").exists(), "the refused run wrote a directory"
-    assert snapshot(completed / "first") == before, "the completed run's files changed"
+    assert snapshot(completed / "first") == busy.before, "the completed run's files changed"
 
 
 @pytest.mark.e2e  # spawns a whole run (the module's)
