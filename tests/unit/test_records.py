@@ -158,6 +158,10 @@ def test_a_keyed_read_reads_those_records_and_refuses_a_malformed_one_among_them
     path.write_text("".join(lines[:5]) + '{"schema": 1}\n' + "".join(lines[6:]), encoding="utf-8")
     with pytest.raises(LedgerError, match=r"ledger\.jsonl:6: field 'schema' is 1, expected"):
         ledger.read_ledger(path, keys=keys)
+    broken = json.loads(lines[5]) | {"row": ["tiny-005"]}  # a key no set can hold: read, and refused
+    path.write_text("".join(lines[:5]) + json.dumps(broken) + "\n" + "".join(lines[6:]), encoding="utf-8")
+    with pytest.raises(LedgerError, match=r"ledger\.jsonl:6: ledger record .*field 'row': expected a string"):
+        ledger.read_ledger(path, keys=keys)
 
 
 def _records(run: str) -> list[Record]:

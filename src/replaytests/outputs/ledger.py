@@ -107,12 +107,13 @@ def parse_records(path: Path, text: str, problem: Callable[[Record], str | None]
                   keys: Container[tuple] | None = None) -> list[Record]:
     """The records of a ledger's text, each read by records.Record and, given `problem` (what makes a record
     unfit for its reader, or None), accepted by it; else a LedgerError naming the file, the line and the
-    field. Given `keys`, only the lines whose (family, row, precision) it holds are read as records (every
-    line is still JSON with a readable schema): a run reads the baseline records it audits, not a whole
-    ledger's (most of a short run's start went to reading records it never looked at)."""
+    field. Given `keys`, a line whose (family, row, precision) are strings it does not hold is not read as a
+    record (every line is still JSON with a readable schema): a run reads the baseline records it audits, not a
+    whole ledger's (most of a short run's start went to reading records it never looked at)."""
     records = []
     for number, value in versioned_objects(path, text, READABLE, LedgerError):
-        if keys is not None and tuple(value.get(name) for name in KEY_FIELDS) not in keys:
+        key = tuple(value.get(name) for name in KEY_FIELDS)
+        if keys is not None and all(type(part) is str for part in key) and key not in keys:
             continue
         try:
             record = Record.from_json(value)
