@@ -161,6 +161,8 @@ def extrapolate(profiled: dict, path: Path) -> dict:
 
 
 def markdown(result: dict) -> str:
+    from replaytests.outputs.tables import md_cell
+
     env = result["profile"]["platform"]
     lines = [f"Whole audit: {result.get('inputs') or 'embedded default'} on {env['hardware.cpu']} (capable of "
              f"{env['machine_cpu_isa']}, kernels "
@@ -181,8 +183,8 @@ def markdown(result: dict) -> str:
             lines[-1] += (" Not profiled here, so left out of every figure: "
                           + ", ".join(f"{key} ({n} records)" for key, n in extra["left_out"].items()) + ".")
     if result["workers"]:
-        lines += ["", (f"Worker runs of the tests `-k {result['select']}` picks:" if result.get("select") else
-                       "Worker runs of every test:"), "",
+        lines += ["", (f"Worker runs of the tests picked by -k \"{md_cell(result['select'])}\":" if result.get("select")
+                       else "Worker runs of every test:"), "",
                   "| workers | wall s | speed-up over 1 | peak RSS MiB (largest process) | exit "
                   "| ledger as the first |", "|---|---|---|---|---|---|"]
         one = next((w["wall_s"] for w in result["workers"] if w["workers"] == "1"), None)

@@ -85,8 +85,19 @@ def test_audit_benchmark_profiles_every_family_and_times_a_worker_run(tmp_path):
     assert platform["environment.cpu_isa"] and platform["machine_cpu_isa"], f"CPU capability not recorded: {platform}"
     (run,) = result["workers"]  # one run: no other ledger to be the same as (same_ledger None, not true)
     assert run["exit"] == 0 and run["records"] > 0 and run["same_ledger"] is None and run["wall_s"] > 0, run
-    assert result["select"] == "crossing" and "`-k crossing` picks" in (
+    assert result["select"] == "crossing" and 'picked by -k "crossing":' in (
         out.with_suffix(".md").read_text(encoding="utf-8")), "the worker run's selection is not reported"
+
+
+def test_the_audit_benchmarks_table_shows_a_selection_as_text():
+    """The -k expression a user gave reaches the Markdown as text: no table cell split, no HTML."""
+    platform = {"hardware.cpu": "c", "machine_cpu_isa": "AVX2", "environment.cpu_isa": "AVX2",
+                "software.torch": "t", "software.transformers": "tr"}
+    result = {"rows": "1", "command": "c", "select": "a|b <img src=x onerror=alert(1)>",
+              "profile": {"platform": platform, "seconds": 1.0, "arms": {"built": 1, "shared": 0}, "families": []},
+              "workers": [{"workers": "1", "wall_s": 1.0, "peak_rss_mib": None, "exit": 0, "same_ledger": None}]}
+    text = _load("audit").markdown(result)
+    assert 'picked by -k "a\\|b &lt;img src=x onerror=alert(1)>":' in text, text
 
 
 @pytest.mark.parametrize(("argv", "message"), [
