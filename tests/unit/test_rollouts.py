@@ -247,6 +247,8 @@ BAD_CONVERSIONS = [
               "rollout_log_probs": [-1.0, 0.0]}, "response_mask", "multi-turn"),
     ("verl", {"prompts": [1], "responses": [2], "attention_mask": [1], "rollout_log_probs": [-1.0]},
      "attention_mask", "entries"),
+    ("verl", {"prompts": [1], "responses": [2], "attention_mask": [1, 1]}, "rollout_log_probs",
+     "calculate_log_probs=True"),
     ("trl", {"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [[[-1.0]]], "logprob_token_ids": [[[9]]]},
      "logprobs[0][0]", "chosen token"),
     ("trl", {"prompt_ids": [[1]], "completion_ids": [[2]], "logprobs": [[[None]]], "logprob_token_ids": [[[2]]]},
@@ -256,6 +258,11 @@ BAD_CONVERSIONS = [
     ("vllm", {"id": "c", "choices": [{"index": 0, "logprobs": {"token_logprobs": [-1.0]}, "token_ids": [2]}]},
      "choices[0].prompt_token_ids", "return_token_ids"),
     ("vllm", {"id": "c"}, "choices", "missing"),
+    ("vllm", {"id": "c", "choices": [{"index": 0, "prompt_token_ids": [1], "token_ids": [2, 3],
+                                      "logprobs": {"token_logprobs": [-1.0, -9999.0]}}]},
+     "choices[0].logprobs.token_logprobs[1]", "stand-in for -inf"),
+    ("vllm", {"id": "c", "choices": [{"index": 0, "prompt_token_ids": [1], "token_ids": [2],
+                                      "logprobs": {"token_logprobs": [-1.0]}}] * 2}, "id", "line 1 already"),
 ]
 
 
@@ -267,6 +274,20 @@ def test_a_bad_framework_file_is_one_line_and_nothing_is_written(tmp_path, capsy
     assert code == 4 and len(errors) == 1, errors
     assert f"{source}:1:" in errors[0] and repr(field) in errors[0] and words in errors[0], errors[0]
     assert not out.exists()
+
+
+def test_a_verl_group_sharing_one_uid_converts_to_one_row_per_sample(tmp_path, capsys):
+    """verl gives a prompt's n samples one uid: each row's id is its uid and its line, distinct; an id met twice
+    (two lines of one request_id) is refused before anything is written."""
+    sample = {"prompts": [0, 1], "responses": [2, 0], "attention_mask": [0, 1, 1, 0], "rollout_log_probs": [-1.0, 0.0]}
+    source, out = write_lines(tmp_path / "in.jsonl", [sample | {"uid": "u"}, sample | {"uid": "u"}]), tmp_path / "out"
+    assert main(["rollouts", "convert", "--from", "verl", str(source), str(out)]) == 0
+    assert [row.id for row in read_dump(out).rows] == ["u/line-1", "u/line-2"]
+    source = write_lines(tmp_path / "twice.jsonl", [sample | {"request_id": "r"}, sample | {"request_id": "r"}])
+    assert main(["rollouts", "convert", "--from", "verl", str(source), str(tmp_path / "twice")]) == 4
+    (error,) = capsys.readouterr().err.splitlines()
+    assert f"{source}:2:" in error and "'r' is the id of a row of line 1 already" in error, error
+    assert not (tmp_path / "twice").exists()
 
 
 def test_convert_never_replaces_a_file_without_force(tmp_path, capsys):

@@ -33,7 +33,12 @@ def _row(prompt: list, response: list, logprobs: list, row_id: str, engine: str,
 def from_verl(value: dict, line: int) -> Iterator[dict]:
     """One row of verl's batch (DataProto.batch, keys as verl/experimental/agent_loop/agent_loop.py's
     `_postprocess` names them), its tensors as lists: `prompts` left-padded, `responses` right-padded,
-    `attention_mask` over both, `rollout_log_probs` (0.0 on padding), optional `response_mask`."""
+    `attention_mask` over both, `rollout_log_probs` (0.0 on padding), optional `response_mask`; its id the
+    row's `request_id`, else its `uid` (non_tensor_batch) and its line: verl gives a prompt's n samples one uid
+    (ray_trainer.py repeats the batch after assigning it)."""
+    if "rollout_log_probs" not in value:
+        raise FieldError("rollout_log_probs", "missing (required): verl records it only with "
+                                              "actor_rollout_ref.rollout.calculate_log_probs=True (off by default)")
     prompts, responses = _get(value, "prompts"), _get(value, "responses")
     mask, logprobs = _get(value, "attention_mask"), _get(value, "rollout_log_probs")
     if len(mask) != len(prompts) + len(responses) or len(logprobs) != len(responses):
@@ -45,7 +50,7 @@ def from_verl(value: dict, line: int) -> Iterator[dict]:
     if 0 in response_mask[:length]:
         raise FieldError("response_mask", f"0 at response position {response_mask.index(0)}: tokens the engine did not "
                                     "choose (a tool's) inside the response; multi-turn rows are not supported yet")
-    row_id = value.get("request_id", value.get("uid", f"line-{line}"))
+    row_id = value.get("request_id", f"{value['uid']}/line-{line}" if "uid" in value else f"line-{line}")
     yield _row(prompts[len(prompts) - kept:], responses[:length], logprobs[:length], str(row_id), "verl")
 
 
@@ -93,6 +98,10 @@ def from_openrlhf(value: dict, line: int) -> Iterator[dict]:
     yield _row(tokens[:start], tokens[start:end], logprobs[start:end], f"line-{line}", "openrlhf")
 
 
+# What vLLM's OpenAI server writes for a log-probability of -inf (serving_completion.py: max(logprob, -9999.0))
+VLLM_NO_PROBABILITY = -9999.0
+
+
 def from_vllm(value: dict, line: int) -> Iterator[dict]:
     """One response of vLLM's OpenAI-compatible completions endpoint (CompletionResponse, vllm/entrypoints/
     openai/protocol.py) requested with `logprobs: 0` and `return_token_ids: true`: each choice's
@@ -104,7 +113,13 @@ def from_vllm(value: dict, line: int) -> Iterator[dict]:
             if not isinstance(choice.get(field), list):
                 raise FieldError(f"choices[{index}].{field}",
                                  "missing: request the completion with `return_token_ids: true`")
-        yield _row(choice["prompt_token_ids"], choice["token_ids"], choice["logprobs"].get("token_logprobs"),
+        logprobs = choice["logprobs"].get("token_logprobs")
+        if isinstance(logprobs, list) and VLLM_NO_PROBABILITY in logprobs:
+            raise FieldError(f"choices[{index}].logprobs.token_logprobs[{logprobs.index(VLLM_NO_PROBABILITY)}]",
+                             f"{VLLM_NO_PROBABILITY} is the server's stand-in for -inf: the engine gave the chosen "
+                             "token no probability (processed log-probabilities after a top-k/top-p cut?); serve "
+                             "with the default --logprobs-mode raw_logprobs")
+        yield _row(choice["prompt_token_ids"], choice["token_ids"], logprobs,
                    f"{value.get('id', f'line-{line}')}/{choice.get('index', index)}", "vllm", model=value.get("model"))
 
 
@@ -115,7 +130,7 @@ FORMATS: dict[str, Callable[[dict, int], Iterator[dict]]] = {
 def convert(kind: str, source: Path, out: Path) -> int:
     """`source` (the framework's JSONL) as a dump at `out`, written whole; the rows written. The rows are then
     read as any dump is (a converted row that breaks the schema is refused, naming its source line)."""
-    rows = []
+    rows, lines = [], {}  # the line each id was converted from
     for line, value in jsonl_objects(source, read_text(source, f"a {kind} rollouts file", DumpError), DumpError):
         try:
             converted = list(FORMATS[kind](value, line))
@@ -127,6 +142,10 @@ def convert(kind: str, source: Path, out: Path) -> int:
                 parse_row(row, line)
             except FieldError as exc:
                 raise DumpError(f"{source}:{line}: converted to {SCHEMA}, {exc}") from None
+            if row["id"] in lines:
+                raise DumpError(f"{source}:{line}: converted to {SCHEMA}, field 'id': {short(row['id'])} is the id "
+                                f"of a row of line {lines[row['id']]} already (a dump's ids name one row each)")
+            lines[row["id"]] = line
         rows.extend(converted)
     write_atomic(out, "".join(dumps(row) + "\n" for row in rows))
     return len(rows)
