@@ -185,7 +185,11 @@ NOT_POSITIVE = [
     pytest.param(put(0, "environment", "cpu_threads"),
                  r": environment\.cpu_threads: expected an integer from 1 to 1024, got 0$", id="cpu_threads=0"),
     pytest.param(put(-2, "decoding", "physical_batch"),
-                 r": decoding\.physical_batch: expected an integer from 1 to 64, got -2$", id="physical_batch=-2"),
+                 r": decoding\.physical_batch: expected an integer from 2 to 64 \(.*\), got -2$",
+                 id="physical_batch=-2"),
+    pytest.param(put(1, "decoding", "physical_batch"),
+                 r": decoding\.physical_batch: expected an integer from 2 to 64 \(the identical copies compared in "
+                 r"every forward call; 1 would compare nothing\), got 1$", id="physical_batch=1-compares-nothing"),
 ]
 
 

@@ -101,7 +101,10 @@ SCHEMA = Section({
         "temperature": Value(NUMBER, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
         "top_p": Value(NUMBER, default=1, choices=(1,), expect=f"1 {_GREEDY}"),
         "top_k": Value(int, default=0, choices=(0,), expect=f"0 {_GREEDY}"),
-        "physical_batch": Value(int, low=1, high=MAX_BATCH),
+        # 2 at least: its copies are compared with each other, and the batch family's pair with a singleton (a
+        # batch of 1 would compare each construction with itself, a check with nothing in it)
+        "physical_batch": Value(int, low=2, high=MAX_BATCH, expect=f"an integer from 2 to {MAX_BATCH} (the "
+                                "identical copies compared in every forward call; 1 would compare nothing)"),
     }),
     "protocol": Section({"visibility": Value(str, default="roles", choices=VISIBILITY_MODES)}, default={}),
     # Each backend's own settings, under its name (its Declaration's `settings`; replaytests.backends).
