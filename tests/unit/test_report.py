@@ -338,6 +338,18 @@ def test_markdown_escapes_table_pipes_and_html(hostile):
     assert "<script>" not in text and "<c>" not in text, "raw HTML from a record reached report.md"
 
 
+def test_the_summarys_audit_line_shows_a_changed_row_id_as_text():
+    """The baseline records a run changed are named by their keys in summary.md's audit line, a line of its own
+    outside any table: a bank row id with markup is text there, as in report.md."""
+    from replaytests.outputs import summary
+
+    audits = [{"key": ("crossing", "<img src=x onerror=alert(1)>", "bf16"), "changes": ["cache_digest"], "leaves": 9},
+              {"key": ("crossing", "r2", "bf16"), "changes": [], "leaves": 9}]
+    text = summary.markdown(build_report(typed([crossing("r2")]), {}), {}, audits)
+    (line,) = [line for line in text.splitlines() if line.startswith("ledger audit:")]
+    assert "<img" not in text and line.endswith("changed: crossing/&lt;img src=x onerror=alert(1)>/bf16"), line
+
+
 def test_write_report_leaves_no_temporary_files(hostile):
     names = sorted(p.name for p in hostile[0].parent.iterdir())
     assert names == ["report.html", "report.json", "report.md"], names

@@ -125,7 +125,7 @@ def markdown(built: dict, header: dict[str, str], audits: list[dict] = (), causa
     lines += [line for module in family_sections.modules() if (table := module.summary_table(built))
               for line in md_table(table, 2)]
     if audits:
-        lines += [audit_line(audits), ""]
+        lines += [md_cell(audit_line(audits)), ""]  # its keys name bank rows: text, never markup
     if causal:
         lines += ["```", *causal, "```", ""]
     if excluded := built["excluded"]:
