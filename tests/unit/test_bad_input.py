@@ -260,6 +260,8 @@ PYTEST = {
                                r"c\.yaml: malformed YAML at line 2"),
     "contract-duplicate-key": Case(contract("caps: {branch: 4}\ncaps: {merge: 2}\n"),
                                    r"bad\.yaml: malformed YAML at line 4: duplicate key 'caps'"),
+    "contract-list-key": Case(contract("caps: {[1]: 2}\n"),
+                              r"bad\.yaml: malformed YAML at line 3: a key is a list, expected a name or a number"),
     "contract-alias-bomb": Case(contract(ALIAS_BOMB), r"bad\.yaml: description: expected str, got list \[\[.{0,120}$"),
     "contract-threads-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
                                    r"bad\.yaml: environment\.cpu_threads: expected an integer from 1 to 1024"),

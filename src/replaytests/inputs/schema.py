@@ -180,6 +180,9 @@ class _Loader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges another mapping (its keys may be overridden)
                 continue
             key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, list | dict):  # `? [a, b]` or `[1]: 2`: no field is named so (and a set cannot hold it)
+                raise yaml.constructor.ConstructorError(None, None, f"a key is a {type(key).__name__}, expected a "
+                                                        "name or a number", key_node.start_mark)
             if key != "<<" and isinstance(key, str | int | float | bool) and key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {short(key)}", key_node.start_mark)
             seen.add(key)
