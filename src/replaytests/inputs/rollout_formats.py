@@ -44,6 +44,8 @@ def from_verl(value: dict, line: int) -> Iterator[dict]:
     if len(mask) != len(prompts) + len(responses) or len(logprobs) != len(responses):
         raise FieldError("attention_mask", f"{len(mask)} entries for {len(prompts)} prompt and {len(responses)} "
                                            f"response positions, {len(logprobs)} rollout_log_probs")
+    if (bad := next((bit for bit in mask if type(bit) is not int or bit not in (0, 1)), None)) is not None:
+        raise FieldError("attention_mask", f"expected 0s and 1s, got {short(bad)}")
     kept = sum(mask[:len(prompts)])
     length = sum(mask[len(prompts):])
     response_mask = value.get("response_mask", [1] * length)
@@ -75,6 +77,9 @@ def _chosen(logprobs: list, ids: list, completion: list, field: str) -> list:
         raise FieldError(field, f"{len(logprobs)} positions for {len(completion)} completion tokens")
     out = []
     for position, (values, tokens) in enumerate(zip(logprobs, ids, strict=True)):
+        if not isinstance(values, list) or not isinstance(tokens, list) or len(values) != len(tokens):
+            raise FieldError(f"{field}[{position}]", f"expected a list of one log-probability per id of "
+                                                     f"logprob_token_ids, got {short(values)} for {short(tokens)}")
         if completion[position] not in tokens:
             raise FieldError(f"{field}[{position}]",
                              f"no log-probability of the chosen token {short(completion[position])}")
@@ -134,7 +139,7 @@ def convert(kind: str, source: Path, out: Path) -> int:
     for line, value in jsonl_objects(source, read_text(source, f"a {kind} rollouts file", DumpError), DumpError):
         try:
             converted = list(FORMATS[kind](value, line))
-        except (FieldError, TypeError, ValueError, AttributeError) as exc:
+        except (FieldError, TypeError, ValueError, AttributeError, LookupError, OverflowError) as exc:
             problem = exc if isinstance(exc, FieldError) else f"not {kind}'s layout ({short(str(exc))})"
             raise DumpError(f"{source}:{line}: {problem}") from None
         for row in converted:
