@@ -338,6 +338,9 @@ PYTEST = {
                                       r"bank again\)"),
     "manifest-sha-a-number": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m["model"].update(sha256=7)))],
                                   r"tiny\.manifest\.json: field 'model\.sha256' must be a string, got 7"),
+    "manifest-files-a-list": Case(lambda w: ["--bank", str(_manifest(w, lambda m: m["model"].update(
+        files=["config.json"], sha256="0" * 64)))], r"tiny\.manifest\.json: field 'model\.files' must be an object, "
+                                                     r"got \['config\.json'\]"),
     "manifest-not-json": Case(lambda w: ["--bank", str(_bank_with_manifest(w, "{"))],
                               r"x\.manifest\.json: cannot read bank manifest: not valid JSON"),
     # models

@@ -225,8 +225,8 @@ def read_manifest(bank: Path) -> dict:
 _MISSING = object()
 # The manifest's fields its readers take without a default (the integrity checks, the run's header, whether
 # live generation re-freezes the bank): checked once, as it is read.
-MANIFEST_FIELDS = {"bank_sha256": str, "model.sha256": str, "tokenizer.sha256": str, "tokenizer.delimiter_ids": list,
-                   "precision": str, "contract.caps": dict}
+MANIFEST_FIELDS = {"bank_sha256": str, "model.sha256": str, "model.files": dict, "tokenizer.sha256": str,
+                   "tokenizer.files": dict, "tokenizer.delimiter_ids": list, "precision": str, "contract.caps": dict}
 _KINDS = {str: "a string", list: "a list", dict: "an object"}
 
 
