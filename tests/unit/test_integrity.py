@@ -275,7 +275,8 @@ def test_the_gguf_a_banks_prepared_model_was_dequantized_from_needs_no_flag(inpu
     except ConfigError as exc:
         pytest.skip(str(exc))
     manifest = inputs.manifest
-    manifest["model"] = {"path": "models:smollm2", "sha256": model_digest_of(MODELS["smollm2"].files)}
+    files = MODELS["smollm2"].files  # as freeze records a prepared model: its files' digests and their sha256
+    manifest["model"] = {"path": "models:smollm2", "files": dict(files), "sha256": model_digest_of(files)}
     inputs.write_manifest(manifest)
     result = verify_inputs(inputs.bank, gguf, inputs.delimiter_ids)
     assert [line.split("; accepted: ")[-1] for line in result.overridden] == [
