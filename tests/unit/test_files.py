@@ -138,6 +138,17 @@ def test_every_reader_of_a_users_file_is_bounded(tmp_path, read, expected):
         assert isinstance(outcome, ConfigError) and str(outcome).endswith(expected), f"{outcome!r}, expected {expected}"
 
 
+def test_a_checkpoint_whose_weights_are_pickle_is_not_converted_to_gguf(tmp_path):
+    """llama.cpp's converter falls back to torch.load of pytorch_model.bin where it finds no safetensors: refused
+    before it runs, as the Hugging Face backend refuses to load one."""
+    (tmp_path / "config.json").write_text("{}", encoding="utf-8")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(ConfigError, match=r": no \*\.safetensors weights \(only safetensors are converted, never "):
+        conversion._check_source(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"")  # the converter reads these, never the .bin beside them
+    conversion._check_source(tmp_path)
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("write", [write_json_atomic, lambda path, v: write_jsonl_atomic(path, [v])],
                          ids=["json", "jsonl"])

@@ -59,10 +59,14 @@ def to_gguf(source: Path, digest: str, kind: str, name: str, cache: Path) -> Pat
 
 
 def _check_source(source: Path) -> None:
-    """Every file of the checkpoint is a regular one: the converter reads them, and a FIFO would block it for ever."""
+    """Every file of the checkpoint is a regular one (the converter reads them, and a FIFO would block it for
+    ever), and its weights are safetensors: the converter reads `pytorch_model*.bin` (pickle) only where it finds
+    no safetensors, and weights are never read from pickle here."""
     for path in sorted(source.iterdir()):
         if not path.is_dir():
             regular_file(path, "a model file", ConfigError)
+    if not any(source.glob("*.safetensors")):
+        raise ConfigError(f"{source}: no *.safetensors weights (only safetensors are converted, never pickle)")
 
 
 def _matches(record: Path, wanted: dict, out: Path) -> bool:
