@@ -222,6 +222,8 @@ CONTROLS = [
     # the must-fail case: turn 1 ends at 10, before any differing position: a copy of the recipient's own values
     pytest.param(15, ("third", "keeps_own", "keeps_own"), "fail", id="third-on-a-no-op-splice"),
     pytest.param(None, ("keeps_own", "third", "keeps_own"), "fail", id="third-with-equal-caches"),
+    # K/V differ from position 5, before turn 1 ends (10): every splice moved differing K/V, the control gates nothing
+    pytest.param(5, ("keeps_own", "keeps_own", "keeps_own"), "recorded", id="nothing-gated-is-no-pass"),
 ]
 
 
@@ -281,6 +283,22 @@ def test_the_outcomes_count_donor_recovery_carrier_turns_and_the_thirds_the_gate
     assert "session<-replay 1/2 = 50.0%" in lines[1] and "NOT MET" in lines[4], lines
     shown = [table.title for table in outcome.tables("conversation_transplant", "bf16", t)]
     assert shown[0].endswith("bf16: 2 divergent conversations, 2 controls") and "each row" in shown[1], shown
+
+
+def test_a_control_whose_every_splice_moved_differing_kv_is_not_counted_as_a_control_without_a_third(tiny_contract):
+    """A control whose K/V differ before its first splice ends has no splice the third-trajectory gate judges: it is
+    left out of that count's rows (it counted as 0/n, a gate "met" on nothing), and with no other control the gate is
+    recorded as not established."""
+    from replaytests.outputs import conversation_transplant_outcome as outcome
+
+    early = _row("c3", "control", ("follows_donor", "follows_donor"), first_difference=5)
+    _, thirds = outcome.counts(outcome.summarize([*ROWS, early], "conversation_transplant"))
+    assert thirds == {"replay<-session": (1, 2), "session<-replay": (0, 2)}, f"the vacuous control counted: {thirds}"
+    follows, thirds = outcome.counts(outcome.summarize([ROWS[0], early], "conversation_transplant"))
+    assert thirds == {"replay<-session": (0, 0), "session<-replay": (0, 0)}, thirds
+    judged = tiny_contract.gates.transplant_family("conversation_transplant", follows, thirds)
+    assert [j.outcome for j in judged] == ["recorded", "recorded"] and all(
+        "not established" in j.message for j in judged), [j.message for j in judged]
 
 
 def test_compare_judges_the_family_gate_on_the_new_run_beside_the_baselines_counts(tiny_contract):

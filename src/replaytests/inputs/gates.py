@@ -185,6 +185,14 @@ def splice_thirds(splice: TurnSplice) -> dict[str, list[tuple[int, bool]]]:
             for name, curve in splice.curves.items()}
 
 
+def splice_gated(splice: TurnSplice) -> dict[str, bool]:
+    """Per direction of a conversation transplant, whether any of its splices moved no differing K/V (the splices
+    gates.transplant.controls_third_trajectory judges): where session and replay's K/V differ before the first turn
+    ends, none did, and a control's third-trajectory check holds nothing."""
+    differ = splice.first_kv_difference
+    return {name: any(differ is None or step.end <= differ for step in curve) for name, curve in splice.curves.items()}
+
+
 def _required(required: bool, message: str, gate: str) -> Judgement:
     if required:
         return Judgement("fail", f"{message} (gate {gate}: required)")
@@ -504,6 +512,11 @@ class Gates:
             return Judgement("recorded", f"{record.title}: turn {splice.turn}: the K/V of agreeing constructions, "
                                          f"which differ bitwise from position {differ}, mixed by a splice, take a "
                                          f"third trajectory: {', '.join(name for name, _ in third)}")
+        if ungated := [name for name, gated in splice_gated(splice).items() if not gated]:
+            return Judgement("recorded", f"{record.title}: turn {splice.turn}: nothing gated in {', '.join(ungated)}: "
+                                         f"session and replay's K/V differ from position {differ}, before any splice "
+                                         "ends, so every splice moved differing K/V (no third trajectory; a finding "
+                                         "at most)")
         return PASS
 
     @staticmethod

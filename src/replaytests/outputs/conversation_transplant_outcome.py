@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replaytests.families.registry import FAMILIES, SELF_SPLICES, SPLICES
-from replaytests.inputs.gates import FOLLOWS, Gates, splice_thirds
+from replaytests.inputs.gates import FOLLOWS, Gates, splice_gated, splice_thirds
 from replaytests.outputs import transplant_outcome
 from replaytests.outputs.causal import validity, validity_cell, validity_text
 from replaytests.outputs.findings import Findings, Group, Rows
@@ -84,7 +84,9 @@ def summarize(records: list[Record], family: str, meta: dict | None = None) -> C
         rows=len(mine), excluded=len(mine) - len(ok), divergent=len(divergent), controls=len(controls),
         validity=validity(mine, SELF_SPLICES), not_testable=not_testable(records, family),
         full={name: {"follows_donor": proportion(divergent, lambda r, n=name: r.transplants[n].outcome == FOLLOWS),
-                     "control_third": proportion(controls, third(name, True)),
+                     # over the controls with a splice that moved no differing K/V: the others gate nothing
+                     "control_third": proportion([r for r in controls if splice_gated(r.turn_splice).get(name)],
+                                                 third(name, True)),
                      "control_third_mixed": proportion(controls, third(name, False))} for name in SPLICES},
         carrier_turn={name: dict(sorted(Counter(_turn(r.turn_splice.carrier_turn.get(name)) for r in divergent)
                                         .items())) for name in SPLICES},
