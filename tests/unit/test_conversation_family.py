@@ -165,6 +165,33 @@ def test_one_row_end_to_end_on_the_tiny_model(fp32_runtime, bank_rows):
     assert lossy and all(r.reason.startswith("lossy decode") for r in lossy), [r.reason for r in lossy]
 
 
+@pytest.mark.model
+def test_a_replica_that_differs_past_the_rerendered_prefix_fails_its_gate(fp32_runtime, bank_rows, tiny_contract,
+                                                                         monkeypatch):
+    """The must-fail control of the replica gate at a turn whose re-rendered ids differ: replay_replica's K moved at
+    the history's last position, past the ids the re-rendered history shares, is seen by replay~replay_replica (the
+    pairs of one history compare it whole; they compared the shared ids alone, and this gate passed)."""
+    from replaytests.families.conversation import run
+
+    replayed = fp32_runtime.replayed
+
+    def moved(construction, histories, cap, closer):
+        states = replayed(construction, histories, cap, closer)
+        if construction == "replay_replica":
+            for state in states[1:]:
+                state.boundary.layers[0][0][..., -1, :] += 1.0
+        return states
+
+    monkeypatch.setattr(fp32_runtime, "replayed", moved)
+    record = run(fp32_runtime, bank_rows[0], {"cap": 12, "bank": path_for(BANK)})
+    cut = [t.turn for t in record.turns if not t.rerendered.ids_equal and t.rerendered.shared < t.history_len]
+    assert cut, "premise: no turn whose re-rendered ids differ before the history's end"
+    seen = [t.turn for t in record.turns if not t.comparisons["replay~replay_replica"].cache_exact]
+    assert seen == [2, 3], f"the moved K seen at turns {seen}, the re-rendered ids cut at turns {cut}"
+    judged = tiny_contract.gates.replicas_at_every_step(record, "replay~replay_replica")
+    assert judged.outcome == "fail", f"{judged.outcome}: {judged.message}"
+
+
 GRADED = [
     pytest.param("The capital of France is Paris.", "Paris", True, id="sentence-last-word"),
     pytest.param("The capital of France is Paris.", "France", False, id="key-inside-not-last"),

@@ -152,15 +152,18 @@ class _Layer:
 def _turn_record(k: int, states: dict[str, TurnState], conversation: Conversation, rerendered: dict) -> dict:
     expected = conversation.turns[k - 1].expected_answer
     boundaries = {arm: s.boundary for arm, s in states.items()}
-    if not rerendered["ids_equal"]:
-        shared = rerendered["shared"]
-        boundaries = {arm: _shared(b, shared) for arm, b in boundaries.items()}
     suffixes = {arm: s.answer for arm, s in states.items()}
     arms = {arm: arm_record(states[arm].boundary, s, expected) | {"correct": graded(s.answer, expected)}
             | _served(states[arm]) for arm, s in suffixes.items()}
+    comparisons = compare_arms(FAMILY.pairs, boundaries, suffixes, arms) if rerendered["ids_equal"] else {}
+    if not rerendered["ids_equal"]:  # a pair of the re-rendered history and a generated one: over the ids they share;
+        cut = {arm: _shared(b, rerendered["shared"]) for arm, b in boundaries.items()}  # every other pair whole
+        for a, b in FAMILY.pairs:
+            crosses = a.startswith("rerendered") != b.startswith("rerendered")
+            comparisons |= compare_arms([(a, b)], cut if crosses else boundaries, suffixes, arms)
     return {"turn": k, "history_len": len(states["session"].boundary.tokens), "expected_answer": expected,
             "session_matches_bank": tuple(states["session"].answer.tokens) == conversation.turns[k - 1].assistant_ids,
-            "arms": arms, "comparisons": compare_arms(FAMILY.pairs, boundaries, suffixes, arms),
+            "arms": arms, "comparisons": comparisons,
             "rerendered": rerendered,
             **({"prefix_hit": prefix_hit(arms["session"]["served"])} if k > 1 and "served" in arms["session"] else {})}
 
