@@ -552,7 +552,7 @@ class Gates:
         for name, (k, n) in thirds.items():
             if not n:
                 out.append(Judgement("recorded", f"{name}: controls' third trajectory not established (0 control "
-                                                 "rows)"))
+                                                 "rows with a transplant it judges)"))
             elif k > thirds_allowed:
                 out.append(Judgement("fail", f"{name}: third trajectory {k}/{n} control rows, above the gate "
                                              f"{thirds_allowed}"))
