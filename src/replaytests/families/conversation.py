@@ -155,12 +155,13 @@ def _turn_record(k: int, states: dict[str, TurnState], conversation: Conversatio
     suffixes = {arm: s.answer for arm, s in states.items()}
     arms = {arm: arm_record(states[arm].boundary, s, expected) | {"correct": graded(s.answer, expected)}
             | _served(states[arm]) for arm, s in suffixes.items()}
-    comparisons = compare_arms(FAMILY.pairs, boundaries, suffixes, arms) if rerendered["ids_equal"] else {}
-    if not rerendered["ids_equal"]:  # a pair of the re-rendered history and a generated one: over the ids they share;
-        cut = {arm: _shared(b, rerendered["shared"]) for arm, b in boundaries.items()}  # every other pair whole
-        for a, b in FAMILY.pairs:
-            crosses = a.startswith("rerendered") != b.startswith("rerendered")
-            comparisons |= compare_arms([(a, b)], cut if crosses else boundaries, suffixes, arms)
+    # A re-rendered history against a generated one: over the ids they share; a pair of one history: whole.
+    cut = boundaries if rerendered["ids_equal"] else {arm: _shared(b, rerendered["shared"])
+                                                      for arm, b in boundaries.items()}
+    comparisons = {}
+    for a, b in FAMILY.pairs:
+        crosses = a.startswith("rerendered") != b.startswith("rerendered")
+        comparisons |= compare_arms([(a, b)], cut if crosses else boundaries, suffixes, arms)
     return {"turn": k, "history_len": len(states["session"].boundary.tokens), "expected_answer": expected,
             "session_matches_bank": tuple(states["session"].answer.tokens) == conversation.turns[k - 1].assistant_ids,
             "arms": arms, "comparisons": comparisons,
