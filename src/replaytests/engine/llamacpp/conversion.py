@@ -65,6 +65,8 @@ def _check_source(source: Path) -> None:
     for path in sorted(source.iterdir()):
         if not path.is_dir():
             regular_file(path, "a model file", ConfigError)
+    if not (source / "config.json").is_file():
+        raise ConfigError(f"{source}: no config.json; a Hugging Face model directory is expected")
     if not any(source.glob("*.safetensors")):
         raise ConfigError(f"{source}: no *.safetensors weights (only safetensors are converted, never pickle)")
 
