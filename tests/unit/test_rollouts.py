@@ -274,7 +274,8 @@ BAD_CONVERSIONS = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "value", "field", "words"), BAD_CONVERSIONS)
+@pytest.mark.parametrize(("kind", "value", "field", "words"), BAD_CONVERSIONS,
+                         ids=[f"{kind}-{field}-{words}".replace(" ", "-") for kind, _, field, words in BAD_CONVERSIONS])
 def test_a_bad_framework_file_is_one_line_and_nothing_is_written(tmp_path, capsys, kind, value, field, words):
     source, out = write_lines(tmp_path / "in.jsonl", [value]), tmp_path / "out.jsonl"
     code = main(["rollouts", "convert", "--from", kind, str(source), str(out)])
