@@ -92,6 +92,11 @@ class StorageAliasing(FailClosed):
     """Two constructions share tensor storage."""
 
 
+class NotServedAsAsked(FailClosed):
+    """A serving engine's own counters show a request was not run as its construction names (a batch that did not
+    form): comparing it would measure another construction under this one's name."""
+
+
 class BoundaryMismatch(FailClosed):
     """Two constructions reached boundaries that differ in tokens, roles, positions or metadata."""
 

@@ -97,3 +97,17 @@ def smollm2_run(long_runs):
 @pytest.fixture(scope="session")
 def smollm2_conversations(long_runs):
     return long_runs.wait("smollm2_conversations")
+
+
+@pytest.fixture(scope="session")
+def runtime():
+    """The tiny model at FP32 on vLLM in this process, and one bank row's z: one engine for every module that asks
+    (an engine collected tears down the process's distributed state, and the others stop working)."""
+    from vllm_runs import CONTRACT, REPO
+
+    from replaytests.engine.vllm.runtime import Runtime
+    from replaytests.inputs.bank import read_prefixes
+    from replaytests.inputs.contract import load_contract
+
+    z, _ = next(iter(read_prefixes(REPO / "fixtures" / "banks" / "tiny-causal.jsonl").values()))
+    return Runtime.load(REPO / "fixtures" / "models" / "tiny-qwen2", load_contract(CONTRACT), "fp32"), z

@@ -78,6 +78,21 @@ def test_every_serving_arm_carries_the_engines_counters(vllm_run):
         assert record["comparisons"]["prefill~prefill_replica"]["steps_exact"], where
 
 
+def test_a_batched_request_that_ran_alone_is_refused_not_compared(runtime, monkeypatch):
+    """The batched construction's premise, by the scheduler's steps: on the real engine z's prompt begins in one step
+    with its two companions (the honest control); with the companions dropped from the request, z is a prefill like
+    any other and the construction is refused, never compared as a batch."""
+    from replaytests.engine.vllm.runtime import NotServedAsAsked
+
+    runtime, z = runtime
+    batched = runtime.build("batched", z)
+    assert batched.state.prefill_steps == 1, "premise: the batched prompt took one step"
+    alone = runtime._request
+    monkeypatch.setattr(runtime, "_request", lambda prompts, **kw: alone(prompts[:1], **kw))
+    with pytest.raises(NotServedAsAsked, match=r"began z's prompt ran 1 of the 3 requests: the batch did not form"):
+        runtime.build("batched", z)
+
+
 def test_the_teacher_forced_decode_is_the_live_path(vllm_run):
     """A control of the construction: forcing the live z's own tokens one decode step each must give the
     live request's boundary row bit for bit (both are decode steps over the same tokens)."""

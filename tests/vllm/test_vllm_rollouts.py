@@ -80,17 +80,6 @@ def test_the_sampled_rollout_is_not_the_greedy_one(vllm_run):
 # --- the logprobs-mode check, seen failing -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    """The tiny model at FP32 on vLLM in this process, and one bank row's z."""
-    from replaytests.engine.vllm.runtime import Runtime
-    from replaytests.inputs.bank import read_prefixes
-    from replaytests.inputs.contract import load_contract
-
-    z, _ = next(iter(read_prefixes(REPO / "fixtures" / "banks" / "tiny-causal.jsonl").values()))
-    return Runtime.load(MODEL, load_contract(CONTRACT), "fp32"), z
-
-
 # Every engine started in this process stays alive to its end: a vLLM engine that is collected tears down the
 # process's distributed state, and the engines left stop working ("pipeline model parallel group is not
 # initialized").

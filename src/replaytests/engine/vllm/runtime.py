@@ -54,7 +54,7 @@ from replaytests.engine.vllm import rollout as rollouts
 from replaytests.engine.vllm import sweep as sweeps
 from replaytests.engine.vllm.declaration import VLLM
 from replaytests.engine.vllm.rollout import LogprobsUnchecked
-from replaytests.errors import BoundaryMismatch, ConfigError, shorten
+from replaytests.errors import BoundaryMismatch, ConfigError, NotServedAsAsked, shorten
 from replaytests.files import lookup, read_json
 from replaytests.inputs.contract import Contract
 from replaytests.inputs.cpu_isa import ATEN, ONEDNN, cpu_flags
@@ -457,7 +457,19 @@ class Runtime(VLLM):
         engine = self.chunked_engine if kind == "chunked" else None
         prompts = [z, *companions(z, self.grammar.delims)] if kind == "batched" else [z]
         out, steps = self._request(prompts, engine=engine, reset=kind != "prefix_hit")
+        if kind == "batched":
+            self._check_batch_formed(out, len(prompts), construction)
         return self._served(construction, z, len(z), out, steps)
+
+    def _check_batch_formed(self, out, requests: int, construction: str) -> None:
+        """The batched construction's premise, by the scheduler's own steps: the step that began z's prompt ran its
+        companions too (else z was prefilled alone, and prefill~batched would compare a prefill with a prefill)."""
+        rid = out.request_id  # the scheduler's id is the request's plus a suffix of its own ("0-b81ba0b0")
+        first = next((step for step in self._steps if any(r == rid or r.startswith(f"{rid}-") for r in step)), None)
+        if first is None or len(first) < requests:
+            ran = "was not observed" if first is None else f"ran {len(first)} of the {requests} requests"
+            raise NotServedAsAsked(f"vllm {construction} ({self.cell}): the scheduler step that began z's prompt "
+                                   f"{ran}: the batch did not form")
 
     def suffix(self, boundary: Boundary) -> Suffix:
         return boundary.state.suffix
