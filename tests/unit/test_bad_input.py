@@ -262,6 +262,9 @@ PYTEST = {
                                    r"bad\.yaml: malformed YAML at line 4: duplicate key 'caps'"),
     "contract-list-key": Case(contract("caps: {[1]: 2}\n"),
                               r"bad\.yaml: malformed YAML at line 3: a key is a list, expected a name or a number"),
+    "contract-physical-batch-one": Case(contract("decoding: {physical_batch: 1}\n"),
+                                        r"bad\.yaml: decoding\.physical_batch: expected an integer from 2 to 64 "
+                                        r"\(.*1 would compare nothing\), got 1"),
     "contract-alias-bomb": Case(contract(ALIAS_BOMB), r"bad\.yaml: description: expected str, got list \[\[.{0,120}$"),
     "contract-threads-bound": Case(contract("environment: {cpu_threads: 100000}\n"),
                                    r"bad\.yaml: environment\.cpu_threads: expected an integer from 1 to 1024"),

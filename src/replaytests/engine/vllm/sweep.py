@@ -121,9 +121,8 @@ def _generate(runtime, engine, prompts: list[list[int]], params: list, reset: bo
 def _counted(runtime, out, prompt_len: int, forced: int) -> dict:
     """The engine's counters for one request: the tokens each scheduler step computed of it up to the step that
     computed its boundary (the prompt's uncached tokens, then each forced token), and the requests in that step."""
-    rid = out.request_id  # the scheduler's id is the request's plus a suffix of its own ("0-b81ba0b0")
-    mine = [(len(step), tokens) for step in runtime._steps for r, tokens in step.items()
-            if r == rid or r.startswith(f"{rid}-")]
+    rid = out.request_id
+    mine = runtime._scheduled(rid)
     cached = out.num_cached_tokens or 0
     owed, done, schedule, together = prompt_len - cached + forced, 0, [], None
     for size, tokens in mine:
