@@ -401,14 +401,8 @@ class Runtime(VLLM):
         prompt_type = self._vllm.inputs.TokensPrompt
         outs = engine.generate([prompt_type(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         out = outs[0]
-        steps = [tokens for _, tokens in self._scheduled(out.request_id)]
+        steps = [tokens for _, tokens in sweeps.scheduled(self._steps, out.request_id)]
         return out, _prefill_steps(steps, len(prompts[0]) - (out.num_cached_tokens or 0))
-
-    def _scheduled(self, request_id: str) -> list[tuple[int, int]]:
-        """Each scheduler step of the last submission that ran the request: (the requests the step ran, the tokens
-        it computed of this one). The scheduler knows a request by its id plus a suffix of its own ("0-b81ba0b0")."""
-        return [(len(step), tokens) for step in self._steps for rid, tokens in step.items()
-                if rid == request_id or rid.startswith(f"{request_id}-")]
 
     def _served(self, construction: str, prompt: list[int], z_len: int, out, prefill_steps: int | None) -> Boundary:
         completion = out.outputs[0]
@@ -468,7 +462,7 @@ class Runtime(VLLM):
     def _check_batch_formed(self, out, requests: int, construction: str) -> None:
         """The batched construction's premise, by the scheduler's own steps: the step that began z's prompt ran its
         companions too (else z was prefilled alone, and prefill~batched would compare a prefill with a prefill)."""
-        together = next((size for size, _ in self._scheduled(out.request_id)), None)
+        together = next((size for size, _ in sweeps.scheduled(self._steps, out.request_id)), None)
         if together is None or together < requests:
             ran = "was not observed" if together is None else f"ran {together} of the {requests} requests"
             raise NotServedAsAsked(f"vllm {construction} ({self.cell}): the scheduler step that began z's prompt "

@@ -118,11 +118,19 @@ def _generate(runtime, engine, prompts: list[list[int]], params: list, reset: bo
     return engine.generate([prompt_type(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
 
 
+def scheduled(steps: list[dict[str, int]], request_id: str) -> list[tuple[int, int]]:
+    """Each scheduler step (the scheduler's plans, as the runtime records them) that ran the request: (the requests
+    the step ran, the tokens it computed of this one). The scheduler knows a request by its id plus a suffix of its
+    own ("0-b81ba0b0" for request "0")."""
+    return [(len(step), tokens) for step in steps for rid, tokens in step.items()
+            if rid == request_id or rid.startswith(f"{request_id}-")]
+
+
 def _counted(runtime, out, prompt_len: int, forced: int) -> dict:
     """The engine's counters for one request: the tokens each scheduler step computed of it up to the step that
     computed its boundary (the prompt's uncached tokens, then each forced token), and the requests in that step."""
     rid = out.request_id
-    mine = runtime._scheduled(rid)
+    mine = scheduled(runtime._steps, rid)
     cached = out.num_cached_tokens or 0
     owed, done, schedule, together = prompt_len - cached + forced, 0, [], None
     for size, tokens in mine:
